@@ -1,0 +1,22 @@
+#pragma once
+// dpml: everything in one include. Layers of the library, bottom to top (DESIGN.md):
+// core → comm → kernels → parallel / optim / data / checkpoint → layers → models → train.
+
+#include "dpml/core/arena.hpp"
+#include "dpml/core/bf16.hpp"
+#include "dpml/core/config.hpp"
+#include "dpml/core/error.hpp"
+#include "dpml/core/memory_space.hpp"
+#include "dpml/core/philox.hpp"
+#include "dpml/core/tensor.hpp"
+#if defined(DPML_WITH_CUDA)
+#include "dpml/core/cuda_error.hpp"
+#include "dpml/core/cuda_space.hpp"
+#endif
+
+#include "dpml/comm/communicator.hpp"
+#include "dpml/comm/launch.hpp"
+#include "dpml/comm/mpi.hpp"
+#include "dpml/comm/self.hpp"
+
+#include "dpml/parallel/grid.hpp"

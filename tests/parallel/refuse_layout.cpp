@@ -1,0 +1,18 @@
+// A program that asks for a layout its launch cannot hold (--tp 3 on 4 ranks): it must print one
+// clear message and every rank must exit non-zero, quickly (checked by expect_failure.cmake).
+#include <dpml/comm/launch.hpp>
+#include <dpml/parallel/grid.hpp>
+
+#include <cstdlib>
+#include <cstring>
+
+int main(int argc, char** argv) {
+  return dpml::run(argc, argv, [&](const dpml::comm::Mpi& world) {
+    int tp = 3;
+    for (int i = 1; i + 1 < argc; ++i)
+      if (std::strcmp(argv[i], "--tp") == 0) tp = std::atoi(argv[i + 1]);
+    auto grid = dpml::ProcessGrid::create(world, {.tp = tp, .pp = 1});
+    world.barrier();  // never reached with a bad layout: no rank may wait here
+    return 0;
+  });
+}
