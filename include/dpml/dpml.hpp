@@ -20,3 +20,7 @@
 #include "dpml/comm/self.hpp"
 
 #include "dpml/parallel/grid.hpp"
+
+#include "dpml/kernels/host/gemm.hpp"
+#include "dpml/layers/layer.hpp"
+#include "dpml/layers/parameter.hpp"

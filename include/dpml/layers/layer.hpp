@@ -1,0 +1,126 @@
+#pragma once
+// The Layer concept — the only contract between a layer and the rest of dpml.
+//
+//   forward(ctx, x) -> y            saves what backward needs, in the slot ctx.micro_batch
+//   backward_input(ctx, dy) -> dx   dL/dx for the same slot
+//   backward_weight(ctx, dy)        dL/dW += …, for the same slot; may run later than
+//                                   backward_input (zero-bubble pipeline schedules), so both
+//                                   halves read only what forward saved and dy
+//   parameters() -> range of Param* every trainable tensor, in registration order
+//
+// Input and Output are view types (TensorView<const T, Space>, or another view a layer defines);
+// the returned views point into buffers the layer owns, one per micro-batch slot, valid until
+// the same slot's next forward. There is no autograd tape: containers (Sequential, Residual)
+// chain these calls and, after each child's backward_weight, tell ctx.on_grad_ready which of its
+// parameters now hold their final gradient (gradient buckets start their all-reduce from there).
+//
+// A type that misses part of the concept is rejected by static_assert(Layer<L>) inside the
+// containers, and check_layer<L>() spells out which member is missing.
+
+#include "dpml/core/arena.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/layers/parameter.hpp"
+#include "dpml/parallel/grid.hpp"
+
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <ranges>
+#include <span>
+#include <vector>
+
+namespace dpml::layers {
+
+enum class Mode { train, eval };
+
+template <class Space = HostSpace>
+struct Context {
+  Mode mode = Mode::train;
+  int micro_batch = 0;                 // activation slot used by forward and both backward halves
+  std::uint64_t seed = 0;              // run seed: dropout and other randomness (Philox)
+  std::uint64_t step = 0;              // optimizer step, part of every random offset
+  std::int64_t global_batch = 0;       // samples in the whole step (all data ranks, all micro-batches):
+                                       // losses divide by it, so gradients are summed, never averaged
+  const parallel::ProcessGrid* grid = nullptr;  // communicators (tensor/data axes); null = one rank
+  // Called by containers once a child's backward_weight has finished, with that child's params.
+  std::function<void(std::span<Param<float, Space>* const>)> on_grad_ready_f32;
+  std::function<void(std::span<Param<double, Space>* const>)> on_grad_ready_f64;
+
+  bool training() const noexcept { return mode == Mode::train; }
+
+  template <class T>
+  void grad_ready(std::span<Param<T, Space>* const> params) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (on_grad_ready_f32) on_grad_ready_f32(params);
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (on_grad_ready_f64) on_grad_ready_f64(params);
+    }
+  }
+};
+
+template <class L>
+concept Layer = requires(L& l, const L& cl, Context<typename L::space>& ctx, typename L::Input x,
+                         typename L::Output dy) {
+  typename L::value_type;
+  typename L::space;
+  typename L::Input;
+  typename L::Output;
+  { l.forward(ctx, x) } -> std::same_as<typename L::Output>;
+  { l.backward_input(ctx, dy) } -> std::same_as<typename L::Input>;
+  { l.backward_weight(ctx, dy) };
+  { cl.parameters() } -> std::ranges::forward_range;
+};
+
+// Spells out, one static_assert per requirement, why L is not a Layer.
+template <class L>
+constexpr bool check_layer() {
+  static_assert(requires { typename L::value_type; }, "dpml Layer: missing `using value_type = T;`");
+  static_assert(requires { typename L::space; }, "dpml Layer: missing `using space = HostSpace;` (or CudaSpace)");
+  static_assert(requires { typename L::Input; }, "dpml Layer: missing `using Input = …;` (the forward input view)");
+  static_assert(requires { typename L::Output; }, "dpml Layer: missing `using Output = …;` (the forward output view)");
+  if constexpr (requires {
+                  typename L::space;
+                  typename L::Input;
+                  typename L::Output;
+                }) {
+    static_assert(requires(L& l, Context<typename L::space>& c, typename L::Input x) {
+      { l.forward(c, x) } -> std::same_as<typename L::Output>;
+    }, "dpml Layer: missing `Output forward(Context<space>&, Input)`");
+    static_assert(requires(L& l, Context<typename L::space>& c, typename L::Output dy) {
+      { l.backward_input(c, dy) } -> std::same_as<typename L::Input>;
+    }, "dpml Layer: missing `Input backward_input(Context<space>&, Output dy)`");
+    static_assert(requires(L& l, Context<typename L::space>& c, typename L::Output dy) { l.backward_weight(c, dy); },
+                  "dpml Layer: missing `void backward_weight(Context<space>&, Output dy)`");
+  }
+  static_assert(requires(const L& cl) {
+    { cl.parameters() } -> std::ranges::forward_range;
+  }, "dpml Layer: missing `parameters() const` returning a range of Param<T, Space>*");
+  return Layer<L>;
+}
+
+// Per-micro-batch storage: slot(ctx) is the entry of ctx.micro_batch, created on first use.
+template <class V>
+class Slots {
+ public:
+  V& operator[](int micro_batch) {
+    if (static_cast<std::size_t>(micro_batch) >= slots_.size()) slots_.resize(static_cast<std::size_t>(micro_batch) + 1);
+    return slots_[static_cast<std::size_t>(micro_batch)];
+  }
+  template <class Space>
+  V& slot(const Context<Space>& ctx) {
+    return (*this)[ctx.micro_batch];
+  }
+  std::size_t size() const noexcept { return slots_.size(); }
+
+ private:
+  std::vector<V> slots_;
+};
+
+// A buffer of the given shape in slot `s`, reallocated only when it grows.
+template <class T, class Space>
+TensorView<T, Space> ensure(Tensor<T, Space>& buffer, Shape shape) {
+  buffer.resize(shape);
+  return buffer.view();
+}
+
+}  // namespace dpml::layers

@@ -1,0 +1,69 @@
+#pragma once
+// Parameters: a named value tensor, its gradient, and how it is sharded across the process grid.
+//
+// A layer owns its Params. Each starts with storage of its own; flatten_parameters() (optim/…)
+// may later rebind every Param of a model onto two flat buffers (values, gradients), so that the
+// optimizer and the gradient buckets work on large contiguous ranges. Layers therefore always
+// read and write through value()/grad() views, never through a stored tensor.
+//
+// Sharding says which dimension of the *global* tensor is split across which axis (tensor
+// parallel weights), or that the tensor is replicated. Every parameter is also replicated along
+// the data axis (its gradient is reduced there) unless ZeRO shards its optimizer state.
+
+#include "dpml/core/tensor.hpp"
+#include "dpml/parallel/grid.hpp"
+
+#include <string>
+#include <utility>
+
+namespace dpml::layers {
+
+struct Sharding {
+  int dim = -1;                       // split dimension of the global tensor; -1 = replicated
+  parallel::Axis axis = parallel::Axis::tensor;
+  static Sharding replicated() { return {}; }
+  static Sharding split(int dim, parallel::Axis axis = parallel::Axis::tensor) { return {dim, axis}; }
+  bool is_replicated() const noexcept { return dim < 0; }
+};
+
+template <class T, class Space = HostSpace>
+class Param {
+ public:
+  using value_type = T;
+  using space = Space;
+
+  Param() = default;
+  Param(std::string name, Shape shape, Sharding sharding = Sharding::replicated())
+      : name_(std::move(name)), sharding_(sharding), own_value_(shape), own_grad_(shape),
+        value_(own_value_.view()), grad_(own_grad_.view()) {}
+  Param(Param&&) noexcept = default;
+  Param& operator=(Param&&) noexcept = default;
+
+  const std::string& name() const noexcept { return name_; }
+  void set_name(std::string n) { name_ = std::move(n); }
+  const Sharding& sharding() const noexcept { return sharding_; }
+  const Shape& shape() const noexcept { return value_.shape(); }
+  std::int64_t numel() const noexcept { return value_.numel(); }
+  TensorView<T, Space> value() const noexcept { return value_; }
+  TensorView<T, Space> grad() const noexcept { return grad_; }
+
+  // Move this parameter onto external storage (flat buffers); the current value is copied over
+  // and the own storage released. `value` and `grad` each hold numel() elements.
+  void bind(T* value, T* grad) {
+    TensorView<T, Space> v(value, shape()), g(grad, shape());
+    copy(v, TensorView<const T, Space>(value_));
+    copy(g, TensorView<const T, Space>(grad_));
+    value_ = v;
+    grad_ = g;
+    own_value_ = Tensor<T, Space>();
+    own_grad_ = Tensor<T, Space>();
+  }
+
+ private:
+  std::string name_;
+  Sharding sharding_;
+  Tensor<T, Space> own_value_, own_grad_;
+  TensorView<T, Space> value_, grad_;
+};
+
+}  // namespace dpml::layers
