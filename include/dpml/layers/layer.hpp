@@ -6,7 +6,8 @@
 //   backward_weight(ctx, dy)        dL/dW += …, for the same slot; may run later than
 //                                   backward_input (zero-bubble pipeline schedules), so both
 //                                   halves read only what forward saved and dy
-//   parameters() -> range of Param* every trainable tensor, in registration order
+//   parameters() -> range of Param<T, Space>*: every trainable tensor, in registration order
+//                                   (std::vector<Param<T, Space>*>; empty for parameter-free layers)
 //
 // Input and Output are view types (TensorView<const T, Space>, or another view a layer defines);
 // the returned views point into buffers the layer owns, one per micro-batch slot, valid until
@@ -59,7 +60,7 @@ struct Context {
 };
 
 template <class L>
-concept Layer = requires(L& l, const L& cl, Context<typename L::space>& ctx, typename L::Input x,
+concept Layer = requires(L& l, Context<typename L::space>& ctx, typename L::Input x,
                          typename L::Output dy) {
   typename L::value_type;
   typename L::space;
@@ -68,7 +69,7 @@ concept Layer = requires(L& l, const L& cl, Context<typename L::space>& ctx, typ
   { l.forward(ctx, x) } -> std::same_as<typename L::Output>;
   { l.backward_input(ctx, dy) } -> std::same_as<typename L::Input>;
   { l.backward_weight(ctx, dy) };
-  { cl.parameters() } -> std::ranges::forward_range;
+  { l.parameters() } -> std::ranges::forward_range;
 };
 
 // Spells out, one static_assert per requirement, why L is not a Layer.
@@ -92,9 +93,9 @@ constexpr bool check_layer() {
     static_assert(requires(L& l, Context<typename L::space>& c, typename L::Output dy) { l.backward_weight(c, dy); },
                   "dpml Layer: missing `void backward_weight(Context<space>&, Output dy)`");
   }
-  static_assert(requires(const L& cl) {
-    { cl.parameters() } -> std::ranges::forward_range;
-  }, "dpml Layer: missing `parameters() const` returning a range of Param<T, Space>*");
+  static_assert(requires(L& l) {
+    { l.parameters() } -> std::ranges::forward_range;
+  }, "dpml Layer: missing `parameters()` returning a range of Param<T, Space>*");
   return Layer<L>;
 }
 
@@ -116,7 +117,7 @@ class Slots {
   std::vector<V> slots_;
 };
 
-// A buffer of the given shape in slot `s`, reallocated only when it grows.
+// `buffer` reshaped to `shape` (reallocated only when it grows), as a view.
 template <class T, class Space>
 TensorView<T, Space> ensure(Tensor<T, Space>& buffer, Shape shape) {
   buffer.resize(shape);
