@@ -18,6 +18,17 @@
 
 namespace dpml::layers {
 
+// How a parameter is initialised: drawn once from its *global* index, so that every layout
+// (tp, pp, dp) starts from the same global weights. See layers/init.hpp.
+struct Init {
+  enum class Kind { constant, uniform, normal } kind = Kind::constant;
+  double a = 0.0;  // constant: value; uniform: low;  normal: mean
+  double b = 0.0;  //                  uniform: high; normal: standard deviation
+  static Init constant(double v) { return {Kind::constant, v, 0.0}; }
+  static Init uniform(double lo, double hi) { return {Kind::uniform, lo, hi}; }
+  static Init normal(double mean, double std) { return {Kind::normal, mean, std}; }
+};
+
 struct Sharding {
   int dim = -1;                       // split dimension of the global tensor; -1 = replicated
   parallel::Axis axis = parallel::Axis::tensor;
@@ -33,14 +44,17 @@ class Param {
   using space = Space;
 
   Param() = default;
-  Param(std::string name, Shape shape, Sharding sharding = Sharding::replicated())
-      : name_(std::move(name)), sharding_(sharding), own_value_(shape), own_grad_(shape),
+  Param(std::string name, Shape shape, Init init, Sharding sharding = Sharding::replicated())
+      : name_(std::move(name)), init_(init), sharding_(sharding), own_value_(shape), own_grad_(shape),
         value_(own_value_.view()), grad_(own_grad_.view()) {}
   Param(Param&&) noexcept = default;
   Param& operator=(Param&&) noexcept = default;
 
   const std::string& name() const noexcept { return name_; }
-  void set_name(std::string n) { name_ = std::move(n); }
+  // Containers prefix their children's names ("3.conv.weight"); names key the initialisation
+  // and checkpoint tensors, so they must be the same in every layout.
+  void prefix_name(const std::string& prefix) { name_ = prefix + "." + name_; }
+  const Init& init() const noexcept { return init_; }
   const Sharding& sharding() const noexcept { return sharding_; }
   const Shape& shape() const noexcept { return value_.shape(); }
   std::int64_t numel() const noexcept { return value_.numel(); }
@@ -61,6 +75,7 @@ class Param {
 
  private:
   std::string name_;
+  Init init_;
   Sharding sharding_;
   Tensor<T, Space> own_value_, own_grad_;
   TensorView<T, Space> value_, grad_;

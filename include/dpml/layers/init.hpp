@@ -1,0 +1,83 @@
+#pragma once
+// Parameter initialisation that does not depend on the parallel layout.
+//
+// Each element is drawn from Philox with key = the run seed and stream = a hash of the
+// parameter's full name, at offset = the element's index in the *global* (unsharded) tensor. A
+// tensor-parallel shard computes the global indices of its own slice, so every layout starts
+// from bit-identical global weights, and a pipeline stage's blocks (named by global block index)
+// get the same weights as in the sequential model.
+
+#include "dpml/core/philox.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/layers/parameter.hpp"
+#include "dpml/parallel/grid.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <ranges>
+#include <string_view>
+
+namespace dpml::layers {
+
+// 64-bit FNV-1a of a parameter name: its Philox stream.
+constexpr std::uint64_t name_stream(std::string_view name) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : name) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// Global shape of a parameter and the offset of this rank's shard along the split dimension.
+struct GlobalSlice {
+  Shape global;
+  int dim = -1;
+  std::int64_t offset = 0;
+};
+
+template <class T, class Space>
+GlobalSlice global_slice(const Param<T, Space>& p, const parallel::ProcessGrid* grid) {
+  GlobalSlice g{p.shape(), p.sharding().dim, 0};
+  if (p.sharding().is_replicated() || grid == nullptr) return g;
+  const int parts = grid->size(p.sharding().axis), index = grid->coord(p.sharding().axis);
+  g.global[g.dim] = p.shape()[g.dim] * parts;
+  g.offset = p.shape()[g.dim] * index;
+  return g;
+}
+
+// Fills a host parameter according to its Init, from (seed, its name, global indices).
+template <class T>
+void initialize(Param<T, HostSpace>& p, std::uint64_t seed, const parallel::ProcessGrid* grid) {
+  const Init& init = p.init();
+  const GlobalSlice g = global_slice(p, grid);
+  const Shape local = p.shape(), gstrides = contiguous_strides(g.global);
+  const PhiloxStream rng(seed, name_stream(p.name()));
+  auto value = p.value();
+  std::int64_t idx[kMaxRank] = {};
+  for (std::int64_t flat = 0; flat < value.numel(); ++flat) {
+    // global flat index of the local multi-index idx
+    std::int64_t gflat = 0;
+    for (int d = 0; d < local.rank(); ++d) gflat += (idx[d] + (d == g.dim ? g.offset : 0)) * gstrides[d];
+    const auto o = static_cast<std::uint64_t>(gflat);
+    double v = init.a;
+    if (init.kind == Init::Kind::uniform) v = init.a + (init.b - init.a) * rng.uniform(o);
+    if (init.kind == Init::Kind::normal) v = init.a + init.b * rng.normal(o);
+    value[flat] = static_cast<T>(v);
+    for (int d = local.rank() - 1; d >= 0; --d) {  // advance the multi-index
+      if (++idx[d] < local[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+// Initialises every parameter of a range of Param* (e.g. model.parameters()) and zeroes grads.
+template <std::ranges::range Params>
+void initialize_all(Params&& params, std::uint64_t seed, const parallel::ProcessGrid* grid) {
+  for (auto* p : params) {
+    initialize(*p, seed, grid);
+    for (auto& g : p->grad()) g = 0;
+  }
+}
+
+}  // namespace dpml::layers
