@@ -102,6 +102,17 @@ inline std::string mpi_error_text(int code, const char* call) {
     }                                                                    \
   } while (0)
 
+// The same, for a condition every rank evaluates alike (a flag, a layout, a shared file): the
+// Error has Scope::everywhere, so dpml::run reports it once and all ranks exit 1 without MPI_Abort.
+#define DPML_REQUIRE_EVERYWHERE(condition, message_stream)                               \
+  do {                                                                                   \
+    if (!(condition)) {                                                                  \
+      std::ostringstream dpml_require_os_;                                               \
+      dpml_require_os_ << message_stream;                                                \
+      throw ::dpml::Error(dpml_require_os_.str(), ::dpml::Scope::everywhere);            \
+    }                                                                                    \
+  } while (0)
+
 #define DPML_CHECK_MPI(call)                                                       \
   do {                                                                             \
     const int dpml_mpi_rc_ = (call);                                               \
