@@ -1,0 +1,148 @@
+// SGD and AdamW against steps written out by hand (PyTorch's formulas, in double), in double and
+// float parameters; Optimizer over parameters and over sub-ranges of a flat buffer (as ZeRO-1 runs it).
+#include "test.hpp"
+
+#include <dpml/optim/adamw.hpp>
+#include <dpml/optim/optimizer.hpp>
+#include <dpml/optim/schedule.hpp>
+#include <dpml/optim/sgd.hpp>
+
+#include <cmath>
+#include <span>
+#include <string>
+#include <vector>
+
+using namespace dpml;
+using dpml::test::Approx;
+
+namespace {
+
+// Three updates of one parameter p0 = 1 with gradients 0.5, -0.25, 1.0 (set, not computed), lr 0.5;
+// returns p after each.
+template <class T, class Rule>
+std::vector<double> run_three(const typename Rule::Options& o, double lr) {
+  std::vector<T> value{T(1)}, grad{T(0)};
+  optim::Optimizer<Rule, T> opt({{"p", value, grad}}, o);
+  std::vector<double> out;
+  for (double g : {0.5, -0.25, 1.0}) {
+    grad[0] = static_cast<T>(g);
+    opt.step(lr);
+    out.push_back(static_cast<double>(value[0]));
+  }
+  CHECK(opt.step_count() == 3);
+  return out;
+}
+
+// The message of the dpml::Error that f() throws ("" if none). (A candidate for tests/support.)
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const dpml::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+template <class T>
+void check_steps(const std::vector<double>& got, const std::vector<double>& expected, double tol) {
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i, got[i], expected[i]);
+    CHECK(got[i] == Approx(expected[i]).epsilon(tol).margin(tol));
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("sgd: three steps by hand", "[optim][sgd]", double, float) {
+  const double tol = std::is_same_v<TestType, double> ? 1e-14 : 1e-6;
+  SECTION("plain") {  // p -= lr·g
+    check_steps<TestType>(run_three<TestType, optim::Sgd>({}, 0.5), {1.0 - 0.5 * 0.5, 0.75 + 0.5 * 0.25, 0.875 - 0.5 * 1.0}, tol);
+  }
+  SECTION("weight decay") {  // p -= lr·(g + 0.1·p)
+    const double p1 = 1.0 - 0.5 * (0.5 + 0.1 * 1.0);     // 0.7
+    const double p2 = p1 - 0.5 * (-0.25 + 0.1 * p1);     // 0.7 + 0.09 = 0.79
+    const double p3 = p2 - 0.5 * (1.0 + 0.1 * p2);       // 0.79 - 0.5395 = 0.2505
+    check_steps<TestType>(run_three<TestType, optim::Sgd>({.weight_decay = 0.1}, 0.5), {p1, p2, p3}, tol);
+    CHECK(p3 == Approx(0.2505));
+  }
+  SECTION("momentum with weight decay") {  // g' = g + 0.1·p; b = 0.9·b + g'; p -= 0.5·b
+    const double b1 = 0.5 + 0.1 * 1.0, p1 = 1.0 - 0.5 * b1;                    // b 0.6, p 0.7
+    const double b2 = 0.9 * b1 + (-0.25 + 0.1 * p1), p2 = p1 - 0.5 * b2;       // b 0.36, p 0.52
+    const double b3 = 0.9 * b2 + (1.0 + 0.1 * p2), p3 = p2 - 0.5 * b3;         // b 1.376, p -0.168
+    check_steps<TestType>(run_three<TestType, optim::Sgd>({.momentum = 0.9, .weight_decay = 0.1}, 0.5), {p1, p2, p3}, tol);
+    CHECK(p3 == Approx(-0.168));
+  }
+  SECTION("nesterov with weight decay") {  // g' = g + 0.1·p; b = 0.9·b + g'; p -= 0.5·(g' + 0.9·b)
+    const double g1 = 0.5 + 0.1 * 1.0, b1 = g1, p1 = 1.0 - 0.5 * (g1 + 0.9 * b1);   // p 0.43
+    const double g2 = -0.25 + 0.1 * p1, b2 = 0.9 * b1 + g2, p2 = p1 - 0.5 * (g2 + 0.9 * b2);  // p 0.38365
+    const double g3 = 1.0 + 0.1 * p2, b3 = 0.9 * b2 + g3, p3 = p2 - 0.5 * (g3 + 0.9 * b3);    // p -0.73766175
+    check_steps<TestType>(run_three<TestType, optim::Sgd>({.momentum = 0.9, .weight_decay = 0.1, .nesterov = true}, 0.5),
+                          {p1, p2, p3}, tol);
+    CHECK(p2 == Approx(0.38365));
+    CHECK(p3 == Approx(-0.73766175));
+  }
+}
+
+TEMPLATE_TEST_CASE("adamw: three steps by hand", "[optim][adamw]", double, float) {
+  const double tol = std::is_same_v<TestType, double> ? 1e-13 : 2e-6;
+  // lr 0.5, betas (0.9, 0.999), eps 1e-8, decoupled weight decay 0.1.
+  double p = 1.0, m = 0.0, v = 0.0;
+  std::vector<double> expected;
+  int t = 0;
+  for (double g : {0.5, -0.25, 1.0}) {
+    ++t;
+    p = p * (1.0 - 0.5 * 0.1);
+    m = 0.9 * m + (1.0 - 0.9) * g;
+    v = 0.999 * v + (1.0 - 0.999) * g * g;
+    p = p - (0.5 / (1.0 - std::pow(0.9, t))) * m / (std::sqrt(v) / std::sqrt(1.0 - std::pow(0.999, t)) + 1e-8);
+    expected.push_back(p);
+  }
+  // Step 1 of Adam moves by lr·sign(g) (up to eps): 0.95 - 0.5.
+  CHECK(expected[0] == Approx(0.45).epsilon(1e-7));
+  check_steps<TestType>(run_three<TestType, optim::AdamW>({.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1}, 0.5),
+                        expected, tol);
+}
+
+TEST_CASE("optimizer: over parameters equals over sub-ranges of one flat buffer", "[optim]") {
+  auto gen = dpml::test::rng(11);
+  layers::Param<float> a("a", Shape{3, 4}, layers::Init::constant(0)), b("b", Shape{5}, layers::Init::constant(0));
+  test::fill_uniform<float>(a.value().begin(), a.value().end(), gen);
+  test::fill_uniform<float>(b.value().begin(), b.value().end(), gen);
+  // The same values in one flat buffer, split into two ranges at an arbitrary point (a ZeRO shard boundary).
+  std::vector<float> flat_v(17), flat_g(17);
+  std::copy(a.value().begin(), a.value().end(), flat_v.begin());
+  std::copy(b.value().begin(), b.value().end(), flat_v.begin() + 12);
+  std::vector<layers::Param<float>*> params{&a, &b};
+  auto per_param = optim::Optimizer<optim::AdamW, float>::over(params, {.weight_decay = 0.05});
+  auto ranges = optim::Optimizer<optim::AdamW, float>(
+      {{"shard0", std::span(flat_v).first(7), std::span<const float>(flat_g).first(7)},
+       {"shard1", std::span(flat_v).subspan(7), std::span<const float>(flat_g).subspan(7)}},
+      {.weight_decay = 0.05});
+  const optim::WarmupCosineLR schedule{.max_lr = 0.1, .min_lr = 0.01, .warmup_steps = 1, .decay_steps = 4};
+  for (int s = 0; s < 4; ++s) {
+    test::fill_uniform<float>(a.grad().begin(), a.grad().end(), gen);
+    test::fill_uniform<float>(b.grad().begin(), b.grad().end(), gen);
+    std::copy(a.grad().begin(), a.grad().end(), flat_g.begin());
+    std::copy(b.grad().begin(), b.grad().end(), flat_g.begin() + 12);
+    CHECK(per_param.step(schedule) == ranges.step(schedule));
+  }
+  for (int i = 0; i < 12; ++i) CHECK(a.value()[i] == flat_v[static_cast<std::size_t>(i)]);
+  for (int i = 0; i < 5; ++i) CHECK(b.value()[i] == flat_v[static_cast<std::size_t>(12 + i)]);
+  // State access names the slots and exposes the moments (what a checkpoint saves).
+  CHECK(std::string(per_param.state_names()[1]) == "exp_avg_sq");
+  CHECK(per_param.range(1).name == "b");
+  CHECK(per_param.state(1, 0)[2] == ranges.state(1, 0)[7]);  // b[2] is flat element 14 = shard1[7]
+  CHECK(per_param.state(0, 1)[3] > 0.0f);
+}
+
+TEST_CASE("optimizer: bad options and ranges are errors naming them", "[optim]") {
+  std::vector<float> v(3), g(2);
+  CHECK(error_of([&] { optim::Optimizer<optim::Sgd, float>({{"w", v, g}}, {}); }).find("range 'w'") != std::string::npos);
+  std::vector<float> g3(3);
+  CHECK(error_of([&] { optim::Optimizer<optim::Sgd, float>({{"w", v, g3}}, {.nesterov = true}); }).find("Nesterov") != std::string::npos);
+  CHECK(error_of([&] { optim::Optimizer<optim::AdamW, float>({{"w", v, g3}}, {.beta2 = 1.0}); }).find("beta2 1") != std::string::npos);
+  optim::Optimizer<optim::Sgd, float> opt({{"w", v, g3}}, {});
+  CHECK(error_of([&] { opt.step(std::nan("")); }).find("learning rate nan at step 1") != std::string::npos);
+}
