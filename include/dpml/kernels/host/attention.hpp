@@ -1,0 +1,82 @@
+#pragma once
+// Causal multi-head self-attention, host kernels (scaled dot-product, Vaswani et al. 2017).
+//
+// Layout. qkv is (B, T, H, 3, D): for each token, head after head, that head's query, key and
+// value vectors side by side. One head's q, k and v are therefore contiguous, and a
+// tensor-parallel rank holding heads [h0, h0 + H) holds one contiguous slice of the projection
+// output — the layout layers/attention.hpp gives the qkv weight. The output is (B, T, H, D) =
+// (B, T, C) with C = H·D: heads concatenated, ready for the output projection.
+//
+// Per (b, h), with q, k, v the (T, D) matrices read in place through a row stride of 3·H·D:
+//
+//   S = q · kᵀ / √D                     one GEMM, (T, T)
+//   P = softmax(S) row i over j ≤ i     causal: future keys get probability 0
+//   out = P · v                         one GEMM, (T, D)
+//
+//   dP = dout · vᵀ,   dv = Pᵀ · dout
+//   dS = P ⊙ (dP − rowsum(P ⊙ dP))      (softmax backward; zero above the diagonal)
+//   dq = dS · k / √D, dk = dSᵀ · q / √D
+//
+// Memory: the host path stores the probabilities P, (B, H, T, T), for the backward pass — the
+// simplest exact choice for small T. It computes whole (T, T) score blocks and masks the upper
+// triangle (about twice the necessary multiply-adds). A flash-attention style device path would
+// keep only the row log-sum-exp, (B, H, T), and recompute P blockwise.
+
+#include "dpml/kernels/host/gemm.hpp"
+#include "dpml/kernels/host/softmax.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace dpml::kernels::host {
+
+// qkv (B, T, H, 3, D) → out (B, T, H, D); probs (B, H, T, T), saved for the backward.
+template <class T>
+void attention_forward(const T* qkv, T* out, T* probs, std::int64_t B, std::int64_t Tn, std::int64_t H,
+                       std::int64_t D) {
+  const std::int64_t ld = 3 * H * D, ldo = H * D;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const T* q = qkv + b * Tn * ld + h * 3 * D;  // (T, D), row stride ld
+      const T* k = q + D;
+      const T* v = q + 2 * D;
+      T* P = probs + (b * H + h) * Tn * Tn;  // (T, T)
+      gemm(Trans::no, Trans::yes, Tn, Tn, D, scale, q, ld, k, ld, T(0), P, Tn);
+      for (std::int64_t i = 0; i < Tn; ++i) {
+        T* row = P + i * Tn;
+        softmax_row(row, row, i + 1);
+        for (std::int64_t j = i + 1; j < Tn; ++j) row[j] = T(0);
+      }
+      gemm(Trans::no, Trans::no, Tn, D, Tn, T(1), P, Tn, v, ld, T(0), out + b * Tn * ldo + h * D, ldo);
+    }
+}
+
+// dout (B, T, H, D), qkv and probs as saved by forward → dqkv (B, T, H, 3, D), overwritten.
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* probs, T* dqkv, std::int64_t B, std::int64_t Tn,
+                        std::int64_t H, std::int64_t D) {
+  const std::int64_t ld = 3 * H * D, ldo = H * D;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
+  std::vector<T> dS(static_cast<std::size_t>(Tn * Tn));  // (T, T): dP, then dS in place
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t off = b * Tn * ld + h * 3 * D;
+      const T *q = qkv + off, *k = q + D, *v = q + 2 * D;
+      T *dq = dqkv + off, *dk = dq + D, *dv = dq + 2 * D;
+      const T* dO = dout + b * Tn * ldo + h * D;  // (T, D), row stride ldo
+      const T* P = probs + (b * H + h) * Tn * Tn;
+      gemm(Trans::no, Trans::yes, Tn, Tn, D, T(1), dO, ldo, v, ld, T(0), dS.data(), Tn);
+      gemm(Trans::yes, Trans::no, Tn, D, Tn, T(1), P, Tn, dO, ldo, T(0), dv, ld);
+      for (std::int64_t i = 0; i < Tn; ++i) {
+        T* row = dS.data() + i * Tn;
+        softmax_backward_row(P + i * Tn, row, row, i + 1);
+        for (std::int64_t j = i + 1; j < Tn; ++j) row[j] = T(0);
+      }
+      gemm(Trans::no, Trans::no, Tn, D, Tn, scale, dS.data(), Tn, k, ld, T(0), dq, ld);
+      gemm(Trans::yes, Trans::no, Tn, D, Tn, scale, dS.data(), Tn, q, ld, T(0), dk, ld);
+    }
+}
+
+}  // namespace dpml::kernels::host

@@ -1,0 +1,56 @@
+#pragma once
+// Helpers of the transformer tests: central finite differences in float64, and the projection
+// loss L = Σ y · r that turns any layer output into a scalar (its gradient dL/dy is r).
+#include "test.hpp"
+
+#include <dpml/core/error.hpp>
+#include <dpml/core/tensor.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpml::test {
+
+// Central differences of loss() with respect to x[0, n), each element perturbed by ±eps.
+template <class Loss>
+std::vector<double> numeric_gradient(Loss&& loss, double* x, std::int64_t n, double eps = 1e-5) {
+  std::vector<double> g(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double keep = x[i];
+    x[i] = keep + eps;
+    const double up = loss();
+    x[i] = keep - eps;
+    const double down = loss();
+    x[i] = keep;
+    g[static_cast<std::size_t>(i)] = (up - down) / (2 * eps);
+  }
+  return g;
+}
+
+template <class A>
+double dot(const A& y, const Tensor<double>& r) {
+  double s = 0;
+  for (std::int64_t i = 0; i < r.numel(); ++i) s += y.data()[i] * r[i];
+  return s;
+}
+
+template <class V>
+std::vector<double> to_vector(const V& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+// The message of the dpml::Error that f() throws ("" when it throws none); Catch2 v2 and v3
+// spell their string matchers differently, so the tests compare the text themselves.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace dpml::test
