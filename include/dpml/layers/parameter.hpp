@@ -55,6 +55,10 @@ class Param {
   // and checkpoint tensors, so they must be the same in every layout.
   void prefix_name(const std::string& prefix) { name_ = prefix + "." + name_; }
   const Init& init() const noexcept { return init_; }
+  // A copy of a parameter that another rank owns (the tied token embedding on the last pipeline
+  // stage): trained in step with it, but counted once in the gradient norm and saved once.
+  bool is_duplicate() const noexcept { return duplicate_; }
+  void mark_duplicate(bool d = true) noexcept { duplicate_ = d; }
   const Sharding& sharding() const noexcept { return sharding_; }
   const Shape& shape() const noexcept { return value_.shape(); }
   std::int64_t numel() const noexcept { return value_.numel(); }
@@ -77,6 +81,7 @@ class Param {
   std::string name_;
   Init init_;
   Sharding sharding_;
+  bool duplicate_ = false;
   Tensor<T, Space> own_value_, own_grad_;
   TensorView<T, Space> value_, grad_;
 };
