@@ -99,6 +99,24 @@ constexpr bool check_layer() {
   return Layer<L>;
 }
 
+// Containers (Sequential, Stack, Residual, blocks) declare `static constexpr bool
+// reports_grad_ready = true;`: they report their children's parameters themselves. A parent calls
+// report_grad_ready(ctx, child) after child.backward_weight: it reports the child's parameters,
+// unless the child is a container that already did — so every parameter is reported exactly
+// once per micro-batch, however deeply containers nest.
+template <class L>
+concept Container = requires { L::reports_grad_ready; } && L::reports_grad_ready;
+
+template <class Child, class Space>
+void report_grad_ready(Context<Space>& ctx, Child& child) {
+  if constexpr (!Container<Child>) {
+    using T = typename Child::value_type;
+    auto ps = child.parameters();
+    std::vector<Param<T, Space>*> list(std::ranges::begin(ps), std::ranges::end(ps));
+    ctx.template grad_ready<T>(std::span<Param<T, Space>* const>(list.data(), list.size()));
+  }
+}
+
 // Per-micro-batch storage: slot(ctx) is the entry of ctx.micro_batch, created on first use.
 template <class V>
 class Slots {
