@@ -60,6 +60,10 @@ class GradientBuckets {
   GradReduction mode() const noexcept { return mode_; }
   int data_size() const noexcept { return comm_ ? comm_->size() : 1; }
 
+  // Keep the bucket holding `p` from starting before finish(), e.g. a tied weight whose gradient
+  // another pipeline stage adds to after backward (the caller sums it in between).
+  void hold(const layers::Param<T, HostSpace>* p) { buckets_[bucket_of_param_[flat_.index_of(p)]].held = true; }
+
   // Each parameter will be reported `reports_per_param` times this step (its micro-batch count).
   void begin_step(int reports_per_param) {
     reports_per_param_ = reports_per_param;
@@ -77,7 +81,7 @@ class GradientBuckets {
       const std::size_t i = flat_.index_of(p);
       if (++reports_[i] == reports_per_param_) {
         Bucket& b = buckets_[bucket_of_param_[i]];
-        if (--b.missing == 0) start(b);
+        if (--b.missing == 0 && !b.held) start(b);
       }
     }
     progress();
@@ -133,6 +137,7 @@ class GradientBuckets {
     std::int64_t shard_offset = 0;
     std::size_t missing = 0;
     bool started = false;
+    bool held = false;
     std::optional<comm::Request> request;
   };
 
