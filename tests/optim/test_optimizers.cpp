@@ -146,3 +146,34 @@ TEST_CASE("optimizer: bad options and ranges are errors naming them", "[optim]")
   optim::Optimizer<optim::Sgd, float> opt({{"w", v, g3}}, {});
   CHECK(error_of([&] { opt.step(std::nan("")); }).find("learning rate nan at step 1") != std::string::npos);
 }
+
+TEST_CASE("optimizer: state and step count restored into a new optimizer continue the same run", "[optim]") {
+  auto gen = dpml::test::rng(12);
+  std::vector<double> v(6), g(6);
+  test::fill_uniform<double>(v.begin(), v.end(), gen);
+  std::vector<double> v_resumed;
+  std::vector<std::vector<double>> grads(5, std::vector<double>(6));
+  for (auto& s : grads) test::fill_uniform<double>(s.begin(), s.end(), gen);
+  const optim::StepLR schedule{.lr = 0.05, .step_size = 2, .gamma = 0.5};
+
+  optim::Optimizer<optim::AdamW, double> whole({{"w", v, g}}, {});
+  for (int s = 0; s < 3; ++s) {
+    g = grads[static_cast<std::size_t>(s)];
+    whole.step(schedule);
+  }
+  // "Checkpoint" after 3 steps: values, both moments and the step count.
+  v_resumed = v;
+  std::vector<double> g_resumed(6);
+  optim::Optimizer<optim::AdamW, double> resumed({{"w", v_resumed, g_resumed}}, {});
+  for (std::size_t k = 0; k < 2; ++k) {
+    const auto from = whole.state(0, k);
+    std::copy(from.begin(), from.end(), resumed.state(0, k).begin());
+  }
+  resumed.set_step_count(whole.step_count());
+  for (int s = 3; s < 5; ++s) {
+    g = g_resumed = grads[static_cast<std::size_t>(s)];
+    CHECK(whole.step(schedule) == resumed.step(schedule));
+  }
+  CHECK(v_resumed == v);  // bit for bit
+  CHECK(whole.step_count() == 5);
+}
