@@ -34,9 +34,10 @@ class Stack {
   static constexpr bool reports_grad_ready = true;
 
   Stack() = default;
-  // `children` in order; names get the prefix "<name>.<first_index + i>".
+  // `children` in order; names get the prefix "<name>.<first_index + i>" (none if name is empty:
+  // the children were named already).
   Stack(std::vector<L> children, const std::string& name, std::int64_t first_index = 0) : children_(std::move(children)) {
-    for (std::size_t i = 0; i < children_.size(); ++i)
+    for (std::size_t i = 0; i < children_.size() && !name.empty(); ++i)
       for (ParamT* p : children_[i].parameters()) p->prefix_name(name + "." + std::to_string(first_index + static_cast<std::int64_t>(i)));
   }
   Stack(Stack&&) noexcept = default;
