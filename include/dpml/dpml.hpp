@@ -22,5 +22,27 @@
 #include "dpml/parallel/grid.hpp"
 
 #include "dpml/kernels/host/gemm.hpp"
+
+#include "dpml/optim/adamw.hpp"
+#include "dpml/optim/clip.hpp"
+#include "dpml/optim/optimizer.hpp"
+#include "dpml/optim/schedule.hpp"
+#include "dpml/optim/sgd.hpp"
+
+#include "dpml/data/idx.hpp"
+#include "dpml/data/image.hpp"
+#include "dpml/data/loader.hpp"
+#include "dpml/data/sampler.hpp"
+
+#include "dpml/parallel/data.hpp"
+#include "dpml/parallel/distributed_optimizer.hpp"
+#include "dpml/parallel/flat_parameters.hpp"
+#include "dpml/parallel/tensor.hpp"
+
+#include "dpml/layers/init.hpp"
 #include "dpml/layers/layer.hpp"
 #include "dpml/layers/parameter.hpp"
+#include "dpml/layers/stack.hpp"
+
+#include "dpml/train/args.hpp"
+#include "dpml/train/progress.hpp"

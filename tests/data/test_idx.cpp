@@ -52,16 +52,6 @@ void write_file(const std::string& path, const std::vector<std::uint8_t>& bytes,
 }
 
 // The message of the dpml::Error that f() throws ("" if none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
@@ -101,30 +91,30 @@ TEST_CASE("idx: every bad input is an Error naming the file", "[data][idx]") {
     const std::string sfx = gzip ? ".gz" : "";
 
     const std::string missing = dir / ("missing" + sfx);
-    CHECK(contains(error_of([&] { data::read_idx(missing); }), "'" + missing + "' does not exist"));
+    CHECK(contains(test::error_of([&] { data::read_idx(missing); }), "'" + missing + "' does not exist"));
 
     const std::string magic = dir / ("magic" + sfx);
     auto bad_magic = good;
     bad_magic[2] = 0x0d;  // float elements: not supported
     write_file(magic, bad_magic, gzip);
-    CHECK(contains(error_of([&] { data::read_idx(magic, 3); }), "'" + magic + "' has a wrong magic number 0x00000d03"));
+    CHECK(contains(test::error_of([&] { data::read_idx(magic, 3); }), "'" + magic + "' has a wrong magic number 0x00000d03"));
     write_file(magic, idx_bytes({2}, labels), gzip);  // labels where images are expected
-    CHECK(contains(error_of([&] { data::read_idx(magic, 3); }), "'" + magic + "' has a wrong magic number 0x00000801 (expected 0x00000803"));
+    CHECK(contains(test::error_of([&] { data::read_idx(magic, 3); }), "'" + magic + "' has a wrong magic number 0x00000801 (expected 0x00000803"));
 
     const std::string truncated = dir / ("truncated" + sfx);
     write_file(truncated, std::vector<std::uint8_t>(good.begin(), good.end() - 1), gzip);
-    CHECK(contains(error_of([&] { data::read_idx(truncated, 3); }),
+    CHECK(contains(test::error_of([&] { data::read_idx(truncated, 3); }),
                    "'" + truncated + "' is truncated: its dimensions (2, 3, 3) need 18 bytes of data, the file has 17"));
     write_file(truncated, std::vector<std::uint8_t>(good.begin(), good.begin() + 9), gzip);  // inside the header
-    CHECK(contains(error_of([&] { data::read_idx(truncated); }), "'" + truncated + "' is truncated: 9 bytes, shorter than its 16-byte header"));
+    CHECK(contains(test::error_of([&] { data::read_idx(truncated); }), "'" + truncated + "' is truncated: 9 bytes, shorter than its 16-byte header"));
     write_file(truncated, {0, 0}, gzip);
-    CHECK(contains(error_of([&] { data::read_idx(truncated); }), "'" + truncated + "' is truncated: 2 bytes, no header"));
+    CHECK(contains(test::error_of([&] { data::read_idx(truncated); }), "'" + truncated + "' is truncated: 2 bytes, no header"));
 
     const std::string longer = dir / ("longer" + sfx);
     auto extra = good;
     extra.push_back(0);
     write_file(longer, extra, gzip);
-    CHECK(contains(error_of([&] { data::read_idx(longer); }), "'" + longer + "' is longer than declared"));
+    CHECK(contains(test::error_of([&] { data::read_idx(longer); }), "'" + longer + "' is longer than declared"));
   }
   // A gzip stream cut short (the compressed bytes, not the content).
   const std::string whole = dir / "whole.gz", cut = dir / "cut.gz";
@@ -135,13 +125,13 @@ TEST_CASE("idx: every bad input is an Error naming the file", "[data][idx]") {
   fs::copy_file(whole, cut);
   fs::resize_file(cut, size / 2);
   CHECK(data::read_idx(whole).bytes == big);
-  CHECK(contains(error_of([&] { data::read_idx(cut); }), "'" + cut + "' is truncated or corrupt gzip data"));
+  CHECK(contains(test::error_of([&] { data::read_idx(cut); }), "'" + cut + "' is truncated or corrupt gzip data"));
 
   // Images and labels of different counts name both files.
   const std::string images = dir / "images", labels3 = dir / "labels3";
   write_file(images, good, false);
   write_file(labels3, idx_bytes({3}, {1, 2, 3}), false);
-  const auto msg = error_of([&] { data::ImageDataset::from_idx(images, labels3); });
+  const auto msg = test::error_of([&] { data::ImageDataset::from_idx(images, labels3); });
   CHECK(contains(msg, "'" + images + "' holds 2 images"));
   CHECK(contains(msg, "'" + labels3 + "' 3 labels"));
   // Read by every rank alike: the error is marked so that dpml::run reports it once.
@@ -150,7 +140,7 @@ TEST_CASE("idx: every bad input is an Error naming the file", "[data][idx]") {
   } catch (const Error& e) {
     CHECK(e.scope() == Scope::everywhere);
   }
-  CHECK(contains(error_of([&] { data::fashion_mnist(data::Split::test, dir.path.string()); }),
+  CHECK(contains(test::error_of([&] { data::fashion_mnist(data::Split::test, dir.path.string()); }),
                  "'" + (dir / "t10k-images-idx3-ubyte.gz") + "' does not exist"));
 }
 

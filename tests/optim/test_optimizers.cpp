@@ -33,17 +33,6 @@ std::vector<double> run_three(const typename Rule::Options& o, double lr) {
   return out;
 }
 
-// The message of the dpml::Error that f() throws ("" if none). (A candidate for tests/support.)
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const dpml::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 template <class T>
 void check_steps(const std::vector<double>& got, const std::vector<double>& expected, double tol) {
   REQUIRE(got.size() == expected.size());
@@ -139,12 +128,12 @@ TEST_CASE("optimizer: over parameters equals over sub-ranges of one flat buffer"
 
 TEST_CASE("optimizer: bad options and ranges are errors naming them", "[optim]") {
   std::vector<float> v(3), g(2);
-  CHECK(error_of([&] { optim::Optimizer<optim::Sgd, float>({{"w", v, g}}, {}); }).find("range 'w'") != std::string::npos);
+  CHECK(test::error_of([&] { optim::Optimizer<optim::Sgd, float>({{"w", v, g}}, {}); }).find("range 'w'") != std::string::npos);
   std::vector<float> g3(3);
-  CHECK(error_of([&] { optim::Optimizer<optim::Sgd, float>({{"w", v, g3}}, {.nesterov = true}); }).find("Nesterov") != std::string::npos);
-  CHECK(error_of([&] { optim::Optimizer<optim::AdamW, float>({{"w", v, g3}}, {.beta2 = 1.0}); }).find("beta2 1") != std::string::npos);
+  CHECK(test::error_of([&] { optim::Optimizer<optim::Sgd, float>({{"w", v, g3}}, {.nesterov = true}); }).find("Nesterov") != std::string::npos);
+  CHECK(test::error_of([&] { optim::Optimizer<optim::AdamW, float>({{"w", v, g3}}, {.beta2 = 1.0}); }).find("beta2 1") != std::string::npos);
   optim::Optimizer<optim::Sgd, float> opt({{"w", v, g3}}, {});
-  CHECK(error_of([&] { opt.step(std::nan("")); }).find("learning rate nan at step 1") != std::string::npos);
+  CHECK(test::error_of([&] { opt.step(std::nan("")); }).find("learning rate nan at step 1") != std::string::npos);
 }
 
 TEST_CASE("optimizer: state and step count restored into a new optimizer continue the same run", "[optim]") {

@@ -5,6 +5,8 @@
 #define CATCH_CONFIG_RUNNER  // Catch2 v2: this file provides main()
 #include "catch.hpp"
 
+#include <dpml/core/error.hpp>
+
 #include <mpi.h>
 
 #include <cstdio>
@@ -19,6 +21,7 @@
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  dpml::detail::remember_world_rank();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 

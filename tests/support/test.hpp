@@ -4,11 +4,13 @@
 #include "catch.hpp"
 
 #include <dpml/comm/mpi.hpp>
+#include <dpml/core/error.hpp>
 #include <dpml/core/tensor.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace dpml::test {
@@ -43,6 +45,18 @@ double rel_error(const A& a, const B& b) {
     den += y * y;
   }
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
+// The what() of the dpml::Error that f() throws, or "" when it throws none (Catch2 v2 and v3
+// differ in their message matchers; this works with both).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace dpml::test

@@ -329,12 +329,14 @@ class MpiSession {
       DPML_CHECK_MPI(MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided));
       owns_ = true;
     }
+    dpml::detail::remember_world_rank();
   }
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
   ~MpiSession() {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    dpml::detail::forget_world_rank();
     if (owns_ && !finalized) MPI_Finalize();
   }
   Mpi world() const { return Mpi(MPI_COMM_WORLD); }

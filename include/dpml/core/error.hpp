@@ -11,6 +11,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <source_location>
 #include <sstream>
 #include <stdexcept>
@@ -20,16 +21,22 @@
 namespace dpml {
 
 namespace detail {
-// This process's rank in MPI_COMM_WORLD, or -1 before MPI_Init / after MPI_Finalize.
-inline int world_rank_or_minus_one() noexcept {
-  int initialized = 0, finalized = 0;
+// The world rank, cached once MPI is up (remember_world_rank), so that an Error raised on a
+// background thread (data loader, checkpoint writer) makes no MPI call: MPI runs with
+// MPI_THREAD_SERIALIZED and belongs to the main thread.
+inline std::atomic<int> cached_world_rank{-1};
+
+// Call on the main thread right after MPI_Init (MpiSession and the test main do).
+inline void remember_world_rank() noexcept {
+  int initialized = 0, rank = -1;
   MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (!initialized || finalized) return -1;
-  int rank = -1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
+  if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  cached_world_rank.store(rank);
 }
+inline void forget_world_rank() noexcept { cached_world_rank.store(-1); }
+
+// This process's rank in MPI_COMM_WORLD, or -1 when MPI is not (or no longer) running.
+inline int world_rank_or_minus_one() noexcept { return cached_world_rank.load(); }
 }  // namespace detail
 
 enum class Scope { local, everywhere };
