@@ -1,0 +1,55 @@
+#pragma once
+// Element-wise sums for the host: the residual add and bias add / bias gradient, for row-major
+// (rows, cols) activations (Linear: a bias per column) and NCHW images (Conv2d, BatchNorm: a value
+// per channel). Plain contiguous loops; the inner loop runs over the fastest dimension so the
+// compiler vectorises it. Gradients accumulate (+=), as parameter gradients do.
+
+#include <cstdint>
+
+namespace dpml::kernels::host {
+
+// y = a + b, n elements; y may alias a or b.
+template <class T>
+void add(const T* a, const T* b, T* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+// y (rows, cols) += bias (cols) on every row.
+template <class T>
+void bias_add_rows(T* y, const T* bias, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) y[r * cols + c] += bias[c];
+}
+
+// dbias (cols) += Σ_rows dy (rows, cols).
+template <class T>
+void bias_grad_rows(const T* dy, T* dbias, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) dbias[c] += dy[r * cols + c];
+}
+
+// y (N, C, S) += bias (C): S = H·W spatial positions per channel.
+template <class T>
+void bias_add_channels(T* y, const T* bias, std::int64_t N, std::int64_t C, std::int64_t S) {
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t c = 0; c < C; ++c) {
+      T* p = y + (n * C + c) * S;
+      const T b = bias[c];
+      for (std::int64_t s = 0; s < S; ++s) p[s] += b;
+    }
+}
+
+// dbias (C) += Σ_{n, s} dy (N, C, S); the sums run in double.
+template <class T>
+void bias_grad_channels(const T* dy, T* dbias, std::int64_t N, std::int64_t C, std::int64_t S) {
+  for (std::int64_t c = 0; c < C; ++c) {
+    double sum = 0;
+    for (std::int64_t n = 0; n < N; ++n) {
+      const T* p = dy + (n * C + c) * S;
+      for (std::int64_t s = 0; s < S; ++s) sum += p[s];
+    }
+    dbias[c] += static_cast<T>(sum);
+  }
+}
+
+}  // namespace dpml::kernels::host

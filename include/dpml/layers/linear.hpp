@@ -1,0 +1,121 @@
+#pragma once
+// Linear: y = x · Wᵀ + b, with W (out, in) and b (out), as PyTorch's nn.Linear. The input is
+// (..., in) with any leading dimensions, flattened to rows; the output is (..., out).
+//
+//   forward          y  (rows, out) = x (rows, in) · Wᵀ       (one GEMM) + b on every row
+//   backward_input   dx (rows, in)  = dy (rows, out) · W
+//   backward_weight  dW (out, in)  += dyᵀ · x,   db (out) += Σ_rows dy
+//
+// Parameters are declared with PyTorch's default init U(−1/√fan_in, 1/√fan_in) and filled by
+// layers::initialize_all. fan_in defaults to `in`; a tensor-parallel row-split linear passes the
+// global one. Shardings are passed through for tensor-parallel layers (parallel_linear.hpp).
+
+#include "dpml/core/error.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/host/elementwise.hpp"
+#include "dpml/kernels/host/gemm.hpp"
+#include "dpml/layers/layer.hpp"
+#include "dpml/layers/parameter.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace dpml::layers {
+
+struct LinearOptions {
+  bool bias = true;
+  std::string name = "linear";
+  Sharding weight_sharding = {};
+  Sharding bias_sharding = {};
+  std::int64_t fan_in = 0;  // 0: in
+};
+
+template <class T = float, class Space = HostSpace>
+class Linear {
+  static_assert(std::is_same_v<Space, HostSpace>, "dpml Linear: only the host path (kernels/host) exists so far");
+
+ public:
+  using value_type = T;
+  using space = Space;
+  using Input = TensorView<const T, Space>;   // (..., in)
+  using Output = TensorView<const T, Space>;  // (..., out)
+
+  Linear(std::int64_t in, std::int64_t out, LinearOptions opts = {})
+      : in_(in), out_(out), has_bias_(opts.bias),
+        weight_(opts.name + ".weight", Shape{out, in}, uniform_init(opts.fan_in > 0 ? opts.fan_in : in),
+                opts.weight_sharding) {
+    DPML_REQUIRE(in > 0 && out > 0, "Linear " << opts.name << ": sizes in=" << in << ", out=" << out << " must be positive");
+    if (has_bias_)
+      bias_ = Param<T, Space>(opts.name + ".bias", Shape{out}, uniform_init(opts.fan_in > 0 ? opts.fan_in : in),
+                              opts.bias_sharding);
+  }
+
+  Output forward(Context<Space>& ctx, Input x) {
+    DPML_REQUIRE(x.rank() >= 1 && x.size(x.rank() - 1) == in_ && x.is_contiguous(),
+                 "Linear " << weight_.name() << ": input " << x.shape().str() << " does not end in in=" << in_);
+    Saved& s = slots_.slot(ctx);
+    s.x = x;
+    Shape ys = x.shape();
+    ys[ys.rank() - 1] = out_;
+    auto y = ensure(s.y, ys);
+    const std::int64_t rows = x.numel() / in_;
+    kernels::host::gemm(kernels::host::Trans::no, kernels::host::Trans::yes, rows, out_, in_, T(1), x.data(),
+                        weight_.value().data(), T(0), y.data());
+    if (has_bias_) kernels::host::bias_add_rows(y.data(), bias_.value().data(), rows, out_);
+    return y;
+  }
+
+  Input backward_input(Context<Space>& ctx, Output dy) {
+    Saved& s = slots_.slot(ctx);
+    check_dy(ctx, s, dy);
+    auto dx = ensure(s.dx, s.x.shape());
+    kernels::host::gemm(kernels::host::Trans::no, kernels::host::Trans::no, rows(s), in_, out_, T(1), dy.data(),
+                        weight_.value().data(), T(0), dx.data());
+    return dx;
+  }
+
+  void backward_weight(Context<Space>& ctx, Output dy) {
+    Saved& s = slots_.slot(ctx);
+    check_dy(ctx, s, dy);
+    kernels::host::gemm(kernels::host::Trans::yes, kernels::host::Trans::no, out_, in_, rows(s), T(1), dy.data(),
+                        s.x.data(), T(1), weight_.grad().data());
+    if (has_bias_) kernels::host::bias_grad_rows(dy.data(), bias_.grad().data(), rows(s), out_);
+  }
+
+  // weight (out, in), then bias (out) when there is one.
+  std::vector<Param<T, Space>*> parameters() {
+    if (has_bias_) return {&weight_, &bias_};
+    return {&weight_};
+  }
+
+  std::int64_t in_features() const noexcept { return in_; }
+  std::int64_t out_features() const noexcept { return out_; }
+
+ private:
+  struct Saved {
+    Input x;                 // (..., in), the caller's buffer
+    Tensor<T, Space> y, dx;  // (..., out), (..., in)
+  };
+  static Init uniform_init(std::int64_t fan_in) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    return Init::uniform(-bound, bound);
+  }
+  std::int64_t rows(const Saved& s) const noexcept { return s.x.numel() / in_; }
+  void check_dy(const Context<Space>& ctx, const Saved& s, const Output& dy) const {
+    DPML_REQUIRE(s.x.rank() > 0, "Linear " << weight_.name() << ": backward before forward for micro-batch "
+                                           << ctx.micro_batch);
+    DPML_REQUIRE(dy.is_contiguous() && dy.rank() >= 1 && dy.numel() == rows(s) * out_ && dy.size(dy.rank() - 1) == out_,
+                 "Linear " << weight_.name() << ": dy " << dy.shape().str() << " does not match the output of input "
+                           << s.x.shape().str() << " (micro-batch " << ctx.micro_batch << ")");
+  }
+
+  std::int64_t in_, out_;
+  bool has_bias_;
+  Param<T, Space> weight_, bias_;
+  Slots<Saved> slots_;
+};
+
+}  // namespace dpml::layers
