@@ -3,7 +3,6 @@
 // loss L = Σ y · r that turns any layer output into a scalar (its gradient dL/dy is r).
 #include "test.hpp"
 
-#include <dpml/core/error.hpp>
 #include <dpml/core/tensor.hpp>
 
 #include <cstdint>
@@ -40,17 +39,7 @@ std::vector<double> to_vector(const V& v) {
   return std::vector<double>(v.begin(), v.end());
 }
 
-// The message of the dpml::Error that f() throws ("" when it throws none); Catch2 v2 and v3
-// spell their string matchers differently, so the tests compare the text themselves.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+// test::error_of (test.hpp) gives the message; does it mention `part`?
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace dpml::test

@@ -1,0 +1,212 @@
+// A whole pre-LN transformer block on one rank: both backward halves against central finite
+// differences in float64 (attention and MLP layers too), causality through the block,
+// recomputation giving bit-identical gradients over interleaved micro-batches, and the float
+// instantiation agreeing with float64.
+#include "check.hpp"
+
+#include <dpml/layers/init.hpp>
+#include <dpml/layers/embedding.hpp>
+#include <dpml/layers/stack.hpp>
+#include <dpml/layers/transformer_block.hpp>
+#include <dpml/layers/vocab_parallel_cross_entropy.hpp>
+
+#include <map>
+#include <random>
+#include <vector>
+
+using namespace dpml;
+
+namespace {
+// All parameters of a layer grad-checked against loss(); returns nothing, CHECKs each.
+template <class L, class Loss>
+void check_parameter_gradients(L& layer, Loss&& loss) {
+  for (auto* p : layer.parameters()) {
+    CAPTURE(p->name());
+    CHECK(test::rel_error(p->grad(), test::numeric_gradient(loss, p->value().data(), p->numel())) < 1e-7);
+  }
+}
+}  // namespace
+
+TEST_CASE("CausalSelfAttention and Mlp layers: both backward halves match finite differences",
+          "[transformer][attention][mlp]") {
+  auto gen = test::rng(21);
+  const std::int64_t B = 2, Tn = 4, C = 6;
+  layers::CausalSelfAttention<double> attn(C, 3, "attn");
+  layers::Mlp<double> mlp(C, 10, "mlp");
+  layers::initialize_all(attn.parameters(), 5, nullptr);
+  layers::initialize_all(mlp.parameters(), 5, nullptr);
+  auto x = test::random_tensor<double>({B, Tn, C}, gen);
+  auto r = test::random_tensor<double>({B, Tn, C}, gen);
+  layers::Context<> ctx;
+  auto run = [&](auto& layer) {
+    layer.forward(ctx, x.cview());
+    const auto dx = test::to_vector(layer.backward_input(ctx, r.cview()));
+    layer.backward_weight(ctx, r.cview());
+    auto loss = [&] { return test::dot(layer.forward(ctx, x.cview()), r); };
+    CHECK(test::rel_error(dx, test::numeric_gradient(loss, x.data(), x.numel())) < 1e-7);
+    check_parameter_gradients(layer, loss);
+  };
+  run(attn);
+  run(mlp);
+}
+
+TEST_CASE("TransformerBlock: forward is x + attn(ln_1 x) then + mlp(ln_2 r); both backward halves match finite "
+          "differences", "[transformer][block]") {
+  auto gen = test::rng(22);
+  const std::int64_t B = 2, Tn = 4, C = 8;
+  layers::TransformerBlock<double> block({.dim = C, .heads = 2, .name = "h.0"});
+  layers::LayerNorm<double> ln_1(C, "h.0.ln_1"), ln_2(C, "h.0.ln_2");
+  layers::CausalSelfAttention<double> attn(C, 2, "h.0.attn");
+  layers::Mlp<double> mlp(C, 0, "h.0.mlp");
+  layers::initialize_all(block.parameters(), 9, nullptr);
+  for (auto* p : block.parameters())  // LayerNorms away from 1 / 0, so that their gradients matter
+    if (p->name().find(".ln_") != std::string::npos)
+      test::fill_uniform<double>(p->value().begin(), p->value().end(), gen, 0.5, 1.5);
+  // The same model as separate layers (same names, same initial values) gives the reference.
+  std::vector<layers::Param<double>*> parts;
+  for (auto* p : ln_1.parameters()) parts.push_back(p);
+  for (auto* p : attn.parameters()) parts.push_back(p);
+  for (auto* p : ln_2.parameters()) parts.push_back(p);
+  for (auto* p : mlp.parameters()) parts.push_back(p);
+  REQUIRE(parts.size() == block.parameters().size());
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    REQUIRE(parts[i]->name() == block.parameters()[i]->name());
+    copy(parts[i]->value(), TensorView<const double>(block.parameters()[i]->value()));
+  }
+  auto x = test::random_tensor<double>({B, Tn, C}, gen);
+  auto r = test::random_tensor<double>({B, Tn, C}, gen);
+  layers::Context<> ctx;
+  auto y = test::to_vector(block.forward(ctx, x.cview()));
+  Tensor<double> res({B, Tn, C}), ref({B, Tn, C});
+  auto a = attn.forward(ctx, ln_1.forward(ctx, x.cview()));
+  for (std::int64_t i = 0; i < res.numel(); ++i) res[i] = x[i] + a[i];
+  auto m = mlp.forward(ctx, ln_2.forward(ctx, res.cview()));
+  for (std::int64_t i = 0; i < ref.numel(); ++i) ref[i] = res[i] + m[i];
+  CHECK(test::rel_error(y, ref) < 1e-14);
+
+  const auto dx = test::to_vector(block.backward_input(ctx, r.cview()));
+  block.backward_weight(ctx, r.cview());
+  auto loss = [&] { return test::dot(block.forward(ctx, x.cview()), r); };
+  CHECK(test::rel_error(dx, test::numeric_gradient(loss, x.data(), x.numel())) < 1e-7);
+  check_parameter_gradients(block, loss);
+}
+
+TEST_CASE("TransformerBlock: recomputation gives bit-identical outputs and gradients over interleaved micro-batches",
+          "[transformer][block][recompute]") {
+  auto gen = test::rng(23);
+  const std::int64_t B = 2, Tn = 5, C = 8;
+  layers::TransformerBlock<double> stored({.dim = C, .heads = 4}), recomputed({.dim = C, .heads = 4, .recompute = true});
+  layers::initialize_all(stored.parameters(), 3, nullptr);
+  layers::initialize_all(recomputed.parameters(), 3, nullptr);
+  Tensor<double> x[2] = {test::random_tensor<double>({B, Tn, C}, gen), test::random_tensor<double>({B, Tn, C}, gen)};
+  Tensor<double> r[2] = {test::random_tensor<double>({B, Tn, C}, gen), test::random_tensor<double>({B, Tn, C}, gen)};
+  std::vector<double> out[2][2], dx[2][2];  // [layer][micro-batch]
+  auto run = [&](layers::TransformerBlock<double>& block, int k) {
+    layers::Context<> ctx;
+    for (int mb = 0; mb < 2; ++mb) {  // forward both micro-batches, then backward both (1F1B-like)
+      ctx.micro_batch = mb;
+      out[k][mb] = test::to_vector(block.forward(ctx, x[mb].cview()));
+    }
+    for (int mb = 0; mb < 2; ++mb) {
+      ctx.micro_batch = mb;
+      dx[k][mb] = test::to_vector(block.backward_input(ctx, r[mb].cview()));
+      block.backward_weight(ctx, r[mb].cview());
+    }
+  };
+  run(stored, 0);
+  run(recomputed, 1);
+  for (int mb = 0; mb < 2; ++mb) {
+    CHECK(out[0][mb] == out[1][mb]);
+    CHECK(dx[0][mb] == dx[1][mb]);
+  }
+  for (std::size_t i = 0; i < stored.parameters().size(); ++i) {
+    CAPTURE(stored.parameters()[i]->name());
+    CHECK(test::to_vector(stored.parameters()[i]->grad()) == test::to_vector(recomputed.parameters()[i]->grad()));
+  }
+}
+
+static_assert(layers::check_layer<layers::TransformerBlock<double>>());
+static_assert(layers::check_layer<layers::CausalSelfAttention<float>>());
+static_assert(layers::check_layer<layers::Mlp<float>>());
+static_assert(layers::check_layer<layers::LayerNorm<float>>());
+static_assert(layers::check_layer<layers::Embedding<float>>());
+static_assert(layers::check_layer<layers::ColumnParallelLinear<float>>());
+static_assert(layers::check_layer<layers::RowParallelLinear<float>>());
+
+TEST_CASE("TransformerBlock: a change at position t0 leaves the outputs before t0 unchanged",
+          "[transformer][block][attention]") {
+  auto gen = test::rng(24);
+  const std::int64_t B = 1, Tn = 6, C = 8, t0 = 4;
+  layers::TransformerBlock<double> block({.dim = C, .heads = 2});
+  layers::initialize_all(block.parameters(), 4, nullptr);
+  auto x = test::random_tensor<double>({B, Tn, C}, gen);
+  layers::Context<> ctx;
+  const auto before = test::to_vector(block.forward(ctx, x.cview()));
+  for (std::int64_t c = 0; c < C; ++c) x(0, t0, c) += 0.5 * static_cast<double>(c % 3);  // not a shift: LN would cancel it
+  const auto after = test::to_vector(block.forward(ctx, x.cview()));
+  for (std::int64_t t = 0; t < Tn; ++t) {
+    bool same = true;
+    for (std::int64_t c = 0; c < C; ++c) same = same && before[t * C + c] == after[t * C + c];
+    CAPTURE(t);
+    CHECK(same == (t < t0));
+  }
+}
+
+TEST_CASE("TransformerBlock and the tied cross-entropy in float agree with float64", "[transformer][block][float]") {
+  auto gen = test::rng(25);
+  const std::int64_t B = 2, Tn = 4, C = 16, V = 30;
+  layers::Embedding<float> ef({.vocab = V, .max_seq = Tn, .dim = C});
+  layers::Embedding<double> ed({.vocab = V, .max_seq = Tn, .dim = C});
+  layers::TransformerBlock<float> bf({.dim = C, .heads = 4});
+  layers::TransformerBlock<double> bd({.dim = C, .heads = 4});
+  layers::VocabParallelCrossEntropy<float> cf(ef);
+  layers::VocabParallelCrossEntropy<double> cd(ed);
+  for (auto* p : ef.parameters()) layers::initialize(*p, 8, nullptr);
+  for (auto* p : ed.parameters()) layers::initialize(*p, 8, nullptr);
+  layers::initialize_all(bf.parameters(), 8, nullptr);
+  layers::initialize_all(bd.parameters(), 8, nullptr);
+  Tensor<std::int32_t> tokens({B, Tn}), targets({B, Tn});
+  std::uniform_int_distribution<int> tok(0, V - 1);
+  for (auto& t : tokens) t = tok(gen);
+  for (auto& t : targets) t = tok(gen);
+  layers::Context<> ctx;
+  const double lf = cf.forward(ctx, bf.forward(ctx, ef.forward(ctx, tokens.cview())), targets.cview());
+  const double ld = cd.forward(ctx, bd.forward(ctx, ed.forward(ctx, tokens.cview())), targets.cview());
+  CHECK(lf == test::Approx(ld).epsilon(1e-5));
+  CHECK(test::rel_error(bf.backward_input(ctx, cf.backward_input(ctx)), test::to_vector(bd.backward_input(ctx, cd.backward_input(ctx)))) < 1e-4);
+}
+
+TEST_CASE("Stack of TransformerBlocks: GPT-2 parameter names; every parameter reported ready once per micro-batch",
+          "[transformer][block]") {
+  auto gen = test::rng(26);
+  const std::int64_t B = 1, Tn = 3, C = 8;
+  std::vector<layers::TransformerBlock<double>> blocks;
+  for (int i = 0; i < 2; ++i) blocks.emplace_back(layers::BlockOptions{.dim = C, .heads = 2, .recompute = i == 1});
+  layers::Stack<layers::TransformerBlock<double>> stack(std::move(blocks), "h");
+  const auto params = stack.parameters();
+  CHECK(params.front()->name() == "h.0.ln_1.weight");
+  CHECK(params[2]->name() == "h.0.attn.c_attn.weight");
+  CHECK(params.back()->name() == "h.1.mlp.c_proj.bias");
+  layers::initialize_all(params, 1, nullptr);
+
+  std::map<const void*, int> reports;
+  layers::Context<> ctx;
+  ctx.on_grad_ready_f64 = [&](std::span<layers::Param<double>* const> ps) {
+    for (auto* p : ps) ++reports[p];
+  };
+  auto x = test::random_tensor<double>({B, Tn, C}, gen), r = test::random_tensor<double>({B, Tn, C}, gen);
+  for (int mb = 0; mb < 2; ++mb) {
+    ctx.micro_batch = mb;
+    stack.forward(ctx, x.cview());
+  }
+  for (int mb = 0; mb < 2; ++mb) {
+    ctx.micro_batch = mb;
+    stack.backward_input(ctx, r.cview());
+    stack.backward_weight(ctx, r.cview());
+  }
+  CHECK(reports.size() == params.size());
+  for (auto* p : params) {
+    CAPTURE(p->name());
+    CHECK(reports[p] == 2);
+  }
+}
