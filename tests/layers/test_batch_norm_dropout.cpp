@@ -1,0 +1,119 @@
+// BatchNorm2d (train/eval, running statistics, gradients) and Dropout (reproducible masks, keep
+// rate, identity in eval, gradients), on one rank.
+#include "grad_check.hpp"
+#include "test.hpp"
+
+#include <dpml/layers/batch_norm.hpp>
+#include <dpml/layers/dropout.hpp>
+#include <dpml/layers/init.hpp>
+
+#include <cmath>
+#include <vector>
+
+using namespace dpml;
+using Ctx = layers::Context<HostSpace>;
+
+namespace {
+// Per-channel mean and biased variance of x (N, C, H, W), in float64.
+void channel_stats(const Tensor<double>& x, std::vector<double>& mean, std::vector<double>& var) {
+  const std::int64_t N = x.size(0), C = x.size(1), S = x.size(2) * x.size(3);
+  mean.assign(C, 0.0);
+  var.assign(C, 0.0);
+  for (std::int64_t c = 0; c < C; ++c) {
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t s = 0; s < S; ++s) mean[c] += x[(n * C + c) * S + s] / static_cast<double>(N * S);
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t s = 0; s < S; ++s) {
+        const double d = x[(n * C + c) * S + s] - mean[c];
+        var[c] += d * d / static_cast<double>(N * S);
+      }
+  }
+}
+}  // namespace
+
+TEST_CASE("BatchNorm2d: training normalises with batch statistics and updates running ones", "[layers]") {
+  auto gen = test::rng(11);
+  layers::BatchNorm2d<double> bn(3, {.momentum = 0.25, .eps = 1e-3});
+  layers::initialize_all(bn.parameters(), 1, nullptr);
+  CHECK(bn.parameters()[0]->name() == "bn.weight");
+  for (double v : bn.parameters()[0]->value()) CHECK(v == 1.0);
+  for (double v : bn.parameters()[1]->value()) CHECK(v == 0.0);
+  test::randomise_parameters(bn, gen);
+  const auto w = bn.parameters()[0]->value(), b = bn.parameters()[1]->value();
+
+  Ctx ctx;
+  auto x = test::random_tensor<double>(Shape{4, 3, 2, 3}, gen, -2, 3);
+  std::vector<double> mean, var;
+  channel_stats(x, mean, var);
+  const auto y = bn.forward(ctx, x.cview());
+  std::vector<double> ref;
+  for (int n = 0; n < 4; ++n)
+    for (int c = 0; c < 3; ++c)
+      for (int s = 0; s < 6; ++s) ref.push_back((x[(n * 3 + c) * 6 + s] - mean[c]) / std::sqrt(var[c] + 1e-3) * w[c] + b[c]);
+  CHECK(test::rel_error(y, ref) < 1e-14);
+  for (int c = 0; c < 3; ++c) {
+    CHECK(bn.running_mean()[c] == Approx(0.25 * mean[c]).epsilon(1e-12));
+    CHECK(bn.running_var()[c] == Approx(0.75 + 0.25 * var[c] * 24 / 23).epsilon(1e-12));
+  }
+
+  SECTION("eval uses the running statistics and leaves them alone") {
+    ctx.mode = layers::Mode::eval;
+    std::vector<double> rm(bn.running_mean().begin(), bn.running_mean().end());
+    std::vector<double> rv(bn.running_var().begin(), bn.running_var().end());
+    const auto ye = bn.forward(ctx, x.cview());
+    std::vector<double> refe;
+    for (int n = 0; n < 4; ++n)
+      for (int c = 0; c < 3; ++c)
+        for (int s = 0; s < 6; ++s) refe.push_back((x[(n * 3 + c) * 6 + s] - rm[c]) / std::sqrt(rv[c] + 1e-3) * w[c] + b[c]);
+    CHECK(test::rel_error(ye, refe) < 1e-14);
+    CHECK(test::rel_error(bn.running_mean(), rm) == 0.0);
+    test::finite_difference_check(bn, ctx, x, gen);
+  }
+  SECTION("training gradients flow through the batch statistics") {
+    test::finite_difference_check(bn, ctx, x, gen);
+  }
+}
+
+TEST_CASE("Dropout: reproducible masks from (seed, step, micro-batch, stream), keep rate, eval identity", "[layers]") {
+  auto gen = test::rng(12);
+  auto x = test::random_tensor<double>(Shape{200, 500}, gen, 0.5, 1.5);  // no zeros: kept ⇔ y ≠ 0
+  Ctx ctx;
+  ctx.seed = 42;
+  ctx.step = 3;
+  layers::Dropout<double> a(0.3, 1), b(0.3, 1), other(0.3, 2);
+  auto mask_of = [&](layers::Dropout<double>& d) {
+    d.forward(ctx, x.cview());
+    const auto m = d.mask(ctx.micro_batch);
+    return std::vector<double>(m.begin(), m.end());
+  };
+  const auto m0 = mask_of(a);
+  CHECK(mask_of(b) == m0);  // same seed, step, micro-batch and stream: the same mask
+  CHECK(mask_of(other) != m0);
+  ctx.micro_batch = 1;
+  CHECK(mask_of(a) != m0);
+  ctx.micro_batch = 0;
+  ctx.step = 4;
+  const auto m4 = mask_of(a);
+  CHECK(m4 != m0);
+  ctx.step = 3;
+  CHECK(mask_of(a) == m0);  // nothing carried over from earlier calls
+
+  std::int64_t kept = 0;
+  for (double v : m0) {
+    CHECK((v == 0.0 || v == Approx(1 / 0.7).epsilon(1e-15)));
+    kept += v != 0.0;
+  }
+  const double rate = static_cast<double>(kept) / static_cast<double>(m0.size());
+  CAPTURE(rate);
+  CHECK(std::abs(rate - 0.7) < 0.005);  // 100k draws: σ ≈ 0.0015
+  const auto y = a.forward(ctx, x.cview());
+  for (std::int64_t i = 0; i < x.numel(); ++i) CHECK((y[i] == 0.0) == (m0[static_cast<std::size_t>(i)] == 0.0));
+
+  auto xs = test::random_tensor<double>(Shape{3, 8}, gen);
+  test::finite_difference_check(a, ctx, xs, gen);
+
+  ctx.mode = layers::Mode::eval;
+  const auto ye = a.forward(ctx, x.cview());
+  CHECK(ye.data() == x.data());
+  CHECK(a.backward_input(ctx, x.cview()).data() == x.data());
+}
