@@ -1,0 +1,182 @@
+#pragma once
+// Token data for language models: llm.c token shards, and TokenWindows, the one windowed,
+// data-parallel dataset over any token array (shards here, byte-level text in data/text.hpp).
+//
+// Shard format (llm.c, dev/data/data_common.py): a header of 256 little-endian int32 — [0] magic
+// 20240520, [1] version 1, [2] token count N, the rest zero — then N uint16 tokens. The reader
+// checks all three against the file and names the file, what was expected and what was found;
+// its errors have Scope::everywhere, as every rank reads the same shards and fails alike.
+//
+// Windows: sample i of a token array of n tokens is tokens[i·T, i·T + T + 1) — T+1 tokens, the
+// inputs being the first T and the targets the last T (next-token prediction), so consecutive
+// windows share one token and there are ⌊(n − 1) / T⌋ of them. Several shards are concatenated in
+// the order given (globs are sorted), so a window may straddle two shards. Which windows form
+// each step's batch is the DistributedSampler's convention (data/sampler.hpp): global batch b is
+// a contiguous block of the epoch's order (a Philox shuffle of the windows for `seed`, or the
+// identity), and data-parallel rank r of K takes its contiguous slice. The union of the ranks'
+// batches of a step is therefore the sequential run's global batch, for any K.
+
+#include "dpml/core/error.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/data/sampler.hpp"
+
+#include <glob.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dpml::data {
+
+inline constexpr std::int32_t kTokenShardMagic = 20240520;
+inline constexpr std::int32_t kTokenShardVersion = 1;
+inline constexpr std::size_t kTokenShardHeaderInts = 256;
+inline constexpr std::size_t kTokenShardHeaderBytes = kTokenShardHeaderInts * sizeof(std::int32_t);
+
+inline void write_token_shard(const std::string& path, std::span<const std::uint16_t> tokens) {
+  DPML_REQUIRE(tokens.size() <= 0x7fffffffu, "token shard '" << path << "': " << tokens.size()
+                                                              << " tokens do not fit the int32 count of the header");
+  std::int32_t header[kTokenShardHeaderInts] = {};
+  header[0] = kTokenShardMagic;
+  header[1] = kTokenShardVersion;
+  header[2] = static_cast<std::int32_t>(tokens.size());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  DPML_REQUIRE(out.good(), "token shard '" << path << "' cannot be created");
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size_bytes()));
+  out.close();
+  DPML_REQUIRE(!out.fail(), "token shard '" << path << "': write failed (disk full?)");
+}
+
+inline std::vector<std::uint16_t> read_token_shard(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  DPML_REQUIRE_EVERYWHERE(in.good(), "token shard '" << path << "' cannot be opened (missing or unreadable)");
+  const auto bytes = static_cast<std::uint64_t>(in.tellg());
+  DPML_REQUIRE_EVERYWHERE(bytes >= kTokenShardHeaderBytes, "token shard '" << path << "' is " << bytes << " bytes, shorter than the "
+                                                                << kTokenShardHeaderBytes << "-byte header");
+  in.seekg(0);
+  std::int32_t header[kTokenShardHeaderInts];
+  in.read(reinterpret_cast<char*>(header), sizeof(header));
+  DPML_REQUIRE_EVERYWHERE(header[0] == kTokenShardMagic, "token shard '" << path << "' has magic " << header[0] << ", expected "
+                                                              << kTokenShardMagic << " (not an llm.c token shard)");
+  DPML_REQUIRE_EVERYWHERE(header[1] == kTokenShardVersion, "token shard '" << path << "' has version " << header[1] << ", expected "
+                                                                << kTokenShardVersion << " (uint16 tokens)");
+  DPML_REQUIRE_EVERYWHERE(header[2] >= 0, "token shard '" << path << "' has a negative token count " << header[2]);
+  const std::uint64_t count = static_cast<std::uint64_t>(header[2]), body = bytes - kTokenShardHeaderBytes;
+  DPML_REQUIRE_EVERYWHERE(body == count * sizeof(std::uint16_t), "token shard '" << path << "': the header says " << count << " tokens ("
+                                                                      << count * sizeof(std::uint16_t) << " bytes) but the file holds "
+                                                                      << body << " bytes after the header");
+  std::vector<std::uint16_t> tokens(count);
+  in.read(reinterpret_cast<char*>(tokens.data()), static_cast<std::streamsize>(body));
+  DPML_REQUIRE_EVERYWHERE(in.good(), "token shard '" << path << "': read failed");
+  return tokens;
+}
+
+// The files a pattern names, sorted: a glob (`data/train_*.bin`) or a plain path. None is an error.
+inline std::vector<std::string> expand_pattern(const std::string& pattern) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0)
+    for (std::size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  DPML_REQUIRE_EVERYWHERE(!files.empty(), "no file matches '" << pattern << "'");
+  return files;
+}
+
+struct WindowOptions {
+  std::int64_t seq_len = 64;       // T
+  std::int64_t global_batch = 8;   // windows per step over all data-parallel ranks
+  std::uint64_t seed = 0;
+  bool shuffle = true;
+};
+
+struct TokenBatch {
+  Tensor<std::int32_t> inputs;   // (B, T)
+  Tensor<std::int32_t> targets;  // (B, T) inputs shifted by one token
+};
+
+class TokenWindows {
+ public:
+  // `source` names the data in errors (a pattern, a file). Every data-parallel rank passes the
+  // same tokens and options and its own rank of `ranks`.
+  TokenWindows(std::vector<std::uint16_t> tokens, WindowOptions options, int rank = 0, int ranks = 1,
+               std::string source = "token array")
+      : tokens_(std::make_shared<const std::vector<std::uint16_t>>(std::move(tokens))),
+        options_(options),
+        source_(std::move(source)),
+        sampler_(windows_checked(), SamplerOptions{options.global_batch, options.seed, options.shuffle, true}, rank, ranks) {}
+
+  std::int64_t seq_len() const noexcept { return options_.seq_len; }
+  std::int64_t windows() const noexcept { return sampler_.dataset_size(); }
+  std::int64_t tokens() const noexcept { return static_cast<std::int64_t>(tokens_->size()); }
+  std::int64_t batches_per_epoch() const noexcept { return sampler_.batches_per_epoch(); }
+  void set_epoch(std::int64_t epoch) { sampler_.set_epoch(epoch); }
+  const DistributedSampler& sampler() const noexcept { return sampler_; }
+  std::span<const std::uint16_t> token_array() const noexcept { return *tokens_; }
+
+  // This rank's windows of step b of the current epoch.
+  TokenBatch batch(std::int64_t b) const { return gather(sampler_.local_batch(b)); }
+  // All ranks' windows of step b (what one process would train on).
+  TokenBatch global_batch(std::int64_t b) const { return gather(sampler_.global_batch(b)); }
+
+ private:
+  std::int64_t windows_checked() const {
+    const std::int64_t n = static_cast<std::int64_t>(tokens_->size()), t = options_.seq_len;
+    DPML_REQUIRE_EVERYWHERE(t >= 1, "sequence length " << t << " must be at least 1");
+    const std::int64_t w = n > 0 ? (n - 1) / t : 0;
+    DPML_REQUIRE_EVERYWHERE(w >= options_.global_batch, source_ << ": " << n << " tokens make " << w << " windows of "
+                                                                 << t << "+1 tokens, fewer than the global batch of "
+                                                                 << options_.global_batch);
+    return w;
+  }
+  TokenBatch gather(std::span<const std::int64_t> samples) const {
+    const std::int64_t B = static_cast<std::int64_t>(samples.size()), T = options_.seq_len;
+    TokenBatch out{Tensor<std::int32_t>({B, T}), Tensor<std::int32_t>({B, T})};
+    for (std::int64_t i = 0; i < B; ++i) {
+      const std::uint16_t* w = tokens_->data() + samples[static_cast<std::size_t>(i)] * T;  // (T+1)
+      for (std::int64_t j = 0; j < T; ++j) {
+        out.inputs(i, j) = w[j];
+        out.targets(i, j) = w[j + 1];
+      }
+    }
+    return out;
+  }
+
+  std::shared_ptr<const std::vector<std::uint16_t>> tokens_;  // (n)
+  WindowOptions options_;
+  std::string source_;
+  DistributedSampler sampler_;
+};
+
+// The tokens of several shards (files or globs), concatenated in order.
+inline std::vector<std::uint16_t> read_token_shards(const std::vector<std::string>& patterns) {
+  std::vector<std::uint16_t> all;
+  for (const auto& p : patterns)
+    for (const auto& f : expand_pattern(p)) {
+      const auto t = read_token_shard(f);
+      all.insert(all.end(), t.begin(), t.end());
+    }
+  return all;
+}
+
+// TokenWindows over llm.c shards.
+class TokenShardDataset : public TokenWindows {
+ public:
+  TokenShardDataset(const std::vector<std::string>& patterns, WindowOptions options, int rank = 0, int ranks = 1)
+      : TokenWindows(read_token_shards(patterns), options, rank, ranks, "token shards '" + join(patterns) + "'") {}
+
+ private:
+  static std::string join(const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+  }
+};
+
+}  // namespace dpml::data

@@ -1,0 +1,152 @@
+// llm.c token shards (round trip, refused bad files naming the file) and TokenWindows (windows,
+// data-parallel split whose union is the sequential batch, determinism for a seed).
+#include "test.hpp"
+
+#include <dpml/data/token_shards.hpp>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using dpml::data::TokenWindows;
+using dpml::data::WindowOptions;
+
+namespace {
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("dpml-token-test-" + std::to_string(::getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+std::vector<std::uint16_t> random_tokens(std::size_t n, std::uint64_t salt) {
+  auto gen = dpml::test::rng(salt);
+  std::vector<std::uint16_t> t(n);
+  for (auto& x : t) x = static_cast<std::uint16_t>(gen() % 50257);
+  return t;
+}
+
+// Overwrites the int32 at `index` of the header.
+void poke_header(const std::string& path, int index, std::int32_t value) {
+  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekp(index * 4);
+  f.write(reinterpret_cast<const char*>(&value), 4);
+}
+
+}  // namespace
+
+TEST_CASE("token shards: write then read gives the same tokens, llm.c header", "[data]") {
+  TempDir dir;
+  const auto tokens = random_tokens(1001, 1);
+  const std::string path = dir / "train_000.bin";
+  dpml::data::write_token_shard(path, tokens);
+  CHECK(fs::file_size(path) == 1024 + 2 * tokens.size());
+  std::ifstream in(path, std::ios::binary);
+  std::int32_t h[3];
+  in.read(reinterpret_cast<char*>(h), sizeof(h));
+  CHECK(h[0] == 20240520);
+  CHECK(h[1] == 1);
+  CHECK(h[2] == 1001);
+  CHECK(dpml::data::read_token_shard(path) == tokens);
+  dpml::data::write_token_shard(dir / "empty.bin", {});
+  CHECK(dpml::data::read_token_shard(dir / "empty.bin").empty());
+}
+
+TEST_CASE("token shards: wrong magic, version or size is refused, naming the file", "[data]") {
+  TempDir dir;
+  const auto tokens = random_tokens(100, 2);
+  auto fresh = [&](const std::string& name) {
+    const std::string p = dir / name;
+    dpml::data::write_token_shard(p, tokens);
+    return p;
+  };
+  auto error = [](const std::string& p) { return dpml::test::error_of([&] { dpml::data::read_token_shard(p); }); };
+  auto has = [](const std::string& text, const std::string& part) {
+    INFO(text);
+    CHECK(text.find(part) != std::string::npos);
+  };
+  const std::string magic = fresh("magic.bin");
+  poke_header(magic, 0, 20240521);
+  has(error(magic), "token shard '" + magic + "' has magic 20240521, expected 20240520");
+  const std::string version = fresh("version.bin");
+  poke_header(version, 1, 2);
+  has(error(version), "token shard '" + version + "' has version 2, expected 1");
+  const std::string count = fresh("count.bin");
+  poke_header(count, 2, 101);
+  has(error(count), "token shard '" + count + "': the header says 101 tokens (202 bytes) but the file holds 200 bytes");
+  const std::string truncated = fresh("truncated.bin");
+  fs::resize_file(truncated, 1024 + 199);
+  has(error(truncated), "holds 199 bytes after the header");
+  const std::string tiny = dir / "tiny.bin";
+  std::ofstream(tiny) << "hello";
+  has(error(tiny), "token shard '" + tiny + "' is 5 bytes, shorter than the 1024-byte header");
+  has(error(dir / "missing.bin"), "missing.bin' cannot be opened");
+  has(dpml::test::error_of([&] { dpml::data::expand_pattern(dir / "nothing_*.bin"); }), "no file matches");
+}
+
+TEST_CASE("token windows: inputs and targets are the window shifted by one", "[data]") {
+  std::vector<std::uint16_t> tokens(41);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>(i);
+  TokenWindows w(tokens, WindowOptions{.seq_len = 8, .global_batch = 2, .seed = 3, .shuffle = false});
+  CHECK(w.windows() == 5);  // ⌊(41 − 1) / 8⌋
+  CHECK(w.batches_per_epoch() == 2);
+  const auto b = w.batch(1);  // windows 2 and 3
+  REQUIRE(b.inputs.size(0) == 2);
+  REQUIRE(b.inputs.size(1) == 8);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 8; ++j) {
+      CHECK(b.inputs(i, j) == (2 + i) * 8 + j);
+      CHECK(b.targets(i, j) == (2 + i) * 8 + j + 1);
+    }
+  CHECK_THROWS_AS(TokenWindows(tokens, WindowOptions{.seq_len = 8, .global_batch = 6}), dpml::Error);
+}
+
+TEST_CASE("token shards: dp ranks' batches are disjoint and their union is the sequential batch", "[data]") {
+  TempDir dir;
+  const auto a = random_tokens(700, 3), b = random_tokens(555, 4);
+  dpml::data::write_token_shard(dir / "train_000.bin", a);
+  dpml::data::write_token_shard(dir / "train_001.bin", b);
+  const WindowOptions opt{.seq_len = 16, .global_batch = 7, .seed = 11, .shuffle = true};
+  const dpml::data::TokenShardDataset seq({dir / "train_*.bin"}, opt);
+  CHECK(seq.tokens() == 1255);
+  CHECK(seq.windows() == (1255 - 1) / 16);
+  for (int ranks : {2, 3, 4}) {
+    std::vector<dpml::data::TokenShardDataset> dp;
+    for (int r = 0; r < ranks; ++r) dp.emplace_back(std::vector<std::string>{dir / "train_*.bin"}, opt, r, ranks);
+    for (std::int64_t step = 0; step < seq.batches_per_epoch(); ++step) {
+      CAPTURE(ranks, step);
+      const auto whole = seq.batch(step);
+      std::vector<std::int32_t> joined_in, joined_tg;
+      std::set<std::int64_t> seen;
+      for (int r = 0; r < ranks; ++r) {
+        const auto part = dp[static_cast<std::size_t>(r)].batch(step);
+        joined_in.insert(joined_in.end(), part.inputs.begin(), part.inputs.end());
+        joined_tg.insert(joined_tg.end(), part.targets.begin(), part.targets.end());
+        for (auto i : dp[static_cast<std::size_t>(r)].sampler().local_batch(step)) CHECK(seen.insert(i).second);
+      }
+      CHECK(joined_in == std::vector<std::int32_t>(whole.inputs.begin(), whole.inputs.end()));
+      CHECK(joined_tg == std::vector<std::int32_t>(whole.targets.begin(), whole.targets.end()));
+      CHECK(seen.size() == 7);
+    }
+  }
+  // Deterministic for a seed, different for another seed, reshuffled per epoch.
+  const dpml::data::TokenShardDataset again({dir / "train_000.bin", dir / "train_001.bin"}, opt);
+  auto first_inputs = [](const TokenWindows& w) {
+    const auto t = w.batch(0).inputs;
+    return std::vector<std::int32_t>(t.begin(), t.end());
+  };
+  CHECK(first_inputs(again) == first_inputs(seq));
+  WindowOptions other = opt;
+  other.seed = 12;
+  CHECK(first_inputs(dpml::data::TokenShardDataset({dir / "train_*.bin"}, other)) != first_inputs(seq));
+  dpml::data::TokenShardDataset epoch1({dir / "train_*.bin"}, opt);
+  epoch1.set_epoch(1);
+  CHECK(first_inputs(epoch1) != first_inputs(seq));
+}
