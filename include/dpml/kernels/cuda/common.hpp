@@ -1,0 +1,79 @@
+#pragma once
+// Pieces shared by the CUDA kernels: bf16 ↔ float in registers, warp and group reductions, and
+// launch arithmetic. CUDA translation units only.
+//
+// Storage types are dpml::bf16 (the host struct, bit-identical to __nv_bfloat16) and float;
+// kernels load either as float with load_f() and store with store_f(), so one kernel template
+// serves both. bf16 → float is a 16-bit shift (exact); float → bf16 is the hardware
+// round-to-nearest-even conversion, which gives the same bits as dpml::bf16(float).
+
+#include "dpml/core/bf16.hpp"
+#include "dpml/core/cuda_error.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace dpml::kernels::cuda {
+
+constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for a grid-stride loop over n elements, capped so that huge n do not make huge grids.
+inline unsigned grid_for(std::int64_t n, int threads, std::int64_t cap = 65536) {
+  const std::int64_t b = ceil_div(n, threads);
+  return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+namespace detail {
+
+template <class T>
+inline constexpr bool is_storage_v = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
+
+__device__ __forceinline__ float load_f(float v) { return v; }
+__device__ __forceinline__ float load_f(bf16 v) { return __uint_as_float(static_cast<unsigned>(v.bits) << 16); }
+
+template <class T>
+__device__ __forceinline__ T from_f(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return bf16::from_bits(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+  }
+}
+
+// Two floats → one 32-bit word of two bf16 (low half first), as mma.sync and paired stores want.
+__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over aligned groups of G lanes (G a power of two ≤ 32); every lane of a group gets it.
+template <int G>
+__device__ __forceinline__ float group_sum(float v) {
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// tanh-approximation GELU (GPT-2) and its derivative, as kernels/host/activation.hpp.
+inline constexpr float kGeluC = 0.7978845608028654f;  // √(2/π)
+inline constexpr float kGeluA = 0.044715f;
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.f + tanhf(kGeluC * (x + kGeluA * x * x * x)));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float t = tanhf(kGeluC * (x + kGeluA * x * x * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * x * x);
+}
+
+}  // namespace detail
+}  // namespace dpml::kernels::cuda

@@ -1,0 +1,121 @@
+#pragma once
+// Element-wise device kernels: GELU (tanh) forward/backward, the residual add, and the bias
+// gradient of a Linear (the maths of kernels/host/{activation,elementwise}.hpp).
+//
+// The element-wise kernels are memory-bound: they move 4–6 bytes per element in bf16 and do a few
+// flops, so the floor is bytes / bandwidth. Each thread handles 8 consecutive elements through
+// 16-byte vector loads and stores when the pointers are 16-byte aligned (the common case: whole
+// tensors from the allocator), in a grid-stride loop; a scalar loop takes the tail and misaligned
+// inputs. Arithmetic is in fp32, rounding once on the store.
+//
+// bias_grad_rows: dbias (cols) += Σ_rows dy (rows, cols), deterministic (reduce.hpp); scratch holds
+// column_sums_scratch(rows, cols, 1) floats.
+
+#include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/reduce.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dpml::kernels::cuda {
+
+namespace detail::ew {
+
+inline constexpr int kThreads = 256;
+
+// 8 elements of T as one aligned vector (16 bytes of bf16, or two float4 of float).
+template <class T>
+struct alignas(16) Pack8 {
+  T v[8];
+};
+
+template <class T>
+__device__ __forceinline__ bool aligned16(const T* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+// y[i] = op(i, a[i], b[i]) over n elements; b may be null when op ignores it.
+template <class T, class Op>
+__global__ void map2_kernel(const T* a, const T* b, T* y, std::int64_t n,  // y may alias a or b
+                            Op op, bool vec) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  std::int64_t i0 = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::int64_t tail = 0;
+  if (vec) {
+    const std::int64_t packs = n / 8;
+    for (std::int64_t p = i0; p < packs; p += stride) {
+      const Pack8<T> pa = reinterpret_cast<const Pack8<T>*>(a)[p];
+      Pack8<T> pb{};
+      if (b) pb = reinterpret_cast<const Pack8<T>*>(b)[p];
+      Pack8<T> py;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) py.v[e] = from_f<T>(op(load_f(pa.v[e]), load_f(pb.v[e])));
+      reinterpret_cast<Pack8<T>*>(y)[p] = py;
+    }
+    tail = packs * 8;
+  }
+  for (std::int64_t i = tail + i0; i < n; i += stride) y[i] = from_f<T>(op(load_f(a[i]), b ? load_f(b[i]) : 0.f));
+}
+
+struct GeluOp {
+  __device__ float operator()(float x, float) const { return gelu(x); }
+};
+struct GeluGradOp {  // a = x, b = dy
+  __device__ float operator()(float x, float dy) const { return dy * gelu_grad(x); }
+};
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+template <class T, class Op>
+void map2(const T* a, const T* b, T* y, std::int64_t n, Op op, cudaStream_t stream) {
+  static_assert(is_storage_v<T>);
+  if (n == 0) return;
+  const bool vec = aligned16(a) && (b == nullptr || aligned16(b)) && aligned16(y);
+  map2_kernel<<<grid_for(ceil_div(n, 8), kThreads, 132 * 16), kThreads, 0, stream>>>(a, b, y, n, op, vec);
+  DPML_CHECK_LAUNCH();
+}
+
+template <class T>
+struct ColumnOf {
+  const T* dy;
+  int cols;
+  __device__ Sums<1> operator()(std::int64_t r, int c) const { return {{load_f(dy[r * cols + c])}}; }
+};
+template <class T>
+struct AddIntoBias {
+  T* db;
+  __device__ void operator()(int c, const Sums<1>& s) const { db[c] = from_f<T>(load_f(db[c]) + s.v[0]); }
+};
+
+}  // namespace detail::ew
+
+// y = gelu(x), n elements; y may alias x.
+template <class T>
+void gelu_forward(const T* x, T* y, std::int64_t n, cudaStream_t stream) {
+  detail::ew::map2(x, static_cast<const T*>(nullptr), y, n, detail::ew::GeluOp{}, stream);
+}
+
+// dx = dy · gelu'(x), from the forward input x; dx may alias dy.
+template <class T>
+void gelu_backward(const T* x, const T* dy, T* dx, std::int64_t n, cudaStream_t stream) {
+  detail::ew::map2(x, dy, dx, n, detail::ew::GeluGradOp{}, stream);
+}
+
+// y = a + b, n elements (the residual connection); y may alias a or b.
+template <class T>
+void add(const T* a, const T* b, T* y, std::int64_t n, cudaStream_t stream) {
+  detail::ew::map2(a, b, y, n, detail::ew::AddOp{}, stream);
+}
+
+// dbias (cols) += Σ_rows dy (rows, cols); scratch: column_sums_scratch(rows, cols, 1) floats.
+template <class T>
+void bias_grad_rows(const T* dy, T* dbias, float* scratch, std::int64_t rows, std::int64_t cols,
+                    cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  column_sums<1>(detail::ew::ColumnOf<T>{dy, static_cast<int>(cols)}, detail::ew::AddIntoBias<T>{dbias}, scratch,
+                 rows, cols, stream);
+}
+
+}  // namespace dpml::kernels::cuda

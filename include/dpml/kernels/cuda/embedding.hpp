@@ -1,0 +1,174 @@
+#pragma once
+// Token and position embedding, device kernels (the maths of kernels/host/embedding.hpp),
+// including the vocabulary shard [begin, end) of a vocabulary-parallel table.
+//
+// The token backward is deterministic without float atomics: the N token ids are sorted together
+// with their positions (CUB radix sort, stable, so equal tokens keep increasing n), and one warp
+// per distinct token walks its run of the sorted list, adding the gradient rows into its table
+// row in order of n. Every table row is written by one warp, in the order the host loop uses, so
+// the result is bit-identical from run to run (and, in fp32, to the host's). Cost: the sort
+// (N keys, a few µs for N = 16384) plus one read of dy and one read-modify-write of the touched
+// table rows — untouched rows of a 50k-row table are never read.
+//
+// The position backward sums over the batch in order, one thread per (t, c): also deterministic.
+
+#include "dpml/kernels/cuda/common.hpp"
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_runtime.h>
+
+#include <bit>
+#include <cstdint>
+
+namespace dpml::kernels::cuda {
+
+namespace detail::emb {
+
+template <class T>
+__global__ void token_forward_kernel(const std::int32_t* __restrict__ tokens, const T* __restrict__ W,
+                                     T* __restrict__ y, std::int64_t N, int C, std::int64_t begin,
+                                     std::int64_t end) {
+  for (std::int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const std::int64_t row = tokens[n];
+    T* yn = y + n * C;
+    const bool in = row >= begin && row < end;
+    const T* w = W + (in ? row - begin : 0) * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) yn[c] = in ? w[c] : from_f<T>(0.f);
+  }
+}
+
+template <class T>
+__global__ void position_forward_kernel(const T* __restrict__ P, T* __restrict__ y, std::int64_t B, std::int64_t Tn,
+                                        int C) {
+  const std::int64_t n = B * Tn * C;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t t = (i / C) % Tn, c = i % C;
+    y[i] = from_f<T>(load_f(y[i]) + load_f(P[t * C + c]));
+  }
+}
+
+__global__ void iota_kernel(std::int32_t* v, std::int64_t n) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    v[i] = static_cast<std::int32_t>(i);
+}
+
+// One warp per sorted position; the first position of each run of equal tokens does the run.
+template <class T>
+__global__ void token_backward_kernel(const std::int32_t* __restrict__ keys, const std::int32_t* __restrict__ pos,
+                                      const T* __restrict__ dy, T* __restrict__ dW, std::int64_t N, int C,
+                                      std::int64_t begin, std::int64_t end) {
+  const std::int64_t p = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (p >= N) return;
+  const std::int32_t tok = keys[p];
+  if ((p > 0 && keys[p - 1] == tok) || tok < begin || tok >= end) return;
+  const int lane = threadIdx.x % 32;
+  T* dw = dW + (tok - begin) * C;
+  for (int c = lane; c < C; c += 32) {
+    float acc = load_f(dw[c]);
+    for (std::int64_t q = p; q < N && keys[q] == tok; ++q) acc += load_f(dy[static_cast<std::int64_t>(pos[q]) * C + c]);
+    dw[c] = from_f<T>(acc);
+  }
+}
+
+template <class T>
+__global__ void position_backward_kernel(const T* __restrict__ dy, T* __restrict__ dP, std::int64_t B,
+                                         std::int64_t Tn, int C) {
+  const std::int64_t n = Tn * C;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float acc = load_f(dP[i]);
+    for (std::int64_t b = 0; b < B; ++b) acc += load_f(dy[b * n + i]);
+    dP[i] = from_f<T>(acc);
+  }
+}
+
+inline std::size_t align256(std::size_t b) { return (b + 255) / 256 * 256; }
+
+// Bits of the sort key that can be set: tokens are in [0, vocab).
+inline int key_bits(std::int64_t vocab) { return vocab <= 1 ? 1 : std::bit_width(static_cast<std::uint64_t>(vocab - 1)); }
+
+inline std::size_t sort_temp_bytes(std::int64_t N, std::int64_t vocab) {
+  std::size_t bytes = 0;
+  DPML_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const std::int32_t*>(nullptr),
+                                                  static_cast<std::int32_t*>(nullptr),
+                                                  static_cast<const std::int32_t*>(nullptr),
+                                                  static_cast<std::int32_t*>(nullptr), static_cast<int>(N), 0,
+                                                  key_bits(vocab)));
+  return bytes;
+}
+
+}  // namespace detail::emb
+
+// Bytes of device workspace that embedding_token_backward needs for N tokens of a vocabulary of
+// `vocab` ids (the full vocabulary, not the shard: tokens are sorted before the shard filter).
+inline std::size_t embedding_backward_workspace(std::int64_t N, std::int64_t vocab) {
+  using detail::emb::align256;
+  return 3 * align256(static_cast<std::size_t>(N) * sizeof(std::int32_t)) +
+         align256(detail::emb::sort_temp_bytes(N, vocab));
+}
+
+// tokens (N) in [0, vocab); W (end − begin, C); y (N, C), overwritten (zero rows for tokens
+// outside the shard).
+template <class T>
+void embedding_token_forward(const std::int32_t* tokens, const T* W, T* y, std::int64_t N, std::int64_t C,
+                             std::int64_t begin, std::int64_t end, cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  if (N == 0) return;
+  detail::emb::token_forward_kernel<<<grid_for(N, 1, 65535), 128, 0, stream>>>(tokens, W, y, N, static_cast<int>(C),
+                                                                                begin, end);
+  DPML_CHECK_LAUNCH();
+}
+
+// y (B, Tn, C) += P[t]; P (≥ Tn, C).
+template <class T>
+void embedding_position_forward(const T* P, T* y, std::int64_t B, std::int64_t Tn, std::int64_t C,
+                                cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  if (B * Tn * C == 0) return;
+  detail::emb::position_forward_kernel<<<grid_for(B * Tn * C, 256), 256, 0, stream>>>(P, y, B, Tn,
+                                                                                      static_cast<int>(C));
+  DPML_CHECK_LAUNCH();
+}
+
+// dW (end − begin, C) += the rows of dy (N, C) whose token lies in the shard; deterministic.
+// workspace: embedding_backward_workspace(N, vocab) bytes.
+template <class T>
+void embedding_token_backward(const std::int32_t* tokens, const T* dy, T* dW, std::int64_t N, std::int64_t C,
+                              std::int64_t begin, std::int64_t end, std::int64_t vocab, void* workspace,
+                              std::size_t workspace_bytes, cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  using namespace detail::emb;
+  if (N == 0) return;
+  DPML_REQUIRE(workspace_bytes >= embedding_backward_workspace(N, vocab),
+               "embedding backward: workspace of " << workspace_bytes << " bytes, needs "
+                                                   << embedding_backward_workspace(N, vocab));
+  const std::size_t ints = align256(static_cast<std::size_t>(N) * sizeof(std::int32_t));
+  auto* base = static_cast<char*>(workspace);
+  auto* keys = reinterpret_cast<std::int32_t*>(base);             // (N) sorted tokens
+  auto* pos_in = reinterpret_cast<std::int32_t*>(base + ints);    // (N) 0 … N−1
+  auto* pos = reinterpret_cast<std::int32_t*>(base + 2 * ints);   // (N) positions in sorted order
+  std::size_t temp_bytes = workspace_bytes - 3 * ints;
+  iota_kernel<<<grid_for(N, 256), 256, 0, stream>>>(pos_in, N);
+  DPML_CHECK_LAUNCH();
+  DPML_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(base + 3 * ints, temp_bytes, tokens, keys, pos_in, pos,
+                                                  static_cast<int>(N), 0, key_bits(vocab), stream));
+  constexpr int kWarps = 8;
+  token_backward_kernel<<<static_cast<unsigned>(ceil_div(N, kWarps)), kWarps * 32, 0, stream>>>(
+      keys, pos, dy, dW, N, static_cast<int>(C), begin, end);
+  DPML_CHECK_LAUNCH();
+}
+
+// dP[t] += Σ_b dy[b, t]; dy (B, Tn, C); deterministic.
+template <class T>
+void embedding_position_backward(const T* dy, T* dP, std::int64_t B, std::int64_t Tn, std::int64_t C,
+                                 cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  if (Tn * C == 0) return;
+  detail::emb::position_backward_kernel<<<grid_for(Tn * C, 256), 256, 0, stream>>>(dy, dP, B, Tn,
+                                                                                   static_cast<int>(C));
+  DPML_CHECK_LAUNCH();
+}
+
+}  // namespace dpml::kernels::cuda

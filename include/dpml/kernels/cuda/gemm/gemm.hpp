@@ -1,0 +1,127 @@
+#pragma once
+// The device GEMM's one interface, shared by every policy (cublaslt.hpp, tiled.hpp) and the
+// dispatcher (dispatch.hpp):
+//
+//   C (M, N) = act( alpha · op(A) · op(B) + bias + beta · C )     op(A) (M, K), op(B) (K, N)
+//
+// row-major like kernels/host/gemm.hpp: lda/ldb/ldc are row strides in elements, A and B are bf16,
+// accumulation is fp32, C is bf16 or fp32. The epilogue is a tag type chosen at compile time:
+//
+//   epilogue::None       act = identity, no bias
+//   epilogue::Bias       + bias (N), one value per output column (Linear's b)
+//   epilogue::BiasGelu   act = GELU (tanh), + bias; optionally stores the pre-activation
+//                        (alpha·AB + bias) to `pre_gelu` (M, N, ldc) for the backward pass
+//
+// A residual add is beta = 1 with C holding the residual (D = AB + C in place); a gradient
+// accumulation (dW += dyᵀ·x) is the same with fp32 C. beta ≠ 0 with BiasGelu is refused.
+//
+// A policy P provides `P::name`, `P::supports(args)` (alignment and shape limits) and
+// `P::run<Epilogue>(ctx, args, stream)`; GemmPolicy checks it. GemmContext owns what the policies
+// keep between calls (the cuBLASLt handle, its workspace, cached algorithm choices).
+
+#include "dpml/core/bf16.hpp"
+#include "dpml/core/cuda_error.hpp"
+#include "dpml/kernels/host/gemm.hpp"  // Trans
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <concepts>
+#include <cstdint>
+#include <map>
+#include <string_view>
+#include <type_traits>
+
+namespace dpml::kernels::cuda {
+
+using host::Trans;
+
+namespace epilogue {
+struct None {};
+struct Bias {};
+struct BiasGelu {};
+}  // namespace epilogue
+
+template <class E>
+concept GemmEpilogue =
+    std::same_as<E, epilogue::None> || std::same_as<E, epilogue::Bias> || std::same_as<E, epilogue::BiasGelu>;
+
+template <class TC>
+struct GemmArgs {
+  static_assert(std::is_same_v<TC, bf16> || std::is_same_v<TC, float>, "GEMM output is bf16 or float");
+  Trans ta = Trans::no, tb = Trans::no;
+  std::int64_t M = 0, N = 0, K = 0;
+  const bf16* A = nullptr;  // op(A) (M, K): stored (M, K) if ta == no, else (K, M)
+  std::int64_t lda = 0;
+  const bf16* B = nullptr;  // op(B) (K, N): stored (K, N) if tb == no, else (N, K)
+  std::int64_t ldb = 0;
+  TC* C = nullptr;          // (M, N), read when beta ≠ 0, written always
+  std::int64_t ldc = 0;
+  float alpha = 1.f, beta = 0.f;
+  const bf16* bias = nullptr;  // (N): Bias, BiasGelu
+  bf16* pre_gelu = nullptr;    // (M, N) with row stride ldc, optional: BiasGelu
+};
+
+namespace detail {
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+template <GemmEpilogue Epi, class TC>
+void check_gemm_args(const GemmArgs<TC>& g, std::string_view policy) {
+  const std::int64_t a_cols = g.ta == Trans::no ? g.K : g.M, b_cols = g.tb == Trans::no ? g.N : g.K;
+  DPML_REQUIRE(g.M >= 0 && g.N >= 0 && g.K >= 0, policy << " GEMM: negative size M=" << g.M << " N=" << g.N
+                                                         << " K=" << g.K);
+  DPML_REQUIRE(g.lda >= a_cols && g.ldb >= b_cols && g.ldc >= g.N,
+               policy << " GEMM " << g.M << "x" << g.N << "x" << g.K << ": row strides lda=" << g.lda << " ldb=" << g.ldb
+                      << " ldc=" << g.ldc << " are shorter than the rows (" << a_cols << ", " << b_cols << ", " << g.N
+                      << ")");
+  if constexpr (!std::is_same_v<Epi, epilogue::None>)
+    DPML_REQUIRE(g.bias != nullptr, policy << " GEMM: the bias epilogue needs a bias pointer");
+  if constexpr (std::is_same_v<Epi, epilogue::BiasGelu>)
+    DPML_REQUIRE(g.beta == 0.f, policy << " GEMM: beta=" << g.beta << " with the GELU epilogue is not supported");
+  else
+    DPML_REQUIRE(g.pre_gelu == nullptr, policy << " GEMM: pre_gelu is only written by the BiasGelu epilogue");
+}
+}  // namespace detail
+
+// Handle, workspace and per-shape algorithm cache of the cuBLASLt policy; one per device and
+// host thread. Cheap to keep for the whole run; not copyable.
+class GemmContext {
+ public:
+  static constexpr std::size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
+
+  GemmContext() {
+    DPML_CHECK_CUBLAS(cublasLtCreate(&lt_));
+    DPML_CHECK_CUDA(cudaMalloc(&workspace_, kWorkspaceBytes));
+  }
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+  ~GemmContext() {
+    cudaFree(workspace_);
+    cublasLtDestroy(lt_);
+  }
+
+  cublasLtHandle_t lt() const { return lt_; }
+  void* workspace() const { return workspace_; }
+
+  // cuBLASLt's heuristic answer per problem key, so that the heuristic runs once per shape.
+  using AlgoKey = std::array<std::int64_t, 10>;
+  std::map<AlgoKey, cublasLtMatmulAlgo_t>& algo_cache() { return algos_; }
+
+ private:
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos_;
+};
+
+template <class P>
+concept GemmPolicy = requires(GemmContext& ctx, const GemmArgs<bf16>& gb, const GemmArgs<float>& gf, cudaStream_t s) {
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::supports(gb) } -> std::same_as<bool>;
+  { P::supports(gf) } -> std::same_as<bool>;
+  P::template run<epilogue::None>(ctx, gb, s);
+  P::template run<epilogue::BiasGelu>(ctx, gb, s);
+  P::template run<epilogue::Bias>(ctx, gf, s);
+};
+
+}  // namespace dpml::kernels::cuda

@@ -1,0 +1,305 @@
+#pragma once
+// TiledGemm<TileShape<BM, BN, BK>, Stages, WarpTile<WM, WN>>: dpml's own tensor-core GEMM policy
+// (Ampere-style mma.sync, which Hopper runs at part of its wgmma rate; wgmma needs sm_90a and a
+// GPU to debug on, so correctness came first).
+//
+// The trick, in four parts:
+//  * Block tile. A block computes a (BM, BN) tile of C; its (BM/WM)·(BN/WN) warps each own a
+//    (WM, WN) sub-tile held in fp32 registers as (WM/16)·(WN/8) m16n8 accumulators.
+//  * Multi-stage cp.async pipeline. K is walked in BK-wide slabs; `Stages` slabs of A and B are in
+//    flight in shared memory at once: while the warps multiply slab k, cp.async (global → shared,
+//    bypassing registers and L1) fetches slabs k+1 … k+Stages−1. Loads are 16-byte vectors; the
+//    copy's source size (0…16 bytes) zero-fills what lies past M, N or K, so ragged edges need no
+//    separate code path, only 16-byte aligned rows (ld % 8 == 0, aligned pointers: supports()).
+//  * ldmatrix into mma.sync.m16n8k16 (bf16 in, fp32 accumulate). Each operand keeps its global
+//    layout in shared memory: a K-contiguous slab is read with ldmatrix, an M- or N-contiguous one
+//    with ldmatrix.trans, which transposes 8×8 pieces on the way into registers — so all four
+//    (ta, tb) combinations share one kernel. Rows are padded by 8 elements (16 bytes), which
+//    spreads the 8 row addresses of one ldmatrix over all 32 banks (no conflicts, no swizzle).
+//  * Epilogue in registers: alpha, bias, beta·C (residual or accumulation), GELU, pre-activation
+//    store, then paired 32-bit stores. Blocks are rasterised in groups of 8 tile-rows so that
+//    neighbouring blocks share A and B tiles in L2.
+
+#include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/gemm/gemm.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+namespace dpml::kernels::cuda {
+
+template <int BM_, int BN_, int BK_>
+struct TileShape {
+  static constexpr int M = BM_, N = BN_, K = BK_;
+};
+template <int WM_, int WN_>
+struct WarpTile {
+  static constexpr int M = WM_, N = WN_;
+};
+
+namespace detail::tiled {
+
+inline constexpr int kPad = 8;  // bf16 elements of padding per shared-memory row (16 bytes)
+
+// A slab of one operand in shared memory: `Rows` rows of `Cols` contiguous elements (+ padding),
+// in the operand's global layout.
+template <int Rows, int Cols>
+struct Slab {
+  static constexpr int rows = Rows, cols = Cols, stride = Cols + kPad, elems = Rows * stride;
+  static constexpr int chunks = Rows * Cols / 8;  // 16-byte vectors per slab
+};
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// cp.async of 16 bytes with `src_bytes` (0…16) read and the rest zero-filled.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d (16×8 fp32) += a (16×16 bf16, row) · b (16×8 bf16, col).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                               std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Copies the (S::rows, S::cols) window at (r0, c0) of a row-major (rows, cols) global matrix with
+// row stride ld into a slab; elements outside the matrix arrive as zeros.
+template <class S, int Threads>
+__device__ __forceinline__ void load_slab(bf16* slab, const bf16* g, std::int64_t ld, std::int64_t rows,
+                                          std::int64_t cols, std::int64_t r0, std::int64_t c0) {
+  constexpr int per_row = S::cols / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < S::chunks; i += Threads) {
+    const int r = i / per_row, c = (i % per_row) * 8;
+    const std::int64_t gr = r0 + r, gc = c0 + c;
+    std::int64_t valid = gr < rows ? (cols - gc) * 2 : 0;
+    valid = valid < 0 ? 0 : (valid > 16 ? 16 : valid);
+    const bf16* src = valid > 0 ? g + gr * ld + gc : g;
+    cp_async_16(slab + r * S::stride + c, src, static_cast<int>(valid));
+  }
+}
+
+template <class TC, class Epi>
+struct EpilogueParams {
+  TC* C;
+  std::int64_t ldc;
+  float alpha, beta;
+  const bf16* bias;
+  bf16* pre_gelu;
+};
+
+template <class Tile, class Warp, int Stages, bool TransA, bool TransB, class Epi, class TC>
+struct Kernel {
+  static constexpr int BM = Tile::M, BN = Tile::N, BK = Tile::K, WM = Warp::M, WN = Warp::N;
+  static constexpr int WarpsM = BM / WM, WarpsN = BN / WN, Threads = WarpsM * WarpsN * 32;
+  static constexpr int MI = WM / 16, NI = WN / 8;
+  static_assert(BM % WM == 0 && BN % WN == 0, "the warp tile must divide the block tile");
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles are made of m16 × n16 pieces");
+  static_assert(BK % 16 == 0 && BM % 8 == 0 && BN % 8 == 0, "BK is a multiple of the mma's k = 16");
+  static_assert(Stages >= 2, "a pipeline needs at least two stages");
+  // Shared slabs in the operands' global layouts: A (BM, BK) or (BK, BM); B (BK, BN) or (BN, BK).
+  using SlabA = std::conditional_t<TransA, Slab<BK, BM>, Slab<BM, BK>>;
+  using SlabB = std::conditional_t<TransB, Slab<BN, BK>, Slab<BK, BN>>;
+  static constexpr int stage_elems = SlabA::elems + SlabB::elems;
+  static constexpr std::size_t smem_bytes = static_cast<std::size_t>(Stages) * stage_elems * sizeof(bf16);
+};
+
+template <class Tile, class Warp, int Stages, bool TransA, bool TransB, class Epi, class TC>
+__global__ void __launch_bounds__(Kernel<Tile, Warp, Stages, TransA, TransB, Epi, TC>::Threads)
+    tiled_gemm_kernel(std::int64_t M, std::int64_t N, std::int64_t K, const bf16* __restrict__ A, std::int64_t lda,
+                      const bf16* __restrict__ B, std::int64_t ldb, EpilogueParams<TC, Epi> ep) {
+  using Kn = Kernel<Tile, Warp, Stages, TransA, TransB, Epi, TC>;
+  using SlabA = typename Kn::SlabA;
+  using SlabB = typename Kn::SlabB;
+  constexpr int BM = Kn::BM, BN = Kn::BN, BK = Kn::BK, MI = Kn::MI, NI = Kn::NI;
+  extern __shared__ uint4 smem_raw[];
+  bf16* smem = reinterpret_cast<bf16*>(smem_raw);
+
+  // Grouped rasterisation: 8 tile-rows share their B tiles while they sweep N.
+  constexpr int kGroup = 8;
+  const int tiles_m = static_cast<int>(ceil_div(M, BM)), tiles_n = static_cast<int>(ceil_div(N, BN));
+  const int pid = static_cast<int>(blockIdx.x);
+  const int group = pid / (kGroup * tiles_n), first_m = group * kGroup;
+  const int group_rows = min(tiles_m - first_m, kGroup);
+  const int tile_m = first_m + (pid % (kGroup * tiles_n)) % group_rows;
+  const int tile_n = (pid % (kGroup * tiles_n)) / group_rows;
+  const std::int64_t m0 = static_cast<std::int64_t>(tile_m) * BM, n0 = static_cast<std::int64_t>(tile_n) * BN;
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int wm0 = (warp / Kn::WarpsN) * Kn::WM, wn0 = (warp % Kn::WarpsN) * Kn::WN;
+
+  auto slab_a = [&](int s) { return smem + s * Kn::stage_elems; };
+  auto slab_b = [&](int s) { return smem + s * Kn::stage_elems + SlabA::elems; };
+  auto load_stage = [&](int s, std::int64_t k0) {
+    if constexpr (TransA) load_slab<SlabA, Kn::Threads>(slab_a(s), A, lda, K, M, k0, m0);   // stored (K, M)
+    else load_slab<SlabA, Kn::Threads>(slab_a(s), A, lda, M, K, m0, k0);                    // stored (M, K)
+    if constexpr (TransB) load_slab<SlabB, Kn::Threads>(slab_b(s), B, ldb, N, K, n0, k0);   // stored (N, K)
+    else load_slab<SlabB, Kn::Threads>(slab_b(s), B, ldb, K, N, k0, n0);                    // stored (K, N)
+  };
+
+  float acc[MI][NI][4] = {};
+  const int k_tiles = static_cast<int>(ceil_div(K, BK));
+#pragma unroll
+  for (int s = 0; s < Stages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, static_cast<std::int64_t>(s) * BK);
+    cp_async_commit();
+  }
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<Stages - 2>();
+    __syncthreads();  // slab kt has landed for everyone; slab kt − 1's readers are done
+    const int next = kt + Stages - 1;
+    if (next < k_tiles) load_stage(next % Stages, static_cast<std::int64_t>(next) * BK);
+    cp_async_commit();
+
+    const bf16* As = slab_a(kt % Stages);
+    const bf16* Bs = slab_b(kt % Stages);
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      std::uint32_t a[MI][4], b[NI][2];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        const int m = wm0 + mi * 16;
+        if constexpr (TransA) {  // (BK, BM): 8×8 pieces (k 0-7 | 8-15) × (m 0-7 | 8-15), transposed
+          const int i = lane / 8;
+          ldmatrix_x4_trans(a[mi], As + (kk + lane % 8 + (i / 2) * 8) * SlabA::stride + m + (i % 2) * 8);
+        } else {  // (BM, BK): rows m + lane%16, k half lane/16
+          ldmatrix_x4(a[mi], As + (m + lane % 16) * SlabA::stride + kk + (lane / 16) * 8);
+        }
+      }
+#pragma unroll
+      for (int nj = 0; nj < NI; nj += 2) {
+        const int n = wn0 + nj * 8, i = lane / 8;
+        std::uint32_t r[4];
+        if constexpr (TransB) {  // (BN, BK): rows n (two n8 blocks), k half (i % 2)
+          ldmatrix_x4(r, Bs + (n + (i / 2) * 8 + lane % 8) * SlabB::stride + kk + (i % 2) * 8);
+        } else {  // (BK, BN): rows k, transposed into n-major fragments
+          ldmatrix_x4_trans(r, Bs + (kk + lane % 8 + (i % 2) * 8) * SlabB::stride + n + (i / 2) * 8);
+        }
+        b[nj][0] = r[0];
+        b[nj][1] = r[1];
+        b[nj + 1][0] = r[2];
+        b[nj + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < NI; ++nj) mma_bf16_16816(acc[mi][nj], a[mi], b[nj][0], b[nj][1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Accumulator (mi, nj) element e sits at row g + 8·(e/2), column 2·(lane%4) + e%2, g = lane/4.
+  const int g = lane / 4, c2 = (lane % 4) * 2;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t row = m0 + wm0 + mi * 16 + g + half * 8;
+      if (row >= M) continue;
+#pragma unroll
+      for (int nj = 0; nj < NI; ++nj) {
+        const std::int64_t col = n0 + wn0 + nj * 8 + c2;
+        if (col >= N) continue;
+        const bool pair = col + 1 < N;
+        float v[2] = {ep.alpha * acc[mi][nj][half * 2], ep.alpha * acc[mi][nj][half * 2 + 1]};
+        TC* c = ep.C + row * ep.ldc + col;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (e == 1 && !pair) break;
+          if constexpr (!std::is_same_v<Epi, epilogue::None>) v[e] += load_f(ep.bias[col + e]);
+          if (ep.beta != 0.f) v[e] += ep.beta * load_f(c[e]);
+          if constexpr (std::is_same_v<Epi, epilogue::BiasGelu>) {
+            if (ep.pre_gelu) ep.pre_gelu[row * ep.ldc + col + e] = from_f<bf16>(v[e]);
+            v[e] = gelu(v[e]);
+          }
+        }
+        if (pair) {
+          if constexpr (std::is_same_v<TC, float>) {
+            *reinterpret_cast<float2*>(c) = make_float2(v[0], v[1]);
+          } else {
+            *reinterpret_cast<std::uint32_t*>(c) = pack_bf16x2(v[0], v[1]);
+          }
+        } else {
+          c[0] = from_f<TC>(v[0]);
+        }
+      }
+    }
+}
+
+}  // namespace detail::tiled
+
+template <class Tile, int Stages, class Warp = WarpTile<64, 32>>
+struct TiledGemm {
+  static constexpr std::string_view name = "tiled";
+  using tile = Tile;
+
+  // 16-byte vectors on every operand row (cp.async), paired stores into C.
+  template <class TC>
+  static bool supports(const GemmArgs<TC>& g) {
+    using detail::aligned16;
+    return g.lda % 8 == 0 && g.ldb % 8 == 0 && g.ldc % 2 == 0 && aligned16(g.A) && aligned16(g.B) &&
+           reinterpret_cast<std::uintptr_t>(g.C) % (2 * sizeof(TC)) == 0 &&
+           ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N) < (std::int64_t{1} << 31);
+  }
+
+  template <GemmEpilogue Epi, class TC>
+  static void run(GemmContext&, const GemmArgs<TC>& g, cudaStream_t stream) {
+    detail::check_gemm_args<Epi>(g, name);
+    DPML_REQUIRE(supports(g), "tiled GEMM " << g.M << "x" << g.N << "x" << g.K << ": needs 16-byte aligned A and B"
+                                            << " with lda, ldb multiples of 8 (lda=" << g.lda << ", ldb=" << g.ldb
+                                            << ") and an even ldc (" << g.ldc << ")");
+    if (g.M == 0 || g.N == 0) return;
+    const bool ta = g.ta == Trans::yes, tb = g.tb == Trans::yes;
+    if (ta && tb) launch<true, true, Epi>(g, stream);
+    else if (ta) launch<true, false, Epi>(g, stream);
+    else if (tb) launch<false, true, Epi>(g, stream);
+    else launch<false, false, Epi>(g, stream);
+  }
+
+ private:
+  template <bool TA, bool TB, class Epi, class TC>
+  static void launch(const GemmArgs<TC>& g, cudaStream_t stream) {
+    using Kn = detail::tiled::Kernel<Tile, Warp, Stages, TA, TB, Epi, TC>;
+    auto* kernel = &detail::tiled::tiled_gemm_kernel<Tile, Warp, Stages, TA, TB, Epi, TC>;
+    // Opting in to more than 48 KiB of dynamic shared memory is per kernel and idempotent; once
+    // per instantiation.
+    static const bool opted_in = [&] {
+      DPML_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(Kn::smem_bytes)));
+      return true;
+    }();
+    (void)opted_in;
+    const auto blocks = static_cast<unsigned>(ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N));
+    const detail::tiled::EpilogueParams<TC, Epi> ep{g.C, g.ldc, g.alpha, g.beta, g.bias, g.pre_gelu};
+    kernel<<<blocks, Kn::Threads, Kn::smem_bytes, stream>>>(g.M, g.N, g.K, g.A, g.lda, g.B, g.ldb, ep);
+    DPML_CHECK_LAUNCH();
+  }
+};
+
+}  // namespace dpml::kernels::cuda
