@@ -74,6 +74,26 @@ TEST_CASE("BatchNorm2d: training normalises with batch statistics and updates ru
   }
 }
 
+TEST_CASE("BatchNorm2d<float> (lane sums in float) agrees with float64 to float rounding", "[layers]") {
+  auto gen = test::rng(13);
+  layers::BatchNorm2d<float> bf(4);
+  layers::BatchNorm2d<double> bd(4);
+  layers::initialize_all(bf.parameters(), 1, nullptr);
+  layers::initialize_all(bd.parameters(), 1, nullptr);
+  auto xd = test::random_tensor<double>(Shape{8, 4, 9, 11}, gen, 2, 5);  // S = 99: lanes and a tail
+  auto dyd = test::random_tensor<double>(xd.shape(), gen);
+  Tensor<float> xf(xd.shape()), dyf(xd.shape());
+  std::copy(xd.begin(), xd.end(), xf.begin());
+  std::copy(dyd.begin(), dyd.end(), dyf.begin());
+  Ctx ctx;
+  CHECK(test::rel_error(bf.forward(ctx, xf.cview()), bd.forward(ctx, xd.cview())) < 1e-5);
+  CHECK(test::rel_error(bf.backward_input(ctx, dyf.cview()), bd.backward_input(ctx, dyd.cview())) < 1e-4);
+  bf.backward_weight(ctx, dyf.cview());
+  bd.backward_weight(ctx, dyd.cview());
+  for (int i = 0; i < 2; ++i)
+    CHECK(test::rel_error(bf.parameters()[static_cast<std::size_t>(i)]->grad(), bd.parameters()[static_cast<std::size_t>(i)]->grad()) < 1e-5);
+}
+
 TEST_CASE("Dropout: reproducible masks from (seed, step, micro-batch, stream), keep rate, eval identity", "[layers]") {
   auto gen = test::rng(12);
   auto x = test::random_tensor<double>(Shape{200, 500}, gen, 0.5, 1.5);  // no zeros: kept ⇔ y ≠ 0
