@@ -4,6 +4,7 @@
 // and in the same order, so the tolerance is 1e-12 relative).
 #include "test.hpp"
 
+#include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/pipeline/executor.hpp>
 #include <dpml/parallel/pipeline/schedule.hpp>
 
@@ -92,18 +93,17 @@ Reference sequential(int p, int m) {
 }
 
 template <class Tag>
-void check_equal_to_sequential(const char* name) {
-  const auto world = dpml::test::world();
-  const int p = world.size(), s = world.rank();
+void check_equal_to_sequential(const char* name, const dpml::comm::Mpi& pipe) {
+  const int p = pipe.size(), s = pipe.rank();
   for (int m : {1, 3, 4, 8}) {
     CAPTURE(name, p, m, s);
     const auto schedule = pl::make_schedule(Tag{}, p, m);
     REQUIRE(pl::check_schedule(schedule, p, m).ok());
     ToyStage stage(s, p, m);
-    const pl::StepTimings t = pl::run_stage(schedule[static_cast<std::size_t>(s)], stage, world);
+    const pl::StepTimings t = pl::run_stage(schedule[static_cast<std::size_t>(s)], stage, pipe);
     const Reference ref = sequential(p, m);
     double loss = stage.loss;  // only the last stage has it
-    world.broadcast(&loss, 1, p - 1);
+    pipe.broadcast(&loss, 1, p - 1);
     CHECK(std::abs(loss - ref.loss) <= 1e-12 * std::abs(ref.loss));
     CHECK(dpml::test::rel_error(stage.grad_w, ref.grad_w[static_cast<std::size_t>(s)]) <= 1e-12);
     CHECK(t.total >= t.busy());
@@ -115,13 +115,23 @@ void check_equal_to_sequential(const char* name) {
 }  // namespace
 
 TEST_CASE("executor: GPipe on p ranks equals the single-process run", "[pipeline][mpi]") {
-  check_equal_to_sequential<pl::GPipe>("gpipe");
+  check_equal_to_sequential<pl::GPipe>("gpipe", dpml::test::world());
 }
 TEST_CASE("executor: 1F1B on p ranks equals the single-process run", "[pipeline][mpi]") {
-  check_equal_to_sequential<pl::OneFOneB>("1f1b");
+  check_equal_to_sequential<pl::OneFOneB>("1f1b", dpml::test::world());
 }
 TEST_CASE("executor: ZB-H1 on p ranks equals the single-process run", "[pipeline][mpi]") {
-  check_equal_to_sequential<pl::ZeroBubbleH1>("zb-h1");
+  check_equal_to_sequential<pl::ZeroBubbleH1>("zb-h1", dpml::test::world());
+}
+TEST_CASE("executor: on the pipeline axis of a process grid (pp = 2, dp = rest)", "[pipeline][mpi]") {
+  const auto world = dpml::test::world();
+  if (world.size() % 2 != 0) return;  // needs an even world
+  const auto grid = dpml::parallel::ProcessGrid::create(world, {.tp = 1, .pp = 2});
+  const auto& pipe = grid.comm(dpml::parallel::Axis::pipeline);
+  REQUIRE(pipe.size() == 2);
+  check_equal_to_sequential<pl::GPipe>("gpipe", pipe);
+  check_equal_to_sequential<pl::OneFOneB>("1f1b", pipe);
+  check_equal_to_sequential<pl::ZeroBubbleH1>("zb-h1", pipe);
 }
 TEST_CASE("executor: the gradients are those of finite differences of the loss", "[pipeline][mpi]") {
   // Guards the toy model itself: d loss / d w of stage 0 by central differences (float64).

@@ -106,46 +106,58 @@ StepTimings run_stage(const std::vector<Action>& actions, S& stage, const comm::
     f();
     slot += detail::seconds_since(t0);
   };
-  for (const Action& a : actions) {
-    const int mb = a.micro_batch;
-    switch (a.op) {
-      case Op::RecvForward: {
-        TensorView<T> buf = stage.recv_forward_buffer(mb);
-        recv_fwd.emplace(mb, pipe.irecv(buf.data(), static_cast<std::size_t>(buf.numel()), s - 1, detail::forward_tag(mb)));
-        break;
-      }
-      case Op::RecvBackward: {
-        TensorView<T> buf = stage.recv_backward_buffer(mb);
-        recv_bwd.emplace(mb, pipe.irecv(buf.data(), static_cast<std::size_t>(buf.numel()), s + 1, detail::backward_tag(mb)));
-        break;
-      }
-      case Op::Forward:
-        if (s > 0) wait_for(recv_fwd, mb, "the activation");
-        timed(t.forward, [&] { stage.forward(mb); });
-        break;
-      case Op::BackwardInput:
-        if (s < p - 1) wait_for(recv_bwd, mb, "the output gradient");
-        if (auto it = send_fwd.find(mb); it != send_fwd.end()) {  // the stage may now reuse that buffer
-          wait_for(send_fwd, mb, "the activation send");
+  // A stage that throws leaves receives posted that no neighbour will ever match; comm::Request
+  // waits in its destructor, so unwinding would hang before dpml::run could abort the job. On
+  // that path the pending requests are deliberately leaked (the job is about to end).
+  auto abandon_pending = [&] {
+    auto* leaked = new std::vector<comm::Request>;
+    for (auto* m : {&recv_fwd, &recv_bwd, &send_fwd})
+      for (auto& [mb, r] : *m) leaked->push_back(std::move(r));
+    for (auto& r : sends) leaked->push_back(std::move(r));
+  };
+  try {
+    for (const Action& a : actions) {
+      const int mb = a.micro_batch;
+      switch (a.op) {
+        case Op::RecvForward: {
+          TensorView<T> buf = stage.recv_forward_buffer(mb);
+          recv_fwd.emplace(mb, pipe.irecv(buf.data(), static_cast<std::size_t>(buf.numel()), s - 1, detail::forward_tag(mb)));
+          break;
         }
-        timed(t.backward_input, [&] { stage.backward_input(mb); });
-        break;
-      case Op::BackwardWeight: timed(t.backward_weight, [&] { stage.backward_weight(mb); }); break;
-      case Op::SendForward: {
-        TensorView<const T> buf = stage.send_forward_buffer(mb);
-        send_fwd.emplace(mb, pipe.isend(buf.data(), static_cast<std::size_t>(buf.numel()), s + 1, detail::forward_tag(mb)));
-        break;
-      }
-      case Op::SendBackward: {
-        TensorView<const T> buf = stage.send_backward_buffer(mb);
-        sends.push_back(pipe.isend(buf.data(), static_cast<std::size_t>(buf.numel()), s - 1, detail::backward_tag(mb)));
-        break;
+        case Op::RecvBackward: {
+          TensorView<T> buf = stage.recv_backward_buffer(mb);
+          recv_bwd.emplace(mb, pipe.irecv(buf.data(), static_cast<std::size_t>(buf.numel()), s + 1, detail::backward_tag(mb)));
+          break;
+        }
+        case Op::Forward:
+          if (s > 0) wait_for(recv_fwd, mb, "the activation");
+          timed(t.forward, [&] { stage.forward(mb); });
+          break;
+        case Op::BackwardInput:
+          if (s < p - 1) wait_for(recv_bwd, mb, "the output gradient");
+          if (send_fwd.contains(mb)) wait_for(send_fwd, mb, "the activation send");  // buffer reusable after
+          timed(t.backward_input, [&] { stage.backward_input(mb); });
+          break;
+        case Op::BackwardWeight: timed(t.backward_weight, [&] { stage.backward_weight(mb); }); break;
+        case Op::SendForward: {
+          TensorView<const T> buf = stage.send_forward_buffer(mb);
+          send_fwd.emplace(mb, pipe.isend(buf.data(), static_cast<std::size_t>(buf.numel()), s + 1, detail::forward_tag(mb)));
+          break;
+        }
+        case Op::SendBackward: {
+          TensorView<const T> buf = stage.send_backward_buffer(mb);
+          sends.push_back(pipe.isend(buf.data(), static_cast<std::size_t>(buf.numel()), s - 1, detail::backward_tag(mb)));
+          break;
+        }
       }
     }
+    DPML_REQUIRE(recv_fwd.empty() && recv_bwd.empty(),
+                 "pipeline stage " << s << ": the step ended with " << recv_fwd.size() + recv_bwd.size()
+                                   << " posted receives never consumed (schedule not checked?)");
+  } catch (...) {
+    abandon_pending();
+    throw;
   }
-  DPML_REQUIRE(recv_fwd.empty() && recv_bwd.empty(),
-               "pipeline stage " << s << ": the step ended with " << recv_fwd.size() + recv_bwd.size()
-                                 << " posted receives never consumed (schedule not checked?)");
   const auto t0 = Clock::now();
   for (auto& [mb, r] : send_fwd) r.wait();
   for (auto& r : sends) r.wait();
