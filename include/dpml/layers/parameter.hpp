@@ -76,6 +76,17 @@ class Param {
     own_value_ = Tensor<T, Space>();
     own_grad_ = Tensor<T, Space>();
   }
+  // Back onto storage of its own (copying the current value and gradient), before the external
+  // storage goes away.
+  void unbind() {
+    Tensor<T, Space> v(shape()), g(shape());
+    copy(v.view(), TensorView<const T, Space>(value_));
+    copy(g.view(), TensorView<const T, Space>(grad_));
+    own_value_ = std::move(v);
+    own_grad_ = std::move(g);
+    value_ = own_value_.view();
+    grad_ = own_grad_.view();
+  }
 
  private:
   std::string name_;

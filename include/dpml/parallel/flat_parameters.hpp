@@ -36,6 +36,14 @@ class FlatParameters {
       params_[i]->bind(values_.data() + offsets_[i], grads_.data() + offsets_[i]);
   }
 
+  FlatParameters(const FlatParameters&) = delete;
+  FlatParameters& operator=(const FlatParameters&) = delete;
+  // The parameters outlive the flat buffers (a model outlives its trainer): give them back
+  // storage of their own, with their current values.
+  ~FlatParameters() {
+    for (ParamT* p : params_) p->unbind();
+  }
+
   std::int64_t numel() const noexcept { return values_.numel(); }
   TensorView<T, Space> values() const noexcept { return values_.view(); }
   TensorView<T, Space> grads() const noexcept { return grads_.view(); }
