@@ -329,7 +329,7 @@ inline Status check_schedule(const Schedule& schedule, int stages, int micro_bat
       slot = static_cast<int>(i);
       order[us][static_cast<std::size_t>(k)].push_back(a.micro_batch);
     }
-    // (op, needed on this stage, must come after op2 or −1)
+    // Each rule: `op` of every micro-batch must be present when `needed`, and after `after` when `has_after`.
     struct Rule { Op op; bool needed; Op after; bool has_after; };
     const Rule rules[] = {
         {Op::Forward, true, Op::RecvForward, !first},   {Op::BackwardInput, true, Op::Forward, true},
