@@ -85,7 +85,7 @@ TEST_CASE("Conv2d: forward matches direct convolution (stride, padding); gradien
   struct Case {
     std::int64_t stride, pad, k, H, W;
   };
-  for (Case cs : {Case{1, 0, 3, 5, 6}, Case{2, 1, 3, 6, 5}, Case{1, 1, 1, 4, 4}}) {
+  for (Case cs : {Case{1, 0, 3, 5, 6}, Case{2, 1, 3, 6, 5}, Case{1, 1, 1, 4, 4}, Case{3, 2, 3, 7, 4}, Case{1, 2, 5, 3, 3}}) {
     CAPTURE(cs.stride, cs.pad, cs.k);
     layers::Conv2d<double> conv(2, 3, cs.k, {.stride = cs.stride, .padding = cs.pad});
     layers::initialize_all(conv.parameters(), 3, nullptr);
