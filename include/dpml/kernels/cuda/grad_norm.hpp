@@ -1,0 +1,71 @@
+#pragma once
+// Global gradient norm on the device: Σ g² over a flat buffer with CUB's DeviceReduce
+// (TransformReduce: square on load, sum in a tree, in double as the host path does), then the
+// clipping coefficient of optim/clip.hpp computed on the device
+//
+//   coef = min(1, max_norm / (√total + 1e-6)),      NaN when the total is not finite
+//
+// so that the optimizer can read it (adamw.hpp's grad_scale) without a host synchronisation; a
+// NaN coefficient makes the fused AdamW skip the step. Under tensor or pipeline parallelism the
+// caller all-reduces the squared sum (a device double) between the two calls.
+//
+// Bytes: one read of the gradients (4 or 2 bytes each); the floor is that read.
+
+#include "dpml/kernels/cuda/common.hpp"
+
+#include <cub/device/device_reduce.cuh>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dpml::kernels::cuda {
+
+namespace detail::gnorm {
+struct Square {
+  __device__ double operator()(float g) const { return static_cast<double>(g) * g; }
+  __device__ double operator()(bf16 g) const {
+    const double x = load_f(g);
+    return x * x;
+  }
+};
+struct Plus {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+
+__global__ void clip_kernel(const double* __restrict__ squared_sum, float* __restrict__ coef, double max_norm) {
+  const double total = *squared_sum;
+  const double norm = sqrt(total);
+  *coef = isfinite(norm) ? static_cast<float>(fmin(1.0, max_norm / (norm + 1e-6))) : NAN;
+}
+}  // namespace detail::gnorm
+
+// Bytes of workspace grad_norm_squared needs for n elements of G.
+template <class G>
+std::size_t grad_norm_workspace(std::int64_t n) {
+  std::size_t bytes = 0;
+  DPML_CHECK_CUDA(cub::DeviceReduce::TransformReduce(nullptr, bytes, static_cast<const G*>(nullptr),
+                                                     static_cast<double*>(nullptr), n, detail::gnorm::Plus{},
+                                                     detail::gnorm::Square{}, 0.0));
+  return bytes;
+}
+
+// *squared_sum (device double) = Σ grad[i]², grad (n) fp32 or bf16.
+template <class G>
+void grad_norm_squared(const G* grad, std::int64_t n, double* squared_sum, void* workspace, std::size_t workspace_bytes,
+                       cudaStream_t stream) {
+  static_assert(detail::is_storage_v<G>);
+  DPML_REQUIRE(workspace_bytes >= grad_norm_workspace<G>(n),
+               "grad_norm_squared: workspace of " << workspace_bytes << " bytes, needs " << grad_norm_workspace<G>(n));
+  DPML_CHECK_CUDA(cub::DeviceReduce::TransformReduce(workspace, workspace_bytes, grad, squared_sum, n,
+                                                     detail::gnorm::Plus{}, detail::gnorm::Square{}, 0.0, stream));
+}
+
+// *coef (device float) = the clipping coefficient for max_norm > 0, NaN for a non-finite norm.
+inline void clip_coefficient(const double* squared_sum, float* coef, double max_norm, cudaStream_t stream) {
+  DPML_REQUIRE(max_norm > 0.0, "clip_coefficient: max_norm " << max_norm << " must be positive");
+  detail::gnorm::clip_kernel<<<1, 1, 0, stream>>>(squared_sum, coef, max_norm);
+  DPML_CHECK_LAUNCH();
+}
+
+}  // namespace dpml::kernels::cuda

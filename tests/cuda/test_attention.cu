@@ -1,0 +1,77 @@
+// Flash-style causal attention on the device against the host kernels (float64): forward output
+// and logsumexp, and the whole dqkv of the backward, for head sizes 32/64/128 and sequence
+// lengths that are not multiples of the row block (16) or the key tile. Outputs and scratch are
+// poisoned first. Tolerances: relative L2 ≤ 1e-2 for bf16 tensors, ≤ 1e-5 for fp32.
+#include "device.hpp"
+
+#include <dpml/kernels/cuda/attention.hpp>
+#include <dpml/kernels/host/attention.hpp>
+
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+using namespace dpml;
+namespace kc = dpml::kernels::cuda;
+namespace kh = dpml::kernels::host;
+
+TEMPLATE_TEST_CASE("attention: flash forward and backward against the float64 host kernels", "[attention][gpu]", float,
+                   bf16) {
+  using T = TestType;
+  constexpr double tol = std::is_same_v<T, float> ? test::kFp32Tol : test::kBf16Tol;
+  struct Case {
+    std::int64_t B, Tn, H, D;
+  };
+  for (const Case cs : {Case{1, 1, 1, 32}, Case{2, 37, 3, 32}, Case{1, 100, 2, 64}, Case{2, 64, 1, 128},
+                        Case{1, 300, 2, 64}, Case{1, 129, 1, 128}}) {
+    const auto [B, Tn, H, D] = cs;
+    CAPTURE(std::is_same_v<T, float>, B, Tn, H, D);
+    auto gen = test::rng(static_cast<std::uint64_t>(B * 1000 + Tn * 10 + D));
+    const auto n_qkv = static_cast<std::size_t>(B * Tn * H * 3 * D), n_out = static_cast<std::size_t>(B * Tn * H * D);
+    const auto n_bht = static_cast<std::size_t>(B * H * Tn);
+    auto hqkv = test::random_vec<T>(n_qkv, gen, -2.0, 2.0), hdout = test::random_vec<T>(n_out, gen);
+    test::DeviceVec<T> qkv(hqkv), dout(hdout), out(n_out), dqkv(n_qkv);
+    test::DeviceVec<float> lse(n_bht), delta(n_bht);
+    out.poison();
+    dqkv.poison();
+    lse.poison();
+    delta.poison();
+    kc::attention_forward(qkv.ptr, out.ptr, lse.ptr, B, Tn, H, D, nullptr);
+    kc::attention_backward(dout.ptr, qkv.ptr, out.ptr, lse.ptr, delta.ptr, dqkv.ptr, B, Tn, H, D, nullptr);
+
+    const auto dq = test::to_double(hqkv), ddo = test::to_double(hdout);
+    std::vector<double> rout(n_out), probs(static_cast<std::size_t>(B * H * Tn * Tn)), rdqkv(n_qkv), rlse(n_bht);
+    kh::attention_forward(dq.data(), rout.data(), probs.data(), B, Tn, H, D);
+    kh::attention_backward(ddo.data(), dq.data(), probs.data(), rdqkv.data(), B, Tn, H, D);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < Tn; ++i) {
+          const double* q = dq.data() + ((b * Tn + i) * H + h) * 3 * D;
+          double m = -INFINITY;
+          std::vector<double> s(static_cast<std::size_t>(i + 1));
+          for (std::int64_t j = 0; j <= i; ++j) {
+            const double* k = dq.data() + ((b * Tn + j) * H + h) * 3 * D + D;
+            double acc = 0;
+            for (std::int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
+            s[static_cast<std::size_t>(j)] = acc * scale;
+            m = std::max(m, acc * scale);
+          }
+          double sum = 0;
+          for (double x : s) sum += std::exp(x - m);
+          rlse[static_cast<std::size_t>((b * H + h) * Tn + i)] = m + std::log(sum);
+        }
+    const double err_out = test::rel_l2(out.download(), rout), err_lse = test::rel_l2(lse.download(), rlse),
+                 err_dqkv = test::rel_l2(dqkv.download(), rdqkv);
+    CAPTURE(err_out, err_lse, err_dqkv);
+    CHECK(err_out <= tol);
+    CHECK(err_lse <= test::kFp32Tol);
+    // The backward chains two roundings of bf16 inputs (out, dout) through δ: allow 2× the bf16 bound.
+    CHECK(err_dqkv <= (std::is_same_v<T, float> ? tol : 2 * tol));
+  }
+}
+
+TEST_CASE("attention: an unsupported head size is refused", "[attention][gpu]") {
+  CHECK(test::error_of([] { kc::attention_forward<float>(nullptr, nullptr, nullptr, 1, 4, 1, 48, nullptr); })
+            .find("head dimension 48") != std::string::npos);
+}

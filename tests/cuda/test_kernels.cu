@@ -1,0 +1,315 @@
+// Device kernels other than GEMM and attention, each against its host reference on fresh random
+// inputs at several sizes (including ones that are not multiples of the block or vector width),
+// with outputs poisoned (all bytes 0xFF: NaN) before each run. Tolerances: relative L2 ≤ 1e-2
+// where results are stored in bf16, ≤ 1e-5 for fp32 paths (float vs the float64 reference).
+// Also: the caching allocator reaches the driver only while warming up, and the deterministic
+// backward passes give the same bits twice.
+#include "device.hpp"
+
+#include <dpml/core/cuda_allocator.hpp>
+#include <dpml/kernels/cuda/adamw.hpp>
+#include <dpml/kernels/cuda/cross_entropy.hpp>
+#include <dpml/kernels/cuda/elementwise.hpp>
+#include <dpml/kernels/cuda/embedding.hpp>
+#include <dpml/kernels/cuda/grad_norm.hpp>
+#include <dpml/kernels/cuda/layer_norm.hpp>
+#include <dpml/kernels/host/activation.hpp>
+#include <dpml/kernels/host/elementwise.hpp>
+#include <dpml/kernels/host/embedding.hpp>
+#include <dpml/kernels/host/layer_norm.hpp>
+#include <dpml/kernels/host/softmax.hpp>
+#include <dpml/optim/adamw.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+using namespace dpml;
+namespace kc = dpml::kernels::cuda;
+namespace kh = dpml::kernels::host;
+
+namespace {
+
+template <class T>
+constexpr double tol_for() {
+  return std::is_same_v<T, float> ? test::kFp32Tol : test::kBf16Tol;
+}
+
+template <class T>
+const char* type_name() {
+  return std::is_same_v<T, float> ? "float" : "bf16";
+}
+
+}  // namespace
+
+TEST_CASE("allocator: reuses its pool after warm-up and counts bytes", "[allocator][gpu]") {
+  CudaAllocator alloc;
+  cudaStream_t s = nullptr;
+  auto step = [&] {
+    std::vector<DeviceBuffer<float>> bufs;
+    for (std::size_t n : {1000u, 1u << 20, 12345u, 1u << 22}) bufs.emplace_back(alloc, n, s);
+    DPML_CHECK_CUDA(cudaMemsetAsync(bufs[3].data(), 0, bufs[3].size() * sizeof(float), s));
+  };
+  step();
+  const auto warm = alloc.stats();
+  CHECK(warm.grows >= 1);
+  CHECK(warm.in_use == 0);
+  CHECK(warm.peak == (1000u + (1u << 20) + 12345u + (1u << 22)) * sizeof(float));
+  for (int i = 0; i < 5; ++i) step();
+  DPML_CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK(alloc.stats().grows == warm.grows);  // no new memory from the driver after the first step
+  CHECK(alloc.stats().reserved == warm.reserved);
+  DeviceBuffer<float> held(alloc, 100, s);
+  CHECK(alloc.stats().in_use == 400);
+  held.reset();
+  CHECK(alloc.stats().in_use == 0);
+}
+
+TEMPLATE_TEST_CASE("layer_norm: forward and both backward halves against float64", "[layer_norm][gpu]", float, bf16) {
+  using T = TestType;
+  for (auto [rows, C] : {std::pair{1, 32}, std::pair{37, 768}, std::pair{300, 100}, std::pair{1000, 13}}) {
+    CAPTURE(type_name<T>(), rows, C);
+    auto gen = test::rng(static_cast<std::uint64_t>(rows * 131 + C));
+    const auto n = static_cast<std::size_t>(rows * C);
+    auto hx = test::random_vec<T>(n, gen, -2.0, 3.0), hdy = test::random_vec<T>(n, gen);
+    auto hw = test::random_vec<T>(static_cast<std::size_t>(C), gen, 0.5, 1.5);
+    auto hb = test::random_vec<T>(static_cast<std::size_t>(C), gen);
+    auto hdw = test::random_vec<T>(static_cast<std::size_t>(C), gen), hdb = test::random_vec<T>(static_cast<std::size_t>(C), gen);
+    test::DeviceVec<T> x(hx), dy(hdy), w(hw), b(hb), y(n), dx(n), dw(hdw), db(hdb);
+    test::DeviceVec<float> mean(static_cast<std::size_t>(rows)), rstd(static_cast<std::size_t>(rows)),
+        scratch(static_cast<std::size_t>(kc::layer_norm_weight_scratch(rows, C)));
+    y.poison();
+    dx.poison();
+    mean.poison();
+    rstd.poison();
+    scratch.poison();
+    kc::layer_norm_forward(x.ptr, w.ptr, b.ptr, y.ptr, mean.ptr, rstd.ptr, rows, C, 1e-5f, nullptr);
+    kc::layer_norm_backward_input(dy.ptr, x.ptr, w.ptr, mean.ptr, rstd.ptr, dx.ptr, rows, C, nullptr);
+    kc::layer_norm_backward_weight(dy.ptr, x.ptr, mean.ptr, rstd.ptr, dw.ptr, db.ptr, scratch.ptr, rows, C, nullptr);
+
+    auto dX = test::to_double(hx), dDY = test::to_double(hdy), dW = test::to_double(hw), dB = test::to_double(hb);
+    std::vector<double> ry(n), rmean(static_cast<std::size_t>(rows)), rrstd(rmean.size()), rdx(n);
+    auto rdw = test::to_double(hdw), rdb = test::to_double(hdb);
+    kh::layer_norm_forward(dX.data(), dW.data(), dB.data(), ry.data(), rmean.data(), rrstd.data(), rows, C, 1e-5);
+    kh::layer_norm_backward_input(dDY.data(), dX.data(), dW.data(), rmean.data(), rrstd.data(), rdx.data(), rows, C);
+    kh::layer_norm_backward_weight(dDY.data(), dX.data(), rmean.data(), rrstd.data(), rdw.data(), rdb.data(), rows, C);
+    CHECK(test::rel_l2(y.download(), ry) <= tol_for<T>());
+    CHECK(test::rel_l2(mean.download(), rmean) <= test::kFp32Tol);
+    CHECK(test::rel_l2(rstd.download(), rrstd) <= test::kFp32Tol);
+    CHECK(test::rel_l2(dx.download(), rdx) <= tol_for<T>());
+    CHECK(test::rel_l2(dw.download(), rdw) <= tol_for<T>());
+    CHECK(test::rel_l2(db.download(), rdb) <= tol_for<T>());
+  }
+}
+
+TEMPLATE_TEST_CASE("elementwise: gelu forward/backward, add, bias gradient against float64", "[elementwise][gpu]",
+                   float, bf16) {
+  using T = TestType;
+  for (std::int64_t n : {1, 7, 8, 1000, 4099, 1 << 20}) {
+    CAPTURE(type_name<T>(), n);
+    auto gen = test::rng(static_cast<std::uint64_t>(n));
+    const auto un = static_cast<std::size_t>(n);
+    auto hx = test::random_vec<T>(un, gen, -4.0, 4.0), hdy = test::random_vec<T>(un, gen);
+    test::DeviceVec<T> x(hx), dy(hdy), y(un), dx(un), sum(un);
+    y.poison();
+    dx.poison();
+    sum.poison();
+    kc::gelu_forward(x.ptr, y.ptr, n, nullptr);
+    kc::gelu_backward(x.ptr, dy.ptr, dx.ptr, n, nullptr);
+    kc::add(x.ptr, dy.ptr, sum.ptr, n, nullptr);
+    auto dX = test::to_double(hx), dDY = test::to_double(hdy);
+    std::vector<double> ry(un), rdx(un), rsum(un);
+    kh::gelu_forward(dX.data(), ry.data(), n);
+    kh::gelu_backward(dX.data(), dDY.data(), rdx.data(), n);
+    kh::add(dX.data(), dDY.data(), rsum.data(), n);
+    CHECK(test::rel_l2(y.download(), ry) <= tol_for<T>());
+    CHECK(test::rel_l2(dx.download(), rdx) <= tol_for<T>());
+    CHECK(test::rel_l2(sum.download(), rsum) <= tol_for<T>());
+    // In place and through a misaligned pointer (the scalar path).
+    if (n > 1) {
+      test::DeviceVec<T> z(hx);
+      kc::gelu_forward(z.ptr + 1, z.ptr + 1, n - 1, nullptr);
+      const auto got = z.download();
+      CHECK(test::as_double(got[0]) == dX[0]);
+      CHECK(test::rel_l2(std::vector<T>(got.begin() + 1, got.end()), std::vector<double>(ry.begin() + 1, ry.end())) <=
+            tol_for<T>());
+    }
+  }
+  for (auto [rows, cols] : {std::pair{1, 1}, std::pair{300, 77}, std::pair{1025, 768}}) {
+    CAPTURE(type_name<T>(), rows, cols);
+    auto gen = test::rng(static_cast<std::uint64_t>(rows + cols));
+    auto hdy = test::random_vec<T>(static_cast<std::size_t>(rows * cols), gen);
+    auto hdb = test::random_vec<T>(static_cast<std::size_t>(cols), gen);
+    test::DeviceVec<T> dy(hdy), db(hdb);
+    test::DeviceVec<float> scratch(static_cast<std::size_t>(kc::column_sums_scratch(rows, cols, 1)));
+    scratch.poison();
+    kc::bias_grad_rows(dy.ptr, db.ptr, scratch.ptr, rows, cols, nullptr);
+    auto rdb = test::to_double(hdb);
+    auto dDY = test::to_double(hdy);
+    kh::bias_grad_rows(dDY.data(), rdb.data(), rows, cols);
+    CHECK(test::rel_l2(db.download(), rdb) <= tol_for<T>());
+  }
+}
+
+TEMPLATE_TEST_CASE("embedding: forward and deterministic backward against the host", "[embedding][gpu]", float, bf16) {
+  using T = TestType;
+  struct Case {
+    std::int64_t B, Tn, C, vocab, begin, end;
+  };
+  for (const Case cs : {Case{1, 1, 8, 5, 0, 5}, Case{4, 33, 96, 50, 0, 50}, Case{3, 64, 72, 1000, 300, 700},
+                        Case{8, 128, 768, 97, 0, 97}}) {
+    const std::int64_t N = cs.B * cs.Tn, rows = cs.end - cs.begin;
+    CAPTURE(type_name<T>(), cs.B, cs.Tn, cs.C, cs.vocab, cs.begin, cs.end);
+    auto gen = test::rng(static_cast<std::uint64_t>(N * 7 + cs.C));
+    std::vector<std::int32_t> htok(static_cast<std::size_t>(N));
+    std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(cs.vocab - 1));
+    for (auto& t : htok) t = pick(gen) % 7 == 0 ? 3 : pick(gen);  // many repeats of token 3
+    auto hW = test::random_vec<T>(static_cast<std::size_t>(rows * cs.C), gen);
+    auto hP = test::random_vec<T>(static_cast<std::size_t>(cs.Tn * cs.C), gen);
+    auto hdy = test::random_vec<T>(static_cast<std::size_t>(N * cs.C), gen);
+    auto hdW = test::random_vec<T>(hW.size(), gen), hdP = test::random_vec<T>(hP.size(), gen);
+    test::DeviceVec<std::int32_t> tok(htok);
+    test::DeviceVec<T> W(hW), P(hP), dy(hdy), y(static_cast<std::size_t>(N * cs.C)), dW(hdW), dP(hdP);
+    const std::size_t ws_bytes = kc::embedding_backward_workspace(N, cs.vocab);
+    test::DeviceVec<unsigned char> ws(ws_bytes);
+    y.poison();
+    kc::embedding_token_forward(tok.ptr, W.ptr, y.ptr, N, cs.C, cs.begin, cs.end, nullptr);
+    kc::embedding_position_forward(P.ptr, y.ptr, cs.B, cs.Tn, cs.C, nullptr);
+    kc::embedding_token_backward(tok.ptr, dy.ptr, dW.ptr, N, cs.C, cs.begin, cs.end, cs.vocab, ws.ptr, ws_bytes, nullptr);
+    kc::embedding_position_backward(dy.ptr, dP.ptr, cs.B, cs.Tn, cs.C, nullptr);
+    const auto got_dW = dW.download();
+
+    auto dWd = test::to_double(hW), dPd = test::to_double(hP), dDY = test::to_double(hdy);
+    std::vector<double> ry(static_cast<std::size_t>(N * cs.C));
+    auto rdW = test::to_double(hdW), rdP = test::to_double(hdP);
+    kh::embedding_token_forward(htok.data(), dWd.data(), ry.data(), N, cs.C, cs.begin, cs.end);
+    kh::embedding_position_forward(dPd.data(), ry.data(), cs.B, cs.Tn, cs.C);
+    kh::embedding_token_backward(htok.data(), dDY.data(), rdW.data(), N, cs.C, cs.begin, cs.end);
+    kh::embedding_position_backward(dDY.data(), rdP.data(), cs.B, cs.Tn, cs.C);
+    CHECK(test::rel_l2(y.download(), ry) <= tol_for<T>());
+    CHECK(test::rel_l2(got_dW, rdW) <= tol_for<T>());
+    CHECK(test::rel_l2(dP.download(), rdP) <= tol_for<T>());
+
+    // Deterministic: the same gradient again gives the same bits.
+    dW.upload(hdW);
+    kc::embedding_token_backward(tok.ptr, dy.ptr, dW.ptr, N, cs.C, cs.begin, cs.end, cs.vocab, ws.ptr, ws_bytes, nullptr);
+    const auto again = dW.download();
+    CHECK(std::memcmp(again.data(), got_dW.data(), again.size() * sizeof(T)) == 0);
+    if constexpr (std::is_same_v<T, float>) {  // fp32 adds in the host's order: equal to the host's bits
+      std::vector<float> host_dW(hdW);
+      kh::embedding_token_backward(htok.data(), hdy.data(), host_dW.data(), N, cs.C, cs.begin, cs.end);
+      CHECK(std::memcmp(host_dW.data(), got_dW.data(), host_dW.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("cross entropy: fused softmax + loss + gradient against float64", "[cross_entropy][gpu]", float,
+                   bf16) {
+  using T = TestType;
+  struct Case {
+    std::int64_t N, V, V_real;
+  };
+  for (const Case cs : {Case{1, 2, 2}, Case{7, 1000, 1000}, Case{33, 4099, 4000}, Case{4, 50304, 50257}}) {
+    CAPTURE(type_name<T>(), cs.N, cs.V, cs.V_real);
+    auto gen = test::rng(static_cast<std::uint64_t>(cs.N * 3 + cs.V));
+    auto hx = test::random_vec<T>(static_cast<std::size_t>(cs.N * cs.V), gen, -8.0, 8.0);
+    std::vector<std::int32_t> ht(static_cast<std::size_t>(cs.N));
+    std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(cs.V_real - 1));
+    for (auto& t : ht) t = pick(gen);
+    if (cs.N > 2) ht[1] = -1;  // an ignored row
+    test::DeviceVec<T> x(hx);
+    test::DeviceVec<std::int32_t> tgt(ht);
+    test::DeviceVec<float> loss(static_cast<std::size_t>(cs.N));
+    loss.poison();
+    const float dloss = 1.f / static_cast<float>(cs.N);
+    kc::softmax_cross_entropy(x.ptr, tgt.ptr, loss.ptr, dloss, cs.N, cs.V, cs.V_real, nullptr);
+
+    std::vector<double> rloss(static_cast<std::size_t>(cs.N)), rdx(hx.size(), 0.0);
+    const auto dx = test::to_double(hx);
+    for (std::int64_t r = 0; r < cs.N; ++r) {
+      if (ht[static_cast<std::size_t>(r)] < 0) continue;
+      std::vector<double> p(dx.begin() + r * cs.V, dx.begin() + r * cs.V + cs.V_real);
+      kh::softmax_row(p.data(), p.data(), cs.V_real);
+      const auto t = ht[static_cast<std::size_t>(r)];
+      rloss[static_cast<std::size_t>(r)] = -std::log(p[static_cast<std::size_t>(t)]);
+      for (std::int64_t j = 0; j < cs.V_real; ++j)
+        rdx[static_cast<std::size_t>(r * cs.V + j)] = (p[static_cast<std::size_t>(j)] - (j == t)) * dloss;
+    }
+    CHECK(test::rel_l2(loss.download(), rloss) <= test::kFp32Tol * 10);  // fast exp: ~1e-6 relative
+    const auto got = x.download();
+    CHECK(test::rel_l2(got, rdx) <= (std::is_same_v<T, float> ? test::kFp32Tol * 10 : test::kBf16Tol));
+    int padding_nonzero = 0;
+    for (std::int64_t r = 0; r < cs.N; ++r)
+      for (std::int64_t j = cs.V_real; j < cs.V; ++j) padding_nonzero += test::as_double(got[r * cs.V + j]) != 0.0;
+    CHECK(padding_nonzero == 0);
+  }
+}
+
+TEMPLATE_TEST_CASE("adamw: fused update equals the host rule; bf16 copy; clip scale; skip on NaN", "[adamw][gpu]",
+                   float, bf16) {
+  using G = TestType;
+  const optim::AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
+  for (std::int64_t n : {1, 1000, 123457}) {
+    CAPTURE(type_name<G>(), n);
+    auto gen = test::rng(static_cast<std::uint64_t>(n) + 5);
+    const auto un = static_cast<std::size_t>(n);
+    auto hp = test::random_vec<float>(un, gen), hm = test::random_vec<float>(un, gen, -0.1, 0.1);
+    auto hv = test::random_vec<float>(un, gen, 0.0, 0.01);
+    auto hg = test::random_vec<G>(un, gen);
+    test::DeviceVec<float> p(hp), m(hm), v(hv), scale(std::vector<float>{0.5f});
+    test::DeviceVec<G> g(hg);
+    test::DeviceVec<bf16> pb(un);
+    pb.poison();
+    for (std::int64_t step = 1; step <= 3; ++step)
+      kc::adamw_update(p.ptr, pb.ptr, g.ptr, m.ptr, v.ptr, n, o, 3e-3, step, scale.ptr, nullptr);
+
+    std::vector<double> rp(hp.begin(), hp.end()), rm(hm.begin(), hm.end()), rv(hv.begin(), hv.end()), rg(un);
+    for (std::size_t i = 0; i < un; ++i) rg[i] = 0.5 * test::as_double(hg[i]);
+    for (std::int64_t step = 1; step <= 3; ++step)
+      optim::AdamW::update<double>(rp, rg, rm, rv, o, 3e-3, step);
+    const auto gp = p.download();
+    CHECK(test::rel_l2(gp, rp) <= test::kFp32Tol);
+    CHECK(test::rel_l2(m.download(), rm) <= test::kFp32Tol);
+    CHECK(test::rel_l2(v.download(), rv) <= test::kFp32Tol);
+    const auto gpb = pb.download();
+    int copy_mismatch = 0;
+    for (std::size_t i = 0; i < un; ++i) copy_mismatch += gpb[i].bits != bf16(gp[i]).bits;
+    CHECK(copy_mismatch == 0);
+
+    // A NaN scale (non-finite norm) leaves everything as it was.
+    scale.upload(std::vector<float>{NAN});
+    kc::adamw_update(p.ptr, pb.ptr, g.ptr, m.ptr, v.ptr, n, o, 3e-3, 4, scale.ptr, nullptr);
+    const auto after = p.download();
+    CHECK(std::memcmp(after.data(), gp.data(), un * sizeof(float)) == 0);
+  }
+}
+
+TEMPLATE_TEST_CASE("grad norm: CUB squared sum and the clipping coefficient", "[grad_norm][gpu]", float, bf16) {
+  using G = TestType;
+  for (std::int64_t n : {1, 999, 1 << 22}) {
+    CAPTURE(type_name<G>(), n);
+    auto gen = test::rng(static_cast<std::uint64_t>(n) + 9);
+    auto hg = test::random_vec<G>(static_cast<std::size_t>(n), gen);
+    test::DeviceVec<G> g(hg);
+    test::DeviceVec<double> sq(1);
+    test::DeviceVec<float> coef(1);
+    const std::size_t bytes = kc::grad_norm_workspace<G>(n);
+    test::DeviceVec<unsigned char> ws(bytes);
+    sq.poison();
+    coef.poison();
+    kc::grad_norm_squared(g.ptr, n, sq.ptr, ws.ptr, bytes, nullptr);
+    kc::clip_coefficient(sq.ptr, coef.ptr, 1.0, nullptr);
+    double want = 0;
+    for (auto x : hg) want += test::as_double(x) * test::as_double(x);
+    const double got = sq.download()[0];
+    CHECK(std::abs(got - want) <= 1e-12 * want);
+    const double want_coef = std::min(1.0, 1.0 / (std::sqrt(want) + 1e-6));
+    CHECK(std::abs(coef.download()[0] - want_coef) <= 1e-6 * want_coef);
+  }
+  test::DeviceVec<double> inf(std::vector<double>{INFINITY});
+  test::DeviceVec<float> coef(1);
+  kc::clip_coefficient(inf.ptr, coef.ptr, 1.0, nullptr);
+  CHECK(std::isnan(coef.download()[0]));
+}
