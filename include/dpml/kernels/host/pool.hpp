@@ -11,7 +11,6 @@
 // partly inside the image as long as pad < kernel size, which the layers check).
 
 #include <cstdint>
-#include <limits>
 
 namespace dpml::kernels::host {
 
@@ -21,6 +20,14 @@ struct PoolGeometry {
   std::int64_t stride, pad;
   std::int64_t out_h() const noexcept { return (H + 2 * pad - kh) / stride + 1; }
   std::int64_t out_w() const noexcept { return (W + 2 * pad - kw) / stride + 1; }
+  // The window of output (ho, wo) clipped to the image: rows [h0, h1), columns [w0, w1).
+  struct Window {
+    std::int64_t h0, h1, w0, w1;
+  };
+  Window window(std::int64_t ho, std::int64_t wo) const noexcept {
+    const std::int64_t h = ho * stride - pad, w = wo * stride - pad;
+    return {h < 0 ? 0 : h, h + kh < H ? h + kh : H, w < 0 ? 0 : w, w + kw < W ? w + kw : W};
+  }
 };
 
 // y, argmax (P, Ho, Wo) from x (P, H, W).
@@ -31,23 +38,18 @@ void max_pool_forward(const T* x, const PoolGeometry& g, std::int64_t P, T* y, s
     const T* plane = x + p * g.H * g.W;
     for (std::int64_t ho = 0; ho < Ho; ++ho)
       for (std::int64_t wo = 0; wo < Wo; ++wo) {
-        T best = -std::numeric_limits<T>::infinity();
-        std::int32_t where = -1;
-        for (std::int64_t i = 0; i < g.kh; ++i) {
-          const std::int64_t h = ho * g.stride - g.pad + i;
-          if (h < 0 || h >= g.H) continue;
-          for (std::int64_t j = 0; j < g.kw; ++j) {
-            const std::int64_t w = wo * g.stride - g.pad + j;
-            if (w < 0 || w >= g.W) continue;
-            if (where < 0 || plane[h * g.W + w] > best) {
+        const auto win = g.window(ho, wo);
+        std::int64_t where = win.h0 * g.W + win.w0;
+        T best = plane[where];
+        for (std::int64_t h = win.h0; h < win.h1; ++h)
+          for (std::int64_t w = win.w0; w < win.w1; ++w)
+            if (plane[h * g.W + w] > best) {
               best = plane[h * g.W + w];
-              where = static_cast<std::int32_t>(h * g.W + w);
+              where = h * g.W + w;
             }
-          }
-        }
         const std::int64_t o = (p * Ho + ho) * Wo + wo;
         y[o] = best;
-        argmax[o] = where;
+        argmax[o] = static_cast<std::int32_t>(where);
       }
   }
 }
@@ -69,15 +71,11 @@ void avg_pool_forward(const T* x, const PoolGeometry& g, std::int64_t P, T* y) {
   for (std::int64_t p = 0; p < P; ++p)
     for (std::int64_t ho = 0; ho < Ho; ++ho)
       for (std::int64_t wo = 0; wo < Wo; ++wo) {
+        const auto win = g.window(ho, wo);
+        const T* plane = x + p * g.H * g.W;
         T sum = 0;
-        for (std::int64_t i = 0; i < g.kh; ++i) {
-          const std::int64_t h = ho * g.stride - g.pad + i;
-          if (h < 0 || h >= g.H) continue;
-          for (std::int64_t j = 0; j < g.kw; ++j) {
-            const std::int64_t w = wo * g.stride - g.pad + j;
-            if (w >= 0 && w < g.W) sum += x[(p * g.H + h) * g.W + w];
-          }
-        }
+        for (std::int64_t h = win.h0; h < win.h1; ++h)
+          for (std::int64_t w = win.w0; w < win.w1; ++w) sum += plane[h * g.W + w];
         y[(p * Ho + ho) * Wo + wo] = sum * inv;
       }
 }
@@ -92,14 +90,10 @@ void avg_pool_backward(const T* dy, const PoolGeometry& g, std::int64_t P, T* dx
     for (std::int64_t ho = 0; ho < Ho; ++ho)
       for (std::int64_t wo = 0; wo < Wo; ++wo) {
         const T d = dy[(p * Ho + ho) * Wo + wo] * inv;
-        for (std::int64_t i = 0; i < g.kh; ++i) {
-          const std::int64_t h = ho * g.stride - g.pad + i;
-          if (h < 0 || h >= g.H) continue;
-          for (std::int64_t j = 0; j < g.kw; ++j) {
-            const std::int64_t w = wo * g.stride - g.pad + j;
-            if (w >= 0 && w < g.W) dx[(p * g.H + h) * g.W + w] += d;
-          }
-        }
+        const auto win = g.window(ho, wo);
+        T* plane = dx + p * g.H * g.W;
+        for (std::int64_t h = win.h0; h < win.h1; ++h)
+          for (std::int64_t w = win.w0; w < win.w1; ++w) plane[h * g.W + w] += d;
       }
 }
 
