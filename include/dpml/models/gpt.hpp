@@ -121,7 +121,7 @@ class Gpt {
     if (!last_) return h;
     Saved& s = saved_.slot(ctx);
     s.final_h = ln_f_->forward(ctx, h);
-    s.loss = targets.empty() ? 0.0 : head_->forward(ctx, s.final_h, targets);
+    s.loss = targets.data() == nullptr ? 0.0 : head_->forward(ctx, s.final_h, targets);
     return View();
   }
 
@@ -211,9 +211,9 @@ class Gpt {
   static const GptConfig& validated(const GptConfig& c, const parallel::ProcessGrid& grid) {
     DPML_REQUIRE_EVERYWHERE(c.layers >= grid.pp(), "the model has " << c.layers << " layers, fewer than the " << grid.pp()
                                                                      << " pipeline stages of --pp " << grid.pp());
-    DPML_REQUIRE_EVERYWHERE(c.heads % grid.tp() == 0, "--heads " << c.heads << " is not divisible by --tp " << grid.tp());
-    DPML_REQUIRE_EVERYWHERE(c.dim % grid.tp() == 0, "--dim " << c.dim << " is not divisible by --tp " << grid.tp());
-    DPML_REQUIRE_EVERYWHERE(c.dim % c.heads == 0, "--dim " << c.dim << " is not divisible by --heads " << c.heads);
+    DPML_REQUIRE_EVERYWHERE(c.heads % grid.tp() == 0, "--num-attention-heads " << c.heads << " is not divisible by --tp " << grid.tp());
+    DPML_REQUIRE_EVERYWHERE(c.dim % grid.tp() == 0, "--hidden-size " << c.dim << " is not divisible by --tp " << grid.tp());
+    DPML_REQUIRE_EVERYWHERE(c.dim % c.heads == 0, "--hidden-size " << c.dim << " is not divisible by --num-attention-heads " << c.heads);
     return c;
   }
   static void report(layers::Context<HostSpace>& ctx, ParamT& p) {

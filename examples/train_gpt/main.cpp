@@ -1,0 +1,156 @@
+// train_gpt: a GPT trained with data, tensor and pipeline parallelism on the CPU ranks of an MPI
+// launch, then sampled. Flags follow Megatron-LM's names.
+//
+//   mpiexec -n 8 build/cpu/examples/train_gpt/train_gpt --tp 2 --pp 2 --schedule zb-h1
+//
+// Data: a text file or directory (byte-level, vocabulary 256; default: the Debian `fortunes`
+// package), or llm.c token shards (--data-path 'dir/*.bin' --vocab-size N).
+#include <dpml/comm/launch.hpp>
+#include <dpml/data/text.hpp>
+#include <dpml/data/token_shards.hpp>
+#include <dpml/layers/init.hpp>
+#include <dpml/models/gpt.hpp>
+#include <dpml/optim/adamw.hpp>
+#include <dpml/optim/schedule.hpp>
+#include <dpml/parallel/grid.hpp>
+#include <dpml/parallel/strategy.hpp>
+#include <dpml/train/args.hpp>
+#include <dpml/train/gpt_trainer.hpp>
+#include <dpml/train/progress.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+using namespace dpml;
+
+namespace {
+struct Flags {
+  int tp = 1, pp = 1;
+  std::string schedule = "1f1b";
+  bool zero = false;
+  std::int64_t micro_batch = 4, global_batch = 32;
+  std::int64_t layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0;
+  bool recompute = false;
+  std::int64_t iters = 600, warmup = 60, eval_interval = 100, log_interval = 20;
+  double lr = 3e-3, min_lr = 3e-4, weight_decay = 0.1, clip = 1.0;
+  std::uint64_t seed = 1234;
+  std::string data = "/usr/share/games/fortunes";
+  std::string metrics = "";
+  std::int64_t sample_tokens = 300;
+  double temperature = 0.8;
+  int top_k = 40;
+  std::string prompt = "The ";
+};
+
+bool is_token_shards(const std::string& path) {
+  return path.find('*') != std::string::npos || (path.size() > 4 && path.substr(path.size() - 4) == ".bin");
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return dpml::run(argc, argv, [&](const comm::Mpi& world) {
+    Flags f;
+    train::Args args("train_gpt", "Trains a GPT with data (rest of the world), tensor (--tp) and pipeline (--pp)\n"
+                                  "parallelism on CPU ranks, then samples text from it.");
+    args.flag("--tp", f.tp, "tensor-parallel degree")
+        .flag("--pp", f.pp, "pipeline-parallel degree (stages)")
+        .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
+        .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks")
+        .flag("--micro-batch", f.micro_batch, "sequences per micro-batch")
+        .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks")
+        .flag("--num-layers", f.layers, "transformer blocks")
+        .flag("--hidden-size", f.hidden, "model width C")
+        .flag("--num-attention-heads", f.heads, "attention heads")
+        .flag("--seq-length", f.seq, "tokens per sequence T")
+        .flag("--vocab-size", f.vocab, "vocabulary (0: 256 bytes for text, 65536 for token shards)")
+        .flag("--recompute-activations", f.recompute, "recompute each block's activations in backward")
+        .flag("--train-iters", f.iters, "optimizer steps")
+        .flag("--lr", f.lr, "peak learning rate (AdamW)")
+        .flag("--min-lr", f.min_lr, "learning rate at the end of the cosine decay")
+        .flag("--lr-warmup-iters", f.warmup, "linear warm-up steps")
+        .flag("--weight-decay", f.weight_decay, "AdamW decoupled weight decay")
+        .flag("--clip-grad", f.clip, "global gradient-norm clipping (0: off)")
+        .flag("--seed", f.seed, "seed of initialisation, data order and sampling")
+        .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs)")
+        .flag("--eval-interval", f.eval_interval, "steps between validation losses")
+        .flag("--log-interval", f.log_interval, "steps between progress lines")
+        .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
+        .flag("--sample-tokens", f.sample_tokens, "tokens to sample at the end (0: none)")
+        .flag("--temperature", f.temperature, "sampling temperature")
+        .flag("--top-k", f.top_k, "sample among the k most likely tokens (0: all)")
+        .flag("--prompt", f.prompt, "text the sample continues");
+    if (!args.parse(argc, argv, world.rank())) return 0;
+
+    DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
+                                                                 << " must be below --train-iters " << f.iters);
+    auto grid = ProcessGrid::create(world, {.tp = f.tp, .pp = f.pp});
+    const int dp_rank = grid.coord(Axis::data);
+
+    // Data: train / validation windows, this data rank's share of each global batch.
+    const data::WindowOptions wo{.seq_len = f.seq, .global_batch = f.global_batch, .seed = f.seed};
+    std::vector<std::uint16_t> train_tokens, val_tokens;
+    if (is_token_shards(f.data)) {
+      auto all = data::read_token_shards({f.data});
+      const auto cut = all.size() - all.size() / 20;
+      train_tokens.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(cut));
+      val_tokens.assign(all.begin() + static_cast<std::ptrdiff_t>(cut), all.end());
+      if (f.vocab == 0) f.vocab = 65536;
+    } else {
+      auto split = data::split_text(data::read_text(f.data), 0.05);
+      train_tokens = std::move(split.train);
+      val_tokens = std::move(split.validation);
+      if (f.vocab == 0) f.vocab = data::kByteVocab;
+    }
+    const double unigram = data::unigram_entropy(train_tokens, static_cast<int>(f.vocab));
+    data::TokenWindows train_data(std::move(train_tokens), wo, dp_rank, grid.dp(), f.data);
+    data::TokenWindows val_data(std::move(val_tokens), {.seq_len = f.seq, .global_batch = f.global_batch, .seed = f.seed, .shuffle = false},
+                                dp_rank, grid.dp(), f.data + " (validation)");
+
+    const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
+                                   .dim = f.hidden, .recompute = f.recompute};
+    models::Gpt<float> model(config, grid);
+    layers::initialize_all(model.parameters(), f.seed, &grid);
+    const optim::WarmupCosineLR lr{.max_lr = f.lr, .min_lr = f.min_lr, .warmup_steps = f.warmup, .decay_steps = f.iters};
+
+    if (world.rank() == 0)
+      std::printf("dpml train_gpt: %s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
+                  grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
+                  static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
+
+    return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
+      train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, {.beta2 = 0.95, .weight_decay = f.weight_decay},
+                                                        {.clip = f.clip},
+                                                        {.micro_batch = f.micro_batch, .global_batch = f.global_batch, .seed = f.seed});
+      train::Progress progress(f.iters, world.rank(), "tok/s");
+      train::MetricsLog metrics(f.metrics, world.rank());
+      const double tokens_per_step = static_cast<double>(f.global_batch * f.seq);
+      std::int64_t epoch = 0, b = 0;
+      train_data.set_epoch(epoch);
+      double val = NAN;
+      for (std::int64_t step = 1; step <= f.iters; ++step) {
+        if (b == train_data.batches_per_epoch()) train_data.set_epoch(++epoch), b = 0;
+        const double rate = lr(step);
+        const auto r = trainer.train_step(train_data.batch(b++), rate);
+        if (step % f.eval_interval == 0 || step == f.iters) val = trainer.evaluate(val_data.batch(0));
+        metrics.write({{"step", double(step)}, {"loss", r.loss}, {"val_loss", val}, {"lr", rate},
+                       {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
+                       {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait}});
+        if (step % f.log_interval == 0 || step == 1 || step == f.iters)
+          progress.print(step, r.loss, tokens_per_step / r.seconds, {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}});
+      }
+      if (world.rank() == 0)
+        std::printf("final validation loss %.3f nats (%.3f bits/byte) vs unigram entropy %.3f nats\n", val,
+                    val / std::log(2.0), unigram);
+      if (f.sample_tokens > 0) {
+        std::vector<std::int32_t> prompt;
+        for (unsigned char c : f.prompt) prompt.push_back(c);
+        const auto out = trainer.generate(prompt, static_cast<int>(f.sample_tokens), f.temperature, f.top_k, f.seed);
+        if (world.rank() == 0 && f.vocab == data::kByteVocab)
+          std::printf("---- sample (temperature %.2f, top-k %d) ----\n%s\n----\n", f.temperature, f.top_k,
+                      data::bytes_to_text(out).c_str());
+      }
+      return 0;
+    });
+  });
+}
