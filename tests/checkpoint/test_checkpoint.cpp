@@ -75,6 +75,43 @@ TEST_CASE("checkpoint: sharded save, load, manifest", "[checkpoint]") {
   for (int rank = 0; rank < world.size(); ++rank) CHECK(fs::exists(dir / ("step-7/rank-" + std::to_string(rank) + ".safetensors")));
   CHECK_FALSE(fs::exists(dir / "step-7.tmp"));
   CHECK_FALSE(fs::exists(dir / "latest.tmp"));
+  CHECK(find_latest_valid(world, dir.str()) == dir / "step-7");  // collective: rank 0 searches
+}
+
+TEST_CASE("checkpoint: host tensor views in and out", "[checkpoint]") {
+  const auto world = test::world();
+  test::SharedTempDir dir(world);
+  const Shape global{2 * world.size(), 3};
+  const std::vector<std::int64_t> g(global.begin(), global.end());
+  const Slice rows = slice_along(g, 0, 2 * world.rank(), 2);
+  Tensor<std::int32_t> mine(Shape{2, 3});  // (2, 3): this rank's rows
+  const auto ref = test::reference_block<std::int32_t>(4, g, rows);
+  std::copy(ref.begin(), ref.end(), mine.begin());
+  CheckpointWriter ckpt(world, dir.str());
+  ckpt.add("t", global, rows, mine.view());
+  ckpt.save(info(1));
+
+  const CheckpointReader r(dir / "step-1");
+  Tensor<std::int32_t> all(global);  // (2·ranks, 3)
+  r.read("t", global, full_slice(g), all.view());
+  CHECK(std::vector<std::int32_t>(all.begin(), all.end()) == test::reference_block<std::int32_t>(4, g, full_slice(g)));
+  Tensor<std::int32_t> column(Shape{2 * world.size(), 1});  // (2·ranks, 1)
+  r.read("t", global, slice_along(g, 1, 2, 1), column.view());
+  CHECK(std::vector<std::int32_t>(column.begin(), column.end()) ==
+        test::reference_block<std::int32_t>(4, g, slice_along(g, 1, 2, 1)));
+}
+
+TEST_CASE("checkpoint: a failure on one rank is an Error on every rank", "[checkpoint]") {
+  const auto world = test::world();
+  test::SharedTempDir dir(world);
+  if (world.rank() == 0) test::write_bytes(dir / "file", {'x'});
+  world.barrier();
+  const std::string root = dir / "file/sub";  // below a regular file: rank 0 cannot create it
+  CheckpointWriter ckpt(world, root);
+  stage(ckpt, world);
+  const std::string e = test::error_of([&] { ckpt.save(info(1)); });
+  CHECK(test::contains(e, "checkpoint step 1 failed: rank 0: cannot create '" + root + "/step-1.tmp'"));
+  CHECK_FALSE(ckpt.pending());
 }
 
 TEST_CASE("checkpoint: latest is always complete; torn and corrupt ones are skipped", "[checkpoint]") {
@@ -139,6 +176,8 @@ TEST_CASE("checkpoint: latest is always complete; torn and corrupt ones are skip
 TEST_CASE("checkpoint: keep the last K", "[checkpoint]") {
   const auto world = test::world();
   test::SharedTempDir dir(world);
+  if (world.rank() == 0) fs::create_directory(dir / "step-5.tmp");  // a save that died earlier
+  world.barrier();
   CheckpointWriter ckpt(world, dir.str(), {.keep_last = 2});
   for (std::int64_t step = 10; step <= 50; step += 10) {
     stage(ckpt, world);
@@ -148,7 +187,7 @@ TEST_CASE("checkpoint: keep the last K", "[checkpoint]") {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir.str())) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  CHECK(names == std::vector<std::string>{"latest", "step-40", "step-50"});
+  CHECK(names == std::vector<std::string>{"latest", "step-40", "step-50"});  // step-5.tmp removed too
   CHECK(latest_of(dir.str()) == "step-50");
 }
 

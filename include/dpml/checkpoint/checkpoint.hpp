@@ -21,7 +21,8 @@
 //   3. wait() (or a poll() that finds every rank's thread done) runs the MPI part on the calling
 //      thread: gathers the checksums and errors; rank 0 writes the manifest, fsyncs it and the
 //      directory, renames step-<N>.tmp → step-<N>, replaces `latest` atomically (write a
-//      temporary, fsync, rename) and deletes the oldest complete checkpoints beyond keep_last.
+//      temporary, fsync, rename) and deletes the oldest complete checkpoints beyond keep_last
+//      (and .tmp leftovers of older steps).
 //      Every rank returns from wait() only once the checkpoint is committed.
 //   A crash anywhere before the rename leaves a .tmp directory that no reader ever returns; a
 //   crash between the rename and `latest` leaves `latest` on the previous checkpoint.
@@ -44,7 +45,7 @@
 //   ckpt.save_async({.step = step, .config = cfg, .layout = {.tp = 2, .pp = 1, .dp = 4}});
 //   ... train; call ckpt.poll() once per step on every rank; ckpt.wait() before exiting ...
 //
-//   auto dir = find_latest_valid("runs/gpt2");          // std::optional<std::string>
+//   auto dir = find_latest_valid(grid.world(), "runs/gpt2");   // std::optional<std::string>
 //   CheckpointReader r(*dir);
 //   r.read(p->name(), g.global, my_block, std::span(p->value().data(), p->numel()));
 
@@ -399,17 +400,24 @@ class CheckpointWriter {
     write_file_synced(latest_tmp, step_dir_name(job.manifest.step) + "\n");
     fs::rename(latest_tmp, latest);
     fsync_directory(root_);
-    prune(job.final_dir);
+    prune(job.final_dir, job.manifest.step);
   }
 
-  // Deletes the oldest complete checkpoints beyond keep_last, never `keep`.
-  void prune(const std::string& keep) const {
-    if (options_.keep_last <= 0) return;
+  // Deletes the oldest complete checkpoints beyond keep_last (never `keep`, just written), and
+  // the .tmp directories of older steps: saves that died (one writer saves one step at a time).
+  void prune(const std::string& keep, std::int64_t step) const {
     namespace fs = std::filesystem;
     std::vector<std::pair<std::int64_t, fs::path>> complete;
-    for (const auto& e : fs::directory_iterator(root_))
-      if (auto step = step_of_dir_name(e.path().filename().string()); step && e.is_directory())
-        complete.emplace_back(*step, e.path());
+    std::vector<fs::path> stale;
+    for (const auto& e : fs::directory_iterator(root_)) {
+      if (!e.is_directory()) continue;
+      const std::string name = e.path().filename().string();
+      if (auto s = step_of_dir_name(name)) complete.emplace_back(*s, e.path());
+      else if (name.size() > 4 && name.ends_with(".tmp"))
+        if (auto t = step_of_dir_name(std::string_view(name).substr(0, name.size() - 4)); t && *t < step) stale.push_back(e.path());
+    }
+    for (const auto& p : stale) fs::remove_all(p);
+    if (options_.keep_last <= 0) return;
     std::sort(complete.begin(), complete.end());
     const std::size_t keep_last = static_cast<std::size_t>(options_.keep_last);
     for (std::size_t i = 0; i + keep_last < complete.size(); ++i)
@@ -604,6 +612,19 @@ inline std::optional<std::string> find_latest_valid(const std::string& root, std
     }
   }
   return std::nullopt;
+}
+
+// The same, collective over `comm`: rank 0 searches (and prints what it skips), every rank gets
+// its answer — the checkpoint is read through once, not once per rank.
+inline std::optional<std::string> find_latest_valid(const comm::Mpi& comm, const std::string& root) {
+  std::string found;
+  if (comm.rank() == 0) found = find_latest_valid(root).value_or("");
+  std::uint64_t n = found.size();
+  comm.broadcast(&n, 1, 0);
+  found.resize(n);
+  comm.broadcast(found.data(), n, 0);
+  if (found.empty()) return std::nullopt;
+  return found;
 }
 
 }  // namespace dpml::checkpoint
