@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 namespace dpml::kernels::cuda {
@@ -57,6 +58,9 @@ inline constexpr std::array kGemmTable{
 };
 // clang-format on
 }  // namespace detail
+
+// The table, for benchmarks and reports.
+constexpr std::span<const GemmTableEntry> gemm_table() { return detail::kGemmTable; }
 
 // The table's choice for a problem, or cuBLASLt for shapes it does not list.
 template <class TC>

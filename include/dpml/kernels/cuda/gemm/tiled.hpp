@@ -130,7 +130,7 @@ struct Kernel {
 };
 
 template <class Tile, class Warp, int Stages, bool TransA, bool TransB, class Epi, class TC>
-__global__ void __launch_bounds__(Kernel<Tile, Warp, Stages, TransA, TransB, Epi, TC>::Threads)
+__global__ void __launch_bounds__(Kernel<Tile, Warp, Stages, TransA, TransB, Epi, TC>::Threads, 1)
     tiled_gemm_kernel(std::int64_t M, std::int64_t N, std::int64_t K, const bf16* __restrict__ A, std::int64_t lda,
                       const bf16* __restrict__ B, std::int64_t ldb, EpilogueParams<TC, Epi> ep) {
   using Kn = Kernel<Tile, Warp, Stages, TransA, TransB, Epi, TC>;

@@ -1,0 +1,170 @@
+// bench_gemm: dpml's TiledGemm configurations against cuBLASLt on the shapes of the dispatch table
+// (GPT-2 124M at B·T = 16384: forward, backward_input and backward_weight GEMMs of every Linear)
+// and on 4096³, bf16 operands, fp32 accumulation, bf16 output, no epilogue.
+//
+//   bench_gemm [--iters N] [--warmup N]
+//
+// Prints one JSON object per (shape, policy) — {"bench":"gemm","shape":..,"policy":..,"ms":..,
+// "tflops":..,"rel_err_vs_cublaslt":..} — then a table with TFLOP/s per policy and the ratio of
+// the best tiled configuration to cuBLASLt. The ratio is what decides the dispatch table
+// (include/dpml/kernels/cuda/gemm/dispatch.hpp); see bench/gemm/README.md.
+#include <dpml/core/cuda_space.hpp>
+#include <dpml/kernels/cuda/gemm/dispatch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace dpml;
+using namespace dpml::kernels::cuda;
+
+namespace {
+
+// Uniform values in [-1, 1) from a hash of the index, written on the device (no host copies).
+__global__ void fill_kernel(bf16* p, std::int64_t n, std::uint32_t seed) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 0x9e3779b9u ^ seed;
+    x ^= x >> 16;
+    x *= 0x85ebca6bu;
+    x ^= x >> 13;
+    p[i] = bf16(static_cast<float>(x & 0xffffff) / 8388608.f - 1.f);
+  }
+}
+
+struct Shape3 {
+  std::int64_t M, N, K;
+  Trans ta, tb;
+  std::string label;
+};
+
+struct Policy {
+  std::string name;
+  void (*run)(GemmContext&, const GemmArgs<bf16>&, cudaStream_t);
+  bool (*supports)(const GemmArgs<bf16>&);
+};
+
+template <class P>
+Policy policy(std::string name) {
+  return {std::move(name), [](GemmContext& c, const GemmArgs<bf16>& g, cudaStream_t s) { P::template run<epilogue::None>(c, g, s); },
+          [](const GemmArgs<bf16>& g) { return P::supports(g); }};
+}
+
+double rel_err(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double x = static_cast<float>(bf16::from_bits(a[i])), y = static_cast<float>(bf16::from_bits(b[i]));
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 20, warmup = 3;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: %s [--iters N] [--warmup N]\n", argv[0]);
+      return 2;
+    }
+  }
+  try {
+    if (cuda_device_count() == 0) {
+      std::fprintf(stderr, "bench_gemm: no CUDA device\n");
+      return 1;
+    }
+    std::vector<Shape3> shapes;
+    for (const auto& e : gemm_table())
+      shapes.push_back(Shape3{e.M, e.N, e.K, e.ta, e.tb, std::string(e.source.substr(0, e.source.find(':')))});
+    shapes.push_back({4096, 4096, 4096, Trans::no, Trans::yes, "4096^3 (NT)"});
+    shapes.push_back({4096, 4096, 4096, Trans::no, Trans::no, "4096^3 (NN)"});
+
+    const std::vector<Policy> policies{
+        policy<CublasLt>("cublaslt"),
+        policy<DefaultTiledGemm>("tiled 128x128x32 s4"),
+        policy<TiledGemm<TileShape<128, 128, 64>, 3>>("tiled 128x128x64 s3"),
+        policy<TiledGemm<TileShape<128, 256, 32>, 3, WarpTile<64, 64>>>("tiled 128x256x32 s3 w64x64"),
+        policy<TiledGemm<TileShape<256, 128, 32>, 3, WarpTile<64, 64>>>("tiled 256x128x32 s3 w64x64"),
+    };
+
+    GemmContext ctx;
+    cudaStream_t stream;
+    DPML_CHECK_CUDA(cudaStreamCreate(&stream));
+    cudaEvent_t t0, t1;
+    DPML_CHECK_CUDA(cudaEventCreate(&t0));
+    DPML_CHECK_CUDA(cudaEventCreate(&t1));
+
+    std::vector<std::vector<double>> table(shapes.size(), std::vector<double>(policies.size(), 0.0));
+    for (std::size_t si = 0; si < shapes.size(); ++si) {
+      const auto& sh = shapes[si];
+      const std::int64_t a_rows = sh.ta == Trans::no ? sh.M : sh.K, a_cols = sh.ta == Trans::no ? sh.K : sh.M;
+      const std::int64_t b_rows = sh.tb == Trans::no ? sh.K : sh.N, b_cols = sh.tb == Trans::no ? sh.N : sh.K;
+      bf16 *A, *B, *C, *ref;
+      DPML_CHECK_CUDA(cudaMalloc(&A, a_rows * a_cols * sizeof(bf16)));
+      DPML_CHECK_CUDA(cudaMalloc(&B, b_rows * b_cols * sizeof(bf16)));
+      DPML_CHECK_CUDA(cudaMalloc(&C, sh.M * sh.N * sizeof(bf16)));
+      DPML_CHECK_CUDA(cudaMalloc(&ref, sh.M * sh.N * sizeof(bf16)));
+      fill_kernel<<<1024, 256, 0, stream>>>(A, a_rows * a_cols, 1);
+      fill_kernel<<<1024, 256, 0, stream>>>(B, b_rows * b_cols, 2);
+      GemmArgs<bf16> g{sh.ta, sh.tb, sh.M, sh.N, sh.K, A, a_cols, B, b_cols, C, sh.N};
+      g.alpha = 1.f / std::sqrt(static_cast<float>(sh.K));
+      std::vector<std::uint16_t> ref_host(static_cast<std::size_t>(sh.M * sh.N)), got(ref_host.size());
+      for (std::size_t pi = 0; pi < policies.size(); ++pi) {
+        const auto& p = policies[pi];
+        if (!p.supports(g)) continue;
+        for (int i = 0; i < warmup; ++i) p.run(ctx, g, stream);
+        DPML_CHECK_CUDA(cudaEventRecord(t0, stream));
+        for (int i = 0; i < iters; ++i) p.run(ctx, g, stream);
+        DPML_CHECK_CUDA(cudaEventRecord(t1, stream));
+        DPML_CHECK_CUDA(cudaEventSynchronize(t1));
+        float ms = 0;
+        DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, t0, t1));
+        ms /= static_cast<float>(iters);
+        const double tflops = 2.0 * sh.M * sh.N * sh.K / (ms * 1e-3) / 1e12;
+        table[si][pi] = tflops;
+        DPML_CHECK_CUDA(cudaMemcpy(got.data(), C, got.size() * 2, cudaMemcpyDeviceToHost));
+        if (pi == 0) ref_host = got;
+        std::printf("{\"bench\":\"gemm\",\"shape\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"ta\":%d,\"tb\":%d,"
+                    "\"policy\":\"%s\",\"ms\":%.4f,\"tflops\":%.1f,\"rel_err_vs_cublaslt\":%.2e}\n",
+                    sh.label.c_str(), static_cast<long long>(sh.M), static_cast<long long>(sh.N),
+                    static_cast<long long>(sh.K), sh.ta == Trans::yes, sh.tb == Trans::yes, p.name.c_str(), ms, tflops,
+                    pi == 0 ? 0.0 : rel_err(got, ref_host));
+        std::fflush(stdout);
+      }
+      cudaFree(A);
+      cudaFree(B);
+      cudaFree(C);
+      cudaFree(ref);
+    }
+
+    std::printf("\n| shape | M | N | K | ta | tb |");
+    for (const auto& p : policies) std::printf(" %s TFLOP/s |", p.name.c_str());
+    std::printf(" best tiled / cuBLASLt |\n|---|---|---|---|---|---|");
+    for (std::size_t i = 0; i <= policies.size(); ++i) std::printf("---|");
+    std::printf("\n");
+    for (std::size_t si = 0; si < shapes.size(); ++si) {
+      const auto& sh = shapes[si];
+      std::printf("| %s | %lld | %lld | %lld | %d | %d |", sh.label.c_str(), static_cast<long long>(sh.M),
+                  static_cast<long long>(sh.N), static_cast<long long>(sh.K), sh.ta == Trans::yes, sh.tb == Trans::yes);
+      double best = 0;
+      for (std::size_t pi = 0; pi < policies.size(); ++pi) {
+        std::printf(" %.1f |", table[si][pi]);
+        if (pi > 0) best = std::max(best, table[si][pi]);
+      }
+      std::printf(" %.2f |\n", table[si][0] > 0 ? best / table[si][0] : 0.0);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gemm: %s\n", e.what());
+    return 1;
+  }
+}
