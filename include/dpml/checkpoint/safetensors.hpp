@@ -12,7 +12,8 @@
 // SafetensorsWriter collects entries (taking their bytes over) and writes a file, fsync'ed before
 // it returns, so a checkpoint can rely on it being on disk. SafetensorsFile opens a file, checks the
 // header against the format and the file's size (a truncated file names the first tensor whose
-// bytes are missing) and reads one entry's bytes on demand.
+// bytes are missing) and reads one entry's bytes on demand (opening the file again: no descriptor
+// is held between reads).
 //
 // Host element types map to dtypes at compile time (dtype_of<T>); dpml assumes a little-endian
 // host, as every machine it targets is.
@@ -259,19 +260,19 @@ class SafetensorsWriter {
 class SafetensorsFile {
  public:
   // Opens and checks `path`: header well-formed, offsets contiguous, the data all present.
-  explicit SafetensorsFile(std::string path) : path_(std::move(path)), fd_(path_, O_RDONLY) {
-    DPML_REQUIRE(fd_.ok(), "cannot open safetensors file '" << path_ << "': " << detail::errno_text());
+  explicit SafetensorsFile(std::string path) : path_(std::move(path)) {
+    const detail::Fd fd = open();
     struct stat st {};
-    DPML_REQUIRE(::fstat(fd_.get(), &st) == 0, "cannot stat '" << path_ << "': " << detail::errno_text());
+    DPML_REQUIRE(::fstat(fd.get(), &st) == 0, "cannot stat '" << path_ << "': " << detail::errno_text());
     const auto size = static_cast<std::uint64_t>(st.st_size);
     std::uint64_t n = 0;
-    DPML_REQUIRE(size >= 8 && detail::read_at(fd_.get(), &n, 8, 0, path_),
+    DPML_REQUIRE(size >= 8 && detail::read_at(fd.get(), &n, 8, 0, path_),
                  "safetensors file '" << path_ << "' is truncated: " << size << " bytes, not even the header length");
     DPML_REQUIRE(n <= size - 8 && n <= (std::uint64_t{100} << 20),
                  "safetensors file '" << path_ << "' declares a header of " << n << " bytes but holds " << size
                                       << " bytes (truncated or not a safetensors file)");
     std::string text(n, '\0');
-    DPML_REQUIRE(detail::read_at(fd_.get(), text.data(), n, 8, path_), "safetensors file '" << path_ << "' is truncated");
+    DPML_REQUIRE(detail::read_at(fd.get(), text.data(), n, 8, path_), "safetensors file '" << path_ << "' is truncated");
     data_start_ = 8 + n;
     parse_header(Json::parse(text, "header of " + path_), size - data_start_);
   }
@@ -292,7 +293,7 @@ class SafetensorsFile {
   // The raw bytes of one entry.
   std::vector<std::byte> read_bytes(const SafetensorsEntry& e) const {
     std::vector<std::byte> out(e.end - e.begin);
-    DPML_REQUIRE(detail::read_at(fd_.get(), out.data(), out.size(), data_start_ + e.begin, path_),
+    DPML_REQUIRE(detail::read_at(open().get(), out.data(), out.size(), data_start_ + e.begin, path_),
                  "safetensors file '" << path_ << "' is truncated inside tensor '" << e.name << "'");
     return out;
   }
@@ -361,8 +362,15 @@ class SafetensorsFile {
     }
   }
 
+  // The file is opened for each read, not held: a reader of a checkpoint written by thousands of
+  // ranks keeps no descriptor per file.
+  detail::Fd open() const {
+    detail::Fd fd(path_, O_RDONLY);
+    DPML_REQUIRE(fd.ok(), "cannot open safetensors file '" << path_ << "': " << detail::errno_text());
+    return fd;
+  }
+
   std::string path_;
-  detail::Fd fd_;
   std::uint64_t data_start_ = 0;
   Json metadata_ = Json::object();
   std::vector<SafetensorsEntry> entries_;
