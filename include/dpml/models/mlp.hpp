@@ -1,0 +1,39 @@
+#pragma once
+// A multi-layer perceptron on flattened images: (N, C, H, W) → Flatten (N, C·H·W) → [Linear →
+// ReLU] × depth → Linear (N, classes). The smallest model: a baseline, and the one to read first.
+
+#include "dpml/layers/activation.hpp"
+#include "dpml/layers/flatten.hpp"
+#include "dpml/layers/linear.hpp"
+#include "dpml/layers/sequential.hpp"
+#include "dpml/layers/stack.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpml::models {
+
+struct MlpConfig {
+  std::int64_t inputs = 28 * 28;
+  std::int64_t hidden = 256;
+  std::int64_t depth = 2;  // hidden layers
+  std::int64_t classes = 10;
+};
+
+template <class T = float>
+struct Mlp {
+  using Hidden = layers::Sequential<layers::Linear<T>, layers::ReLU<T>>;
+  using Network = layers::Sequential<layers::Flatten<T>, Hidden, layers::Stack<Hidden>, layers::Linear<T>>;
+
+  static Network make(const MlpConfig& c) {
+    DPML_REQUIRE_EVERYWHERE(c.depth >= 1 && c.hidden >= 1, "MLP: depth " << c.depth << " and hidden " << c.hidden
+                                                                        << " must be ≥ 1");
+    std::vector<Hidden> more;
+    for (std::int64_t i = 1; i < c.depth; ++i) more.emplace_back(layers::Linear<T>(c.hidden, c.hidden, {.name = "fc"}), layers::ReLU<T>());
+    return Network(layers::Flatten<T>(), Hidden(layers::Linear<T>(c.inputs, c.hidden, {.name = "fc"}), layers::ReLU<T>()),
+                   layers::Stack<Hidden>(std::move(more), "hidden"), layers::Linear<T>(c.hidden, c.classes, {.name = "out"}));
+  }
+};
+
+}  // namespace dpml::models
