@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 namespace dpml::kernels::cuda {
 
@@ -35,6 +36,15 @@ struct LtDescriptors {
     if (op) cublasLtMatmulDescDestroy(op);
   }
 };
+
+// The largest power of two (≤ 256) dividing a pointer's address: cuBLASLt's heuristic assumes
+// 256-byte aligned matrices unless told otherwise, and slices of flat buffers may be less.
+inline std::uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
 
 template <class T>
 void lt_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
@@ -86,10 +96,13 @@ struct CublasLt {
                                                  op_b == CUBLAS_OP_N ? M : K, g.lda));
     DPML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d.c, c_type, N, M, g.ldc));
 
+    // Alignments in bytes of cuBLASLt's A (our B), B (our A) and C = D: preferences and cache key.
+    const std::uint32_t al_a = detail::alignment_of(g.B), al_b = detail::alignment_of(g.A),
+                        al_c = detail::alignment_of(g.C);
     const GemmContext::AlgoKey key{g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
                                    static_cast<std::int64_t>(g.ta == Trans::yes) * 2 + (g.tb == Trans::yes),
-                                   static_cast<std::int64_t>(epi), static_cast<std::int64_t>(c_type),
-                                   static_cast<std::int64_t>(g.beta != 0.f)};
+                                   static_cast<std::int64_t>(epi) * 4 + (c_type == CUDA_R_32F) * 2 + (g.beta != 0.f),
+                                   static_cast<std::int64_t>(al_a) << 16 | al_b, static_cast<std::int64_t>(al_c)};
     auto& cache = ctx.algo_cache();
     auto it = cache.find(key);
     if (it == cache.end()) {
@@ -97,6 +110,13 @@ struct CublasLt {
       const std::size_t ws = GemmContext::kWorkspaceBytes;
       DPML_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                              sizeof(ws)));
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> alignments[] = {
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c}};
+      for (const auto& [attr, value] : alignments)
+        DPML_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, attr, &value, sizeof(value)));
       cublasLtMatmulHeuristicResult_t h{};
       int found = 0;
       DPML_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(ctx.lt(), d.op, d.a, d.b, d.c, d.c, d.pref, 1, &h, &found));
