@@ -21,7 +21,6 @@
 #include "dpml/checkpoint/json.hpp"
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/error.hpp"
-#include "dpml/core/tensor.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
