@@ -1,7 +1,8 @@
 // Flash-style causal attention on the device against the host kernels (float64): forward output
 // and logsumexp, and the whole dqkv of the backward, for head sizes 32/64/128 and sequence
-// lengths that are not multiples of the row block (16) or the key tile. Outputs and scratch are
-// poisoned first. Tolerances: relative L2 ≤ 1e-2 for bf16 tensors, ≤ 1e-5 for fp32.
+// lengths that are not multiples of the row blocks (16 SIMT, 64 tensor cores) or the key tiles,
+// for each policy (tensor cores, SIMT, and the default choice). Outputs and scratch are poisoned
+// first. Tolerances: relative L2 ≤ 1e-2 for bf16 tensors, ≤ 1e-5 for fp32.
 #include "device.hpp"
 
 #include <dpml/kernels/cuda/attention.hpp>
@@ -15,17 +16,20 @@ using namespace dpml;
 namespace kc = dpml::kernels::cuda;
 namespace kh = dpml::kernels::host;
 
-TEMPLATE_TEST_CASE("attention: flash forward and backward against the float64 host kernels", "[attention][gpu]", float,
-                   bf16) {
-  using T = TestType;
+namespace {
+
+template <class T, class Policy>
+void check_attention() {
   constexpr double tol = std::is_same_v<T, float> ? test::kFp32Tol : test::kBf16Tol;
   struct Case {
     std::int64_t B, Tn, H, D;
   };
+  constexpr bool tensor_cores = std::is_same_v<Policy, kc::attention::TensorCore>;
   for (const Case cs : {Case{1, 1, 1, 32}, Case{2, 37, 3, 32}, Case{1, 100, 2, 64}, Case{2, 64, 1, 128},
-                        Case{1, 300, 2, 64}, Case{1, 129, 1, 128}}) {
+                        Case{1, 300, 2, 64}, Case{1, 129, 1, 128}, Case{2, 1024, 2, 64}}) {
     const auto [B, Tn, H, D] = cs;
-    CAPTURE(std::is_same_v<T, float>, B, Tn, H, D);
+    if (tensor_cores && D > 64) continue;
+    CAPTURE(std::is_same_v<T, float>, std::is_same_v<Policy, kc::attention::Simt>, tensor_cores, B, Tn, H, D);
     auto gen = test::rng(static_cast<std::uint64_t>(B * 1000 + Tn * 10 + D));
     const auto n_qkv = static_cast<std::size_t>(B * Tn * H * 3 * D), n_out = static_cast<std::size_t>(B * Tn * H * D);
     const auto n_bht = static_cast<std::size_t>(B * H * Tn);
@@ -36,8 +40,8 @@ TEMPLATE_TEST_CASE("attention: flash forward and backward against the float64 ho
     dqkv.poison();
     lse.poison();
     delta.poison();
-    kc::attention_forward(qkv.ptr, out.ptr, lse.ptr, B, Tn, H, D, nullptr);
-    kc::attention_backward(dout.ptr, qkv.ptr, out.ptr, lse.ptr, delta.ptr, dqkv.ptr, B, Tn, H, D, nullptr);
+    kc::attention_forward<T, Policy>(qkv.ptr, out.ptr, lse.ptr, B, Tn, H, D, nullptr);
+    kc::attention_backward<T, Policy>(dout.ptr, qkv.ptr, out.ptr, lse.ptr, delta.ptr, dqkv.ptr, B, Tn, H, D, nullptr);
 
     const auto dq = test::to_double(hqkv), ddo = test::to_double(hdout);
     std::vector<double> rout(n_out), probs(static_cast<std::size_t>(B * H * Tn * Tn)), rdqkv(n_qkv), rlse(n_bht);
@@ -71,7 +75,25 @@ TEMPLATE_TEST_CASE("attention: flash forward and backward against the float64 ho
   }
 }
 
+}  // namespace
+
+TEST_CASE("attention: fp32 (SIMT) against the float64 host kernels", "[attention][gpu]") {
+  check_attention<float, kc::attention::Auto>();
+}
+TEST_CASE("attention: bf16 on tensor cores against the float64 host kernels", "[attention][gpu]") {
+  check_attention<bf16, kc::attention::TensorCore>();
+}
+TEST_CASE("attention: bf16 SIMT against the float64 host kernels", "[attention][gpu]") {
+  check_attention<bf16, kc::attention::Simt>();
+}
+TEST_CASE("attention: bf16 default policy (tensor cores where they apply) against float64", "[attention][gpu]") {
+  check_attention<bf16, kc::attention::Auto>();
+}
+
 TEST_CASE("attention: an unsupported head size is refused", "[attention][gpu]") {
   CHECK(test::error_of([] { kc::attention_forward<float>(nullptr, nullptr, nullptr, 1, 4, 1, 48, nullptr); })
             .find("head dimension 48") != std::string::npos);
+  CHECK(test::error_of([] {
+          kc::attention_forward<bf16, kc::attention::TensorCore>(nullptr, nullptr, nullptr, 1, 4, 1, 128, nullptr);
+        }).find("tensor cores") != std::string::npos);
 }

@@ -22,6 +22,7 @@
 
 #include "dpml/kernels/cuda/common.hpp"
 #include "dpml/kernels/cuda/gemm/gemm.hpp"
+#include "dpml/kernels/cuda/mma.hpp"
 
 #include <cuda_runtime.h>
 
@@ -51,41 +52,6 @@ struct Slab {
   static constexpr int rows = Rows, cols = Cols, stride = Cols + kPad, elems = Rows * stride;
   static constexpr int chunks = Rows * Cols / 8;  // 16-byte vectors per slab
 };
-
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// cp.async of 16 bytes with `src_bytes` (0…16) read and the rest zero-filled.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// d (16×8 fp32) += a (16×16 bf16, row) · b (16×8 bf16, col).
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                               std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Copies the (S::rows, S::cols) window at (r0, c0) of a row-major (rows, cols) global matrix with
 // row stride ld into a slab; elements outside the matrix arrive as zeros.
@@ -188,19 +154,15 @@ __global__ void __launch_bounds__(Kernel<Tile, Warp, Stages, TransA, TransB, Epi
         if constexpr (TransA) {  // (BK, BM): 8×8 pieces (k 0-7 | 8-15) × (m 0-7 | 8-15), transposed
           const int i = lane / 8;
           ldmatrix_x4_trans(a[mi], As + (kk + lane % 8 + (i / 2) * 8) * SlabA::stride + m + (i % 2) * 8);
-        } else {  // (BM, BK): rows m + lane%16, k half lane/16
-          ldmatrix_x4(a[mi], As + (m + lane % 16) * SlabA::stride + kk + (lane / 16) * 8);
+        } else {  // (BM, BK)
+          ldmatrix_a(a[mi], As + m * SlabA::stride, SlabA::stride, kk, lane);
         }
       }
 #pragma unroll
       for (int nj = 0; nj < NI; nj += 2) {
-        const int n = wn0 + nj * 8, i = lane / 8;
         std::uint32_t r[4];
-        if constexpr (TransB) {  // (BN, BK): rows n (two n8 blocks), k half (i % 2)
-          ldmatrix_x4(r, Bs + (n + (i / 2) * 8 + lane % 8) * SlabB::stride + kk + (i % 2) * 8);
-        } else {  // (BK, BN): rows k, transposed into n-major fragments
-          ldmatrix_x4_trans(r, Bs + (kk + lane % 8 + (i % 2) * 8) * SlabB::stride + n + (i / 2) * 8);
-        }
+        if constexpr (TransB) ldmatrix_b_kmajor(r, Bs, SlabB::stride, wn0 + nj * 8, kk, lane);  // (BN, BK)
+        else ldmatrix_b_nmajor(r, Bs, SlabB::stride, wn0 + nj * 8, kk, lane);                  // (BK, BN)
         b[nj][0] = r[0];
         b[nj][1] = r[1];
         b[nj + 1][0] = r[2];

@@ -1,0 +1,76 @@
+#pragma once
+// Warp-level tensor-core primitives shared by the tiled GEMM and the flash attention: cp.async
+// (global → shared, 16 bytes, zero-filling what lies past the source size), ldmatrix (8×8 b16
+// tiles from shared memory into mma fragments, optionally transposed) and
+// mma.sync.m16n8k16 with bf16 operands and fp32 accumulators (sm_80 and later).
+//
+// Fragment layouts (PTX ISA, "mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
+//   A (16×16, row):  a[0] = (g, 2t..2t+1)  a[1] = (g+8, 2t..)  a[2] = (g, 2t+8..)  a[3] = (g+8, 2t+8..)
+//   B (16×8, col):   b[0] = (k 2t..2t+1, n g)  b[1] = (k 2t+8.., n g)
+//   C (16×8 fp32):   c[0..1] = (g, 2t..2t+1)   c[2..3] = (g+8, 2t..)
+// so two neighbouring C tiles (n 0-7 and 8-15) packed to bf16 are exactly an A fragment of the
+// next product (attention's P·V) — no trip through shared memory.
+
+#include "dpml/core/bf16.hpp"
+
+#include <cstdint>
+
+namespace dpml::kernels::cuda::detail {
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// cp.async of 16 bytes with `src_bytes` (0…16) read and the rest zero-filled.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d (16×8 fp32) += a (16×16 bf16, row) · b (16×8 bf16, col).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                               std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragment of rows [0, 16) and columns [k, k + 16) of a row-major shared tile (row stride in
+// elements, rows 16-byte aligned).
+__device__ __forceinline__ void ldmatrix_a(std::uint32_t (&a)[4], const bf16* tile, int stride, int k, int lane) {
+  ldmatrix_x4(a, tile + (lane % 16) * stride + k + (lane / 16) * 8);
+}
+
+// B fragments of two neighbouring n8 tiles (n, n + 8) for k-slice [k, k + 16):
+//   b_kmajor: B stored as (N rows, K contiguous), e.g. Kᵀ's K in S = Q·Kᵀ
+//   b_nmajor: B stored as (K rows, N contiguous), e.g. V in O = P·V (transposed by ldmatrix)
+// r[0], r[1] are the n-tile's b[0], b[1]; r[2], r[3] those of n + 8.
+__device__ __forceinline__ void ldmatrix_b_kmajor(std::uint32_t (&r)[4], const bf16* tile, int stride, int n, int k,
+                                                  int lane) {
+  const int i = lane / 8;
+  ldmatrix_x4(r, tile + (n + (i / 2) * 8 + lane % 8) * stride + k + (i % 2) * 8);
+}
+__device__ __forceinline__ void ldmatrix_b_nmajor(std::uint32_t (&r)[4], const bf16* tile, int stride, int n, int k,
+                                                  int lane) {
+  const int i = lane / 8;
+  ldmatrix_x4_trans(r, tile + (k + lane % 8 + (i % 2) * 8) * stride + n + (i / 2) * 8);
+}
+
+}  // namespace dpml::kernels::cuda::detail
