@@ -29,7 +29,7 @@ namespace {
 struct Flags {
   std::string model = "resnet";
   std::int64_t width = 16, blocks = 1, hidden = 256, depth = 2;
-  std::int64_t epochs = 3, global_batch = 128;
+  std::int64_t epochs = 6, global_batch = 128;
   int micro_batches = 1;
   std::string optimizer = "sgd";
   double lr = 0.1, min_lr = 0.0, momentum = 0.9, weight_decay = 5e-4, clip = 0.0;
