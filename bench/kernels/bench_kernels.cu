@@ -1,0 +1,213 @@
+// bench_kernels: each device kernel family at GPT-2 124M's training shapes (B = 16, T = 1024,
+// C = 768, H = 12, V = 50304, 124.5M parameters), bf16 activations. For every kernel it prints one
+// JSON object — {"bench":"kernels","kernel":..,"ms":..,"gb_per_s":..,"tflops":..,"floor_ms":..} —
+// where floor_ms = max(bytes / 3.0 TB/s, FLOPs / 797 TFLOP/s) (the H100 ceilings measured in
+// shared/TOOLCHAIN.md), then a Markdown table for bench/kernels/README.md.
+//
+//   bench_kernels [--iters N]
+#include <dpml/core/cuda_space.hpp>
+#include <dpml/kernels/cuda/adamw.hpp>
+#include <dpml/kernels/cuda/attention.hpp>
+#include <dpml/kernels/cuda/cross_entropy.hpp>
+#include <dpml/kernels/cuda/elementwise.hpp>
+#include <dpml/kernels/cuda/embedding.hpp>
+#include <dpml/kernels/cuda/grad_norm.hpp>
+#include <dpml/kernels/cuda/layer_norm.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+using namespace dpml;
+namespace kc = dpml::kernels::cuda;
+
+namespace {
+
+constexpr double kBandwidth = 3.0e12;  // bytes/s, H100 device copy
+constexpr double kTensorPeak = 797e12;  // FLOP/s, H100 bf16 GEMM through cuBLAS
+
+template <class T>
+__global__ void fill_kernel(T* p, std::int64_t n, std::uint32_t seed, float lo, float hi) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 0x9e3779b9u ^ seed;
+    x ^= x >> 16;
+    x *= 0x85ebca6bu;
+    x ^= x >> 13;
+    const float u = lo + (hi - lo) * static_cast<float>(x & 0xffffff) / 16777216.f;
+    if constexpr (std::is_same_v<T, std::int32_t>) p[i] = static_cast<std::int32_t>(u);
+    else p[i] = T(u);
+  }
+}
+
+template <class T>
+T* device(std::int64_t n, std::uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  T* p = nullptr;
+  DPML_CHECK_CUDA(cudaMalloc(&p, static_cast<std::size_t>(n) * sizeof(T)));
+  fill_kernel<<<1024, 256>>>(p, n, seed, lo, hi);
+  DPML_CHECK_LAUNCH();
+  return p;
+}
+
+struct Row {
+  std::string kernel;
+  double ms, bytes, flops;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: %s [--iters N]\n", argv[0]);
+      return 2;
+    }
+  }
+  try {
+    if (cuda_device_count() == 0) {
+      std::fprintf(stderr, "bench_kernels: no CUDA device\n");
+      return 1;
+    }
+    constexpr std::int64_t B = 16, Tn = 1024, C = 768, H = 12, D = 64, V = 50304, V_real = 50257, N = B * Tn;
+    constexpr std::int64_t P = 124475904;  // GPT-2 124M parameters with the padded vocabulary
+    cudaStream_t s;
+    DPML_CHECK_CUDA(cudaStreamCreate(&s));
+    cudaEvent_t t0, t1;
+    DPML_CHECK_CUDA(cudaEventCreate(&t0));
+    DPML_CHECK_CUDA(cudaEventCreate(&t1));
+    std::vector<Row> rows;
+    auto time = [&](std::string name, double bytes, double flops, const std::function<void()>& f) {
+      f();
+      f();
+      DPML_CHECK_CUDA(cudaEventRecord(t0, s));
+      for (int i = 0; i < iters; ++i) f();
+      DPML_CHECK_CUDA(cudaEventRecord(t1, s));
+      DPML_CHECK_CUDA(cudaEventSynchronize(t1));
+      float ms = 0;
+      DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, t0, t1));
+      ms /= static_cast<float>(iters);
+      const double floor_ms = std::max(bytes / kBandwidth, flops / kTensorPeak) * 1e3;
+      std::printf("{\"bench\":\"kernels\",\"kernel\":\"%s\",\"ms\":%.4f,\"gb_per_s\":%.1f,\"tflops\":%.2f,"
+                  "\"floor_ms\":%.4f}\n",
+                  name.c_str(), ms, bytes / (ms * 1e-3) / 1e9, flops / (ms * 1e-3) / 1e12, floor_ms);
+      std::fflush(stdout);
+      rows.push_back({std::move(name), ms, bytes, flops});
+    };
+
+    // LayerNorm (N, C)
+    auto* x = device<bf16>(N * C, 1);
+    auto* y = device<bf16>(N * C, 2);
+    auto* dy = device<bf16>(N * C, 3);
+    auto* w = device<bf16>(C, 4, 0.5f, 1.5f);
+    auto* bias = device<bf16>(C, 5);
+    auto* dw = device<bf16>(C, 6);
+    auto* db = device<bf16>(C, 7);
+    auto* mean = device<float>(N, 8);
+    auto* rstd = device<float>(N, 9, 0.5f, 1.f);
+    auto* scratch = device<float>(std::max(kc::layer_norm_weight_scratch(N, C), kc::column_sums_scratch(N, 4 * C, 1)), 10);
+    const double act = static_cast<double>(N * C) * 2;  // bytes of one (N, C) bf16 tensor
+    time("layer_norm_forward", 2 * act, 8.0 * N * C,
+         [&] { kc::layer_norm_forward(x, w, bias, y, mean, rstd, N, C, 1e-5f, s); });
+    time("layer_norm_backward_input", 3 * act, 12.0 * N * C,
+         [&] { kc::layer_norm_backward_input(dy, x, w, mean, rstd, y, N, C, s); });
+    time("layer_norm_backward_weight", 2 * act, 4.0 * N * C,
+         [&] { kc::layer_norm_backward_weight(dy, x, mean, rstd, dw, db, scratch, N, C, s); });
+    time("residual_add (N, C)", 3 * act, 1.0 * N * C, [&] { kc::add(x, dy, y, N * C, s); });
+
+    // GELU and bias gradient on (N, 4C)
+    auto* h4 = device<bf16>(N * 4 * C, 11, -3.f, 3.f);
+    auto* g4 = device<bf16>(N * 4 * C, 12);
+    auto* o4 = device<bf16>(N * 4 * C, 13);
+    auto* db4 = device<bf16>(4 * C, 14);
+    time("gelu_forward (N, 4C)", 8 * act, 20.0 * N * 4 * C, [&] { kc::gelu_forward(h4, o4, N * 4 * C, s); });
+    time("gelu_backward (N, 4C)", 12 * act, 30.0 * N * 4 * C, [&] { kc::gelu_backward(h4, g4, o4, N * 4 * C, s); });
+    time("bias_grad_rows (N, 4C)", 4 * act, 1.0 * N * 4 * C,
+         [&] { kc::bias_grad_rows(g4, db4, scratch, N, 4 * C, s); });
+
+    // Embedding
+    auto* tokens = device<std::int32_t>(N, 15, 0.f, static_cast<float>(V_real) - 1.f);
+    auto* wte = device<bf16>(V * C, 16);
+    auto* wpe = device<bf16>(Tn * C, 17);
+    auto* dwte = device<bf16>(V * C, 18);
+    auto* dwpe = device<bf16>(Tn * C, 19);
+    const std::size_t ews = kc::embedding_backward_workspace(N, V);
+    void* ew = nullptr;
+    DPML_CHECK_CUDA(cudaMalloc(&ew, ews));
+    time("embedding_forward (token + position)", 4 * act, 1.0 * N * C, [&] {
+      kc::embedding_token_forward(tokens, wte, y, N, C, 0, V, s);
+      kc::embedding_position_forward(wpe, y, B, Tn, C, s);
+    });
+    time("embedding_backward (token sort + runs, position)", 4 * act, 2.0 * N * C, [&] {
+      kc::embedding_token_backward(tokens, dy, dwte, N, C, 0, V, V, ew, ews, s);
+      kc::embedding_position_backward(dy, dwpe, B, Tn, C, s);
+    });
+
+    // Cross-entropy over (N, V) bf16 logits
+    auto* logits = device<bf16>(N * V, 20, -4.f, 4.f);
+    auto* targets = device<std::int32_t>(N, 21, 0.f, static_cast<float>(V_real) - 1.f);
+    auto* losses = device<float>(N, 22);
+    time("softmax_cross_entropy (N, V)", 3.0 * N * V * 2, 4.0 * N * V,
+         [&] { kc::softmax_cross_entropy(logits, targets, losses, 1.f / N, N, V, V_real, s); });
+    DPML_CHECK_CUDA(cudaFree(logits));
+
+    // Optimizer over the flat buffer
+    auto* master = device<float>(P, 23);
+    auto* grad = device<float>(P, 24, -1e-3f, 1e-3f);
+    auto* m1 = device<float>(P, 25, -1e-3f, 1e-3f);
+    auto* m2 = device<float>(P, 26, 0.f, 1e-6f);
+    auto* pbf = device<bf16>(P, 27);
+    double* sq = device<double>(1, 28);
+    float* coef = device<float>(1, 29);
+    const std::size_t gws = kc::grad_norm_workspace<float>(P);
+    void* gw = nullptr;
+    DPML_CHECK_CUDA(cudaMalloc(&gw, gws));
+    time("grad_norm_squared + clip_coefficient (124.5M fp32)", 4.0 * P, 2.0 * P, [&] {
+      kc::grad_norm_squared(grad, P, sq, gw, gws, s);
+      kc::clip_coefficient(sq, coef, 1.0, s);
+    });
+    const optim::AdamWOptions opts{0.9, 0.95, 1e-8, 0.1};
+    time("adamw_update (124.5M, fp32 grads, bf16 copy)", 30.0 * P, 12.0 * P,
+         [&] { kc::adamw_update(master, pbf, grad, m1, m2, P, opts, 6e-4, 10, coef, s); });
+
+    // Attention, one layer: (B, T, H, 3, D)
+    auto* qkv = device<bf16>(N * 3 * C, 30);
+    auto* att = device<bf16>(N * C, 31);
+    auto* datt = device<bf16>(N * C, 32);
+    auto* dqkv = device<bf16>(N * 3 * C, 33);
+    auto* lse = device<float>(B * H * Tn, 34);
+    auto* delta = device<float>(B * H * Tn, 35);
+    const double attn_flops = 2.0 * B * H * Tn * Tn * D;  // causal forward: 2 GEMMs over half of T²
+    const double attn_bytes = 5 * act;                    // qkv in, out
+    time("attention_forward tensor cores", attn_bytes, attn_flops, [&] {
+      kc::attention_forward<bf16, kc::attention::TensorCore>(qkv, att, lse, B, Tn, H, D, s);
+    });
+    time("attention_backward tensor cores", 2 * attn_bytes + 4 * act, 2.5 * attn_flops, [&] {
+      kc::attention_backward<bf16, kc::attention::TensorCore>(datt, qkv, att, lse, delta, dqkv, B, Tn, H, D, s);
+    });
+    time("attention_forward SIMT", attn_bytes, attn_flops,
+         [&] { kc::attention_forward<bf16, kc::attention::Simt>(qkv, att, lse, B, Tn, H, D, s); });
+    time("attention_backward SIMT", 2 * attn_bytes + 4 * act, 2.5 * attn_flops, [&] {
+      kc::attention_backward<bf16, kc::attention::Simt>(datt, qkv, att, lse, delta, dqkv, B, Tn, H, D, s);
+    });
+
+    std::printf("\n| kernel | ms | GB/s | TFLOP/s | floor ms | floor / ms |\n|---|---|---|---|---|---|\n");
+    for (const auto& r : rows) {
+      const double floor_ms = std::max(r.bytes / kBandwidth, r.flops / kTensorPeak) * 1e3;
+      std::printf("| %s | %.4f | %.0f | %.2f | %.4f | %.0f%% |\n", r.kernel.c_str(), r.ms, r.bytes / (r.ms * 1e-3) / 1e9,
+                  r.flops / (r.ms * 1e-3) / 1e12, floor_ms, 100.0 * floor_ms / r.ms);
+    }
+    DPML_CHECK_CUDA(cudaDeviceSynchronize());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_kernels: %s\n", e.what());
+    return 1;
+  }
+}
