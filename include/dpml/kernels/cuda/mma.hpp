@@ -12,6 +12,7 @@
 // next product (attention's P·V) — no trip through shared memory.
 
 #include "dpml/core/bf16.hpp"
+#include "dpml/core/config.hpp"
 
 #include <cstdint>
 
@@ -52,25 +53,43 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A fragment of rows [0, 16) and columns [k, k + 16) of a row-major shared tile (row stride in
-// elements, rows 16-byte aligned).
-__device__ __forceinline__ void ldmatrix_a(std::uint32_t (&a)[4], const bf16* tile, int stride, int k, int lane) {
-  ldmatrix_x4(a, tile + (lane % 16) * stride + k + (lane / 16) * 8);
+// Where each lane points ldmatrix.x4 (element offsets into a shared tile with row stride `stride`),
+// so that the four 8×8 matrices land in the registers as mma fragments. Host and device: a host
+// test checks them against a model of ldmatrix and mma (tests/cuda/test_fragments.cu).
+//
+//   a_kmajor   A fragment of rows [0, 16), columns [k, k + 16) of a (rows, K) tile
+//   a_mmajor   the same A fragment from a (K, rows) tile (ldmatrix.trans)
+//   b_kmajor   B fragments of n-tiles n and n + 8 for k-slice [k, k + 16) of a tile stored
+//              (N rows, K contiguous), e.g. K in S = Q·Kᵀ (ldmatrix); registers 0, 1 → n-tile n,
+//              2, 3 → n-tile n + 8
+//   b_nmajor   the same from a tile stored (K rows, N contiguous), e.g. V in O = P·V (.trans)
+DPML_HD constexpr int a_kmajor_offset(int lane, int stride, int k) {
+  return (lane % 16) * stride + k + (lane / 16) * 8;
+}
+DPML_HD constexpr int a_mmajor_offset(int lane, int stride, int k) {
+  return (k + lane % 8 + (lane / 16) * 8) * stride + ((lane / 8) % 2) * 8;
+}
+DPML_HD constexpr int b_kmajor_offset(int lane, int stride, int n, int k) {
+  return (n + (lane / 16) * 8 + lane % 8) * stride + k + ((lane / 8) % 2) * 8;
+}
+DPML_HD constexpr int b_nmajor_offset(int lane, int stride, int n, int k) {
+  return (k + lane % 8 + ((lane / 8) % 2) * 8) * stride + n + (lane / 16) * 8;
 }
 
-// B fragments of two neighbouring n8 tiles (n, n + 8) for k-slice [k, k + 16):
-//   b_kmajor: B stored as (N rows, K contiguous), e.g. Kᵀ's K in S = Q·Kᵀ
-//   b_nmajor: B stored as (K rows, N contiguous), e.g. V in O = P·V (transposed by ldmatrix)
-// r[0], r[1] are the n-tile's b[0], b[1]; r[2], r[3] those of n + 8.
+__device__ __forceinline__ void ldmatrix_a(std::uint32_t (&a)[4], const bf16* tile, int stride, int k, int lane) {
+  ldmatrix_x4(a, tile + a_kmajor_offset(lane, stride, k));
+}
+__device__ __forceinline__ void ldmatrix_a_trans(std::uint32_t (&a)[4], const bf16* tile, int stride, int k,
+                                                 int lane) {
+  ldmatrix_x4_trans(a, tile + a_mmajor_offset(lane, stride, k));
+}
 __device__ __forceinline__ void ldmatrix_b_kmajor(std::uint32_t (&r)[4], const bf16* tile, int stride, int n, int k,
                                                   int lane) {
-  const int i = lane / 8;
-  ldmatrix_x4(r, tile + (n + (i / 2) * 8 + lane % 8) * stride + k + (i % 2) * 8);
+  ldmatrix_x4(r, tile + b_kmajor_offset(lane, stride, n, k));
 }
 __device__ __forceinline__ void ldmatrix_b_nmajor(std::uint32_t (&r)[4], const bf16* tile, int stride, int n, int k,
                                                   int lane) {
-  const int i = lane / 8;
-  ldmatrix_x4_trans(r, tile + (k + lane % 8 + (i % 2) * 8) * stride + n + (i / 2) * 8);
+  ldmatrix_x4_trans(r, tile + b_nmajor_offset(lane, stride, n, k));
 }
 
 }  // namespace dpml::kernels::cuda::detail

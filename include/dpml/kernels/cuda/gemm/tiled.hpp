@@ -151,12 +151,8 @@ __global__ void __launch_bounds__(Kernel<Tile, Warp, Stages, TransA, TransB, Epi
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         const int m = wm0 + mi * 16;
-        if constexpr (TransA) {  // (BK, BM): 8×8 pieces (k 0-7 | 8-15) × (m 0-7 | 8-15), transposed
-          const int i = lane / 8;
-          ldmatrix_x4_trans(a[mi], As + (kk + lane % 8 + (i / 2) * 8) * SlabA::stride + m + (i % 2) * 8);
-        } else {  // (BM, BK)
-          ldmatrix_a(a[mi], As + m * SlabA::stride, SlabA::stride, kk, lane);
-        }
+        if constexpr (TransA) ldmatrix_a_trans(a[mi], As + m, SlabA::stride, kk, lane);  // (BK, BM)
+        else ldmatrix_a(a[mi], As + m * SlabA::stride, SlabA::stride, kk, lane);         // (BM, BK)
       }
 #pragma unroll
       for (int nj = 0; nj < NI; nj += 2) {
