@@ -56,9 +56,9 @@ TEST_CASE("text: bytes are tokens, the last 5% validate, windows as for token sh
 
 TEST_CASE("text: unigram entropy in nats and bits", "[data]") {
   const auto uniform = dpml::data::byte_tokens("abcdabcdabcdabcd");
-  CHECK(dpml::data::unigram_entropy(uniform) == Approx(std::log(4.0)));
-  CHECK(dpml::data::unigram_entropy_bits(uniform) == Approx(2.0));
+  CHECK(dpml::data::unigram_entropy(uniform) == dpml::test::Approx(std::log(4.0)));
+  CHECK(dpml::data::unigram_entropy_bits(uniform) == dpml::test::Approx(2.0));
   const auto skewed = dpml::data::byte_tokens("aaab");
-  CHECK(dpml::data::unigram_entropy(skewed) == Approx(-(0.75 * std::log(0.75) + 0.25 * std::log(0.25))));
-  CHECK(dpml::data::unigram_entropy(dpml::data::byte_tokens("zzzz")) == Approx(0.0).margin(1e-15));
+  CHECK(dpml::data::unigram_entropy(skewed) == dpml::test::Approx(-(0.75 * std::log(0.75) + 0.25 * std::log(0.25))));
+  CHECK(dpml::data::unigram_entropy(dpml::data::byte_tokens("zzzz")) == dpml::test::Approx(0.0).margin(1e-15));
 }

@@ -52,8 +52,8 @@ TEST_CASE("BatchNorm2d: training normalises with batch statistics and updates ru
       for (int s = 0; s < 6; ++s) ref.push_back((x[(n * 3 + c) * 6 + s] - mean[c]) / std::sqrt(var[c] + 1e-3) * w[c] + b[c]);
   CHECK(test::rel_error(y, ref) < 1e-14);
   for (int c = 0; c < 3; ++c) {
-    CHECK(bn.running_mean()[c] == Approx(0.25 * mean[c]).epsilon(1e-12));
-    CHECK(bn.running_var()[c] == Approx(0.75 + 0.25 * var[c] * 24 / 23).epsilon(1e-12));
+    CHECK(bn.running_mean()[c] == dpml::test::Approx(0.25 * mean[c]).epsilon(1e-12));
+    CHECK(bn.running_var()[c] == dpml::test::Approx(0.75 + 0.25 * var[c] * 24 / 23).epsilon(1e-12));
   }
 
   SECTION("eval uses the running statistics and leaves them alone") {
@@ -120,7 +120,7 @@ TEST_CASE("Dropout: reproducible masks from (seed, step, micro-batch, stream), k
 
   std::int64_t kept = 0;
   for (double v : m0) {
-    CHECK((v == 0.0 || v == Approx(1 / 0.7).epsilon(1e-15)));
+    CHECK((v == 0.0 || v == dpml::test::Approx(1 / 0.7).epsilon(1e-15)));
     kept += v != 0.0;
   }
   const double rate = static_cast<double>(kept) / static_cast<double>(m0.size());

@@ -128,20 +128,20 @@ TEST_CASE("simulator: GPipe and 1F1B bubble is (p-1)/(m+p-1) of the step, ZB-H1 
         const double unit = c.forward + c.backward_input + c.backward_weight;
         for (const auto& sim : {pl::simulate(pl::make_schedule(pl::GPipe{}, p, m), c),
                                 pl::simulate(pl::make_schedule(pl::OneFOneB{}, p, m), c)}) {
-          CHECK(sim.makespan == Approx((m + p - 1) * unit));
-          for (const auto& st : sim.stages) CHECK(st.idle == Approx((p - 1) * unit));
-          CHECK(sim.bubble_fraction() == Approx(double(p - 1) / (m + p - 1)));
+          CHECK(sim.makespan == dpml::test::Approx((m + p - 1) * unit));
+          for (const auto& st : sim.stages) CHECK(st.idle == dpml::test::Approx((p - 1) * unit));
+          CHECK(sim.bubble_fraction() == dpml::test::Approx(double(p - 1) / (m + p - 1)));
         }
         const auto zb = pl::simulate(pl::make_schedule(pl::ZeroBubbleH1{}, p, m), c);
         if (m >= p) {
           for (const auto& st : zb.stages)
-            CHECK(st.idle == Approx((p - 1) * (c.forward + c.backward_input - c.backward_weight)));
-          CHECK(zb.bubble_fraction() == Approx(pl::theory_bubble(pl::ZeroBubbleH1{}, p, m, c)));
+            CHECK(st.idle == dpml::test::Approx((p - 1) * (c.forward + c.backward_input - c.backward_weight)));
+          CHECK(zb.bubble_fraction() == dpml::test::Approx(pl::theory_bubble(pl::ZeroBubbleH1{}, p, m, c)));
         }
         const auto one = pl::simulate(pl::make_schedule(pl::OneFOneB{}, p, m), c);
         CHECK(zb.makespan <= one.makespan);
         if (m >= p && c.backward_input == c.forward && c.backward_weight == c.forward)
-          CHECK(zb.stages[0].idle == Approx(one.stages[0].idle / 3));
+          CHECK(zb.stages[0].idle == dpml::test::Approx(one.stages[0].idle / 3));
       }
 }
 
@@ -164,7 +164,7 @@ TEST_CASE("simulator: ZB-H1 keeps 1F1B's peak of micro-batches in flight; GPipe 
 TEST_CASE("simulator: communication latency lengthens the step", "[pipeline]") {
   // One micro-batch: the path crosses the 3 links forth and back once.
   const auto one = pl::make_schedule(pl::OneFOneB{}, 4, 1);
-  CHECK(pl::simulate(one, pl::Costs{1, 1, 1, 0.5}).makespan == Approx(pl::simulate(one, pl::Costs{}).makespan + 2 * 3 * 0.5));
+  CHECK(pl::simulate(one, pl::Costs{1, 1, 1, 0.5}).makespan == dpml::test::Approx(pl::simulate(one, pl::Costs{}).makespan + 2 * 3 * 0.5));
   const auto s = pl::make_schedule(pl::OneFOneB{}, 4, 8);
   CHECK(pl::simulate(s, pl::Costs{1, 1, 1, 0.5}).makespan > pl::simulate(s, pl::Costs{}).makespan + 3);
 }
