@@ -29,7 +29,8 @@ void check_attention() {
                         Case{1, 300, 2, 64}, Case{1, 129, 1, 128}, Case{2, 1024, 2, 64}}) {
     const auto [B, Tn, H, D] = cs;
     if (tensor_cores && D > 64) continue;
-    CAPTURE(std::is_same_v<T, float>, std::is_same_v<Policy, kc::attention::Simt>, tensor_cores, B, Tn, H, D);
+    const bool fp32 = std::is_same_v<T, float>, simt = std::is_same_v<Policy, kc::attention::Simt>;  // CAPTURE splits template commas
+    CAPTURE(fp32, simt, tensor_cores, B, Tn, H, D);
     auto gen = test::rng(static_cast<std::uint64_t>(B * 1000 + Tn * 10 + D));
     const auto n_qkv = static_cast<std::size_t>(B * Tn * H * 3 * D), n_out = static_cast<std::size_t>(B * Tn * H * D);
     const auto n_bht = static_cast<std::size_t>(B * H * Tn);

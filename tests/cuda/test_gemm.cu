@@ -104,7 +104,8 @@ void check_one(GemmContext& ctx, const Case& cs, float beta, std::uint64_t salt)
   }
   const double tol = std::is_same_v<TC, float> ? test::kFp32Tol : test::kBf16Tol;
   const std::string policy(Policy::name);
-  CAPTURE(policy, M, N, K, cs.ta == Trans::yes, cs.tb == Trans::yes, beta, has_bias, is_gelu, std::is_same_v<TC, float>);
+  const bool fp32_out = std::is_same_v<TC, float>;  // named: CAPTURE splits on the commas of a template
+  CAPTURE(policy, M, N, K, cs.ta == Trans::yes, cs.tb == Trans::yes, beta, has_bias, is_gelu, fp32_out);
   const double err = test::rel_l2(got_dense, want);
   CAPTURE(err);
   CHECK(err <= tol);
