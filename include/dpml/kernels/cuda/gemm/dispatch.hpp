@@ -6,9 +6,10 @@
 //
 // Table entries are GPT-2 124M's GEMMs at B·T = 16384 rows (d = 768, V = 50304) in the three
 // passes of a Linear: forward y = x·Wᵀ (ta=no, tb=yes), backward_input dx = dy·W (no, no),
-// backward_weight dW += dyᵀ·x (yes, no). Each entry says where its choice came from; entries
-// marked "to be measured" hold a provisional choice until bench/gemm (bench/gemm/README.md) has
-// been run on an H100 and the faster policy of the two is written in with its TFLOP/s.
+// backward_weight dW += dyᵀ·x (yes, no). Each entry says where its choice came from: bench/gemm on
+// an H100 (2026-11-22, `build/cuda-openmpi/bench/gemm/bench_gemm`, bench/RESULTS.md), cuBLASLt's
+// TFLOP/s beside the best tiled configuration's. Our mma.sync kernel reaches about a quarter of
+// cuBLASLt's wgmma kernels, so every entry names cuBLASLt for now.
 
 #include "dpml/kernels/cuda/gemm/cublaslt.hpp"
 #include "dpml/kernels/cuda/gemm/gemm.hpp"
@@ -36,25 +37,24 @@ struct GemmTableEntry {
 
 namespace detail {
 using enum Trans;
-inline constexpr GemmChoice kProvisional = GemmChoice::tiled;
 // clang-format off
 inline constexpr std::array kGemmTable{
     //            M      N      K   ta   tb   choice        source
-    GemmTableEntry{16384,  2304,   768, no,  yes, kProvisional, "qkv forward: to be measured (bench/gemm)"},
-    GemmTableEntry{16384,   768,   768, no,  yes, kProvisional, "attn proj forward: to be measured"},
-    GemmTableEntry{16384,  3072,   768, no,  yes, kProvisional, "fc forward: to be measured"},
-    GemmTableEntry{16384,   768,  3072, no,  yes, kProvisional, "fc proj forward: to be measured"},
-    GemmTableEntry{16384, 50304,   768, no,  yes, kProvisional, "lm head forward: to be measured"},
-    GemmTableEntry{16384,   768,  2304, no,  no,  kProvisional, "qkv backward_input: to be measured"},
-    GemmTableEntry{16384,   768,   768, no,  no,  kProvisional, "attn proj backward_input: to be measured"},
-    GemmTableEntry{16384,   768,  3072, no,  no,  kProvisional, "fc backward_input: to be measured"},
-    GemmTableEntry{16384,  3072,   768, no,  no,  kProvisional, "fc proj backward_input: to be measured"},
-    GemmTableEntry{16384,   768, 50304, no,  no,  kProvisional, "lm head backward_input: to be measured"},
-    GemmTableEntry{ 2304,   768, 16384, yes, no,  kProvisional, "qkv backward_weight: to be measured"},
-    GemmTableEntry{  768,   768, 16384, yes, no,  kProvisional, "attn proj backward_weight: to be measured"},
-    GemmTableEntry{ 3072,   768, 16384, yes, no,  kProvisional, "fc backward_weight: to be measured"},
-    GemmTableEntry{  768,  3072, 16384, yes, no,  kProvisional, "fc proj backward_weight: to be measured"},
-    GemmTableEntry{50304,   768, 16384, yes, no,  kProvisional, "lm head backward_weight: to be measured"},
+    GemmTableEntry{16384,  2304,   768, no,  yes, GemmChoice::cublaslt, "qkv forward: cuBLASLt 663 vs tiled 161 TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,   768, no,  yes, GemmChoice::cublaslt, "attn proj forward: cuBLASLt 593 vs tiled 157 TFLOP/s (H100)"},
+    GemmTableEntry{16384,  3072,   768, no,  yes, GemmChoice::cublaslt, "fc forward: cuBLASLt 676 vs tiled 162 TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,  3072, no,  yes, GemmChoice::cublaslt, "fc proj forward: cuBLASLt 757 vs tiled 182 TFLOP/s (H100)"},
+    GemmTableEntry{16384, 50304,   768, no,  yes, GemmChoice::cublaslt, "lm head forward: cuBLASLt 708 vs tiled 173 TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,  2304, no,  no,  GemmChoice::cublaslt, "qkv backward_input: cuBLASLt 737 vs tiled 185 TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,   768, no,  no,  GemmChoice::cublaslt, "attn proj backward_input: cuBLASLt 593 vs tiled 159 TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,  3072, no,  no,  GemmChoice::cublaslt, "fc backward_input: cuBLASLt 754 vs tiled 189 TFLOP/s (H100)"},
+    GemmTableEntry{16384,  3072,   768, no,  no,  GemmChoice::cublaslt, "fc proj backward_input: cuBLASLt 656 vs tiled 165 TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768, 50304, no,  no,  GemmChoice::cublaslt, "lm head backward_input: cuBLASLt 817 vs tiled 204 TFLOP/s (H100)"},
+    GemmTableEntry{ 2304,   768, 16384, yes, no,  GemmChoice::cublaslt, "qkv backward_weight: cuBLASLt 694 vs tiled 164 TFLOP/s (H100)"},
+    GemmTableEntry{  768,   768, 16384, yes, no,  GemmChoice::cublaslt, "attn proj backward_weight: cuBLASLt 533 vs tiled 52 TFLOP/s (H100)"},
+    GemmTableEntry{ 3072,   768, 16384, yes, no,  GemmChoice::cublaslt, "fc backward_weight: cuBLASLt 736 vs tiled 112 TFLOP/s (H100)"},
+    GemmTableEntry{  768,  3072, 16384, yes, no,  GemmChoice::cublaslt, "fc proj backward_weight: cuBLASLt 738 vs tiled 114 TFLOP/s (H100)"},
+    GemmTableEntry{50304,   768, 16384, yes, no,  GemmChoice::cublaslt, "lm head backward_weight: cuBLASLt 808 vs tiled 210 TFLOP/s (H100)"},
 };
 // clang-format on
 }  // namespace detail
