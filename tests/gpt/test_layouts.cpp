@@ -29,7 +29,7 @@ using namespace dpml;
 namespace {
 constexpr double kTolerance = 1e-4;
 constexpr int kSteps = 5;
-constexpr std::int64_t kGlobalBatch = 8, kSeq = 8;
+constexpr std::int64_t kGlobalBatch = 24, kSeq = 8;  // 24: divisible by every dp of 1-8 ranks (1, 2, 3, 4, 8)
 
 models::GptConfig tiny(bool recompute) {
   return {.vocab = 67, .max_seq = kSeq, .layers = 4, .heads = 4, .dim = 16, .recompute = recompute};
