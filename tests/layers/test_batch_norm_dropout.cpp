@@ -1,5 +1,5 @@
 // BatchNorm2d (train/eval, running statistics, gradients) and Dropout (reproducible masks, keep
-// rate, identity in eval, gradients), on one rank.
+// rate, identity in eval, gradients, masks independent of the data-parallel layout), on one rank.
 #include "grad_check.hpp"
 #include "test.hpp"
 
@@ -94,7 +94,7 @@ TEST_CASE("BatchNorm2d<float> (lane sums in float) agrees with float64 to float 
     CHECK(test::rel_error(bf.parameters()[static_cast<std::size_t>(i)]->grad(), bd.parameters()[static_cast<std::size_t>(i)]->grad()) < 1e-5);
 }
 
-TEST_CASE("Dropout: reproducible masks from (seed, step, micro-batch, stream), keep rate, eval identity", "[layers]") {
+TEST_CASE("Dropout: reproducible masks from (seed, step, sample, stream), keep rate, eval identity", "[layers]") {
   auto gen = test::rng(12);
   auto x = test::random_tensor<double>(Shape{200, 500}, gen, 0.5, 1.5);  // no zeros: kept ⇔ y ≠ 0
   Ctx ctx;
@@ -107,11 +107,14 @@ TEST_CASE("Dropout: reproducible masks from (seed, step, micro-batch, stream), k
     return std::vector<double>(m.begin(), m.end());
   };
   const auto m0 = mask_of(a);
-  CHECK(mask_of(b) == m0);  // same seed, step, micro-batch and stream: the same mask
+  CHECK(mask_of(b) == m0);  // same seed, step, samples and stream: the same mask
   CHECK(mask_of(other) != m0);
   ctx.micro_batch = 1;
+  CHECK(mask_of(a) == m0);  // another slot, the same samples: the same mask
+  ctx.sample_offset = 1;
   CHECK(mask_of(a) != m0);
   ctx.micro_batch = 0;
+  ctx.sample_offset = 0;
   ctx.step = 4;
   const auto m4 = mask_of(a);
   CHECK(m4 != m0);
@@ -136,4 +139,48 @@ TEST_CASE("Dropout: reproducible masks from (seed, step, micro-batch, stream), k
   const auto ye = a.forward(ctx, x.cview());
   CHECK(ye.data() == x.data());
   CHECK(a.backward_input(ctx, x.cview()).data() == x.data());
+}
+
+// The mask of a global batch split as the loader splits it — data rank r of K holds samples
+// [⌊r·n/K⌋, ⌊(r+1)·n/K⌋), each rank's slice further cut into micro-batches — equals the mask of
+// one rank on the whole batch: each rank is a Dropout of its own (another process) whose
+// sample_offset is its first global sample.
+TEST_CASE("Dropout: the mask of a sample does not depend on the data rank or micro-batch holding it", "[layers]") {
+  const std::int64_t n = 7, S = 3 * 5;  // 7 samples of (3, 5): slices 3 + 4 on 2 ranks
+  auto gen = test::rng(13);
+  auto x = test::random_tensor<float>(Shape{n, 3, 5}, gen, 0.5, 1.5);  // no zeros
+  Ctx ctx;
+  ctx.seed = 5;
+  ctx.step = 11;
+  layers::Dropout<float> whole(0.5, 3);
+  whole.forward(ctx, x.cview());
+  const auto m = whole.mask(0);
+  const std::vector<float> expected(m.begin(), m.end());
+  for (int ranks : {2, 3})
+    for (int micro_batches : {1, 2}) {
+      CAPTURE(ranks);
+      CAPTURE(micro_batches);
+      std::vector<float> got;
+      for (int r = 0; r < ranks; ++r) {
+        layers::Dropout<float> rank_layer(0.5, 3);
+        const std::int64_t lo = r * n / ranks, hi = (r + 1) * n / ranks;
+        for (int mb = 0; mb < micro_batches; ++mb) {
+          const std::int64_t a = lo + (hi - lo) * mb / micro_batches, b = lo + (hi - lo) * (mb + 1) / micro_batches;
+          ctx.micro_batch = mb;
+          ctx.sample_offset = a;
+          rank_layer.forward(ctx, x.cview().slice(0, a, b));
+          const auto part = rank_layer.mask(mb);
+          got.insert(got.end(), part.begin(), part.end());
+        }
+      }
+      CHECK(got.size() == static_cast<std::size_t>(n * S));
+      CHECK(got == expected);
+    }
+  // Without the offset every slice would reuse the first samples' masks: the test can tell.
+  ctx.micro_batch = 0;
+  ctx.sample_offset = 0;
+  layers::Dropout<float> unshifted(0.5, 3);
+  unshifted.forward(ctx, x.cview().slice(0, 3, 7));
+  const auto u = unshifted.mask(0);
+  CHECK(std::vector<float>(u.begin(), u.end()) != std::vector<float>(expected.begin() + 3 * S, expected.end()));
 }

@@ -1,13 +1,15 @@
 #pragma once
 // Dropout with probability p (inverted: kept values are scaled by 1/(1 − p)), identity in eval.
 //
-// The mask is a pure function of (ctx.seed, this layer's stream id, ctx.step, ctx.micro_batch,
-// the data-parallel rank, element index), drawn from Philox: the same step of the same run
-// draws the same mask, whatever ran before, and the backward halves reuse the mask kept per
-// slot. Element i of micro-batch mb at step t on data rank d reads Philox stream
-// (stream_id, d) at offset ((t · 2¹⁰ + mb) · 2³²) + i, so masks never overlap for
-// fewer than 2³² elements per micro-batch and 2¹⁰ micro-batches per step. Tensor-parallel ranks
-// of one data rank draw the same mask (their activations are replicated).
+// The mask is a pure function of (ctx.seed, this layer's stream id, ctx.step, the global index of
+// the sample, the element within the sample), drawn from Philox — never of the data rank or the
+// micro-batch. So a step draws the same masks whatever ran before and however the global batch is
+// split over data ranks and micro-batches: K ranks equal one process, dropout included. The input's
+// first dimension is the sample; row i of the input is global sample ctx.sample_offset + i (the
+// trainer sets it). Element e of global sample g at step t reads Philox stream
+// (stream_id · φ + t) at offset g · 2³² + e, so masks never overlap for fewer than 2³² elements
+// per sample and 2³² samples per step. The backward halves reuse the mask kept per slot.
+// Tensor-parallel ranks of one data rank draw the same mask (their activations are replicated).
 
 #include "dpml/core/error.hpp"
 #include "dpml/core/philox.hpp"
@@ -15,7 +17,6 @@
 #include "dpml/kernels/host/activation.hpp"
 #include "dpml/layers/layer.hpp"
 #include "dpml/layers/parameter.hpp"
-#include "dpml/parallel/grid.hpp"
 
 #include <cstdint>
 #include <type_traits>
@@ -44,17 +45,22 @@ class Dropout {
     s.shape = x.shape();
     s.active = ctx.training() && p_ > 0;
     if (!s.active) return x;
-    DPML_REQUIRE(x.numel() < (std::int64_t{1} << 32) && ctx.micro_batch < 1024,
-                 "Dropout " << stream_id_ << ": " << x.numel() << " elements or micro-batch " << ctx.micro_batch
-                            << " beyond the mask's counter range");
-    const int data_rank = ctx.grid ? ctx.grid->coord(parallel::Axis::data) : 0;
-    const PhiloxStream rng(ctx.seed, stream_id_ * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(data_rank));
-    const std::uint64_t base = ((ctx.step << 10) + static_cast<std::uint64_t>(ctx.micro_batch)) << 32;
+    const std::int64_t samples = x.shape().rank() > 0 ? x.size(0) : 1;
+    const std::int64_t per_sample = samples > 0 ? x.numel() / samples : 0;  // elements of one sample
+    DPML_REQUIRE(per_sample < (std::int64_t{1} << 32) && ctx.sample_offset >= 0 &&
+                     ctx.sample_offset + samples <= (std::int64_t{1} << 32),
+                 "Dropout " << stream_id_ << ": " << per_sample << " elements per sample or samples ["
+                            << ctx.sample_offset << ", " << ctx.sample_offset + samples
+                            << ") beyond the mask's counter range");
+    const PhiloxStream rng(ctx.seed, stream_id_ * 0x9E3779B97F4A7C15ull + ctx.step);
     auto mask = ensure(s.mask, x.shape());
     const T keep = static_cast<T>(1.0 / (1.0 - p_));
     const float p = static_cast<float>(p_);
-    for (std::int64_t i = 0; i < mask.numel(); ++i)
-      mask[i] = rng.uniform(base + static_cast<std::uint64_t>(i)) >= p ? keep : T(0);
+    for (std::int64_t n = 0; n < samples; ++n) {
+      const std::uint64_t base = static_cast<std::uint64_t>(ctx.sample_offset + n) << 32;
+      T* row = mask.data() + n * per_sample;
+      for (std::int64_t e = 0; e < per_sample; ++e) row[e] = rng.uniform(base + static_cast<std::uint64_t>(e)) >= p ? keep : T(0);
+    }
     auto y = ensure(s.y, x.shape());
     kernels::host::dropout_apply(x.data(), mask.data(), y.data(), y.numel());
     return y;

@@ -40,6 +40,8 @@ struct Context {
   int micro_batch = 0;                 // activation slot used by forward and both backward halves
   std::uint64_t seed = 0;              // run seed: dropout and other randomness (Philox)
   std::uint64_t step = 0;              // optimizer step, part of every random offset
+  std::int64_t sample_offset = 0;      // global index of this micro-batch's first sample (dropout,
+                                       // other per-sample randomness)
   std::int64_t global_batch = 0;       // samples in the whole step (all data ranks, all micro-batches):
                                        // losses divide by it, so gradients are summed, never averaged
   const parallel::ProcessGrid* grid = nullptr;  // communicators (tensor/data axes); null = one rank

@@ -65,9 +65,12 @@ class ClassifierTrainer {
     double loss = 0.0;
     std::int64_t correct = 0;
     const auto images = batch.images.cview();
+    // The loader's convention: data rank r of K holds [⌊r·G/K⌋, ⌊(r+1)·G/K⌋) of the G samples.
+    const std::int64_t ranks = grid_.size(Axis::data), first = grid_.coord(Axis::data) * batch.global_size / ranks;
     for (int mb = 0; mb < options_.micro_batches; ++mb) {
       const std::int64_t lo = n * mb / options_.micro_batches, hi = n * (mb + 1) / options_.micro_batches;
       ctx_.micro_batch = mb;
+      ctx_.sample_offset = first + lo;
       auto x = images.slice(0, lo, hi);
       auto labels = batch.labels.cview().slice(0, lo, hi);
       auto logits = model_.forward(ctx_, x);
