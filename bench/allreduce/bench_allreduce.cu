@@ -1,0 +1,187 @@
+// All-reduce bus bandwidth of dpml's path (comm::Nccl::allreduce on a device buffer) against a
+// raw ncclAllReduce on the same communicator and stream, for fp32 and bf16, 1 MB – 1 GB.
+//
+// One GPU per rank (comm::select_device); run under mpirun -n <GPUs> (scripts/launch.sh). Each
+// (dtype, size) gets `--warmup` calls of each path, then `--repeats` timed batches of `--iters`
+// back-to-back out-of-place sums per path, the two paths interleaved batch by batch; a batch is
+// timed with CUDA events on the communicator's stream. The time of a call is the median batch
+// time / iters, the slowest rank's. algbw = bytes / time; busbw = algbw · 2(n−1)/n (the traffic
+// per link of a ring all-reduce, comparable across rank counts, as in nccl-tests).
+//
+// Prints one JSON object per (dtype, size, path) — {"bench":"allreduce","dtype":..,"bytes":..,
+// "path":"dpml"|"nccl","ranks":..,"us":..,"algbw_GBps":..,"busbw_GBps":..} — then a Markdown table
+// with dpml / raw NCCL busbw (the Step 5 target is ≥ 0.95 at ≥ 100 MB).
+
+#include <dpml/comm/launch.hpp>
+#include <dpml/comm/local_rank.hpp>
+#include <dpml/comm/nccl.hpp>
+#include <dpml/core/bf16.hpp>
+#include <dpml/core/cuda_error.hpp>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace dpml;
+
+namespace {
+struct Options {
+  std::size_t min_bytes = std::size_t{1} << 20, max_bytes = std::size_t{1} << 30;
+  int factor = 4, warmup = 5, iters = 20, repeats = 7;
+  bool help = false;
+};
+
+struct Row {
+  std::string dtype;
+  std::size_t bytes;
+  double us[2];     // dpml, nccl
+  double busbw[2];
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Microseconds per call of `path` (0 = dpml, 1 = raw NCCL) for `n` elements of T, slowest rank.
+template <class T>
+void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, const Options& o, double us[2]) {
+  T *send = nullptr, *recv = nullptr;
+  DPML_CHECK_CUDA(cudaMalloc(&send, n * sizeof(T)));
+  DPML_CHECK_CUDA(cudaMalloc(&recv, n * sizeof(T)));
+  DPML_CHECK_CUDA(cudaMemset(send, 0, n * sizeof(T)));
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  auto call = [&](int path) {
+    if (path == 0)
+      nccl.allreduce(send, recv, n, comm::ReduceOp::sum);
+    else
+      DPML_CHECK_NCCL(ncclAllReduce(send, recv, n, comm::NcclType<T>::value, ncclSum, nccl.native(), nccl.stream()));
+  };
+  cudaEvent_t start, stop;
+  DPML_CHECK_CUDA(cudaEventCreate(&start));
+  DPML_CHECK_CUDA(cudaEventCreate(&stop));
+  for (int path = 0; path < 2; ++path)
+    for (int i = 0; i < o.warmup; ++i) call(path);
+  nccl.request().wait();
+  std::vector<double> batches[2];
+  for (int r = 0; r < o.repeats; ++r)
+    for (int path = 0; path < 2; ++path) {
+      DPML_CHECK_CUDA(cudaEventRecord(start, nccl.stream()));
+      for (int i = 0; i < o.iters; ++i) call(path);
+      DPML_CHECK_CUDA(cudaEventRecord(stop, nccl.stream()));
+      DPML_CHECK_CUDA(cudaEventSynchronize(stop));
+      float ms = 0;
+      DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      batches[path].push_back(1e3 * ms / o.iters);
+    }
+  for (int path = 0; path < 2; ++path) us[path] = world.allreduce(median(batches[path]), comm::ReduceOp::max);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(send);
+  cudaFree(recv);
+}
+
+std::size_t parse_bytes(const char* flag, const char* s) {
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  const std::string unit = end ? end : "";
+  const double scale = unit == "" || unit == "B" ? 1 : unit == "K" || unit == "KB" ? 1 << 10
+                       : unit == "M" || unit == "MB" ? 1 << 20 : unit == "G" || unit == "GB" ? 1 << 30 : -1;
+  DPML_REQUIRE_EVERYWHERE(scale > 0 && v > 0, flag << " '" << s << "': expected a size such as 1M, 256MB or 1G");
+  return static_cast<std::size_t>(v * scale);
+}
+
+int parse_int(const char* flag, const char* s, int min) {
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  DPML_REQUIRE_EVERYWHERE(end && *end == '\0' && v >= min && v < 1000000,
+                          flag << " '" << s << "': expected an integer ≥ " << min);
+  return static_cast<int>(v);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      o.help = true;
+      return o;
+    }
+    DPML_REQUIRE_EVERYWHERE(i + 1 < argc, "flag " << a << " needs a value (see --help)");
+    const char* v = argv[++i];
+    if (a == "--min-bytes") o.min_bytes = parse_bytes("--min-bytes", v);
+    else if (a == "--max-bytes") o.max_bytes = parse_bytes("--max-bytes", v);
+    else if (a == "--factor") o.factor = parse_int("--factor", v, 2);
+    else if (a == "--warmup") o.warmup = parse_int("--warmup", v, 0);
+    else if (a == "--iters") o.iters = parse_int("--iters", v, 1);
+    else if (a == "--repeats") o.repeats = parse_int("--repeats", v, 1);
+    else DPML_REQUIRE_EVERYWHERE(false, "unknown flag " << a << " (see --help)");
+  }
+  DPML_REQUIRE_EVERYWHERE(o.min_bytes <= o.max_bytes,
+                          "--min-bytes " << o.min_bytes << " exceeds --max-bytes " << o.max_bytes);
+  return o;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return dpml::run(argc, argv, [&](const comm::Mpi& world) {
+    const Options o = parse(argc, argv);
+    if (o.help) {
+      if (world.rank() == 0)
+        std::printf(
+            "usage: mpirun -n <GPUs> %s [--min-bytes 1M] [--max-bytes 1G] [--factor 4] [--warmup 5]\n"
+            "           [--iters 20] [--repeats 7]\n"
+            "All-reduce busbw of comm::Nccl::allreduce vs raw ncclAllReduce (fp32, bf16): JSON lines,\n"
+            "then a Markdown table. One GPU per rank.\n",
+            argv[0]);
+      return 0;
+    }
+    const int device = comm::select_device(world);
+    const comm::Nccl nccl = comm::Nccl::from(world);
+    const int p = world.size();
+    const double bus_factor = 2.0 * (p - 1) / p;
+    if (world.rank() == 0) {
+      cudaDeviceProp prop{};
+      DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+      int nccl_version = 0;
+      DPML_CHECK_NCCL(ncclGetVersion(&nccl_version));
+      std::fprintf(stderr, "bench_allreduce: %d ranks, %s, NCCL %d, NCCL_NVLS_ENABLE=%s\n", p, prop.name, nccl_version,
+                   std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "(unset)");
+    }
+    std::vector<Row> rows;
+    for (const std::string dtype : {"fp32", "bf16"})
+      for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= static_cast<std::size_t>(o.factor)) {
+        Row row{dtype, bytes, {}, {}};
+        if (dtype == "fp32")
+          time_paths<float>(world, nccl, bytes / sizeof(float), o, row.us);
+        else
+          time_paths<bf16>(world, nccl, bytes / sizeof(bf16), o, row.us);
+        for (int path = 0; path < 2; ++path) {
+          const double algbw = static_cast<double>(bytes) / (row.us[path] * 1e-6) / 1e9;
+          row.busbw[path] = algbw * bus_factor;
+          if (world.rank() == 0)
+            std::printf("{\"bench\":\"allreduce\",\"dtype\":\"%s\",\"bytes\":%zu,\"path\":\"%s\",\"ranks\":%d,"
+                        "\"us\":%.2f,\"algbw_GBps\":%.2f,\"busbw_GBps\":%.2f}\n",
+                        dtype.c_str(), bytes, path == 0 ? "dpml" : "nccl", p, row.us[path], algbw, row.busbw[path]);
+        }
+        std::fflush(stdout);
+        rows.push_back(row);
+      }
+    if (world.rank() == 0) {
+      std::printf("\n| dtype | size | dpml µs | NCCL µs | dpml busbw GB/s | NCCL busbw GB/s | dpml / NCCL |\n"
+                  "|---|---|---|---|---|---|---|\n");
+      for (const Row& r : rows)
+        std::printf("| %s | %.0f MiB | %.1f | %.1f | %.1f | %.1f | %.3f |\n", r.dtype.c_str(),
+                    static_cast<double>(r.bytes) / (1 << 20), r.us[0], r.us[1], r.busbw[0], r.busbw[1],
+                    r.us[1] / r.us[0]);
+    }
+    return 0;
+  });
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Starts a dpml program on one rank per GPU, with the same line everywhere:
+#
+#   scripts/launch.sh [-n RANKS] <program> [args...]
+#
+# * Inside a Slurm job (SLURM_JOB_ID set): `srun [-n RANKS] <program> ...`; the job's
+#   --ntasks-per-node should equal its GPUs per node (examples/slurm/train_gpt.sbatch). Extra srun
+#   flags: DPML_SRUN_FLAGS.
+# * Otherwise, on one host: `mpiexec -n RANKS <program> ...` (mpirun where mpiexec is missing);
+#   RANKS defaults to the number of GPUs nvidia-smi lists (1 without any). Under Open MPI it adds
+#   --allow-run-as-root when run as root and --oversubscribe when RANKS exceeds the cores. Extra
+#   flags: DPML_MPIEXEC_FLAGS.
+# Each rank picks its GPU from its node-local rank (comm::select_device), so nothing here binds
+# GPUs. NCCL_NVLS_ENABLE=0 is exported unless already set (NVLink multicast stays off).
+# DPML_LAUNCH_DRY_RUN=1 prints the command instead of running it.
+set -euo pipefail
+
+usage() {
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+  exit "${1:-0}"
+}
+
+ranks=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -n | --ranks)
+      [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || { echo "launch.sh: $1 needs a positive number of ranks" >&2; exit 2; }
+      ranks="$2"
+      shift 2
+      ;;
+    -h | --help) usage 0 ;;
+    --) shift; break ;;
+    -*) echo "launch.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+[[ $# -ge 1 ]] || { echo "launch.sh: no program given (see --help)" >&2; exit 2; }
+
+export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
+
+if [[ -n "${SLURM_JOB_ID:-}" ]]; then
+  cmd=(srun)
+  [[ -n "$ranks" ]] && cmd+=(-n "$ranks")
+  # shellcheck disable=SC2206  # user-supplied flags are split on purpose
+  cmd+=(${DPML_SRUN_FLAGS:-})
+else
+  launcher="$(command -v mpiexec || command -v mpirun || true)"
+  [[ -n "$launcher" ]] || { echo "launch.sh: neither mpiexec nor mpirun is on PATH" >&2; exit 2; }
+  if [[ -z "$ranks" ]]; then
+    ranks="$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)"
+    [[ "$ranks" -ge 1 ]] || ranks=1
+  fi
+  cmd=("$launcher" -n "$ranks")
+  if "$launcher" --version 2>&1 | grep -qiE 'open mpi|openrte'; then
+    [[ "$(id -u)" -eq 0 ]] && cmd+=(--allow-run-as-root)
+    [[ "$ranks" -gt "$(nproc)" ]] && cmd+=(--oversubscribe)
+  fi
+  # shellcheck disable=SC2206
+  cmd+=(${DPML_MPIEXEC_FLAGS:-})
+fi
+cmd+=("$@")
+
+if [[ "${DPML_LAUNCH_DRY_RUN:-0}" == 1 ]]; then
+  echo "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE ${cmd[*]}"
+  exit 0
+fi
+exec "${cmd[@]}"
