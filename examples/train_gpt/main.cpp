@@ -5,6 +5,19 @@
 //
 // Data: a text file or directory (byte-level, vocabulary 256; default: the Debian `fortunes`
 // package), or llm.c token shards (--data-path 'dir/*.bin' --vocab-size N).
+//
+// Checkpoints (train/checkpointing.hpp): --save DIR --save-interval N --keep K saves
+// asynchronously every N steps and at the end; --resume latest (or DIR/step-N) continues from
+// the newest complete checkpoint — on any layout — or starts fresh with a message when DIR has
+// none. --export FILE.safetensors writes the model with GPT-2's names at the end; --import
+// FILE.safetensors starts from such a file. --on-nonfinite skip|stop; --collective-timeout S
+// (the watchdog, comm/watchdog.hpp). examples/restart/ shows restart loops around this program.
+//
+// --inject-fault is for tests only (tests/resilience): comma-separated
+//   kill:R:S      world rank R SIGKILLs itself S seconds (a decimal) after start
+//   hang:R:N      world rank R stops calling collectives before step N (sleeps)
+//   nan:N         step N sees a NaN weight (wpe.weight[0], restored after the step)
+//   slow-save:MS  every rank sleeps MS ms after starting each save (a wider window mid-save)
 #include <dpml/comm/launch.hpp>
 #include <dpml/data/text.hpp>
 #include <dpml/data/token_shards.hpp>
@@ -16,11 +29,20 @@
 #include <dpml/parallel/strategy.hpp>
 #include <dpml/train/args.hpp>
 #include <dpml/train/gpt_trainer.hpp>
+#include <dpml/comm/watchdog.hpp>
+#include <dpml/train/checkpointing.hpp>
 #include <dpml/train/progress.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <thread>
 
 using namespace dpml;
 
@@ -41,7 +63,49 @@ struct Flags {
   double temperature = 0.8;
   int top_k = 40;
   std::string prompt = "The ";
+  std::string save, resume, export_path, import_path, loss_log, faults;
+  std::int64_t save_interval = 0, exit_interval = 0;
+  int keep = 3;
+  std::string on_nonfinite = "stop";
+  double collective_timeout = 300.0;
 };
+
+// --inject-fault: see the top of the file.
+struct Faults {
+  int kill_rank = -1;
+  double kill_after = 0.0;
+  int hang_rank = -1;
+  std::int64_t hang_step = -1, nan_step = -1, slow_save_ms = 0;
+
+  static Faults parse(const std::string& spec) {
+    Faults f;
+    std::stringstream all(spec);
+    for (std::string item; std::getline(all, item, ',');) {
+      std::stringstream one(item);
+      std::string kind, a, b;
+      std::getline(one, kind, ':');
+      std::getline(one, a, ':');
+      std::getline(one, b, ':');
+      try {
+        if (kind == "kill") f.kill_rank = std::stoi(a), f.kill_after = std::stod(b);
+        else if (kind == "hang") f.hang_rank = std::stoi(a), f.hang_step = std::stoll(b);
+        else if (kind == "nan") f.nan_step = std::stoll(a);
+        else if (kind == "slow-save") f.slow_save_ms = std::stoll(a);
+        else throw std::invalid_argument(kind);
+      } catch (const std::exception&) {
+        DPML_REQUIRE_EVERYWHERE(false, "--inject-fault: cannot parse '" << item << "'");
+      }
+    }
+    return f;
+  }
+};
+
+template <class Model>
+auto* find_parameter(Model& model, const std::string& name) {
+  for (auto* p : model.parameters())
+    if (p->name() == name) return p;
+  return static_cast<std::remove_reference_t<decltype(*model.parameters().front())>*>(nullptr);
+}
 
 bool is_token_shards(const std::string& path) {
   return path.find('*') != std::string::npos || (path.size() > 4 && path.substr(path.size() - 4) == ".bin");
@@ -79,11 +143,30 @@ int main(int argc, char** argv) {
         .flag("--sample-tokens", f.sample_tokens, "tokens to sample at the end (0: none)")
         .flag("--temperature", f.temperature, "sampling temperature")
         .flag("--top-k", f.top_k, "sample among the k most likely tokens (0: all)")
-        .flag("--prompt", f.prompt, "text the sample continues");
+        .flag("--prompt", f.prompt, "text the sample continues")
+        .flag("--save", f.save, "checkpoint directory (empty: no checkpoints)")
+        .flag("--save-interval", f.save_interval, "steps between checkpoints (0: only at the end)")
+        .flag("--exit-interval", f.exit_interval, "stop (saving a checkpoint) after a step divisible by this (0: never)")
+        .flag("--keep", f.keep, "complete checkpoints kept (0: all)")
+        .flag("--resume", f.resume, "latest (newest complete checkpoint in --save) or DIR/step-N")
+        .flag("--export", f.export_path, "write the trained model as GPT-2-style safetensors")
+        .flag("--import", f.import_path, "start from a GPT-2-style safetensors file")
+        .flag("--on-nonfinite", f.on_nonfinite, "non-finite loss or gradient: stop | skip (no update)")
+        .flag("--collective-timeout", f.collective_timeout, "seconds a collective may wait before the job is ended (0: off)")
+        .flag("--loss-log", f.loss_log, "rank 0 writes 'step loss(hex) loss' per step to this file")
+        .flag("--inject-fault", f.faults, "tests only: kill:R:S, hang:R:N, nan:N, slow-save:MS");
     if (!args.parse(argc, argv, world.rank())) return 0;
 
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
                                                                  << " must be below --train-iters " << f.iters);
+    const Faults faults = Faults::parse(f.faults);
+    const auto nonfinite = train::parse_nonfinite(f.on_nonfinite);
+    comm::watchdog::set_timeout(f.collective_timeout);
+    if (faults.kill_rank == world.rank())
+      std::thread([s = faults.kill_after] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(s));
+        std::raise(SIGKILL);
+      }).detach();
     auto grid = ProcessGrid::create(world, {.tp = f.tp, .pp = f.pp});
     const int dp_rank = grid.coord(Axis::data);
 
@@ -121,23 +204,79 @@ int main(int argc, char** argv) {
     return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
       train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, {.beta2 = 0.95, .weight_decay = f.weight_decay},
                                                         {.clip = f.clip},
-                                                        {.micro_batch = f.micro_batch, .global_batch = f.global_batch, .seed = f.seed});
+                                                        {.micro_batch = f.micro_batch, .global_batch = f.global_batch, .seed = f.seed,
+                                                         .on_nonfinite = nonfinite});
+      // Where to start: a checkpoint, a GPT-2 file, or the initialisation.
+      train::TrainPosition start;
+      std::optional<std::string> resume_dir;
+      if (!f.resume.empty()) {
+        resume_dir = train::resolve_resume(world, f.resume, f.save);
+        if (!resume_dir && world.rank() == 0) std::printf("no checkpoint in '%s': starting fresh\n", f.save.c_str());
+      }
+      if (resume_dir) {
+        start = train::load_checkpoint(trainer, *resume_dir, f.seq);
+        if (world.rank() == 0)
+          std::printf("resumed from '%s' at step %lld (epoch %lld, batch %lld)\n", resume_dir->c_str(),
+                      static_cast<long long>(start.step), static_cast<long long>(start.epoch), static_cast<long long>(start.batch));
+      } else if (!f.import_path.empty()) {
+        train::import_gpt2(trainer, f.import_path);
+        if (world.rank() == 0) std::printf("imported '%s'\n", f.import_path.c_str());
+      }
+      std::optional<train::Checkpointer<decltype(trainer)>> ckpt;
+      if (!f.save.empty()) ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .seq_len = f.seq});
+      std::ofstream loss_log;
+      if (!f.loss_log.empty() && world.rank() == 0) loss_log.open(f.loss_log, std::ios::trunc);
       train::Progress progress(f.iters, world.rank(), "tok/s");
       train::MetricsLog metrics(f.metrics, world.rank());
       const double tokens_per_step = static_cast<double>(f.global_batch * f.seq);
-      std::int64_t epoch = 0, b = 0;
+      std::int64_t epoch = start.epoch, b = start.batch;
       train_data.set_epoch(epoch);
       double val = NAN;
-      for (std::int64_t step = 1; step <= f.iters; ++step) {
+      bool finished = true;  // false: stopped by --exit-interval (no export, no sample)
+      for (std::int64_t step = start.step + 1; step <= f.iters; ++step) {
         if (b == train_data.batches_per_epoch()) train_data.set_epoch(++epoch), b = 0;
+        if (step == faults.hang_step && world.rank() == faults.hang_rank)
+          std::this_thread::sleep_for(std::chrono::hours(1));  // stops calling collectives: the watchdog reports it
         const double rate = lr(step);
+        auto* poisoned = step == faults.nan_step ? find_parameter(model, "wpe.weight") : nullptr;
+        const float kept = poisoned ? poisoned->value()[0] : 0.0f;
+        if (poisoned) poisoned->value()[0] = std::numeric_limits<float>::quiet_NaN();
         const auto r = trainer.train_step(train_data.batch(b++), rate);
+        if (poisoned) poisoned->value()[0] = kept;
+        if (loss_log.is_open()) loss_log << step << ' ' << std::hexfloat << r.loss << std::defaultfloat << ' ' << r.loss << std::endl;
+        if (ckpt) {
+          ckpt->poll();
+          if ((f.save_interval > 0 && step % f.save_interval == 0) || step == f.iters ||
+              (f.exit_interval > 0 && step % f.exit_interval == 0)) {
+            ckpt->save_async({.step = step, .epoch = epoch, .batch = b});
+            if (faults.slow_save_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_save_ms));
+          }
+        }
         if (step % f.eval_interval == 0 || step == f.iters) val = trainer.evaluate(val_data.batch(0));
         metrics.write({{"step", double(step)}, {"loss", r.loss}, {"val_loss", val}, {"lr", rate},
                        {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
                        {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait}});
         if (step % f.log_interval == 0 || step == 1 || step == f.iters)
           progress.print(step, r.loss, tokens_per_step / r.seconds, {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}});
+        if (f.exit_interval > 0 && step % f.exit_interval == 0 && step < f.iters) {
+          if (world.rank() == 0) std::printf("exiting after step %lld (--exit-interval %lld)\n", static_cast<long long>(step),
+                                             static_cast<long long>(f.exit_interval));
+          finished = false;
+          break;
+        }
+      }
+      if (ckpt) {
+        ckpt->wait();
+        if (world.rank() == 0 && ckpt->saves() > 0)
+          std::printf("checkpoints: %d saved in '%s'; training blocked %.1f ms per save (staging + commit), "
+                      "%.1f ms from save to commit\n",
+                      ckpt->saves(), f.save.c_str(), 1e3 * ckpt->blocking_seconds() / ckpt->saves(),
+                      1e3 * ckpt->total_seconds() / ckpt->saves());
+      }
+      if (!finished) return 0;
+      if (!f.export_path.empty()) {
+        train::export_gpt2(trainer, f.export_path);
+        if (world.rank() == 0) std::printf("exported '%s'\n", f.export_path.c_str());
       }
       if (world.rank() == 0)
         std::printf("final validation loss %.3f nats (%.3f bits/byte) vs unigram entropy %.3f nats\n", val,

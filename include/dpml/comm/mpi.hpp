@@ -8,9 +8,12 @@
 // Every blocking call here is a non-blocking call followed by Request::wait(), which polls
 // MPI_Test and yields the core between polls. On machines with more ranks than cores (CI runs 8
 // ranks on 2 cores) blocking MPICH collectives spin and are 50–100× slower; polling with
-// sched_yield() lets the peer ranks run (TOOLCHAIN.md).
+// sched_yield() lets the peer ranks run (TOOLCHAIN.md). The same loop is where the watchdog
+// (comm/watchdog.hpp) notices a wait that lasts past --collective-timeout: each Request knows its
+// operation, communicator and peer, for the report.
 
 #include "dpml/comm/communicator.hpp"
+#include "dpml/comm/watchdog.hpp"
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/error.hpp"
 
@@ -77,13 +80,23 @@ inline int to_int_count(std::size_t n) {
 class Request {
  public:
   Request() = default;
-  explicit Request(MPI_Request r) { reqs_.push_back(r); }
-  Request(Request&& o) noexcept : reqs_(std::move(o.reqs_)), after_(std::move(o.after_)) { o.reqs_.clear(); }
+  // `op`, `comm` and `peer` (the other rank of a send/receive in `comm`, else -1) name the
+  // operation in a watchdog report.
+  Request(MPI_Request r, const char* op, MPI_Comm comm, int peer = -1) : op_(op), comm_(comm), peer_(peer) {
+    reqs_.push_back(r);
+  }
+  Request(Request&& o) noexcept
+      : reqs_(std::move(o.reqs_)), after_(std::move(o.after_)), op_(o.op_), comm_(o.comm_), peer_(o.peer_) {
+    o.reqs_.clear();
+  }
   Request& operator=(Request&& o) noexcept {
     if (this != &o) {
       finish_noexcept();
       reqs_ = std::move(o.reqs_);
       after_ = std::move(o.after_);
+      op_ = o.op_;
+      comm_ = o.comm_;
+      peer_ = o.peer_;
       o.reqs_.clear();
     }
     return *this;
@@ -109,7 +122,11 @@ class Request {
     return true;
   }
   void wait() {
-    while (!test()) sched_yield();
+    watchdog::Timer timer;
+    while (!test()) {
+      if (timer.expired()) watchdog::expire(op_, comm_, peer_, timer.elapsed());
+      sched_yield();
+    }
   }
   bool pending() const noexcept { return !reqs_.empty() || !after_.empty(); }
 
@@ -127,6 +144,9 @@ class Request {
   }
   std::vector<MPI_Request> reqs_;
   std::vector<std::function<void()>> after_;
+  const char* op_ = "";
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int peer_ = -1;
 };
 
 class Mpi {
@@ -177,14 +197,14 @@ class Mpi {
   Request ibarrier() const {
     MPI_Request r;
     DPML_CHECK_MPI(MPI_Ibarrier(comm_, &r));
-    return Request(r);
+    return Request(r, "barrier", comm_);
   }
   template <Reducible T>
   Request iallreduce(const T* send, T* recv, std::size_t n, ReduceOp op) const {
     MPI_Request r;
     DPML_CHECK_MPI(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, detail::to_int_count(n),
                                   MpiType<T>::get(), detail::mpi_op(op), comm_, &r));
-    Request req(r);
+    Request req(r, "allreduce", comm_);
     if (op == ReduceOp::avg) req.then([recv, n, s = size_] { divide(recv, n, s); });
     return req;
   }
@@ -196,7 +216,7 @@ class Mpi {
   Request ibroadcast(T* data, std::size_t n, int root) const {
     MPI_Request r;
     DPML_CHECK_MPI(MPI_Ibcast(data, detail::to_int_count(n), MpiType<T>::get(), root, comm_, &r));
-    return Request(r);
+    return Request(r, "broadcast", comm_);
   }
   // recv holds size() blocks of `n`, rank order.
   template <class T>
@@ -205,7 +225,7 @@ class Mpi {
     const bool in_place = send == recv + n * static_cast<std::size_t>(rank_);
     DPML_CHECK_MPI(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, detail::to_int_count(n), MpiType<T>::get(), recv,
                                   detail::to_int_count(n), MpiType<T>::get(), comm_, &r));
-    return Request(r);
+    return Request(r, "allgather", comm_);
   }
   template <class T>
   Request iallgatherv(const T* send, T* recv, std::span<const int> counts) const {
@@ -216,7 +236,7 @@ class Mpi {
     auto d = std::make_shared<std::vector<int>>(std::move(displs));
     DPML_CHECK_MPI(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : send, (*c)[static_cast<std::size_t>(rank_)],
                                    MpiType<T>::get(), recv, c->data(), d->data(), MpiType<T>::get(), comm_, &r));
-    Request req(r);
+    Request req(r, "allgatherv", comm_);
     req.then([c, d] {});  // keep the count arrays alive until completion (MPI reads them late)
     return req;
   }
@@ -226,7 +246,7 @@ class Mpi {
     MPI_Request r;
     DPML_CHECK_MPI(MPI_Ireduce_scatter_block(send, recv, detail::to_int_count(n), MpiType<T>::get(),
                                              detail::mpi_op(op), comm_, &r));
-    Request req(r);
+    Request req(r, "reduce_scatter", comm_);
     if (op == ReduceOp::avg) req.then([recv, n, s = size_] { divide(recv, n, s); });
     return req;
   }
@@ -235,7 +255,7 @@ class Mpi {
     auto c = std::make_shared<std::vector<int>>(counts.begin(), counts.end());
     MPI_Request r;
     DPML_CHECK_MPI(MPI_Ireduce_scatter(send, recv, c->data(), MpiType<T>::get(), detail::mpi_op(op), comm_, &r));
-    Request req(r);
+    Request req(r, "reduce_scatterv", comm_);
     const std::size_t mine = static_cast<std::size_t>((*c)[static_cast<std::size_t>(rank_)]);
     req.then([c, recv, mine, op, s = size_] {
       if (op == ReduceOp::avg) divide(recv, mine, s);
@@ -246,13 +266,13 @@ class Mpi {
   Request isend(const T* data, std::size_t n, int dest, int tag) const {
     MPI_Request r;
     DPML_CHECK_MPI(MPI_Isend(data, detail::to_int_count(n), MpiType<T>::get(), dest, tag, comm_, &r));
-    return Request(r);
+    return Request(r, "send", comm_, dest);
   }
   template <class T>
   Request irecv(T* data, std::size_t n, int source, int tag) const {
     MPI_Request r;
     DPML_CHECK_MPI(MPI_Irecv(data, detail::to_int_count(n), MpiType<T>::get(), source, tag, comm_, &r));
-    return Request(r);
+    return Request(r, "recv", comm_, source);
   }
 
   // ---- blocking (non-blocking + wait) -------------------------------------------------------------

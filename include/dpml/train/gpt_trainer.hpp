@@ -13,11 +13,23 @@
 // gradients equal the sequential run's on the same global batch, whatever the layout.
 // The step's loss is reported on every rank (summed over the data axis, from the last stage).
 //
+// Non-finite steps (GptTrainOptions::on_nonfinite): after the data-parallel reduction and before
+// the update, one all-reduce asks whether the loss or any gradient this rank updates is NaN/inf.
+// `skip` drops the step (no update, the optimizer's step count unchanged; rank 0 prints a line
+// naming the step), `stop` raises an Error on every rank naming the step and the first
+// non-finite gradient in the model's name order (pipeline stage, then registration order:
+// wte.weight, wpe.weight, h.0.ln_1.weight, …), `ignore` updates anyway (no check).
+//
+// Checkpoints (train/checkpointing.hpp) read and restore the trainer's state through model(),
+// optimizer(), step() / set_step(). The trainer names the grid's communicators for the collective
+// watchdog (comm/watchdog.hpp) and tells it the step being run.
+//
 // generate() samples text through the same pipeline: each stage runs its blocks on the context,
 // the last stage gathers the next-token logits over the tensor axis and samples (temperature,
 // top-k, Philox), and the token is broadcast back down the pipeline.
 
 #include "dpml/comm/mpi.hpp"
+#include "dpml/comm/watchdog.hpp"
 #include "dpml/core/philox.hpp"
 #include "dpml/data/token_shards.hpp"
 #include "dpml/layers/layer.hpp"
@@ -33,23 +45,36 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace dpml::train {
 
 struct GptStepResult {
   double loss = 0.0;                 // mean per token over the global batch
-  double grad_norm = 0.0;
+  double grad_norm = 0.0;            // NaN when the step was skipped
+  bool skipped = false;              // non-finite, --on-nonfinite skip: no update
   double seconds = 0.0;
   double exposed_comm_seconds = 0.0; // waiting for data-parallel reductions after backward
   parallel::pipeline::StepTimings pipeline;  // this stage: busy per op kind, waits, total
 };
 
+// What a step with a non-finite loss or gradient does (--on-nonfinite).
+enum class NonFinite { stop, skip, ignore };
+
+inline NonFinite parse_nonfinite(const std::string& s) {
+  DPML_REQUIRE_EVERYWHERE(s == "stop" || s == "skip" || s == "ignore", "--on-nonfinite " << s << " is not one of stop, skip, ignore");
+  return s == "stop" ? NonFinite::stop : s == "skip" ? NonFinite::skip : NonFinite::ignore;
+}
+
 struct GptTrainOptions {
   std::int64_t micro_batch = 1;      // sequences per micro-batch (--micro-batch)
   std::int64_t global_batch = 1;     // sequences per step over all data ranks (--global-batch)
   std::uint64_t seed = 0;
+  NonFinite on_nonfinite = NonFinite::stop;
 };
 
 namespace detail {
@@ -135,6 +160,12 @@ class GptTrainer {
     schedule_ = parallel::pipeline::make_schedule(Schedule{}, grid.pp(), micro_batches_);
     ctx_.grid = &grid;
     ctx_.seed = options.seed;
+    for (Axis a : parallel::kAxes) {
+      comm::watchdog::name_group(grid.comm(a).native(), parallel::axis_name(a));
+      for (Axis b : parallel::kAxes)
+        if (static_cast<int>(a) < static_cast<int>(b))
+          comm::watchdog::name_group(grid.comm(a, b).native(), std::string(parallel::axis_name(a)) + "+" + parallel::axis_name(b));
+    }
     optimizer_.attach(ctx_);
     if (const auto* tied = model.tied_parameter()) optimizer_.buckets().hold(tied);
   }
@@ -150,12 +181,21 @@ class GptTrainer {
     ctx_.global_batch = options_.global_batch * batch.inputs.size(1);  // tokens of the step
     stage_.set_batch(batch.inputs.cview(), batch.targets.cview(), options_.micro_batch);
     optimizer_.begin_step(micro_batches_);
+    comm::watchdog::set_step(ctx_.step + 1);
     GptStepResult r;
     r.pipeline = parallel::pipeline::run_stage(actions(), stage_, grid_.comm(Axis::pipeline));
     model_.finish_tied_gradients();
-    const auto report = optimizer_.finish_step(lr);
-    ++ctx_.step;
+    optimizer_.buckets().finish();  // reduced gradients, checked before the update
     r.loss = step_loss(stage_.loss());
+    ++ctx_.step;
+    if (options_.on_nonfinite != NonFinite::ignore && !finite_step(r.loss)) {
+      handle_nonfinite(r.loss);  // throws with `stop`
+      r.skipped = true;
+      r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return r;
+    }
+    const auto report = optimizer_.finish_step(lr);
     r.grad_norm = report.grad_norm;
     r.exposed_comm_seconds = report.exposed_comm_seconds;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -210,6 +250,17 @@ class GptTrainer {
 
   parallel::DistributedOptimizer<Rule, T>& optimizer() noexcept { return optimizer_; }
   layers::Context<HostSpace>& context() noexcept { return ctx_; }
+  models::Gpt<T>& model() noexcept { return model_; }
+  const parallel::ProcessGrid& grid() const noexcept { return grid_; }
+  const GptTrainOptions& train_options() const noexcept { return options_; }
+  static constexpr bool zero = Strategy::zero;
+  // Steps run so far (skipped ones included); a checkpoint restores it with set_step, together
+  // with the optimizer's own count of updates.
+  std::int64_t step() const noexcept { return ctx_.step; }
+  void set_step(std::int64_t step) {
+    DPML_REQUIRE(step >= 0, "trainer step " << step << " is negative");
+    ctx_.step = step;
+  }
   const parallel::pipeline::Schedule& schedule() const noexcept { return schedule_; }
 
  private:
@@ -226,6 +277,53 @@ class GptTrainer {
                                                                 << options_.global_batch << " / dp " << grid_.dp());
     DPML_REQUIRE(batch.inputs.size(1) <= model_.config().max_seq,
                  "sequence length " << batch.inputs.size(1) << " exceeds the model's " << model_.config().max_seq);
+  }
+  static constexpr int kNoParam = std::numeric_limits<int>::max();
+  // Collective: the loss and every reduced gradient this rank updates are finite on all ranks.
+  bool finite_step(double loss) {
+    int bad = std::isfinite(loss) ? 0 : 1;
+    if (!bad) bad = first_nonfinite_local() != kNoParam;
+    return grid_.world().allreduce(bad, comm::ReduceOp::max) == 0;
+  }
+  // Index (registration order) of this rank's first parameter with a non-finite reduced
+  // gradient among the ranges it updates, or kNoParam.
+  int first_nonfinite_local() {
+    auto& buckets = optimizer_.buckets();
+    const auto& offsets = optimizer_.flat().offsets();
+    const T* shard = buckets.shard_grads().data();
+    int first = kNoParam;
+    for (const auto& s : buckets.own_segments())
+      for (std::int64_t i = 0; i < s.count; ++i)
+        if (!std::isfinite(static_cast<double>(shard[s.shard_offset + i]))) {
+          const auto at = std::upper_bound(offsets.begin(), offsets.end(), s.flat_offset + i) - offsets.begin() - 1;
+          first = std::min(first, static_cast<int>(at));
+          break;  // later elements of the segment belong to the same or later parameters
+        }
+    return first;
+  }
+  // After finite_step() returned false (collective): names the first non-finite gradient in
+  // model order, then stops (Error on every rank) or reports the skip (rank 0).
+  void handle_nonfinite(double loss) {
+    const auto& world = grid_.world();
+    const int local = first_nonfinite_local();
+    // Model order: pipeline stage first, then registration order within the stage.
+    constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+    const std::int64_t key = local == kNoParam ? none : std::int64_t{grid_.coord(Axis::pipeline)} * kNoParam + local;
+    const std::int64_t best = world.allreduce(key, comm::ReduceOp::min);
+    const int holder = world.allreduce(key == best && best != none ? world.rank() : kNoParam, comm::ReduceOp::min);
+    std::string name;
+    if (holder != kNoParam) {
+      if (world.rank() == holder) name = optimizer_.flat().params()[static_cast<std::size_t>(local)]->name();
+      std::uint64_t n = name.size();
+      world.broadcast(&n, 1, holder);
+      name.resize(n);
+      world.broadcast(name.data(), n, holder);
+    }
+    std::string what = "step " + std::to_string(ctx_.step) + ": non-finite ";
+    what += std::isfinite(loss) ? "gradient" : "loss (" + std::to_string(loss) + ")";
+    what += name.empty() ? "; every gradient is finite" : "; first non-finite gradient: '" + name + "'";
+    DPML_REQUIRE_EVERYWHERE(options_.on_nonfinite != NonFinite::stop, what << " — stopping (--on-nonfinite stop)");
+    if (world.rank() == 0) std::printf("dpml: %s — skipping the step, no update (--on-nonfinite skip)\n", what.c_str());
   }
   // Sum of the last stages' losses over the data axis, the same on every rank.
   double step_loss(double stage_loss) const {

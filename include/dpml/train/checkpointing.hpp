@@ -1,0 +1,479 @@
+#pragma once
+// Checkpoints of a GptTrainer in layout-independent form, resume on any layout, and GPT-2 export.
+//
+// A training checkpoint (checkpoint/checkpoint.hpp writes it: one directory per step, atomic,
+// asynchronous, last K kept) holds
+//   <param>                 every parameter as its *global* tensor: each rank adds its block
+//                           (layers::global_slice); replicas along the data axis and replicated
+//                           tensors are written once; the tied copy of wte.weight on the last
+//                           pipeline stage (Param::is_duplicate) is not saved; wte.weight is
+//                           saved without its padding rows: (V, C), whatever tp padded it to;
+//   <param>.exp_avg, <param>.exp_avg_sq
+//                           the update rule's state (Rule::state_names), also as global tensors
+//                           of the parameter's shape;
+//   config                  model.* (sizes: checked on load, a mismatch names the flag),
+//                           data.global_batch / data.seq_len (checked: the data position means
+//                           nothing under another batch), train.step (steps run),
+//                           train.optimizer_step (updates made: skipped steps differ),
+//                           train.epoch / train.batch (the next batch), train.seed;
+//   layout                  (tp, pp, dp, zero) of the writer — for information only.
+//
+// ZeRO-1: the optimizer state lives in segments of the flat buffer that cut across parameters.
+// Saving all-gathers each state slot over the data axis (one allgatherv per segment, every data
+// rank then holds the slot for its whole flat buffer, as without ZeRO) and saves parameter
+// blocks; loading reads this rank's parameter blocks into a flat buffer and keeps its own
+// segments. So a ZeRO checkpoint is the same file set as a plain one: either loads into the other.
+// (The cost is one flat buffer of state per slot for the duration of save_async.)
+//
+// Loading (load_checkpoint, collective): every rank opens the checkpoint and reads exactly its
+// blocks (CheckpointReader assembles them from whatever pieces were saved: resharding). Errors
+// (config mismatch, missing tensor, shape, checksum) are gathered and raised on every rank alike,
+// naming the file and tensor, so the job exits cleanly. Restored: weights, optimizer state and
+// step count, the trainer's step; returned: the data position. Same layout → the resumed run is
+// bitwise the uninterrupted one (host); another layout → equal to rounding.
+//
+// Export (export_gpt2): one safetensors file of the full model with GPT-2's names and layouts,
+// for other tools: wte.weight (V rows, no padding), wpe.weight, h.N.ln_1.weight/bias,
+// h.N.attn.c_attn.weight (C, 3C), h.N.attn.c_attn.bias (3C), h.N.attn.c_proj.weight (C, C),
+// h.N.mlp.c_fc.weight (C, 4C), h.N.mlp.c_proj.weight (4C, C), …, ln_f.weight/bias. GPT-2 stores
+// its Conv1D weights as (in, out): ours are (out, in), so every linear weight is transposed; and
+// GPT-2's c_attn columns are [q | k | v] (each head-major), while our c_attn rows are
+// (head, {q, k, v}, head_dim) so that tensor parallelism splits whole heads: rows are permuted
+// (weight and bias). The file is assembled through a temporary checkpoint (<file>.parts/, any
+// layout) that rank 0 reads whole and rewrites. import_gpt2 is the inverse: every rank reads the
+// file's tensors it needs (whole: fine at GPT-2 sizes) and keeps its block.
+//
+//   train::Checkpointer ckpt(trainer, "runs/gpt", {.keep_last = 3});
+//   ... after step s: ckpt.save_async({.step = s, .epoch = e, .batch = b});
+//   ... every step on every rank: ckpt.poll();    at exit: ckpt.wait();
+//   auto pos = train::load_checkpoint(trainer, "runs/gpt/step-200");
+
+#include "dpml/checkpoint/checkpoint.hpp"
+#include "dpml/checkpoint/json.hpp"
+#include "dpml/checkpoint/manifest.hpp"
+#include "dpml/checkpoint/safetensors.hpp"
+#include "dpml/comm/mpi.hpp"
+#include "dpml/core/error.hpp"
+#include "dpml/layers/init.hpp"
+#include "dpml/layers/parameter.hpp"
+#include "dpml/models/gpt.hpp"
+#include "dpml/parallel/grid.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace dpml::train {
+
+// Where training stands: steps run, and the next batch (epoch, index within the epoch).
+struct TrainPosition {
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  std::int64_t batch = 0;
+};
+
+namespace detail {
+
+using checkpoint::Slice;
+
+// A parameter as a block of its layout-independent global tensor (wte.weight: without padding).
+struct GlobalBlock {
+  std::vector<std::int64_t> shape;  // global
+  Slice slice;                      // this rank's block; its elements are the first of the local tensor
+};
+
+template <class T>
+GlobalBlock block_of(const layers::Param<T>& p, const parallel::ProcessGrid& grid, const models::GptConfig& cfg) {
+  const auto g = layers::global_slice(p, &grid);
+  GlobalBlock b{std::vector<std::int64_t>(g.global.begin(), g.global.end()), {}};
+  b.slice = p.sharding().is_replicated() ? checkpoint::full_slice(b.shape)
+                                         : checkpoint::slice_along(b.shape, g.dim, g.offset, p.shape()[g.dim]);
+  if (p.name() == "wte.weight") {  // rows V ≤ r < V_pad are padding: the last rows of the last shards
+    b.shape[0] = cfg.vocab;
+    b.slice[0] = {std::min(b.slice[0].begin, cfg.vocab), std::min(b.slice[0].end, cfg.vocab)};
+  }
+  return b;
+}
+
+// Raises on every rank the distinct errors that ranks caught ("" = none), naming what was done.
+inline void raise_collected(const comm::Mpi& world, const std::string& mine, const std::string& during) {
+  const auto all = checkpoint::detail::allgather_strings(world, mine);
+  std::string message;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty() && message.find(all[r]) == std::string::npos)
+      message += (message.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + all[r]);
+  if (!message.empty()) throw Error(during + " failed: " + message, Scope::everywhere);
+}
+
+// State slot k of the update rule over this rank's whole flat buffer (flat offsets).
+template <class Trainer>
+auto gather_flat_state(Trainer& t, std::size_t k) {
+  auto& dist = t.optimizer();
+  auto& opt = dist.optimizer();
+  const auto& flat = dist.flat();
+  using T = std::remove_cvref_t<decltype(*flat.values().data())>;
+  std::vector<T> out(static_cast<std::size_t>(flat.numel()));
+  if constexpr (!Trainer::zero) {
+    for (std::size_t i = 0; i < flat.params().size(); ++i) {
+      const auto s = opt.state(i, k);
+      std::copy(s.begin(), s.end(), out.begin() + flat.offsets()[i]);
+    }
+  } else {
+    const auto& segs = dist.buckets().own_segments();
+    for (std::size_t j = 0; j < segs.size(); ++j) {
+      const auto s = opt.state(j, k);
+      std::copy(s.begin(), s.end(), out.begin() + segs[j].flat_offset);
+    }
+    const auto& data = t.grid().comm(Axis::data);
+    if (data.size() > 1) {
+      // Segment j of every data rank is its part of bucket j, the parts in rank order.
+      const auto n = segs.size(), p = static_cast<std::size_t>(data.size());
+      std::vector<int> mine(n), all(n * p);
+      for (std::size_t j = 0; j < n; ++j) mine[j] = static_cast<int>(segs[j].count);
+      data.allgather(mine.data(), all.data(), n);
+      std::vector<comm::Request> reqs;
+      for (std::size_t j = 0; j < n; ++j) {
+        std::vector<int> counts(p);
+        std::int64_t before = 0;
+        for (std::size_t r = 0; r < p; ++r) {
+          counts[r] = all[r * n + j];
+          if (static_cast<int>(r) < data.rank()) before += counts[r];
+        }
+        T* bucket = out.data() + segs[j].flat_offset - before;
+        reqs.push_back(data.iallgatherv(bucket + before, bucket, counts));
+      }
+      for (auto& r : reqs) r.wait();
+    }
+  }
+  return out;
+}
+
+// The inverse: this rank keeps its ranges of a whole-flat-buffer state slot.
+template <class Trainer, class T>
+void scatter_flat_state(Trainer& t, std::size_t k, const std::vector<T>& full) {
+  auto& dist = t.optimizer();
+  auto& opt = dist.optimizer();
+  auto copy_range = [&](std::size_t range, std::int64_t flat_offset) {
+    auto s = opt.state(range, k);
+    std::copy_n(full.begin() + flat_offset, s.size(), s.begin());
+  };
+  if constexpr (!Trainer::zero) {
+    for (std::size_t i = 0; i < dist.flat().params().size(); ++i) copy_range(i, dist.flat().offsets()[i]);
+  } else {
+    const auto& segs = dist.buckets().own_segments();
+    for (std::size_t j = 0; j < segs.size(); ++j) copy_range(j, segs[j].flat_offset);
+  }
+}
+
+inline std::string state_tensor_name(const std::string& param, const char* slot) { return param + "." + slot; }
+
+// Model sizes and data settings a checkpoint must agree with: (config key, flag, value).
+struct ConfigField {
+  const char* key;
+  const char* flag;
+  std::int64_t value;
+};
+template <class Trainer>
+std::vector<ConfigField> checked_fields(Trainer& t, std::int64_t seq_len) {
+  const auto& c = t.model().config();
+  return {{"model.vocab", "--vocab-size", c.vocab},       {"model.max_seq", "--seq-length", c.max_seq},
+          {"model.layers", "--num-layers", c.layers},     {"model.heads", "--num-attention-heads", c.heads},
+          {"model.dim", "--hidden-size", c.dim},          {"data.global_batch", "--global-batch", t.train_options().global_batch},
+          {"data.seq_len", "--seq-length", seq_len}};
+}
+
+}  // namespace detail
+
+struct CheckpointerOptions {
+  int keep_last = 3;              // complete checkpoints kept (<= 0: all)
+  std::int64_t seq_len = 0;       // tokens per training sequence (recorded and checked); 0: model max_seq
+};
+
+// Saves a trainer's state asynchronously; see the top of the file. Collective over the world.
+template <class Trainer>
+class Checkpointer {
+ public:
+  Checkpointer(Trainer& trainer, std::string root, CheckpointerOptions options = {})
+      : trainer_(trainer), options_(options),
+        writer_(trainer.grid().world(), std::move(root), {.keep_last = options.keep_last}) {
+    if (options_.seq_len == 0) options_.seq_len = trainer.model().config().max_seq;
+  }
+
+  const std::string& root() const noexcept { return writer_.root(); }
+
+  // Stages everything (copies: training may go on), then writes in the background. A save still
+  // in flight is completed first.
+  void save_async(const TrainPosition& pos) {
+    const auto t0 = clock::now();
+    auto& t = trainer_;
+    auto& dist = t.optimizer();
+    const auto& flat = dist.flat();
+    const auto& params = flat.params();
+    const auto& cfg = t.model().config();
+    writer_.wait();  // the previous save commits before this one stages
+    for (std::size_t k = 0; k < dist.optimizer().state_names().size(); ++k) {
+      const auto state = detail::gather_flat_state(t, k);
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (params[i]->is_duplicate()) continue;
+        const auto b = detail::block_of(*params[i], t.grid(), cfg);
+        writer_.add(detail::state_tensor_name(params[i]->name(), dist.optimizer().state_names()[k]), b.shape, b.slice,
+                    std::span(state.data() + flat.offsets()[i], static_cast<std::size_t>(checkpoint::volume(b.slice))));
+      }
+    }
+    for (const auto* p : params) {
+      if (p->is_duplicate()) continue;
+      const auto b = detail::block_of(*p, t.grid(), cfg);
+      writer_.add(p->name(), b.shape, b.slice,
+                  std::span<const float>(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
+    }
+    checkpoint::SaveInfo info;
+    info.step = pos.step;
+    for (const auto& f : detail::checked_fields(t, options_.seq_len)) info.config.set(f.key, f.value);
+    info.config.set("train.step", pos.step);
+    info.config.set("train.optimizer_step", dist.optimizer().step_count());
+    info.config.set("train.epoch", pos.epoch);
+    info.config.set("train.batch", pos.batch);
+    info.config.set("train.seed", std::to_string(t.train_options().seed));  // u64: kept exact as text
+    const auto& g = t.grid();
+    info.layout = {.tp = g.tp(), .pp = g.pp(), .dp = g.dp(), .zero = Trainer::zero ? 1 : 0};
+    writer_.save_async(info);
+    started_ = t0;
+    blocking_seconds_ += seconds_since(t0);
+    ++saves_;
+  }
+
+  // Once per step on every rank (collective, cheap): commits the save in flight when every rank
+  // has written its file. Returns true when none is in flight.
+  bool poll() {
+    const bool was_pending = writer_.pending();
+    const auto t0 = clock::now();
+    const bool done = writer_.poll();
+    blocking_seconds_ += seconds_since(t0);
+    if (was_pending && done) total_seconds_ += seconds_since(started_);
+    return done;
+  }
+  // Completes the save in flight (collective): before exiting.
+  void wait() {
+    const bool was_pending = writer_.pending();
+    const auto t0 = clock::now();
+    writer_.wait();
+    blocking_seconds_ += seconds_since(t0);
+    if (was_pending) total_seconds_ += seconds_since(started_);
+  }
+
+  int saves() const noexcept { return saves_; }
+  // Time the training loop spent inside save_async/poll/wait (staging, planning, commits): the
+  // time an asynchronous save costs training. And the time from save_async to commit, summed.
+  double blocking_seconds() const noexcept { return blocking_seconds_; }
+  double total_seconds() const noexcept { return total_seconds_; }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  static double seconds_since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
+
+  Trainer& trainer_;
+  CheckpointerOptions options_;
+  checkpoint::CheckpointWriter writer_;
+  clock::time_point started_{};
+  int saves_ = 0;
+  double blocking_seconds_ = 0.0, total_seconds_ = 0.0;
+};
+
+// The checkpoint --resume names (collective): "latest" (or "") → the newest complete, intact one
+// under `root` (torn or corrupt ones skipped with a message), nullopt if there is none; anything
+// else is a step directory, verified whole by rank 0 first (a bad one: an Error on every rank
+// naming the file and tensor).
+inline std::optional<std::string> resolve_resume(const comm::Mpi& world, const std::string& resume, const std::string& root) {
+  if (resume.empty() || resume == "latest") {
+    DPML_REQUIRE_EVERYWHERE(!root.empty(), "--resume latest needs --save DIR (where to look)");
+    return checkpoint::find_latest_valid(world, root);
+  }
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      checkpoint::CheckpointReader(resume).verify();
+    } catch (const Error& e) {
+      error = e.message();
+    }
+  }
+  detail::raise_collected(world, error, "resuming from '" + resume + "'");
+  return resume;
+}
+
+// Restores a trainer from checkpoint directory `dir` (collective); returns the data position.
+// `seq_len`: tokens per training sequence of this run (0: the model's max_seq).
+template <class Trainer>
+TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t seq_len = 0) {
+  const auto& world = t.grid().world();
+  if (seq_len == 0) seq_len = t.model().config().max_seq;
+  TrainPosition pos;
+  std::int64_t optimizer_step = 0;
+  std::string error;
+  try {
+    const checkpoint::CheckpointReader reader(dir);
+    const auto& config = reader.manifest().config;
+    const std::string manifest = (std::filesystem::path(dir) / checkpoint::kManifestFile).string();
+    auto get = [&](const char* key) -> std::int64_t {
+      const checkpoint::Json* v = config.find(key);
+      DPML_REQUIRE(v != nullptr && v->is_int(), "checkpoint manifest '" << manifest << "' has no integer config \"" << key << "\"");
+      return v->as_int();
+    };
+    for (const auto& f : detail::checked_fields(t, seq_len)) {
+      const std::int64_t saved = get(f.key);
+      DPML_REQUIRE(saved == f.value, "checkpoint '" << dir << "' was saved with " << f.flag << " " << saved << " (\"" << f.key
+                                                    << "\"), this run has " << f.flag << " " << f.value);
+    }
+    pos = {get("train.step"), get("train.epoch"), get("train.batch")};
+    optimizer_step = get("train.optimizer_step");
+
+    auto& dist = t.optimizer();
+    const auto& flat = dist.flat();
+    const auto& params = flat.params();
+    const auto& cfg = t.model().config();
+    for (auto* p : params) {  // duplicates too: the tied copy reads wte.weight
+      const auto b = detail::block_of(*p, t.grid(), cfg);
+      reader.read(p->name(), b.shape, b.slice,
+                  std::span(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
+    }
+    for (std::size_t k = 0; k < dist.optimizer().state_names().size(); ++k) {
+      using T = std::remove_cvref_t<decltype(*flat.values().data())>;
+      std::vector<T> state(static_cast<std::size_t>(flat.numel()), T(0));  // padding rows: no state
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const auto b = detail::block_of(*params[i], t.grid(), cfg);
+        reader.read(detail::state_tensor_name(params[i]->name(), dist.optimizer().state_names()[k]), b.shape, b.slice,
+                    std::span(state.data() + flat.offsets()[i], static_cast<std::size_t>(checkpoint::volume(b.slice))));
+      }
+      detail::scatter_flat_state(t, k, state);
+    }
+  } catch (const Error& e) {
+    error = e.message();
+  }
+  detail::raise_collected(world, error, "loading checkpoint '" + dir + "'");
+  t.optimizer().optimizer().set_step_count(optimizer_step);
+  t.set_step(pos.step);
+  return pos;
+}
+
+// ---- GPT-2 export / import -----------------------------------------------------------------------
+
+namespace detail {
+
+// GPT-2's layout of our global tensors; see the top of the file.
+inline bool is_linear_weight(const std::string& name, std::size_t rank) {
+  return rank == 2 && name != "wte.weight" && name != "wpe.weight";
+}
+inline bool is_c_attn(const std::string& name) {
+  return name.ends_with(".attn.c_attn.weight") || name.ends_with(".attn.c_attn.bias");
+}
+// GPT-2's shape of our tensor `name` of global shape `ours`: linear weights (out, in) → (in, out).
+inline std::vector<std::int64_t> gpt2_shape(const std::string& name, const std::vector<std::int64_t>& ours) {
+  if (is_linear_weight(name, ours.size())) return {ours[1], ours[0]};
+  return ours;
+}
+// c_attn: our output row r = (head, s, d) is GPT-2's output column (s, head, d), s ∈ {q, k, v}.
+inline std::int64_t gpt2_column(std::int64_t r, std::int64_t rows, std::int64_t heads) {
+  const std::int64_t D = rows / 3 / heads, h = r / (3 * D), s = r / D % 3, d = r % D;
+  return s * heads * D + h * D + d;
+}
+// Our global tensor (shape `ours`) ↔ GPT-2's: to_file = true maps ours → file, else file → ours.
+template <class T>
+std::vector<T> gpt2_convert(const std::string& name, const std::vector<std::int64_t>& ours, std::span<const T> in,
+                            std::int64_t heads, bool to_file) {
+  std::vector<T> out(in.begin(), in.end());
+  const std::int64_t rows = ours[0], cols = ours.size() == 2 ? ours[1] : 1;
+  const bool permute = is_c_attn(name), transpose = is_linear_weight(name, ours.size());
+  if (!permute && !transpose) return out;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t g = permute ? gpt2_column(r, rows, heads) : r;  // our row r is GPT-2's column/row g
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const auto here = static_cast<std::size_t>(r * cols + c);
+      const auto there = static_cast<std::size_t>(transpose ? c * rows + g : g * cols + c);
+      if (to_file) out[there] = in[here];
+      else out[here] = in[there];
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+// Writes the trainer's model as one GPT-2-style safetensors file (collective; rank 0 writes).
+template <class Trainer>
+void export_gpt2(Trainer& t, const std::string& path) {
+  namespace fs = std::filesystem;
+  const auto& world = t.grid().world();
+  const std::string parts = path + ".parts";
+  const auto& cfg = t.model().config();
+  {
+    checkpoint::CheckpointWriter writer(world, parts, {.keep_last = 1});
+    for (const auto* p : t.optimizer().flat().params()) {
+      if (p->is_duplicate()) continue;
+      const auto b = detail::block_of(*p, t.grid(), cfg);
+      writer.add(p->name(), b.shape, b.slice,
+                 std::span<const float>(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
+    }
+    writer.save({.step = 0, .config = checkpoint::Json::object(), .layout = {}});
+  }
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      const checkpoint::CheckpointReader reader((fs::path(parts) / checkpoint::step_dir_name(0)).string());
+      checkpoint::SafetensorsWriter file;
+      file.set_metadata("format", "pt");
+      file.set_metadata("producer", "dpml export_gpt2");
+      for (const auto& rec : reader.manifest().tensors) {
+        const auto values = reader.read_full<float>(rec.name, rec.shape);
+        const auto out = detail::gpt2_convert<float>(rec.name, rec.shape, values, cfg.heads, /*to_file=*/true);
+        file.add<float>(rec.name, detail::gpt2_shape(rec.name, rec.shape), std::span<const float>(out));
+      }
+      const std::string tmp = path + ".tmp";
+      file.write(tmp);
+      fs::rename(tmp, path);
+      fs::remove_all(parts);
+    } catch (const std::exception& e) {
+      error = std::string("exporting '") + path + "': " + e.what();
+    }
+  }
+  detail::raise_collected(world, error, "export");
+}
+
+// Sets the trainer's model from a GPT-2-style safetensors file (collective). Every parameter must
+// be there with GPT-2's shape for this model; extra entries (GPT-2's attention masks) are ignored.
+template <class Trainer>
+void import_gpt2(Trainer& t, const std::string& path) {
+  const auto& cfg = t.model().config();
+  std::string error;
+  try {
+    const checkpoint::SafetensorsFile file(path);
+    for (auto* p : t.optimizer().flat().params()) {
+      const auto b = detail::block_of(*p, t.grid(), cfg);
+      const auto file_shape = detail::gpt2_shape(p->name(), b.shape);
+      const checkpoint::SafetensorsEntry* e = file.find(p->name());
+      DPML_REQUIRE(e != nullptr, "'" << path << "' has no tensor '" << p->name() << "'");
+      DPML_REQUIRE(e->shape == file_shape, "tensor '" << p->name() << "' in '" << path << "' has shape "
+                                                      << checkpoint::shape_string(e->shape) << ", this model needs "
+                                                      << checkpoint::shape_string(file_shape));
+      const auto values = file.read<float>(p->name());
+      const auto ours = detail::gpt2_convert<float>(p->name(), b.shape, values, cfg.heads, /*to_file=*/false);
+      // This rank's block of the (now ours-layout) global tensor: at most 2-D, split along one dim.
+      const auto& s = b.slice;
+      const std::int64_t cols = b.shape.size() == 2 ? b.shape[1] : 1;
+      const std::int64_t c0 = b.shape.size() == 2 ? s[1].begin : 0, c1 = b.shape.size() == 2 ? s[1].end : 1;
+      float* dst = p->value().data();
+      for (std::int64_t r = s[0].begin; r < s[0].end; ++r)
+        for (std::int64_t c = c0; c < c1; ++c) *dst++ = ours[static_cast<std::size_t>(r * cols + c)];
+    }
+  } catch (const Error& e) {
+    error = e.message();
+  }
+  detail::raise_collected(t.grid().world(), error, "importing '" + path + "'");
+}
+
+}  // namespace dpml::train
