@@ -1,0 +1,261 @@
+// gpt_train: GPT-2 training throughput on one GPU (models/cuda/gpt.hpp), bf16 with fp32 master
+// weights, AdamW (β = 0.9, 0.95, weight decay 0.1), global-norm clipping at 1.0 — the setup of
+// bench/reference/torch_gpt.py, so the two print comparable JSON lines.
+//
+//   tokens/s   B·T · timed steps / wall time of the timed steps (each step ends with the loss
+//              copied to the host, as a training loop that prints it does)
+//   MFU        (6·N + 12·L·T·d) FLOPs per token × tokens/s / peak, N the unpadded parameter count;
+//              peak = a bf16 8192³ cuBLASLt GEMM measured in the same run
+//   memory     device memory this process took (cudaMemGetInfo before the model and after the run)
+//   families   one extra step with CUDA events around each kernel family (a little slower than
+//              the timed steps: the events serialise nothing but cost launches)
+#include <dpml/core/bf16.hpp>
+#include <dpml/core/cuda_error.hpp>
+#include <dpml/core/cuda_space.hpp>
+#include <dpml/data/token_shards.hpp>
+#include <dpml/kernels/cuda/gemm/dispatch.hpp>
+#include <dpml/models/cuda/gpt.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace dpml;
+namespace kc = dpml::kernels::cuda;
+
+namespace {
+
+struct Options {
+  models::cuda::GptCudaConfig model;
+  std::int64_t batch = 16, seq = 1024;
+  int warmup = 5, steps = 20;
+  double lr = 6e-4;
+  std::string data;  // llm.c token shards (file or glob); empty: random tokens
+};
+
+void usage(const char* argv0) {
+  std::printf(
+      "usage: %s [options]\n"
+      "  --batch B        sequences per step (16)\n"
+      "  --seq T          tokens per sequence (1024)\n"
+      "  --layers L --heads H --dim C --vocab V   model (GPT-2 124M: 12 12 768 50257; V padded to 128)\n"
+      "  --warmup N       untimed steps first (5)\n"
+      "  --steps N        timed steps (20)\n"
+      "  --lr X           peak learning rate, linear warm-up over the warm-up steps (6e-4)\n"
+      "  --data PATTERN   llm.c token shards (uint16 .bin, glob allowed); default: random tokens\n"
+      "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
+      argv0);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      usage(argv[0]);
+      std::exit(0);
+    }
+    DPML_REQUIRE(i + 1 < argc, "gpt_train: option " << a << " needs a value (see --help)");
+    const char* v = argv[++i];
+    if (a == "--batch") o.batch = std::atoll(v);
+    else if (a == "--seq") o.seq = std::atoll(v);
+    else if (a == "--layers") o.model.layers = std::atoll(v);
+    else if (a == "--heads") o.model.heads = std::atoll(v);
+    else if (a == "--dim") o.model.dim = std::atoll(v);
+    else if (a == "--vocab") o.model.vocab = std::atoll(v);
+    else if (a == "--warmup") o.warmup = std::atoi(v);
+    else if (a == "--steps") o.steps = std::atoi(v);
+    else if (a == "--lr") o.lr = std::atof(v);
+    else if (a == "--data") o.data = v;
+    else DPML_REQUIRE(false, "gpt_train: unknown option " << a << " (see --help)");
+  }
+  DPML_REQUIRE(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.warmup >= 0,
+               "gpt_train: --batch, --seq, --steps must be positive and --warmup non-negative");
+  o.model.max_seq = std::max(o.model.max_seq, o.seq);
+  return o;
+}
+
+// bf16 GEMM peak: TFLOP/s of a square cuBLASLt GEMM of side n.
+double measure_peak_tflops(std::int64_t n) {
+  bf16 *a = nullptr, *c = nullptr;
+  DPML_CHECK_CUDA(cudaMalloc(&a, n * n * sizeof(bf16)));
+  DPML_CHECK_CUDA(cudaMalloc(&c, n * n * sizeof(bf16)));
+  DPML_CHECK_CUDA(cudaMemset(a, 0x3c, n * n * sizeof(bf16)));  // 0x3c3c ≈ 0.0115: finite operands
+  double tflops = 0;
+  {
+    kc::GemmContext ctx;
+    const kc::GemmArgs<bf16> g{.ta = kc::Trans::no, .tb = kc::Trans::yes, .M = n, .N = n, .K = n, .A = a, .lda = n,
+                               .B = a, .ldb = n, .C = c, .ldc = n};
+    for (int i = 0; i < 3; ++i) kc::CublasLt::run<kc::epilogue::None>(ctx, g, nullptr);
+    cudaEvent_t e0, e1;
+    DPML_CHECK_CUDA(cudaEventCreate(&e0));
+    DPML_CHECK_CUDA(cudaEventCreate(&e1));
+    constexpr int kIters = 20;
+    DPML_CHECK_CUDA(cudaEventRecord(e0));
+    for (int i = 0; i < kIters; ++i) kc::CublasLt::run<kc::epilogue::None>(ctx, g, nullptr);
+    DPML_CHECK_CUDA(cudaEventRecord(e1));
+    DPML_CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    tflops = 2.0 * n * n * n * kIters / (ms * 1e-3) / 1e12;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  cudaFree(a);
+  cudaFree(c);
+  return tflops;
+}
+
+// Inputs and targets of one step, (B, T) each, from a token stream or random.
+class Batches {
+ public:
+  Batches(const Options& o) : n_(o.batch * o.seq), vocab_(o.model.vocab) {
+    if (!o.data.empty()) {
+      const auto t = data::read_token_shards({o.data});
+      DPML_REQUIRE(static_cast<std::int64_t>(t.size()) > n_ + 1,
+                   "gpt_train: --data " << o.data << " holds " << t.size() << " tokens, fewer than one batch (" << n_ + 1 << ")");
+      stream_.assign(t.begin(), t.end());
+    }
+    DPML_CHECK_CUDA(cudaMallocHost(&host_, 2 * n_ * sizeof(std::int32_t)));
+    DPML_CHECK_CUDA(cudaMalloc(&device_, 2 * n_ * sizeof(std::int32_t)));
+  }
+  ~Batches() {
+    cudaFreeHost(host_);
+    cudaFree(device_);
+  }
+  // Uploads step s's batch on `stream`.
+  void load(std::int64_t s, cudaStream_t stream) {
+    DPML_CHECK_CUDA(cudaStreamSynchronize(stream));  // the host buffer is free again
+    if (stream_.empty()) {
+      std::uint64_t x = 0x243F6A8885A308D3ull ^ static_cast<std::uint64_t>(s);
+      for (std::int64_t i = 0; i < 2 * n_; ++i) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        host_[i] = static_cast<std::int32_t>(x % static_cast<std::uint64_t>(vocab_));
+      }
+    } else {
+      const std::int64_t windows = (static_cast<std::int64_t>(stream_.size()) - 1) / n_;
+      const std::int64_t base = (s % windows) * n_;
+      for (std::int64_t i = 0; i < n_; ++i) {
+        host_[i] = stream_[base + i];
+        host_[n_ + i] = stream_[base + i + 1];
+        DPML_REQUIRE(host_[i] < vocab_ && host_[n_ + i] < vocab_, "gpt_train: --data has token " << std::max(host_[i], host_[n_ + i])
+                                                                                                  << " outside --vocab " << vocab_);
+      }
+    }
+    DPML_CHECK_CUDA(cudaMemcpyAsync(device_, host_, 2 * n_ * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+  }
+  const std::int32_t* inputs() const { return device_; }
+  const std::int32_t* targets() const { return device_ + n_; }
+
+ private:
+  std::int64_t n_, vocab_;
+  std::vector<std::int32_t> stream_;
+  std::int32_t* host_ = nullptr;
+  std::int32_t* device_ = nullptr;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    DPML_REQUIRE(cuda_device_count() > 0, "gpt_train: no CUDA device");
+    cudaDeviceProp prop{};
+    DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    const double peak = measure_peak_tflops(8192);
+
+    std::size_t free0 = 0, total = 0, free1 = 0;
+    DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
+    models::cuda::Gpt model(o.model, o.batch, o.seq);
+    model.init_random(1337);
+    Batches batches(o);
+    const optim::AdamWOptions adam{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    const cudaStream_t s = model.stream();
+    std::int64_t step = 0;
+    std::vector<double> losses;
+    auto train_step = [&] {
+      ++step;
+      batches.load(step, s);
+      model.forward_backward(batches.inputs(), batches.targets());
+      const double lr = o.lr * std::min(1.0, static_cast<double>(step) / std::max(1, o.warmup));
+      model.update(lr, step, adam, 1.0);
+      losses.push_back(model.loss());  // synchronises: the step is done
+    };
+    for (int i = 0; i < o.warmup; ++i) train_step();
+    cudaEvent_t t0, t1;
+    DPML_CHECK_CUDA(cudaEventCreate(&t0));
+    DPML_CHECK_CUDA(cudaEventCreate(&t1));
+    DPML_CHECK_CUDA(cudaEventRecord(t0, s));
+    for (int i = 0; i < o.steps; ++i) train_step();
+    DPML_CHECK_CUDA(cudaEventRecord(t1, s));
+    DPML_CHECK_CUDA(cudaEventSynchronize(t1));
+    float ms_total = 0;
+    DPML_CHECK_CUDA(cudaEventElapsedTime(&ms_total, t0, t1));
+
+    models::cuda::Profiler prof;
+    model.set_profiler(&prof);
+    train_step();
+    const auto family_ms = prof.collect();
+    model.set_profiler(nullptr);
+    DPML_CHECK_CUDA(cudaDeviceSynchronize());
+    DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
+
+    const double ms_step = ms_total / o.steps;
+    const double tokens = static_cast<double>(o.batch * o.seq);
+    const double tok_s = tokens / (ms_step * 1e-3);
+    const double n_params = static_cast<double>(model.real_parameter_count());
+    const double flops_per_token = 6.0 * n_params + 12.0 * o.model.layers * o.seq * o.model.dim;
+    const double model_tflops = flops_per_token * tok_s / 1e12;
+    const double mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
+    bool finite = true;
+    for (double l : losses) finite = finite && std::isfinite(l);
+
+    std::printf("{\"bench\":\"gpt_train\",\"impl\":\"dpml\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
+                "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
+                "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
+                "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s}\n",
+                prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
+                static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
+                static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab), n_params, o.steps, o.warmup,
+                ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib,
+                static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
+                finite ? "true" : "false");
+    double family_total = 0;
+    for (double m : family_ms) family_total += m;
+    for (std::size_t f = 0; f < family_ms.size(); ++f)
+      std::printf("{\"bench\":\"gpt_train_family\",\"impl\":\"dpml\",\"family\":\"%.*s\",\"ms\":%.3f,\"share\":%.4f}\n",
+                  static_cast<int>(models::cuda::kFamilyNames[f].size()), models::cuda::kFamilyNames[f].data(),
+                  family_ms[f], family_total > 0 ? family_ms[f] / family_total : 0.0);
+
+    std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld T=%lld on %s, bf16 + fp32 master, AdamW, clip 1.0\n",
+                static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
+                static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
+                static_cast<long long>(o.batch), static_cast<long long>(o.seq), prop.name);
+    std::printf("| tokens/s | ms/step | MFU (vs %.0f TFLOP/s measured) | memory GiB | loss first → last |\n|---|---|---|---|---|\n",
+                peak);
+    std::printf("| %.0f | %.2f | %.1f%% | %.2f | %.3f → %.3f |\n\n", tok_s, ms_step, 100 * model_tflops / peak, mem_gib,
+                losses.front(), losses.back());
+    std::printf("| kernel family | ms (one profiled step) | share |\n|---|---|---|\n");
+    for (std::size_t f = 0; f < family_ms.size(); ++f)
+      std::printf("| %.*s | %.2f | %.1f%% |\n", static_cast<int>(models::cuda::kFamilyNames[f].size()),
+                  models::cuda::kFamilyNames[f].data(), family_ms[f],
+                  family_total > 0 ? 100 * family_ms[f] / family_total : 0.0);
+    if (!finite) {
+      std::fprintf(stderr, "gpt_train: a loss was not finite\n");
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_train: %s\n", e.what());
+    return 1;
+  }
+}
