@@ -39,7 +39,7 @@ const std::size_t kSizes[] = {1, 7, 1000003};
 
 // One communicator (and GPU) per process, shared by the tests; exits 77 where this node has fewer
 // GPUs than ranks (every rank of the node decides alike). It enqueues on the legacy default
-// stream, so the tests' cudaMemcpy/cudaMemset (DeviceVec) are ordered before the collectives.
+// stream (0), so the tests' cudaMemcpy/cudaMemset (DeviceVec) are ordered before the collectives.
 // Never destroyed: a static's destructor would run after the CUDA runtime has shut down.
 const comm::Nccl& nccl() {
   static const comm::Nccl* c = [] {
@@ -52,7 +52,7 @@ const comm::Nccl& nccl() {
       std::exit(77);
     }
     comm::select_device(w);
-    return new comm::Nccl(comm::Nccl::from(w, cudaStreamLegacy));
+    return new comm::Nccl(comm::Nccl::from(w, nullptr));
   }();
   return *c;
 }
@@ -290,4 +290,32 @@ TEST_CASE("a GPU index that does not exist is refused with its number", "[nccl]"
   int current = -1;
   DPML_CHECK_CUDA(cudaGetDevice(&current));
   CHECK(current == comm::node_local_rank(test::world()).rank);  // unchanged by the refusal
+}
+
+// A peer that never joins a collective: the waiting rank gets the timeout message, not a hang.
+// Hidden ([.]): CTest runs it as a program of its own (test_nccl_lost_peer_np2), since it leaves
+// a kernel to be cancelled by ncclCommAbort.
+TEST_CASE("a peer that skips a collective gives a timeout message", "[.][lost-peer]") {
+  nccl();  // device chosen
+  const auto w = test::world();
+  auto lost = comm::Nccl::from(w);
+  lost.set_timeout(2.0);
+  DeviceVec<float> buf(1000);
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  // Once together, so that NCCL's connections for this call exist (it makes them lazily, on the
+  // host, at the first call, and would wait there for the absent peer instead).
+  lost.iallreduce(buf.ptr, 1000, ReduceOp::sum).wait();
+  std::string msg = "(rank 1 posts nothing)";
+  if (w.rank() == 0) {
+    auto req = lost.iallreduce(buf.ptr, 1000, ReduceOp::sum);
+    msg = test::error_of([&] { req.wait(); });
+  }
+  w.barrier();
+  lost.abort();  // rank 0: cancels the stuck all-reduce; rank 1: nothing in flight
+  CAPTURE(msg);
+  if (w.rank() == 0) {
+    CHECK(msg.find("did not complete within 2") != std::string::npos);
+    CHECK(msg.find("rank 0 of " + std::to_string(w.size())) != std::string::npos);
+  }
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());  // the cancelled kernel has ended
 }

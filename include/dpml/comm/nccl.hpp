@@ -34,6 +34,7 @@
 #include <exception>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -146,6 +147,7 @@ class NcclRequest {
       throw Error(state_->who() + ": operation failed on the device: " + cudaGetErrorName(rc) + " (" +
                   cudaGetErrorString(rc) + ")");
     }
+    DPML_REQUIRE(state_->comm, state_->who() << ": waiting on an aborted communicator");
     ncclResult_t async = ncclSuccess;
     DPML_CHECK_NCCL(ncclCommGetAsyncError(state_->comm, &async));
     if (async != ncclSuccess && async != ncclInProgress) {
@@ -164,9 +166,10 @@ class NcclRequest {
       if (waited.count() > state_->timeout_s) {
         state_->broken = true;
         release();
-        throw Error(state_->who() + ": operation did not complete within " + std::to_string(state_->timeout_s) +
-                    " s (DPML_NCCL_TIMEOUT_S): a peer rank has probably died, hung, or not called the same "
-                    "collective");
+        std::ostringstream os;
+        os << state_->who() << ": operation did not complete within " << state_->timeout_s
+           << " s (DPML_NCCL_TIMEOUT_S): a peer rank has probably died, hung, or not called the same collective";
+        throw Error(os.str());
       }
       sched_yield();
     }
@@ -227,6 +230,17 @@ class Nccl {
   int size() const noexcept { return state_->size; }
   cudaStream_t stream() const noexcept { return state_->stream; }
   ncclComm_t native() const noexcept { return state_->comm; }
+
+  // Seconds a Request waits before reporting its peers lost (default DPML_NCCL_TIMEOUT_S or 300).
+  void set_timeout(double seconds) {
+    DPML_REQUIRE(seconds > 0, "NCCL timeout must be positive, got " << seconds);
+    state_->timeout_s = seconds;
+  }
+  // Ends the communicator now (ncclCommAbort), cancelling what it has in flight: for a rank that
+  // knows its peers are lost. Later calls on it fail.
+  void abort() noexcept {
+    if (state_ && state_->comm) ncclCommAbort(std::exchange(state_->comm, nullptr));
+  }
 
   [[nodiscard]] Group group() const { return Group(); }
   // A request for everything enqueued so far.
