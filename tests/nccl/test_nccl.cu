@@ -1,7 +1,8 @@
 // comm::Nccl on one GPU per rank: every collective element by element (float, int32 exactly; bf16
 // sums within bf16 tolerance), at odd sizes, in and out of place; batched sends and receives; a
-// ring; the refusal of a GPU index that does not exist. Run with as many ranks as GPUs (2 in
-// CTest); where a node has fewer GPUs than ranks the program exits 77 (skipped).
+// ring; the refusal of a GPU index that does not exist; and (hidden, its own CTest entry) the
+// timeout message when a peer skips a collective. Run with as many ranks as GPUs (2 in CTest);
+// where a node has fewer GPUs than ranks the program exits 77 (skipped).
 #include "../cuda/device.hpp"
 
 #include <dpml/comm/local_rank.hpp>
@@ -20,8 +21,6 @@ using comm::ReduceOp;
 using test::DeviceVec;
 
 namespace {
-// The value rank r contributes at index i: distinct per (r, i), exact in float and int32, and
-// (for i % 997 < 40) in bf16 as well.
 template <class T>
 double dbl(T v) {
   if constexpr (std::is_same_v<T, bf16>)
@@ -29,6 +28,8 @@ double dbl(T v) {
   else
     return static_cast<double>(v);
 }
+// The value rank r contributes at index i: distinct per (r, i), exact in float and int32; in bf16
+// the host rounds it as the device holds it, so moved values compare exactly.
 template <class T>
 T value(int r, std::size_t i) {
   return T(static_cast<float>((static_cast<long long>(i) % 997) * 3 + r * 7 + 1));
@@ -36,6 +37,7 @@ T value(int r, std::size_t i) {
 double dvalue(int r, std::size_t i) { return dbl(value<float>(r, i)); }
 
 const std::size_t kSizes[] = {1, 7, 1000003};
+int chosen_device = -1;  // by comm::select_device, in nccl()
 
 // One communicator (and GPU) per process, shared by the tests; exits 77 where this node has fewer
 // GPUs than ranks (every rank of the node decides alike). It enqueues on the legacy default
@@ -51,7 +53,7 @@ const comm::Nccl& nccl() {
       MPI_Finalize();
       std::exit(77);
     }
-    comm::select_device(w);
+    chosen_device = comm::select_device(w);
     return new comm::Nccl(comm::Nccl::from(w, nullptr));
   }();
   return *c;
@@ -289,7 +291,7 @@ TEST_CASE("a GPU index that does not exist is refused with its number", "[nccl]"
   CHECK(msg.find("sees " + std::to_string(count) + " device") != std::string::npos);
   int current = -1;
   DPML_CHECK_CUDA(cudaGetDevice(&current));
-  CHECK(current == comm::node_local_rank(test::world()).rank);  // unchanged by the refusal
+  CHECK(current == chosen_device);  // unchanged by the refusal
 }
 
 // A peer that never joins a collective: the waiting rank gets the timeout message, not a hang.

@@ -1,8 +1,11 @@
 #pragma once
 // Which GPU a rank uses: its rank among the ranks of its node (MPI_Comm_split_type SHARED), the
-// same under mpirun on one host and srun on a cluster. select_device() (CUDA builds) makes device
-// `local rank` current. A node with fewer usable GPUs than ranks is refused on every rank at once,
-// with one message naming the node, instead of two ranks sharing a GPU (NCCL then fails or hangs).
+// same under mpirun on one host and srun on a cluster. select_device() (CUDA builds) makes
+// visible device `local rank % visible devices` current: device `local rank` where every rank
+// sees all of the node's GPUs, device 0 where Slurm gives each task a GPU of its own
+// (--gpus-per-task=1). The ranks of a node then compare the UUIDs of their picks: if two would
+// share a GPU (more ranks than GPUs), or one has none, every rank stops at once with one message
+// naming the node, instead of NCCL failing or hanging later.
 //
 //   dpml::run(argc, argv, [](const comm::Mpi& world) {
 //     comm::select_device(world);                 // before any CUDA allocation
@@ -19,9 +22,13 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace dpml::comm {
 
@@ -31,14 +38,32 @@ struct NodeRank {
   int size = 1;
 };
 
+namespace detail {
+// The processes of this node, in world order, as a communicator freed with the object.
+class NodeComm {
+ public:
+  explicit NodeComm(const Mpi& world) {
+    DPML_CHECK_MPI(MPI_Comm_split_type(world.native(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &comm_));
+  }
+  NodeComm(const NodeComm&) = delete;
+  NodeComm& operator=(const NodeComm&) = delete;
+  ~NodeComm() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  Mpi view() const { return Mpi(comm_); }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+}  // namespace detail
+
 // Collective over `world`.
 inline NodeRank node_local_rank(const Mpi& world) {
-  MPI_Comm node = MPI_COMM_NULL;
-  DPML_CHECK_MPI(MPI_Comm_split_type(world.native(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node));
-  const Mpi local(node);
-  const NodeRank out{local.rank(), local.size()};
-  MPI_Comm_free(&node);
-  return out;
+  const detail::NodeComm node(world);
+  const Mpi local = node.view();
+  return {local.rank(), local.size()};
 }
 
 #ifdef DPML_WITH_CUDA
@@ -54,28 +79,45 @@ inline void set_device(int index) {
   DPML_CHECK_CUDA(cudaSetDevice(index));
 }
 
-// Every rank takes the GPU of its node-local rank and returns its index. Collective over `world`:
-// where any node has fewer GPUs than ranks, every rank throws the same Error (Scope::everywhere)
-// naming the first such rank's node.
+// Every rank takes visible device `local rank % visible devices` and returns its index.
+// Collective over `world`: where the ranks of any node would not each have a GPU of their own,
+// every rank throws the same Error (Scope::everywhere) naming the first such rank's node.
 inline int select_device(const Mpi& world) {
-  const NodeRank local = node_local_rank(world);
+  const detail::NodeComm node_comm(world);
+  const Mpi node = node_comm.view();
   const int count = cuda_device_count();
-  const int first_bad = world.allreduce(local.size > count ? world.rank() : INT_MAX, ReduceOp::min);
+  const int pick = count > 0 ? node.rank() % count : -1;
+  std::array<char, 16> uuid{};  // all zero: no GPU
+  if (pick >= 0) {
+    cudaDeviceProp prop{};
+    DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, pick));
+    std::memcpy(uuid.data(), prop.uuid.bytes, uuid.size());
+  }
+  std::vector<char> uuids(uuid.size() * static_cast<std::size_t>(node.size()));  // (node ranks, 16)
+  node.allgather(uuid.data(), uuids.data(), uuid.size());
+  std::set<std::string> distinct;
+  for (int r = 0; r < node.size(); ++r) {
+    const std::string u(uuids.data() + static_cast<std::size_t>(r) * uuid.size(), uuid.size());
+    if (u != std::string(uuid.size(), '\0')) distinct.insert(u);
+  }
+  const bool own_gpu = pick >= 0 && static_cast<int>(distinct.size()) == node.size();
+  const int first_bad = world.allreduce(own_gpu ? INT_MAX : world.rank(), ReduceOp::min);
   if (first_bad != INT_MAX) {
     struct Report {
-      int ranks, devices;
+      int ranks, distinct, visible;
       char host[MPI_MAX_PROCESSOR_NAME];
-    } report{local.size, count, {}};
+    } report{node.size(), static_cast<int>(distinct.size()), count, {}};
     int len = 0;
     DPML_CHECK_MPI(MPI_Get_processor_name(report.host, &len));
     world.broadcast(reinterpret_cast<char*>(&report), sizeof report, first_bad);
     DPML_REQUIRE_EVERYWHERE(false, "node " << report.host << " runs " << report.ranks << " ranks but has "
-                                           << report.devices << " usable CUDA device(s) (seen by world rank " << first_bad
-                                           << "): start at most one rank per GPU (mpirun -n <GPUs>, or Slurm "
+                                           << report.distinct << " usable CUDA device(s) for them (world rank "
+                                           << first_bad << " sees " << report.visible
+                                           << "): start one rank per GPU (mpirun -n <GPUs>, or Slurm "
                                               "--ntasks-per-node equal to --gpus-per-node)");
   }
-  set_device(local.rank);
-  return local.rank;
+  set_device(pick);
+  return pick;
 }
 #endif
 
