@@ -11,12 +11,13 @@
 #   --allow-run-as-root when run as root and --oversubscribe when RANKS exceeds the cores. Extra
 #   flags: DPML_MPIEXEC_FLAGS.
 # Each rank picks its GPU from its node-local rank (comm::select_device), so nothing here binds
-# GPUs (Slurm's --gpus-per-task=1 binding works too). NCCL_NVLS_ENABLE=0 is exported unless already set (NVLink multicast stays off).
+# GPUs (Slurm's --gpus-per-task=1 binding works too). NCCL_NVLS_ENABLE=0 is exported unless
+# already set (NVLink multicast stays off).
 # DPML_LAUNCH_DRY_RUN=1 prints the command instead of running it.
 set -euo pipefail
 
 usage() {
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
   exit "${1:-0}"
 }
 
