@@ -7,8 +7,8 @@
 //
 // Every collective is enqueued on the communicator's stream and returns at once: no host
 // synchronisation, so work on other streams orders itself against it with CUDA events. The
-// i-forms also return a Request whose wait() synchronises on an event recorded after the call;
-// while waiting it polls ncclCommGetAsyncError and gives up after a timeout
+// i-forms also return a Request whose wait() records an event on the stream and synchronises on
+// it; while waiting it polls ncclCommGetAsyncError and gives up after a timeout
 // (DPML_NCCL_TIMEOUT_S, default 300 s), so a peer that died or skipped a collective gives a clear
 // message instead of a hang. group() batches calls (ncclGroupStart/End), e.g. the sends and
 // receives of a ring, which NCCL would otherwise deadlock on.
@@ -108,16 +108,15 @@ struct NcclState {
 };
 }  // namespace detail
 
-// Completion of everything a communicator had enqueued when the Request was made. wait() polls
-// the event, the communicator's asynchronous error and the clock; test() never blocks.
-// Destroying a pending Request waits for it (errors then go unreported: call wait()).
+// Completion of the calls a communicator has enqueued. The first test() or wait() records an
+// event on the communicator's stream (so a Request made inside group() covers the batched calls,
+// once the group has ended: wait after it) and then polls the event, the communicator's
+// asynchronous error and the clock; test() never blocks. Destroying a pending Request waits for
+// it (errors then go unreported: call wait()).
 class NcclRequest {
  public:
   NcclRequest() = default;
-  explicit NcclRequest(std::shared_ptr<detail::NcclState> state) : state_(std::move(state)) {
-    DPML_CHECK_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    DPML_CHECK_CUDA(cudaEventRecord(event_, state_->stream));
-  }
+  explicit NcclRequest(std::shared_ptr<detail::NcclState> state) : state_(std::move(state)) {}
   NcclRequest(NcclRequest&& o) noexcept : state_(std::move(o.state_)), event_(std::exchange(o.event_, nullptr)) {}
   NcclRequest& operator=(NcclRequest&& o) noexcept {
     if (this != &o) {
@@ -131,31 +130,28 @@ class NcclRequest {
   NcclRequest& operator=(const NcclRequest&) = delete;
   ~NcclRequest() { finish_noexcept(); }
 
-  bool pending() const noexcept { return event_ != nullptr; }
+  bool pending() const noexcept { return state_ != nullptr; }
 
   // True when complete; throws on an asynchronous NCCL or CUDA error.
   bool test() {
-    if (!event_) return true;
+    if (!state_) return true;
+    if (!event_) {
+      DPML_CHECK_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+      DPML_CHECK_CUDA(cudaEventRecord(event_, state_->stream));
+    }
     const cudaError_t rc = cudaEventQuery(event_);
     if (rc == cudaSuccess) {
       release();
       return true;
     }
-    if (rc != cudaErrorNotReady) {
-      state_->broken = true;
-      release();
-      throw Error(state_->who() + ": operation failed on the device: " + cudaGetErrorName(rc) + " (" +
-                  cudaGetErrorString(rc) + ")");
-    }
-    DPML_REQUIRE(state_->comm, state_->who() << ": waiting on an aborted communicator");
+    if (rc != cudaErrorNotReady)
+      fail(std::string("operation failed on the device: ") + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")");
+    if (!state_->comm) fail("waiting on an aborted communicator");
     ncclResult_t async = ncclSuccess;
     DPML_CHECK_NCCL(ncclCommGetAsyncError(state_->comm, &async));
-    if (async != ncclSuccess && async != ncclInProgress) {
-      state_->broken = true;
-      release();
-      throw Error(state_->who() + ": asynchronous error: " + ncclGetErrorString(async) +
-                  " (a peer rank may have failed; NCCL_DEBUG=WARN says more)");
-    }
+    if (async != ncclSuccess && async != ncclInProgress)
+      fail(std::string("asynchronous error: ") + ncclGetErrorString(async) +
+           " (a peer rank may have failed; NCCL_DEBUG=WARN says more)");
     return false;
   }
 
@@ -164,21 +160,27 @@ class NcclRequest {
     while (!test()) {
       const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
       if (waited.count() > state_->timeout_s) {
-        state_->broken = true;
-        release();
         std::ostringstream os;
-        os << state_->who() << ": operation did not complete within " << state_->timeout_s
+        os << "operation did not complete within " << state_->timeout_s
            << " s (DPML_NCCL_TIMEOUT_S): a peer rank has probably died, hung, or not called the same collective";
-        throw Error(os.str());
+        fail(os.str());
       }
       sched_yield();
     }
   }
 
  private:
+  // Marks the communicator broken (it will be aborted, not destroyed) and throws.
+  [[noreturn]] void fail(const std::string& what) {
+    state_->broken = true;
+    const std::string who = state_->who();
+    release();
+    throw Error(who + ": " + what);
+  }
   void release() noexcept {
     if (event_) cudaEventDestroy(event_);
     event_ = nullptr;
+    state_.reset();
   }
   void finish_noexcept() noexcept {
     try {
@@ -243,7 +245,7 @@ class Nccl {
   }
 
   [[nodiscard]] Group group() const { return Group(); }
-  // A request for everything enqueued so far.
+  // A request for everything enqueued before its first wait() or test().
   Request request() const { return Request(state_); }
 
   // ---- collectives (enqueued on stream(), no host synchronisation) ------------------------------
@@ -326,8 +328,29 @@ class Nccl {
     return request();
   }
   template <class T>
+  Request iallgatherv(const T* send, T* recv, std::span<const int> counts) const {
+    allgatherv(send, recv, counts);
+    return request();
+  }
+  template <class T>
   Request ireduce_scatter(const T* send, T* recv, std::size_t n, ReduceOp op) const {
     reduce_scatter(send, recv, n, op);
+    return request();
+  }
+  template <class T>
+  Request ireduce_scatterv(const T* send, T* recv, std::span<const int> counts, ReduceOp op) const {
+    reduce_scatterv(send, recv, counts, op);
+    return request();
+  }
+  // Tags are ignored as in send()/recv(): post the messages of a pair in the same order on both.
+  template <class T>
+  Request isend(const T* data, std::size_t n, int peer, int tag) const {
+    send(data, n, peer, tag);
+    return request();
+  }
+  template <class T>
+  Request irecv(T* data, std::size_t n, int peer, int tag) const {
+    recv(data, n, peer, tag);
     return request();
   }
 
