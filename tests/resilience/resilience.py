@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Resilience tests of Step 6, run through examples/train_gpt under mpiexec (CTest label `resilience`).
+
+Every run trains the same tiny GPT (2 layers, C = 32, 2 heads, T = 16, global batch 8) on the
+fortunes text for a few steps. train_gpt --loss-log writes each step's loss in hexadecimal
+(exact) and --export writes the final weights as one safetensors file, so "bitwise equal" means
+equal loss strings and byte-equal exports.
+
+    resilience.py <test> --train <train_gpt> --mpiexec <mpiexec> [--np-flag -n] [--preflags a;b]
+                  --work <dir> [--python-reader tests/checkpoint/read_safetensors.py]
+
+tests:
+  bitwise   (dp,tp,pp) = (2,1,2), without and with ZeRO-1: 6 steps uninterrupted vs 3 steps
+            (--exit-interval 3, checkpoint) + a new launch resuming + 3 steps: same losses, bit
+            for bit, and byte-equal exported weights.
+  reshard   save after 3 steps on one layout, resume on another, finish: every loss within 1e-4
+            (relative) of the uninterrupted sequential run; (2,2,2)+ZeRO → (1,1,1),
+            (1,1,1) → (2,2,2)+ZeRO, (4,1,2) → (2,2,2), (4,1,2)+ZeRO → (2,2,2)+ZeRO.
+  export    the exported file has GPT-2's names and shapes and holds the checkpoint's values
+            under GPT-2's layout (Conv1D weights (in, out), c_attn columns [q|k|v]) — checked here
+            by an independent parser (read_safetensors.py's); --import of it on another layout
+            with lr 0 exports the same bytes again (round trip).
+  faults    20 seeded trials on 2 ranks (pp 2), a checkpoint every step: one rank SIGKILLs itself
+            at a random time (half the trials with slow saves, so that many kills land inside a
+            save); the job must end (no hang), then --resume latest is rerun until the run
+            completes; each resume must start from the checkpoint `latest` names (a torn .tmp is
+            never loaded; a skipped corrupt one is announced) and the final weights must equal
+            the uninterrupted run's byte for byte.
+  skip      --on-nonfinite skip with a NaN injected at step 3: the step is skipped with a message
+            naming it, training finishes with finite losses.
+  bad-setup writes the bad checkpoints that the failure tests (CMakeLists.txt) resume from:
+            truncated file, flipped byte, missing tensor, shape that disagrees with the model.
+Exits non-zero with a message on the first failure.
+"""
+import argparse
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+         "--global-batch", "8", "--micro-batch", "1", "--lr-warmup-iters", "1", "--log-interval", "1000",
+         "--eval-interval", "1000", "--sample-tokens", "0", "--collective-timeout", "60"]
+
+
+def fail(msg):
+    print("FAIL: " + msg, flush=True)
+    sys.exit(1)
+
+
+class Runner:
+    def __init__(self, a):
+        self.train, self.work = a.train, a.work
+        self.mpi = [a.mpiexec, a.np_flag]
+        self.pre = [p for p in a.preflags.split(";") if p]
+        os.makedirs(self.work, exist_ok=True)
+
+    def path(self, *p):
+        return os.path.join(self.work, *p)
+
+    def run(self, np, flags, timeout=180, ok=True):
+        cmd = self.mpi + [str(np)] + self.pre + [self.train] + MODEL + flags
+        try:
+            p = subprocess.run(cmd, cwd=self.work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               timeout=timeout, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+        except subprocess.TimeoutExpired:
+            fail(f"hang: killed after {timeout} s: {' '.join(cmd)}")
+        if ok and p.returncode != 0:
+            fail(f"exit {p.returncode}: {' '.join(cmd)}\n{p.stdout}")
+        return p.returncode, p.stdout
+
+
+def layout(np, tp, pp, zero):
+    return np, ["--tp", str(tp), "--pp", str(pp)] + (["--zero"] if zero else [])
+
+
+def losses(path):
+    """{step: (hex, float)} from a --loss-log file."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            step, hexa, _ = line.split()
+            out[int(step)] = (hexa, float.fromhex(hexa))
+    return out
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# ---------------------------------------------------------------------------------------------
+
+def test_bitwise(r):
+    for zero in (False, True):
+        np, lay = layout(4, 1, 2, zero)
+        tag = "zero" if zero else "plain"
+        base = ["--train-iters", "6"] + lay
+        r.run(np, base + ["--loss-log", f"{tag}-full.log", "--export", f"{tag}-full.safetensors"])
+        shutil.rmtree(r.path(f"{tag}-ckpt"), ignore_errors=True)
+        r.run(np, base + ["--save", f"{tag}-ckpt", "--exit-interval", "3", "--loss-log", f"{tag}-a.log"])
+        _, out = r.run(np, base + ["--save", f"{tag}-ckpt", "--resume", "latest", "--loss-log", f"{tag}-b.log",
+                                   "--export", f"{tag}-resumed.safetensors"])
+        if "at step 3" not in out:
+            fail(f"{tag}: did not resume at step 3:\n{out}")
+        full = losses(r.path(f"{tag}-full.log"))
+        parts = {**losses(r.path(f"{tag}-a.log")), **losses(r.path(f"{tag}-b.log"))}
+        if sorted(parts) != list(range(1, 7)):
+            fail(f"{tag}: steps {sorted(parts)} logged by the interrupted runs")
+        for s in range(1, 7):
+            if full[s][0] != parts[s][0]:
+                fail(f"{tag}: step {s} loss {parts[s][0]} after resume, {full[s][0]} uninterrupted")
+        if read_bytes(r.path(f"{tag}-full.safetensors")) != read_bytes(r.path(f"{tag}-resumed.safetensors")):
+            fail(f"{tag}: final weights differ from the uninterrupted run's")
+        print(f"bitwise ({tag}, dp 2 tp 1 pp 2): 6 losses and the final weights equal bit for bit")
+
+
+def test_reshard(r):
+    r.run(1, ["--train-iters", "6", "--loss-log", "ref.log"])
+    ref = losses(r.path("ref.log"))
+    cases = [((8, 2, 2, True), (1, 1, 1, False)), ((1, 1, 1, False), (8, 2, 2, True)),
+             ((8, 1, 2, False), (8, 2, 2, False)), ((8, 1, 2, True), (8, 2, 2, True))]
+    for i, (src, dst) in enumerate(cases):
+        d = f"reshard-{i}"
+        shutil.rmtree(r.path(d), ignore_errors=True)
+        np, lay = layout(*src)
+        r.run(np, ["--train-iters", "6", "--save", d, "--exit-interval", "3", "--loss-log", f"{d}-a.log"] + lay)
+        np, lay = layout(*dst)
+        _, out = r.run(np, ["--train-iters", "6", "--save", d, "--resume", "latest", "--loss-log", f"{d}-b.log"] + lay)
+        if "at step 3" not in out:
+            fail(f"{src} -> {dst}: did not resume at step 3:\n{out}")
+        got = {**losses(r.path(f"{d}-a.log")), **losses(r.path(f"{d}-b.log"))}
+        for s in range(1, 7):
+            rel = abs(got[s][1] - ref[s][1]) / abs(ref[s][1])
+            if rel > 1e-4:
+                fail(f"{src} -> {dst}: step {s} loss {got[s][1]!r} vs sequential {ref[s][1]!r} (rel {rel:.2e})")
+        print(f"reshard (np,tp,pp,zero) {src} -> {dst}: losses of steps 1-6 within 1e-4 of the sequential run")
+
+
+def test_export(r, reader):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(reader)))
+    from read_safetensors import plain_read  # the independent parser of the published format
+    shutil.rmtree(r.path("export-ckpt"), ignore_errors=True)
+    r.run(1, ["--train-iters", "6", "--save", "export-ckpt", "--export", "model.safetensors"])
+    header, gpt2 = plain_read(r.path("model.safetensors"))
+    _, ours = plain_read(r.path("export-ckpt", "step-6", "rank-0.safetensors"))
+    L, C, H, V, T = 2, 32, 2, 256, 16
+    D = C // H
+    want = {"wte.weight": [V, C], "wpe.weight": [T, C], "ln_f.weight": [C], "ln_f.bias": [C]}
+    for i in range(L):
+        h = f"h.{i}."
+        want.update({h + "ln_1.weight": [C], h + "ln_1.bias": [C], h + "ln_2.weight": [C], h + "ln_2.bias": [C],
+                     h + "attn.c_attn.weight": [C, 3 * C], h + "attn.c_attn.bias": [3 * C],
+                     h + "attn.c_proj.weight": [C, C], h + "attn.c_proj.bias": [C],
+                     h + "mlp.c_fc.weight": [C, 4 * C], h + "mlp.c_fc.bias": [4 * C],
+                     h + "mlp.c_proj.weight": [4 * C, C], h + "mlp.c_proj.bias": [C]})
+    got = {k: v[1] for k, v in gpt2.items()}
+    if got != want:
+        fail(f"exported names/shapes {sorted(got.items())} are not GPT-2's {sorted(want.items())}")
+    for name, (dtype, shape, values, _) in gpt2.items():
+        if dtype != "F32":
+            fail(f"{name}: dtype {dtype}")
+        o = ours[name][2]  # our layout: linear weights (out, in); c_attn rows (head, {q,k,v}, D)
+        for idx, v in enumerate(values):
+            if len(shape) == 2 and name not in ("wte.weight", "wpe.weight"):
+                i, j = divmod(idx, shape[1])  # GPT-2 (in, out)
+                if name.endswith("c_attn.weight"):
+                    s, rest = divmod(j, C)
+                    head, d = divmod(rest, D)
+                    j = head * 3 * D + s * D + d
+                src = o[j * shape[0] + i]
+            elif name.endswith("c_attn.bias"):
+                s, rest = divmod(idx, C)
+                head, d = divmod(rest, D)
+                src = o[head * 3 * D + s * D + d]
+            else:
+                src = o[idx]
+            if src != v:
+                fail(f"{name}[{idx}]: exported {v}, the checkpoint holds {src} there")
+    print(f"export: {len(gpt2)} tensors with GPT-2's names, shapes and layouts (independent parser)")
+    # Round trip through --import on another layout (tp 2, pp 2); lr 0 leaves the weights as read.
+    r.run(4, ["--tp", "2", "--pp", "2", "--train-iters", "1", "--lr-warmup-iters", "0", "--lr", "0", "--min-lr", "0",
+              "--import", "model.safetensors", "--export", "again.safetensors"])
+    if read_bytes(r.path("model.safetensors")) != read_bytes(r.path("again.safetensors")):
+        fail("--import then --export (tp 2, pp 2) changed the model")
+    print("export -> import (tp 2, pp 2) -> export: byte-equal")
+
+
+def complete_steps(d):
+    if not os.path.isdir(d):
+        return []
+    return sorted(int(n[5:]) for n in os.listdir(d) if re.fullmatch(r"step-\d+", n)
+                  and os.path.exists(os.path.join(d, n, "manifest.json")))
+
+
+def test_faults(r):
+    flags = ["--pp", "2", "--train-iters", "12", "--save-interval", "1", "--keep", "2"]
+    shutil.rmtree(r.path("faults-ref"), ignore_errors=True)
+    t0 = time.monotonic()
+    r.run(2, flags + ["--save", "faults-ref", "--export", "faults-ref.safetensors"])
+    duration = time.monotonic() - t0
+    ref = read_bytes(r.path("faults-ref.safetensors"))
+    killed = mid_save = 0
+    for trial in range(20):
+        rng = random.Random(7000 + trial)
+        d, out_file = f"faults-{trial}", f"faults-{trial}.safetensors"
+        shutil.rmtree(r.path(d), ignore_errors=True)
+        if os.path.exists(r.path(out_file)):
+            os.remove(r.path(out_file))
+        slow = rng.random() < 0.5
+        span = duration + (12 * 0.04 if slow else 0.0)
+        when = rng.uniform(0.05, span)
+        rank = rng.randrange(2)
+        fault = f"kill:{rank}:{when:.3f}" + (",slow-save:40" if slow else "")
+        rc, out = r.run(2, flags + ["--save", d, "--inject-fault", fault, "--export", out_file], timeout=120, ok=False)
+        if rc != 0:
+            killed += 1
+            mid_save += any(n.endswith(".tmp") for n in os.listdir(r.path(d))) if os.path.isdir(r.path(d)) else 0
+        attempts = 0
+        while rc != 0:
+            attempts += 1
+            if attempts > 4:
+                fail(f"trial {trial} ({fault}): not finished after 4 resumes:\n{out}")
+            latest = None
+            if os.path.exists(r.path(d, "latest")):
+                name = open(r.path(d, "latest")).read().strip()
+                if os.path.exists(r.path(d, name, "manifest.json")):
+                    latest = int(name[5:])
+            newest = complete_steps(r.path(d))
+            expect = latest if latest is not None else (newest[-1] if newest else None)
+            rc, out = r.run(2, flags + ["--save", d, "--resume", "latest", "--export", out_file], timeout=120, ok=False)
+            m = re.search(r"resumed from '([^']*)' at step (\d+)", out)
+            got = int(m.group(2)) if m else None
+            if got != expect and "skipping checkpoint" not in out:
+                fail(f"trial {trial} ({fault}): resumed at step {got}, expected {expect} "
+                     f"(latest {latest}, complete {newest}):\n{out}")
+            if m and m.group(1).endswith(".tmp"):
+                fail(f"trial {trial}: loaded the torn checkpoint {m.group(1)}")
+        if read_bytes(r.path(out_file)) != ref:
+            fail(f"trial {trial} ({fault}): final weights differ from the uninterrupted run's")
+        print(f"trial {trial:2d}: {fault:28s} {'killed' if attempts else 'finished first'}; "
+              f"{attempts} resume(s); final weights equal")
+    if killed < 10 or mid_save < 3:
+        fail(f"only {killed} of 20 trials killed a rank ({mid_save} mid-save): the trials test too little")
+    print(f"faults: {killed} of 20 trials killed a rank ({mid_save} left a save in flight); all resumed bitwise")
+
+
+def test_skip(r):
+    rc, out = r.run(2, ["--pp", "2", "--train-iters", "6", "--on-nonfinite", "skip", "--inject-fault", "nan:3",
+                        "--loss-log", "skip.log"])
+    if len(re.findall(r"step 3: non-finite loss \(-?nan\); first non-finite gradient: 'wte.weight'"
+                      r" — skipping the step", out)) != 1:
+        fail(f"no skip message naming step 3 and wte.weight (once):\n{out}")
+    log = losses(r.path("skip.log"))
+    if log[3][1] == log[3][1] or any(log[s][1] != log[s][1] for s in (1, 2, 4, 5, 6)):
+        fail(f"step 3 should be NaN and the others finite: {log}")
+    print("skip: step 3 skipped with a message, training finished with finite losses")
+
+
+def bad_setup(r):
+    d = r.path("bad")
+    shutil.rmtree(d, ignore_errors=True)
+    r.run(2, ["--pp", "2", "--train-iters", "6", "--exit-interval", "3", "--save", "bad/base"])
+    src = os.path.join(d, "base", "step-3")
+    for kind in ("truncated", "flipped", "missing", "shape"):
+        shutil.copytree(src, os.path.join(d, kind, "step-3"))
+    f = os.path.join(d, "truncated", "step-3", "rank-1.safetensors")
+    os.truncate(f, os.path.getsize(f) - 100)
+    f = os.path.join(d, "flipped", "step-3", "rank-0.safetensors")
+    blob = bytearray(read_bytes(f))
+    blob[-7] ^= 0x40
+    open(f, "wb").write(blob)
+    import json
+    m = os.path.join(d, "missing", "step-3", "manifest.json")
+    j = json.load(open(m))
+    j["tensors"] = [t for t in j["tensors"] if t["name"] != "h.1.mlp.c_fc.weight"]
+    json.dump(j, open(m, "w"))
+    m = os.path.join(d, "shape", "step-3", "manifest.json")
+    j = json.load(open(m))  # a checkpoint that claims T = 32 but holds wpe.weight (16, 32)
+    j["config"]["model.max_seq"] = 32
+    j["config"]["data.seq_len"] = 32
+    json.dump(j, open(m, "w"))
+    print("bad checkpoints written under " + d)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("test", choices=["bitwise", "reshard", "export", "faults", "skip", "bad-setup"])
+    p.add_argument("--train", required=True)
+    p.add_argument("--mpiexec", required=True)
+    p.add_argument("--np-flag", default="-n")
+    p.add_argument("--preflags", default="")
+    p.add_argument("--work", required=True)
+    p.add_argument("--python-reader", default="")
+    a = p.parse_args()
+    r = Runner(a)
+    {"bitwise": lambda: test_bitwise(r), "reshard": lambda: test_reshard(r),
+     "export": lambda: test_export(r, a.python_reader), "faults": lambda: test_faults(r),
+     "skip": lambda: test_skip(r), "bad-setup": lambda: bad_setup(r)}[a.test]()
+
+
+if __name__ == "__main__":
+    main()
