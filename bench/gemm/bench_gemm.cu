@@ -1,15 +1,20 @@
-// bench_gemm: dpml's TiledGemm configurations against cuBLASLt on the shapes of the dispatch table
-// (GPT-2 124M at B·T = 16384: forward, backward_input and backward_weight GEMMs of every Linear)
-// and on 4096³, bf16 operands, fp32 accumulation, bf16 output, no epilogue.
+// bench_gemm: dpml's TiledGemm and WgmmaGemm configurations against cuBLASLt on the shapes of the
+// dispatch table (GPT-2 124M at B·T = 16384: forward, backward_input and backward_weight GEMMs of
+// every Linear) and on 4096³, bf16 operands, fp32 accumulation, bf16 output, no epilogue. Built
+// for sm_90a (bench/gemm/CMakeLists.txt) so that the wgmma columns run; a policy whose supports()
+// is false (wgmma off a compute capability 9.0 device) is left out of its row (0.0 in the table).
 //
 //   bench_gemm [--iters N] [--warmup N]
 //
 // Prints one JSON object per (shape, policy) — {"bench":"gemm","shape":..,"policy":..,"ms":..,
 // "tflops":..,"rel_err_vs_cublaslt":..} — then a table with TFLOP/s per policy and the ratio of
-// the best tiled configuration to cuBLASLt. The ratio is what decides the dispatch table
-// (include/dpml/kernels/cuda/gemm/dispatch.hpp); see bench/gemm/README.md.
+// the best of our configurations (tiled or wgmma) to cuBLASLt. The ratio is what decides the
+// dispatch table (include/dpml/kernels/cuda/gemm/dispatch.hpp); see bench/gemm/README.md.
+// Self-checking: C is poisoned (NaN) before each policy runs, and the program exits 1 if any
+// policy's result differs from cuBLASLt's by more than 1e-2 relative L2 (bf16 output).
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/kernels/cuda/gemm/dispatch.hpp>
+#include <dpml/kernels/cuda/gemm/wgmma.hpp>
 
 #include <cuda_runtime.h>
 
@@ -94,6 +99,8 @@ int main(int argc, char** argv) {
         policy<TiledGemm<TileShape<128, 128, 64>, 3>>("tiled 128x128x64 s3"),
         policy<TiledGemm<TileShape<128, 256, 32>, 3, WarpTile<64, 64>>>("tiled 128x256x32 s3 w64x64"),
         policy<TiledGemm<TileShape<256, 128, 32>, 3, WarpTile<64, 64>>>("tiled 256x128x32 s3 w64x64"),
+        policy<WgmmaGemm<TileShape<128, 128, 64>, 6>>("wgmma 128x128x64 s6"),
+        policy<WgmmaGemm<TileShape<128, 256, 64>, 4>>("wgmma 128x256x64 s4"),
     };
 
     GemmContext ctx;
@@ -103,6 +110,7 @@ int main(int argc, char** argv) {
     DPML_CHECK_CUDA(cudaEventCreate(&t0));
     DPML_CHECK_CUDA(cudaEventCreate(&t1));
 
+    int mismatches = 0;
     std::vector<std::vector<double>> table(shapes.size(), std::vector<double>(policies.size(), 0.0));
     for (std::size_t si = 0; si < shapes.size(); ++si) {
       const auto& sh = shapes[si];
@@ -121,6 +129,7 @@ int main(int argc, char** argv) {
       for (std::size_t pi = 0; pi < policies.size(); ++pi) {
         const auto& p = policies[pi];
         if (!p.supports(g)) continue;
+        DPML_CHECK_CUDA(cudaMemsetAsync(C, 0xFF, sh.M * sh.N * sizeof(bf16), stream));  // NaN until written
         for (int i = 0; i < warmup; ++i) p.run(ctx, g, stream);
         DPML_CHECK_CUDA(cudaEventRecord(t0, stream));
         for (int i = 0; i < iters; ++i) p.run(ctx, g, stream);
@@ -133,11 +142,17 @@ int main(int argc, char** argv) {
         table[si][pi] = tflops;
         DPML_CHECK_CUDA(cudaMemcpy(got.data(), C, got.size() * 2, cudaMemcpyDeviceToHost));
         if (pi == 0) ref_host = got;
+        const double err = pi == 0 ? 0.0 : rel_err(got, ref_host);
+        if (!(err <= 1e-2)) {
+          std::fprintf(stderr, "bench_gemm: %s on %s differs from cuBLASLt: rel err %.3e\n", p.name.c_str(),
+                       sh.label.c_str(), err);
+          mismatches += 1;
+        }
         std::printf("{\"bench\":\"gemm\",\"shape\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"ta\":%d,\"tb\":%d,"
                     "\"policy\":\"%s\",\"ms\":%.4f,\"tflops\":%.1f,\"rel_err_vs_cublaslt\":%.2e}\n",
                     sh.label.c_str(), static_cast<long long>(sh.M), static_cast<long long>(sh.N),
                     static_cast<long long>(sh.K), sh.ta == Trans::yes, sh.tb == Trans::yes, p.name.c_str(), ms, tflops,
-                    pi == 0 ? 0.0 : rel_err(got, ref_host));
+                    err);
         std::fflush(stdout);
       }
       cudaFree(A);
@@ -148,7 +163,7 @@ int main(int argc, char** argv) {
 
     std::printf("\n| shape | M | N | K | ta | tb |");
     for (const auto& p : policies) std::printf(" %s TFLOP/s |", p.name.c_str());
-    std::printf(" best tiled / cuBLASLt |\n|---|---|---|---|---|---|");
+    std::printf(" best ours / cuBLASLt |\n|---|---|---|---|---|---|");
     for (std::size_t i = 0; i <= policies.size(); ++i) std::printf("---|");
     std::printf("\n");
     for (std::size_t si = 0; si < shapes.size(); ++si) {
@@ -162,7 +177,7 @@ int main(int argc, char** argv) {
       }
       std::printf(" %.2f |\n", table[si][0] > 0 ? best / table[si][0] : 0.0);
     }
-    return 0;
+    return mismatches == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gemm: %s\n", e.what());
     return 1;

@@ -18,9 +18,11 @@
 //    spreads the 8 row addresses of one ldmatrix over all 32 banks (no conflicts, no swizzle).
 //  * Epilogue in registers: alpha, bias, beta·C (residual or accumulation), GELU, pre-activation
 //    store, then paired 32-bit stores. Blocks are rasterised in groups of 8 tile-rows so that
-//    neighbouring blocks share A and B tiles in L2.
+//    neighbouring blocks share A and B tiles in L2. Both pieces are shared with the wgmma kernel
+//    (gemm/epilogue.hpp).
 
 #include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/gemm/epilogue.hpp"
 #include "dpml/kernels/cuda/gemm/gemm.hpp"
 #include "dpml/kernels/cuda/mma.hpp"
 
@@ -70,15 +72,6 @@ __device__ __forceinline__ void load_slab(bf16* slab, const bf16* g, std::int64_
   }
 }
 
-template <class TC, class Epi>
-struct EpilogueParams {
-  TC* C;
-  std::int64_t ldc;
-  float alpha, beta;
-  const bf16* bias;
-  bf16* pre_gelu;
-};
-
 template <class Tile, class Warp, int Stages, bool TransA, bool TransB, class Epi, class TC>
 struct Kernel {
   static constexpr int BM = Tile::M, BN = Tile::N, BK = Tile::K, WM = Warp::M, WN = Warp::N;
@@ -106,15 +99,9 @@ __global__ void __launch_bounds__(Kernel<Tile, Warp, Stages, TransA, TransB, Epi
   extern __shared__ uint4 smem_raw[];
   bf16* smem = reinterpret_cast<bf16*>(smem_raw);
 
-  // Grouped rasterisation: 8 tile-rows share their B tiles while they sweep N.
-  constexpr int kGroup = 8;
-  const int tiles_m = static_cast<int>(ceil_div(M, BM)), tiles_n = static_cast<int>(ceil_div(N, BN));
-  const int pid = static_cast<int>(blockIdx.x);
-  const int group = pid / (kGroup * tiles_n), first_m = group * kGroup;
-  const int group_rows = min(tiles_m - first_m, kGroup);
-  const int tile_m = first_m + (pid % (kGroup * tiles_n)) % group_rows;
-  const int tile_n = (pid % (kGroup * tiles_n)) / group_rows;
-  const std::int64_t m0 = static_cast<std::int64_t>(tile_m) * BM, n0 = static_cast<std::int64_t>(tile_n) * BN;
+  const TileCoord tile = grouped_tile(static_cast<int>(blockIdx.x), static_cast<int>(ceil_div(M, BM)),
+                                      static_cast<int>(ceil_div(N, BN)));
+  const std::int64_t m0 = static_cast<std::int64_t>(tile.m) * BM, n0 = static_cast<std::int64_t>(tile.n) * BN;
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wm0 = (warp / Kn::WarpsN) * Kn::WM, wn0 = (warp % Kn::WarpsN) * Kn::WN;
@@ -181,32 +168,8 @@ __global__ void __launch_bounds__(Kernel<Tile, Warp, Stages, TransA, TransB, Epi
       const std::int64_t row = m0 + wm0 + mi * 16 + g + half * 8;
       if (row >= M) continue;
 #pragma unroll
-      for (int nj = 0; nj < NI; ++nj) {
-        const std::int64_t col = n0 + wn0 + nj * 8 + c2;
-        if (col >= N) continue;
-        const bool pair = col + 1 < N;
-        float v[2] = {ep.alpha * acc[mi][nj][half * 2], ep.alpha * acc[mi][nj][half * 2 + 1]};
-        TC* c = ep.C + row * ep.ldc + col;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (e == 1 && !pair) break;
-          if constexpr (!std::is_same_v<Epi, epilogue::None>) v[e] += load_f(ep.bias[col + e]);
-          if (ep.beta != 0.f) v[e] += ep.beta * load_f(c[e]);
-          if constexpr (std::is_same_v<Epi, epilogue::BiasGelu>) {
-            if (ep.pre_gelu) ep.pre_gelu[row * ep.ldc + col + e] = from_f<bf16>(v[e]);
-            v[e] = gelu(v[e]);
-          }
-        }
-        if (pair) {
-          if constexpr (std::is_same_v<TC, float>) {
-            *reinterpret_cast<float2*>(c) = make_float2(v[0], v[1]);
-          } else {
-            *reinterpret_cast<std::uint32_t*>(c) = pack_bf16x2(v[0], v[1]);
-          }
-        } else {
-          c[0] = from_f<TC>(v[0]);
-        }
-      }
+      for (int nj = 0; nj < NI; ++nj)
+        epilogue_pair(ep, N, row, n0 + wn0 + nj * 8 + c2, acc[mi][nj][half * 2], acc[mi][nj][half * 2 + 1]);
     }
 }
 
@@ -254,7 +217,7 @@ struct TiledGemm {
     }();
     (void)opted_in;
     const auto blocks = static_cast<unsigned>(ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N));
-    const detail::tiled::EpilogueParams<TC, Epi> ep{g.C, g.ldc, g.alpha, g.beta, g.bias, g.pre_gelu};
+    const detail::EpilogueParams<TC, Epi> ep{g.C, g.ldc, g.alpha, g.beta, g.bias, g.pre_gelu};
     kernel<<<blocks, Kn::Threads, Kn::smem_bytes, stream>>>(g.M, g.N, g.K, g.A, g.lda, g.B, g.ldb, ep);
     DPML_CHECK_LAUNCH();
   }

@@ -1,0 +1,433 @@
+#pragma once
+// WgmmaGemm<TileShape<BM, BN, 64>, Stages>: dpml's Hopper GEMM policy — wgmma tensor-core
+// instructions fed by the TMA copy engine, warp-specialised. Same interface and epilogues as
+// TiledGemm (gemm.hpp); all four (ta, tb) layouts; sm_90a only.
+//
+// The trick, in four parts:
+//  * TMA loads. Two CUtensorMaps (built on the host per call by cuTensorMapEncodeTiled, a driver
+//    function reached through cudaGetDriverEntryPointByVersion, so no -lcuda) describe A and B in
+//    their stored layouts. One thread of a producer warpgroup issues cp.async.bulk.tensor copies of
+//    64-element-wide boxes into shared memory with the 128-byte swizzle; the copy engine zero-fills
+//    what lies past M, N or K (ragged edges need no code) and signals an mbarrier ("full") with the
+//    bytes it wrote. `Stages` slabs (BM×64 of A, BN×64 of B) are in flight.
+//  * wgmma straight from shared memory. Each consumer warpgroup (BM/64 of them) owns 64 rows of
+//    the tile and issues wgmma.m64nBNk16 four times per slab; the operands are described by 64-bit
+//    matrix descriptors (address, leading/stride byte offsets, swizzle mode) over the swizzled
+//    slabs, and the instruction's transpose bits read a K-contiguous slab ("K-major", the layout of
+//    A as stored when ta = no, of B when tb = yes) or an M/N-contiguous one ("MN-major") alike —
+//    one kernel for all four layouts. Accumulators stay in registers (BN/2 floats per thread).
+//  * Two mbarriers per stage. Consumers wait on "full", issue their wgmmas, commit them as a
+//    group, and once the previous group has retired (wgmma.wait_group 1) release that slab on its
+//    "empty" barrier, which the producer waits on before refilling it. setmaxnreg hands the
+//    producer's registers to the consumers.
+//  * Epilogue in registers: the m64nN accumulator fragment has the mma.sync layout (a thread owns
+//    columns 2t, 2t+1 of rows g and g+8 of its warp's 16 rows), so it uses the tiled kernel's
+//    epilogue and block order (gemm/epilogue.hpp).
+//
+// sm_90a: wgmma and setmaxnreg exist only in the architecture-specific target
+// (`-gencode=arch=compute_90a,code=sm_90a`, CMAKE_CUDA_ARCHITECTURES=90a). In any other build the
+// kernel body is empty and supports() is false (a probe kernel asks the device which image it runs),
+// so callers fall back to another policy.
+
+#include "dpml/core/error.hpp"
+#include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/gemm/epilogue.hpp"
+#include "dpml/kernels/cuda/gemm/gemm.hpp"
+#include "dpml/kernels/cuda/gemm/tiled.hpp"  // TileShape
+#include "dpml/kernels/cuda/mma.hpp"         // smem_addr
+
+#include <cuda.h>          // CUtensorMap and its enums (types only)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string_view>
+
+namespace dpml::kernels::cuda {
+
+namespace detail::wgmma {
+
+// ---- device primitives (PTX ISA: mbarrier, cp.async.bulk.tensor, wgmma, setmaxnreg) ----
+
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase with parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
+  std::uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Box at coordinates (c0 innermost, c1) of the tensor map into shared memory at dst, completing
+// on the mbarrier bar.
+__device__ __forceinline__ void tma_load(const CUtensorMap* map, std::uint32_t dst, std::uint32_t bar, int c0,
+                                         int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across wgmma issue and wait.
+template <int R>
+__device__ __forceinline__ void fence_operands(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));
+}
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
+}
+
+// Matrix descriptor of a 128-byte-swizzled operand in shared memory (PTX ISA, "Matrix
+// Descriptor Format"): start address, leading and stride byte offsets (all >> 4), swizzle mode 1.
+//   K-major  (rows of 64 K-elements = 128 B): LBO unused (1), SBO = 1024 (8 rows to the next 8).
+//   MN-major (rows of 64 M/N-elements, one per k): LBO = stride between 64-wide M/N blocks,
+//            SBO = 1024 (8 k-rows to the next 8).
+__device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr, std::uint32_t lbo, std::uint32_t sbo) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<std::uint64_t>((lbo & 0x3FFFF) >> 4) << 16 |
+         static_cast<std::uint64_t>((sbo & 0x3FFFF) >> 4) << 32 | std::uint64_t{1} << 62;
+}
+
+// wgmma.mma_async.m64nNk16, bf16 operands from shared memory, fp32 accumulators d += A·B, with
+// the transpose bits (0: K-major, 1: MN-major) as template arguments.
+template <int N, int TransA, int TransB>
+struct Wgmma;
+
+template <int TransA, int TransB>
+struct Wgmma<128, TransA, TransB> {
+  __device__ __forceinline__ static void mma(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, %67, %68;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TransA), "n"(TransB));
+  }
+};
+
+template <int TransA, int TransB>
+struct Wgmma<256, TransA, TransB> {
+  __device__ __forceinline__ static void mma(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, %131, %132;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(1), "n"(TransA), "n"(TransB));
+  }
+};
+
+// ---- the kernel ----
+
+template <class Tile, int Stages, bool TransA, bool TransB>
+struct Kernel {
+  static constexpr int BM = Tile::M, BN = Tile::N, BK = Tile::K;
+  static_assert(BK == 64, "a slab row is one 128-byte swizzle row: BK = 64 bf16");
+  // One consumer warpgroup per 64 rows. Only BM = 128 (2 consumers, 384 threads) so far: its
+  // register split below is the one checked against ptxas (168 registers at entry, no spills).
+  static_assert(BM == 128, "WgmmaGemm: BM = 128 (two consumer warpgroups) is the configuration built and checked");
+  static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n = 128 and n = 256");
+  static_assert(Stages >= 2, "a pipeline needs at least two stages");
+  static constexpr int Consumers = BM / 64;
+  static constexpr int Threads = 128 * (Consumers + 1);  // warpgroup 0 produces
+  static constexpr int kAtom = 64 * 64 * 2;              // one 64×64 box: 8 KiB
+  // Stage layout (bytes, 1024-aligned): A slab (BM, 64) then B slab (BN, 64), K-major or MN-major.
+  static constexpr std::uint32_t a_bytes = BM * BK * 2, b_bytes = BN * BK * 2, stage_bytes = a_bytes + b_bytes;
+  static constexpr std::size_t smem_bytes = 1024 /* alignment slack */ + std::size_t{Stages} * stage_bytes +
+                                            2 * Stages * sizeof(std::uint64_t) /* full, empty */;
+  static constexpr int kStages = Stages;
+  // Registers per thread: the launch gives every thread the cap of __launch_bounds__(Threads, 1)
+  // (64 Ki / Threads, in steps of 8); setmaxnreg then moves the producer down to 40 and the
+  // consumers up to what that frees (at most 256). Asking for more than the block holds would stall.
+  static constexpr int kEntryRegs = 65536 / Threads / 8 * 8 > 248 ? 248 : 65536 / Threads / 8 * 8;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kFreedRegs = (Threads * kEntryRegs - 128 * kProducerRegs) / (128 * Consumers) / 8 * 8;
+  static constexpr int kConsumerRegs = kFreedRegs > 256 ? 256 : kFreedRegs;
+};
+
+template <class Kn, bool TransA, bool TransB, class Epi, class TC>
+__global__ void __launch_bounds__(Kn::Threads, 1)
+    wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                      std::int64_t M, std::int64_t N, std::int64_t K, EpilogueParams<TC, Epi> ep) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BM = Kn::BM, BN = Kn::BN, BK = Kn::BK, S = Kn::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // 128-byte swizzle atoms (8 rows of 128 B) must start on 1024-byte boundaries.
+  const std::uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  auto stage_a = [&](int s) { return base + static_cast<std::uint32_t>(s) * Kn::stage_bytes; };  // (BM, 64)
+  auto stage_b = [&](int s) { return stage_a(s) + Kn::a_bytes; };                               // (BN, 64)
+  const std::uint32_t bars = base + S * Kn::stage_bytes;
+  auto full = [&](int s) { return bars + 8u * static_cast<std::uint32_t>(s); };
+  auto empty = [&](int s) { return bars + 8u * static_cast<std::uint32_t>(S + s); };
+
+  const TileCoord tile =
+      grouped_tile(static_cast<int>(blockIdx.x), static_cast<int>(ceil_div(M, BM)), static_cast<int>(ceil_div(N, BN)));
+  const int m0 = tile.m * BM, n0 = tile.n * BN;  // < 2^31: supports()
+  const int k_tiles = static_cast<int>(ceil_div(K, BK));
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+
+  if (threadIdx.x == 0) {
+    tma_prefetch(&map_a);
+    tma_prefetch(&map_b);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(s), 1);               // the producer's arrive_expect_tx (+ the copies' bytes)
+      mbar_init(empty(s), Kn::Consumers);  // one arrive per consumer warpgroup
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer: one thread walks K, refilling each stage once its consumers have released it.
+    setmaxnreg_dec<Kn::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % S, k0 = kt * BK;
+        if (kt >= S) mbar_wait(empty(s), static_cast<std::uint32_t>((kt / S - 1) & 1));
+        mbar_expect_tx(full(s), Kn::stage_bytes);  // boxes past the edges still count in full
+        if constexpr (TransA) {  // stored (K, M): BM/64 boxes of (64 k, 64 m), MN-major
+#pragma unroll
+          for (int i = 0; i < BM / 64; ++i) tma_load(&map_a, stage_a(s) + i * Kn::kAtom, full(s), m0 + 64 * i, k0);
+        } else {  // stored (M, K): one box of (BM m, 64 k), K-major
+          tma_load(&map_a, stage_a(s), full(s), k0, m0);
+        }
+        if constexpr (TransB) {  // stored (N, K): one box of (BN n, 64 k), K-major
+          tma_load(&map_b, stage_b(s), full(s), k0, n0);
+        } else {  // stored (K, N): BN/64 boxes of (64 k, 64 n), MN-major
+#pragma unroll
+          for (int i = 0; i < BN / 64; ++i) tma_load(&map_b, stage_b(s) + i * Kn::kAtom, full(s), n0 + 64 * i, k0);
+        }
+      }
+    }
+  } else {
+    // Consumer warpgroup c: rows [64c, 64c + 64) of the tile, all BN columns.
+    setmaxnreg_inc<Kn::kConsumerRegs>();
+    const int c = wg - 1;
+    float acc[BN / 2];  // m64nBN fragment
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % S;
+      mbar_wait(full(s), static_cast<std::uint32_t>((kt / S) & 1));
+      fence_operands(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK; kk += 16) {
+        // A: K-major advances 32 bytes per k16 inside the swizzled row; MN-major 16 k-rows.
+        const std::uint64_t da = TransA ? smem_desc(stage_a(s) + c * Kn::kAtom + kk * 128, Kn::kAtom, 1024)
+                                        : smem_desc(stage_a(s) + c * 64 * 128 + kk * 2, 16, 1024);
+        const std::uint64_t db = TransB ? smem_desc(stage_b(s) + kk * 2, 16, 1024)
+                                        : smem_desc(stage_b(s) + kk * 128, Kn::kAtom, 1024);
+        Wgmma<BN, TransA ? 1 : 0, TransB ? 0 : 1>::mma(acc, da, db);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous slab's wgmmas have retired: release it
+      fence_operands(acc);
+      if (kt > 0 && threadIdx.x % 128 == 0) mbar_arrive(empty((kt - 1) % S));
+    }
+    wgmma_wait<0>();
+    fence_operands(acc);
+
+    // Fragment: acc[4j + e] is row 16·warp + g + 8·(e / 2), column 8j + 2t + e % 2.
+    const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
+    const int g = lane / 4, c2 = (lane % 4) * 2;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t row = static_cast<std::int64_t>(m0) + c * 64 + warp * 16 + g + half * 8;
+      if (row >= M) continue;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+        epilogue_pair(ep, N, row, static_cast<std::int64_t>(n0) + j * 8 + c2, acc[4 * j + 2 * half],
+                      acc[4 * j + 2 * half + 1]);
+    }
+  }
+#endif
+}
+
+// Asks the device whether it runs this build's sm_90a image (compute capability 9.0 and a build
+// that includes 90a); a device without a matching image fails the launch, which also means no.
+template <int = 0>
+__global__ void wgmma_probe_kernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+inline bool wgmma_available() {
+  static const bool available = [] {
+    int* flag = nullptr;
+    if (cudaMalloc(&flag, sizeof(int)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    int host = 0;
+    wgmma_probe_kernel<<<1, 1>>>(flag);
+    const bool ok = cudaGetLastError() == cudaSuccess &&
+                    cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && host == 1;
+    (void)cudaGetLastError();
+    cudaFree(flag);
+    return ok;
+  }();
+  return available;
+}
+
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    DPML_CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
+    DPML_REQUIRE(found == cudaDriverEntryPointSuccess && p != nullptr,
+                 "wgmma GEMM: the driver has no cuTensorMapEncodeTiled (CUDA 12.0 or later needed)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// Tensor map of a row-major (rows, cols) bf16 matrix with row stride ld, read in boxes of
+// (box_rows, box_cols = 64), 128-byte swizzled, zeros outside the matrix.
+inline CUtensorMap tensor_map(const bf16* base, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                              std::uint32_t box_rows, std::string_view operand) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols > 0 ? cols : 1), static_cast<cuuint64_t>(rows > 0 ? rows : 1)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(bf16)};
+  const cuuint32_t box[2] = {64, box_rows}, elem_strides[2] = {1, 1};
+  const CUresult rc = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides,
+                                     box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  DPML_REQUIRE(rc == CUDA_SUCCESS, "wgmma GEMM: cuTensorMapEncodeTiled failed (CUresult " << static_cast<int>(rc)
+                                       << ") for operand " << operand << " (" << rows << ", " << cols
+                                       << ") with row stride " << ld);
+  return map;
+}
+
+}  // namespace detail::wgmma
+
+template <class Tile, int Stages>
+struct WgmmaGemm {
+  static constexpr std::string_view name = "wgmma";
+  using tile = Tile;
+
+  // TMA: 16-byte aligned operands with row strides that are multiples of 16 bytes; paired stores
+  // into C; int32 tile coordinates; and an sm_90a image on a compute capability 9.0 device.
+  template <class TC>
+  static bool supports(const GemmArgs<TC>& g) {
+    return layout_ok(g) && detail::wgmma::wgmma_available();
+  }
+
+  template <GemmEpilogue Epi, class TC>
+  static void run(GemmContext&, const GemmArgs<TC>& g, cudaStream_t stream) {
+    detail::check_gemm_args<Epi>(g, name);
+    DPML_REQUIRE(layout_ok(g), "wgmma GEMM " << g.M << "x" << g.N << "x" << g.K
+                                             << ": needs 16-byte aligned A and B with lda, ldb multiples of 8 (lda="
+                                             << g.lda << ", ldb=" << g.ldb << ") and an even ldc (" << g.ldc << ")");
+    DPML_REQUIRE(detail::wgmma::wgmma_available(),
+                 "wgmma GEMM: this build has no sm_90a image for the device (build with "
+                 "CMAKE_CUDA_ARCHITECTURES=90a and run on a compute capability 9.0 GPU)");
+    if (g.M == 0 || g.N == 0) return;
+    const bool ta = g.ta == Trans::yes, tb = g.tb == Trans::yes;
+    if (ta && tb) launch<true, true, Epi>(g, stream);
+    else if (ta) launch<true, false, Epi>(g, stream);
+    else if (tb) launch<false, true, Epi>(g, stream);
+    else launch<false, false, Epi>(g, stream);
+  }
+
+ private:
+  template <class TC>
+  static bool layout_ok(const GemmArgs<TC>& g) {
+    using detail::aligned16;
+    constexpr std::int64_t kMax = std::int64_t{1} << 31;
+    return g.lda % 8 == 0 && g.ldb % 8 == 0 && g.ldc % 2 == 0 && aligned16(g.A) && aligned16(g.B) &&
+           reinterpret_cast<std::uintptr_t>(g.C) % (2 * sizeof(TC)) == 0 && g.M + Tile::M < kMax &&
+           g.N + Tile::N < kMax && g.K < kMax && ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N) < kMax;
+  }
+
+  template <bool TA, bool TB, class Epi, class TC>
+  static void launch(const GemmArgs<TC>& g, cudaStream_t stream) {
+    using Kn = detail::wgmma::Kernel<Tile, Stages, TA, TB>;
+    using detail::wgmma::tensor_map;
+    auto* kernel = &detail::wgmma::wgmma_gemm_kernel<Kn, TA, TB, Epi, TC>;
+    static const bool opted_in = [&] {
+      DPML_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(Kn::smem_bytes)));
+      return true;
+    }();
+    (void)opted_in;
+    // A stored (K, M) when transposed, else (M, K); B stored (N, K) when transposed, else (K, N).
+    // K-major slabs take one box of all their rows; MN-major ones boxes of 64 k-rows.
+    const CUtensorMap map_a = TA ? tensor_map(g.A, g.K, g.M, g.lda, Kn::BK, "A")
+                                 : tensor_map(g.A, g.M, g.K, g.lda, Kn::BM, "A");
+    const CUtensorMap map_b = TB ? tensor_map(g.B, g.N, g.K, g.ldb, Kn::BN, "B")
+                                 : tensor_map(g.B, g.K, g.N, g.ldb, Kn::BK, "B");
+    const auto blocks = static_cast<unsigned>(ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N));
+    const detail::EpilogueParams<TC, Epi> ep{g.C, g.ldc, g.alpha, g.beta, g.bias, g.pre_gelu};
+    kernel<<<blocks, Kn::Threads, Kn::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep);
+    DPML_CHECK_LAUNCH();
+  }
+};
+
+}  // namespace dpml::kernels::cuda
