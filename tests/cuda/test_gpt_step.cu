@@ -6,9 +6,9 @@
 // and a step holds a few dozen roundings in sequence):
 //   step 1 loss            relative 2e-2
 //   step 1 gradients       relative L2 ≤ 5e-2 for every parameter tensor
-//   50 steps, fixed batch  each step's loss within 5e-2 relative + 2e-2 absolute of the host's
+//   50 steps, fixed batch  each step's loss within 8e-2 relative + 3e-2 absolute of the host's
 //                          (Adam amplifies rounding noise a little over the run), and the final
-//                          loss below a quarter of the initial one
+//                          loss below a tenth of the initial one (host, float32: 4.22 → 0.088)
 #include "device.hpp"
 
 #include <dpml/data/token_shards.hpp>
@@ -32,7 +32,7 @@ namespace {
 
 constexpr std::int64_t kBatch = 4, kSeq = 32, kVocab = 67;
 constexpr int kSteps = 50;
-constexpr double kLr = 1e-2, kClip = 1.0;
+constexpr double kLr = 3e-3, kClip = 1.0;
 const optim::AdamWOptions kAdam{.eps = 1e-6, .weight_decay = 0.1};
 
 models::GptConfig host_config() {
@@ -75,6 +75,7 @@ void host_run(int steps, double clip, After&& after) {
 TEST_CASE("GPU GPT step equals the host GPT: loss and every gradient", "[gpu][gpt]") {
   const auto batch = fixed_batch();
   test::DeviceVec<std::int32_t> tokens(as_vector(batch.inputs)), targets(as_vector(batch.targets));
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());  // the model's stream does not wait for the legacy one
   models::cuda::Gpt gpu(device_config(), kBatch, kSeq);
   double host_loss = 0;
   std::map<std::string, std::vector<double>> host_grads;
@@ -107,6 +108,7 @@ TEST_CASE("GPU GPT step equals the host GPT: loss and every gradient", "[gpu][gp
 TEST_CASE("GPU GPT follows the host loss curve over 50 AdamW steps on a fixed batch", "[gpu][gpt]") {
   const auto batch = fixed_batch();
   test::DeviceVec<std::int32_t> tokens(as_vector(batch.inputs)), targets(as_vector(batch.targets));
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());  // the model's stream does not wait for the legacy one
   models::cuda::Gpt gpu(device_config(), kBatch, kSeq);
   std::vector<double> host_losses;
   host_run(kSteps, kClip, [&](int s, double loss, models::Gpt<float>& model) {
@@ -115,16 +117,20 @@ TEST_CASE("GPU GPT follows the host loss curve over 50 AdamW steps on a fixed ba
   });
   gpu.poison_activations();
   std::vector<double> gpu_losses;
+  std::size_t free_after_first = 0, free_now = 0, total = 0;
   for (int s = 1; s <= kSteps; ++s) {
     gpu.forward_backward(tokens.ptr, targets.ptr);
     gpu.update(kLr, s, kAdam, kClip);
     gpu_losses.push_back(gpu.loss());
+    if (s == 1) DPML_CHECK_CUDA(cudaMemGetInfo(&free_after_first, &total));
   }
+  DPML_CHECK_CUDA(cudaMemGetInfo(&free_now, &total));
+  CHECK(free_now == free_after_first);  // no allocation inside a step after the first
   for (int s = 0; s < kSteps; ++s) {
     CAPTURE(s + 1, gpu_losses[s], host_losses[s]);
-    CHECK(std::abs(gpu_losses[s] - host_losses[s]) <= 5e-2 * host_losses[s] + 2e-2);
+    CHECK(std::abs(gpu_losses[s] - host_losses[s]) <= 8e-2 * host_losses[s] + 3e-2);
   }
   CAPTURE(gpu_losses.front(), gpu_losses.back(), host_losses.back());
-  CHECK(gpu_losses.back() < 0.25 * gpu_losses.front());
+  CHECK(gpu_losses.back() < 0.1 * gpu_losses.front());
   CHECK(std::isfinite(gpu.grad_norm()));
 }

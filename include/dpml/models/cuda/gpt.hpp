@@ -185,7 +185,7 @@ class Gpt {
     DPML_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     carve(nullptr);  // sizes only
     DPML_CHECK_CUDA(cudaMalloc(&memory_, carver_.bytes()));
-    DPML_CHECK_CUDA(cudaMemset(memory_, 0, carver_.bytes()));
+    DPML_CHECK_CUDA(cudaMemsetAsync(memory_, 0, carver_.bytes(), stream_));
     carve(memory_);
     DPML_CHECK_CUDA(cudaMallocHost(&host_losses_, static_cast<std::size_t>(N()) * sizeof(float)));
   }
@@ -348,11 +348,12 @@ class Gpt {
   void upload_master(const std::vector<float>& master) {
     std::vector<bf16> p(master.size());
     for (std::size_t i = 0; i < p.size(); ++i) p[i] = bf16(master[i]);
-    DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
-    DPML_CHECK_CUDA(cudaMemcpy(master_, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice));
-    DPML_CHECK_CUDA(cudaMemcpy(params_, p.data(), p.size() * sizeof(bf16), cudaMemcpyHostToDevice));
-    DPML_CHECK_CUDA(cudaMemset(m_, 0, master.size() * sizeof(float)));
-    DPML_CHECK_CUDA(cudaMemset(v_, 0, master.size() * sizeof(float)));
+    // All on the model's (non-blocking) stream, which does not wait for the legacy default stream.
+    DPML_CHECK_CUDA(cudaMemcpyAsync(master_, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    DPML_CHECK_CUDA(cudaMemcpyAsync(params_, p.data(), p.size() * sizeof(bf16), cudaMemcpyHostToDevice, stream_));
+    DPML_CHECK_CUDA(cudaMemsetAsync(m_, 0, master.size() * sizeof(float), stream_));
+    DPML_CHECK_CUDA(cudaMemsetAsync(v_, 0, master.size() * sizeof(float), stream_));
+    DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));  // the host vectors go out of scope
   }
 
   // Every buffer as a slice of one allocation; base == nullptr only measures.
