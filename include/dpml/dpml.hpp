@@ -18,6 +18,7 @@
 #include "dpml/comm/launch.hpp"
 #include "dpml/comm/mpi.hpp"
 #include "dpml/comm/self.hpp"
+#include "dpml/comm/watchdog.hpp"
 
 #include "dpml/parallel/grid.hpp"
 
@@ -34,6 +35,11 @@
 #include "dpml/data/loader.hpp"
 #include "dpml/data/sampler.hpp"
 
+#include "dpml/checkpoint/checkpoint.hpp"
+#include "dpml/checkpoint/json.hpp"
+#include "dpml/checkpoint/manifest.hpp"
+#include "dpml/checkpoint/safetensors.hpp"
+
 #include "dpml/parallel/data.hpp"
 #include "dpml/parallel/distributed_optimizer.hpp"
 #include "dpml/parallel/flat_parameters.hpp"
@@ -45,4 +51,6 @@
 #include "dpml/layers/stack.hpp"
 
 #include "dpml/train/args.hpp"
+#include "dpml/train/checkpointing.hpp"
+#include "dpml/train/gpt_trainer.hpp"
 #include "dpml/train/progress.hpp"
