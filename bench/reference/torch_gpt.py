@@ -154,21 +154,6 @@ def main():
     ms = (time.time() - t0) * 1e3 / a.steps
     mem = torch.cuda.max_memory_allocated() / 2**30
 
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        train_step()
-        torch.cuda.synchronize()
-    fam = {}
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None)
-        if t is None:
-            t = e.cuda_time_total
-        if t > 0 and e.key and not e.key.startswith("ProfilerStep"):
-            if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CPU"):
-                continue
-            fam[family(e.key)] = fam.get(family(e.key), 0.0) + t / 1e3
-
     tok_s = a.batch * a.seq / (ms * 1e-3)
     fpt = 6 * n_params + 12 * a.layers * a.seq * a.dim
     tflops = fpt * tok_s / 1e12
@@ -180,6 +165,23 @@ def main():
                       "peak_tflops": round(peak, 1), "mfu": round(tflops / peak, 4), "mem_gib": round(mem, 3),
                       "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
                       "finite": all(math.isfinite(l) for l in losses)}), flush=True)
+
+    # Kernel families: CUDA kernel events of one profiled step, grouped by name.
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        train_step()
+        torch.cuda.synchronize()
+    fam = {}
+    for e in prof.key_averages():
+        if e.device_type != DeviceType.CUDA:
+            continue
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = e.self_cuda_time_total
+        if t > 0:
+            fam[family(e.key)] = fam.get(family(e.key), 0.0) + t / 1e3  # µs → ms
     total = sum(fam.values()) or 1.0
     for f, t in sorted(fam.items(), key=lambda kv: -kv[1]):
         print(json.dumps({"bench": "gpt_train_family", "impl": impl, "family": f, "ms": round(t, 3),
