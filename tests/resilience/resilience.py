@@ -7,7 +7,7 @@ fortunes text for a few steps. train_gpt --loss-log writes each step's loss in h
 equal loss strings and byte-equal exports.
 
     resilience.py <test> --train <train_gpt> --mpiexec <mpiexec> [--np-flag -n] [--preflags a;b]
-                  --work <dir> [--python-reader tests/checkpoint/read_safetensors.py]
+                  --work <dir> --data <text file> [--python-reader tests/checkpoint/read_safetensors.py]
 
 tests:
   bitwise   (dp,tp,pp) = (2,1,2), without and with ZeRO-1: 6 steps uninterrupted vs 3 steps
@@ -53,7 +53,7 @@ def fail(msg):
 
 class Runner:
     def __init__(self, a):
-        self.train, self.work = a.train, a.work
+        self.train, self.work, self.data = a.train, a.work, a.data
         self.mpi = [a.mpiexec, a.np_flag]
         self.pre = [p for p in a.preflags.split(";") if p]
         os.makedirs(self.work, exist_ok=True)
@@ -62,7 +62,7 @@ class Runner:
         return os.path.join(self.work, *p)
 
     def run(self, np, flags, timeout=180, ok=True):
-        cmd = self.mpi + [str(np)] + self.pre + [self.train] + MODEL + flags
+        cmd = self.mpi + [str(np)] + self.pre + [self.train, "--data-path", self.data] + MODEL + flags
         try:
             p = subprocess.run(cmd, cwd=self.work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                timeout=timeout, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
@@ -294,6 +294,7 @@ def main():
     p.add_argument("--np-flag", default="-n")
     p.add_argument("--preflags", default="")
     p.add_argument("--work", required=True)
+    p.add_argument("--data", required=True)
     p.add_argument("--python-reader", default="")
     a = p.parse_args()
     r = Runner(a)
