@@ -134,3 +134,22 @@ TEST_CASE("GPU GPT follows the host loss curve over 50 AdamW steps on a fixed ba
   CHECK(gpu_losses.back() < 0.1 * gpu_losses.front());
   CHECK(std::isfinite(gpu.grad_norm()));
 }
+
+TEST_CASE("GPU GPT copy_from then copy_to gives back the host weights exactly", "[gpu][gpt]") {
+  const auto grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  models::Gpt<float> source(host_config(), grid), target(host_config(), grid);
+  layers::initialize_all(source.parameters(), 1, &grid);
+  layers::initialize_all(target.parameters(), 2, &grid);
+  models::cuda::Gpt gpu(device_config(), kBatch, kSeq);
+  gpu.copy_from(source.parameters());
+  gpu.copy_to(target.parameters());
+  const auto src = source.parameters(), dst = target.parameters();
+  REQUIRE(src.size() == dst.size());
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    const auto a = src[i]->value(), b = dst[i]->value();
+    std::int64_t differ = 0;
+    for (std::int64_t j = 0; j < a.numel(); ++j) differ += a.data()[j] != b.data()[j];
+    CAPTURE(src[i]->name(), differ);
+    CHECK(differ == 0);
+  }
+}
