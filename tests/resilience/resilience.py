@@ -27,7 +27,8 @@ tests:
             never loaded; a skipped corrupt one is announced) and the final weights must equal
             the uninterrupted run's byte for byte.
   skip      --on-nonfinite skip with a NaN injected at step 3: the step is skipped with a message
-            naming it, training finishes with finite losses.
+            naming it and changes no weight or optimizer state (the checkpoint after step 3 holds
+            the tensors of the one after step 2), training finishes with finite losses.
   bad-setup writes the bad checkpoints that the failure tests (CMakeLists.txt) resume from:
             truncated file, flipped byte, missing tensor, shape that disagrees with the model.
 Exits non-zero with a message on the first failure.
@@ -248,16 +249,27 @@ def test_faults(r):
     print(f"faults: {killed} of 20 trials killed a rank ({mid_save} left a save in flight); all resumed bitwise")
 
 
-def test_skip(r):
-    rc, out = r.run(2, ["--pp", "2", "--train-iters", "6", "--on-nonfinite", "skip", "--inject-fault", "nan:3",
-                        "--loss-log", "skip.log"])
+def test_skip(r, reader):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(reader)))
+    from read_safetensors import plain_read
+    for d in ("skip-2", "skip-3"):
+        shutil.rmtree(r.path(d), ignore_errors=True)
+    base = ["--pp", "2", "--train-iters", "6", "--on-nonfinite", "skip"]
+    r.run(2, base + ["--exit-interval", "2", "--save", "skip-2"])
+    r.run(2, base + ["--exit-interval", "3", "--save", "skip-3", "--inject-fault", "nan:3"])
+    for f in ("rank-0.safetensors", "rank-1.safetensors"):  # the skipped step left every tensor as it was
+        _, before = plain_read(r.path("skip-2", "step-2", f))
+        _, after = plain_read(r.path("skip-3", "step-3", f))
+        if sorted(before) != sorted(after) or any(before[k][3] != after[k][3] for k in before):
+            fail(f"the skipped step 3 changed weights or optimizer state ({f})")
+    rc, out = r.run(2, base + ["--inject-fault", "nan:3", "--loss-log", "skip.log"])
     if len(re.findall(r"step 3: non-finite loss \(-?nan\); first non-finite gradient: 'wte.weight'"
                       r" — skipping the step", out)) != 1:
         fail(f"no skip message naming step 3 and wte.weight (once):\n{out}")
     log = losses(r.path("skip.log"))
     if log[3][1] == log[3][1] or any(log[s][1] != log[s][1] for s in (1, 2, 4, 5, 6)):
         fail(f"step 3 should be NaN and the others finite: {log}")
-    print("skip: step 3 skipped with a message, training finished with finite losses")
+    print("skip: step 3 skipped with a message and no update; training finished with finite losses")
 
 
 def bad_setup(r):
@@ -300,7 +312,7 @@ def main():
     r = Runner(a)
     {"bitwise": lambda: test_bitwise(r), "reshard": lambda: test_reshard(r),
      "export": lambda: test_export(r, a.python_reader), "faults": lambda: test_faults(r),
-     "skip": lambda: test_skip(r), "bad-setup": lambda: bad_setup(r)}[a.test]()
+     "skip": lambda: test_skip(r, a.python_reader), "bad-setup": lambda: bad_setup(r)}[a.test]()
 
 
 if __name__ == "__main__":
