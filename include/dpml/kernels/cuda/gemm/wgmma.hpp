@@ -26,8 +26,8 @@
 //
 // sm_90a: wgmma and setmaxnreg exist only in the architecture-specific target
 // (`-gencode=arch=compute_90a,code=sm_90a`, CMAKE_CUDA_ARCHITECTURES=90a). In any other build the
-// kernel body is empty and supports() is false (a probe kernel asks the device which image it runs),
-// so callers fall back to another policy.
+// kernel body is empty and supports() is false (the attributes of a probe kernel tell which image
+// the device runs), so callers fall back to another policy.
 
 #include "dpml/core/error.hpp"
 #include "dpml/kernels/cuda/common.hpp"
@@ -307,30 +307,31 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
 #endif
 }
 
-// Asks the device whether it runs this build's sm_90a image (compute capability 9.0 and a build
-// that includes 90a); a device without a matching image fails the launch, which also means no.
+// Whether the device runs this build's sm_90a image (compute capability 9.0 and a build that
+// includes 90a). The probe kernel's sm_90a image declares kProbeWords words of static shared
+// memory and every other image none, so its attributes tell which image the device loaded —
+// without a launch, an allocation or a synchronisation (safe inside stream capture). A device
+// with no image for it at all fails the query, which also means no.
+inline constexpr int kProbeWords = 1024;
+
 template <int = 0>
 __global__ void wgmma_probe_kernel(int* out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  *out = 1;
+  __shared__ int marker[kProbeWords];
+  marker[threadIdx.x % kProbeWords] = static_cast<int>(threadIdx.x);
+  __syncthreads();
+  out[threadIdx.x] = marker[(threadIdx.x + 1) % kProbeWords];
 #else
-  *out = 0;
+  (void)out;
 #endif
 }
 
 inline bool wgmma_available() {
   static const bool available = [] {
-    int* flag = nullptr;
-    if (cudaMalloc(&flag, sizeof(int)) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    int host = 0;
-    wgmma_probe_kernel<<<1, 1>>>(flag);
-    const bool ok = cudaGetLastError() == cudaSuccess &&
-                    cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && host == 1;
-    (void)cudaGetLastError();
-    cudaFree(flag);
+    cudaFuncAttributes attr{};
+    const bool ok = cudaFuncGetAttributes(&attr, &wgmma_probe_kernel<0>) == cudaSuccess &&
+                    attr.sharedSizeBytes >= kProbeWords * sizeof(int);
+    (void)cudaGetLastError();  // a failed query leaves nothing pending
     return ok;
   }();
   return available;
