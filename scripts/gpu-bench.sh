@@ -3,7 +3,8 @@
 #
 #   1. configure the cuda-openmpi preset, build gpt_train and test_cuda_gpt_step
 #   2. test_cuda_gpt_step: the GPU GPT against the host GPT (loss, gradients, 50-step curve)
-#   3. gpt_train (dpml), then bench/reference/torch_gpt.py eager and torch.compile, same B/T/steps
+#   3. gpt_train (dpml; again with --recompute-gelu 0), then bench/reference/torch_gpt.py eager and
+#      torch.compile, same B/T/steps
 #   4. a table: tokens/s, ms/step, MFU, memory, and the ratios ours / eager, ours / compile,
 #      ours / llm.c (495k tok/s, 1×H100, cuDNN attention: ../shared/TOOLCHAIN.md)
 #
@@ -20,7 +21,7 @@ while [[ $# -gt 0 ]]; do
     --warmup) warmup=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --seq) seq=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu-bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -41,6 +42,8 @@ ctest --test-dir "$build" -R '^test_cuda_gpt_step$' --output-on-failure || statu
 common=(--batch "$batch" --seq "$seq" --steps "$steps" --warmup "$warmup")
 echo "== dpml gpt_train"
 "$build/bench/gpt_train/gpt_train" "${common[@]}" | tee "$results/dpml.txt" || status=1
+echo "== dpml gpt_train --recompute-gelu 0 (GELU output saved per block)"
+"$build/bench/gpt_train/gpt_train" "${common[@]}" --recompute-gelu 0 | tee "$results/dpml-saved-gelu.txt" || status=1
 for mode in eager compile; do
   echo "== torch $mode"
   python3 bench/reference/torch_gpt.py --mode "$mode" "${common[@]}" | tee "$results/torch-$mode.txt" || status=1
@@ -51,7 +54,7 @@ python3 - "$results" <<'EOF' || status=1
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])
 runs, fams = {}, {}
-for f in ("dpml.txt", "torch-eager.txt", "torch-compile.txt"):
+for f in ("dpml.txt", "dpml-saved-gelu.txt", "torch-eager.txt", "torch-compile.txt"):
     p = d / f
     if not p.exists():
         continue

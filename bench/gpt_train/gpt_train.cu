@@ -50,6 +50,7 @@ void usage(const char* argv0) {
       "  --steps N        timed steps (20)\n"
       "  --lr X           peak learning rate, linear warm-up over the warm-up steps (6e-4)\n"
       "  --data PATTERN   llm.c token shards (uint16 .bin, glob allowed); default: random tokens\n"
+      "  --recompute-gelu 0|1   recompute the GELU output in the backward instead of saving it per block (1)\n"
       "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
       argv0);
 }
@@ -74,6 +75,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--steps") o.steps = std::atoi(v);
     else if (a == "--lr") o.lr = std::atof(v);
     else if (a == "--data") o.data = v;
+    else if (a == "--recompute-gelu") o.model.recompute_gelu = std::atoi(v) != 0;
     else DPML_REQUIRE(false, "gpt_train: unknown option " << a << " (see --help)");
   }
   DPML_REQUIRE(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.warmup >= 0,
@@ -219,21 +221,23 @@ int main(int argc, char** argv) {
     bool finite = true;
     for (double l : losses) finite = finite && std::isfinite(l);
 
-    std::printf("{\"bench\":\"gpt_train\",\"impl\":\"dpml\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
-                "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
+    const char* impl = o.model.recompute_gelu ? "dpml" : "dpml-saved-gelu";
+    std::printf("{\"bench\":\"gpt_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
+                "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
                 "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
                 "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s}\n",
-                prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
+                impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
                 static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
-                static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab), n_params, o.steps, o.warmup,
+                static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
+                o.model.recompute_gelu ? "true" : "false", n_params, o.steps, o.warmup,
                 ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib,
                 static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
                 finite ? "true" : "false");
     double family_total = 0;
     for (double m : family_ms) family_total += m;
     for (std::size_t f = 0; f < family_ms.size(); ++f)
-      std::printf("{\"bench\":\"gpt_train_family\",\"impl\":\"dpml\",\"family\":\"%.*s\",\"ms\":%.3f,\"share\":%.4f}\n",
-                  static_cast<int>(models::cuda::kFamilyNames[f].size()), models::cuda::kFamilyNames[f].data(),
+      std::printf("{\"bench\":\"gpt_train_family\",\"impl\":\"%s\",\"family\":\"%.*s\",\"ms\":%.3f,\"share\":%.4f}\n",
+                  impl, static_cast<int>(models::cuda::kFamilyNames[f].size()), models::cuda::kFamilyNames[f].data(),
                   family_ms[f], family_total > 0 ? family_ms[f] / family_total : 0.0);
 
     std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld T=%lld on %s, bf16 + fp32 master, AdamW, clip 1.0\n",

@@ -1,6 +1,7 @@
 // The single-GPU GPT (models/cuda/gpt.hpp) against the host GPT (models::Gpt<float> +
 // train::GptTrainer with AdamW) from identical initial weights, on a tiny configuration
-// (L=2, C=64, H=2 so D=32, V=67 padded to 128, T=32, B=4). Activations are poisoned (NaN) first.
+// (L=2, C=64, H=2 so D=32, V=67 padded to 128, T=32, B=4), with and without the GELU recompute.
+// Activations are poisoned (NaN) first.
 //
 // Tolerances (bf16 activations and weights against float32; one bf16 rounding is 2^-9 relative,
 // and a step holds a few dozen roundings in sequence):
@@ -38,8 +39,8 @@ const optim::AdamWOptions kAdam{.eps = 1e-6, .weight_decay = 0.1};
 models::GptConfig host_config() {
   return {.vocab = kVocab, .max_seq = kSeq, .layers = 2, .heads = 2, .dim = 64};
 }
-models::cuda::GptCudaConfig device_config() {
-  return {.vocab = kVocab, .max_seq = kSeq, .layers = 2, .heads = 2, .dim = 64};
+models::cuda::GptCudaConfig device_config(bool recompute_gelu = true) {
+  return {.vocab = kVocab, .max_seq = kSeq, .layers = 2, .heads = 2, .dim = 64, .recompute_gelu = recompute_gelu};
 }
 
 // Random inputs; targets a fixed function of them, so that the loss can fall far.
@@ -73,10 +74,12 @@ void host_run(int steps, double clip, After&& after) {
 }  // namespace
 
 TEST_CASE("GPU GPT step equals the host GPT: loss and every gradient", "[gpu][gpt]") {
+  const bool recompute_gelu = GENERATE(true, false);
+  CAPTURE(recompute_gelu);
   const auto batch = fixed_batch();
   test::DeviceVec<std::int32_t> tokens(as_vector(batch.inputs)), targets(as_vector(batch.targets));
   DPML_CHECK_CUDA(cudaDeviceSynchronize());  // the model's stream does not wait for the legacy one
-  models::cuda::Gpt gpu(device_config(), kBatch, kSeq);
+  models::cuda::Gpt gpu(device_config(recompute_gelu), kBatch, kSeq);
   double host_loss = 0;
   std::map<std::string, std::vector<double>> host_grads;
   // clip 0: the host's gradients stay as the backward left them (its clipping scales them in place).
