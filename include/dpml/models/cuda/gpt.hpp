@@ -25,8 +25,13 @@
 // Per-family timing: with a Profiler attached, each kernel family is bracketed by CUDA events;
 // Profiler::collect() synchronises and sums the milliseconds per family.
 //
-// Precision: bf16 with fp32 master weights only; the fp16 policy with dynamic loss scaling is not
-// built yet.
+// The activation/scratch block is one cudaMalloc at construction (its layout is fixed, so the
+// stream-ordered CudaAllocator has nothing to add here).
+//
+// Precision: bf16 with fp32 master weights only. The fp16 policy with dynamic loss scaling is not
+// built: the device kernels take bf16 or fp32 storage only (detail::is_storage_v); the model side
+// would scale dloss of the cross-entropy, pass 1/scale (times the clip coefficient) as AdamW's
+// grad_scale, and halve the scale on a non-finite norm (AdamW already skips the step then).
 
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/cuda_error.hpp"
