@@ -32,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 
 namespace dpml::comm::watchdog {
 
@@ -103,6 +104,8 @@ class Timer {
                "(--collective-timeout %.1f s); ending the job\n",
                world_rank, waited, op, where.c_str(), when.c_str(), timeout());
   std::fflush(stderr);
+  // Let the launcher forward the line before MPI_Abort tears the job (and its pipes) down.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   MPI_Abort(MPI_COMM_WORLD, 3);
   std::abort();  // MPI_Abort does not return; should it, nothing may go on
 }
