@@ -15,7 +15,8 @@ tests:
             for bit, and byte-equal exported weights.
   reshard   save after 3 steps on one layout, resume on another, finish: every loss within 1e-4
             (relative) of the uninterrupted sequential run; (2,2,2)+ZeRO → (1,1,1),
-            (1,1,1) → (2,2,2)+ZeRO, (4,1,2) → (2,2,2), (4,1,2)+ZeRO → (2,2,2)+ZeRO.
+            (1,1,1) → (2,2,2)+ZeRO, (4,1,2) → (2,2,2), (4,1,2)+ZeRO → (2,2,2)+ZeRO, and with a
+            vocabulary that tp 2 pads (V 129): (2,2,1)+ZeRO → (1,1,2).
   export    the exported file has GPT-2's names and shapes and holds the checkpoint's values
             under GPT-2's layout (Conv1D weights (in, out), c_attn columns [q|k|v]) — checked here
             by an independent parser (read_safetensors.py's); --import of it on another layout
@@ -120,17 +121,23 @@ def test_bitwise(r):
 
 
 def test_reshard(r):
-    r.run(1, ["--train-iters", "6", "--loss-log", "ref.log"])
-    ref = losses(r.path("ref.log"))
-    cases = [((8, 2, 2, True), (1, 1, 1, False)), ((1, 1, 1, False), (8, 2, 2, True)),
-             ((8, 1, 2, False), (8, 2, 2, False)), ((8, 1, 2, True), (8, 2, 2, True))]
-    for i, (src, dst) in enumerate(cases):
+    refs = {}
+    for vocab in ("256", "129"):
+        r.run(1, ["--train-iters", "6", "--vocab-size", vocab, "--loss-log", f"ref-{vocab}.log"])
+        refs[vocab] = losses(r.path(f"ref-{vocab}.log"))
+    # (np, tp, pp, zero) before and after; V = 129 makes tp 2 pad the vocabulary (130 rows).
+    cases = [((8, 2, 2, True), (1, 1, 1, False), "256"), ((1, 1, 1, False), (8, 2, 2, True), "256"),
+             ((8, 1, 2, False), (8, 2, 2, False), "256"), ((8, 1, 2, True), (8, 2, 2, True), "256"),
+             ((4, 2, 1, True), (2, 1, 2, False), "129")]
+    for i, (src, dst, vocab) in enumerate(cases):
         d = f"reshard-{i}"
+        ref = refs[vocab]
         shutil.rmtree(r.path(d), ignore_errors=True)
+        v = ["--train-iters", "6", "--vocab-size", vocab, "--save", d]
         np, lay = layout(*src)
-        r.run(np, ["--train-iters", "6", "--save", d, "--exit-interval", "3", "--loss-log", f"{d}-a.log"] + lay)
+        r.run(np, v + ["--exit-interval", "3", "--loss-log", f"{d}-a.log"] + lay)
         np, lay = layout(*dst)
-        _, out = r.run(np, ["--train-iters", "6", "--save", d, "--resume", "latest", "--loss-log", f"{d}-b.log"] + lay)
+        _, out = r.run(np, v + ["--resume", "latest", "--loss-log", f"{d}-b.log"] + lay)
         if "at step 3" not in out:
             fail(f"{src} -> {dst}: did not resume at step 3:\n{out}")
         got = {**losses(r.path(f"{d}-a.log")), **losses(r.path(f"{d}-b.log"))}
@@ -138,7 +145,7 @@ def test_reshard(r):
             rel = abs(got[s][1] - ref[s][1]) / abs(ref[s][1])
             if rel > 1e-4:
                 fail(f"{src} -> {dst}: step {s} loss {got[s][1]!r} vs sequential {ref[s][1]!r} (rel {rel:.2e})")
-        print(f"reshard (np,tp,pp,zero) {src} -> {dst}: losses of steps 1-6 within 1e-4 of the sequential run")
+        print(f"reshard (np,tp,pp,zero) {src} -> {dst}, V {vocab}: losses of steps 1-6 within 1e-4 of the sequential run")
 
 
 def test_export(r, reader):
@@ -188,6 +195,16 @@ def test_export(r, reader):
     if read_bytes(r.path("model.safetensors")) != read_bytes(r.path("again.safetensors")):
         fail("--import then --export (tp 2, pp 2) changed the model")
     print("export -> import (tp 2, pp 2) -> export: byte-equal")
+    # A vocabulary that tp 2 pads (V = 129 → 130 rows): the padding stays out of the file.
+    r.run(2, ["--tp", "2", "--vocab-size", "129", "--train-iters", "6", "--export", "v129.safetensors"])
+    _, v129 = plain_read(r.path("v129.safetensors"))
+    if v129["wte.weight"][1] != [129, 32]:
+        fail(f"wte.weight exported as {v129['wte.weight'][1]}, expected [129, 32] (no padding rows)")
+    r.run(1, ["--vocab-size", "129", "--train-iters", "1", "--lr-warmup-iters", "0", "--lr", "0", "--min-lr", "0",
+              "--import", "v129.safetensors", "--export", "v129-again.safetensors"])
+    if read_bytes(r.path("v129.safetensors")) != read_bytes(r.path("v129-again.safetensors")):
+        fail("V = 129: export (tp 2, padded) -> import (tp 1) -> export changed the model")
+    print("export of a padded vocabulary (V 129, tp 2): 129 rows; import at tp 1 and export again: byte-equal")
 
 
 def complete_steps(d):
