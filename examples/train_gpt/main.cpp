@@ -15,6 +15,8 @@
 //
 // --inject-fault is for tests only (tests/resilience): comma-separated
 //   kill:R:S      world rank R SIGKILLs itself S seconds (a decimal) after start
+//   kill-after:R:N world rank R SIGKILLs itself after its N-th step of this launch (its save
+//                 of that step, if any, still in flight)
 //   hang:R:N      world rank R stops calling collectives before step N (sleeps)
 //   nan:N         step N sees a NaN weight (wpe.weight[0], restored after the step)
 //   slow-save:MS  every rank sleeps MS ms after starting each save (a wider window mid-save)
@@ -74,7 +76,8 @@ struct Flags {
 struct Faults {
   int kill_rank = -1;
   double kill_after = 0.0;
-  int hang_rank = -1;
+  int hang_rank = -1, kill_steps_rank = -1;
+  std::int64_t kill_steps = 0;
   std::int64_t hang_step = -1, nan_step = -1, slow_save_ms = 0;
 
   static Faults parse(const std::string& spec) {
@@ -88,6 +91,7 @@ struct Faults {
       std::getline(one, b, ':');
       try {
         if (kind == "kill") f.kill_rank = std::stoi(a), f.kill_after = std::stod(b);
+        else if (kind == "kill-after") f.kill_steps_rank = std::stoi(a), f.kill_steps = std::stoll(b);
         else if (kind == "hang") f.hang_rank = std::stoi(a), f.hang_step = std::stoll(b);
         else if (kind == "nan") f.nan_step = std::stoll(a);
         else if (kind == "slow-save") f.slow_save_ms = std::stoll(a);
@@ -154,7 +158,7 @@ int main(int argc, char** argv) {
         .flag("--on-nonfinite", f.on_nonfinite, "non-finite loss or gradient: stop | skip (no update)")
         .flag("--collective-timeout", f.collective_timeout, "seconds a collective may wait before the job is ended (0: off)")
         .flag("--loss-log", f.loss_log, "rank 0 writes 'step loss(hex) loss' per step to this file")
-        .flag("--inject-fault", f.faults, "tests only: kill:R:S, hang:R:N, nan:N, slow-save:MS");
+        .flag("--inject-fault", f.faults, "tests only: kill:R:S, kill-after:R:N, hang:R:N, nan:N, slow-save:MS");
     if (!args.parse(argc, argv, world.rank())) return 0;
 
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
@@ -252,6 +256,7 @@ int main(int argc, char** argv) {
             if (faults.slow_save_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_save_ms));
           }
         }
+        if (world.rank() == faults.kill_steps_rank && step - start.step == faults.kill_steps) std::raise(SIGKILL);
         if (step % f.eval_interval == 0 || step == f.iters) val = trainer.evaluate(val_data.batch(0));
         metrics.write({{"step", double(step)}, {"loss", r.loss}, {"val_loss", val}, {"lr", rate},
                        {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},

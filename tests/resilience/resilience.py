@@ -21,9 +21,9 @@ tests:
             under GPT-2's layout (Conv1D weights (in, out), c_attn columns [q|k|v]) — checked here
             by an independent parser (read_safetensors.py's); --import of it on another layout
             with lr 0 exports the same bytes again (round trip).
-  faults    20 seeded trials on 2 ranks (pp 2), a checkpoint every step: one rank SIGKILLs itself
-            at a random time (half the trials with slow saves, so that many kills land inside a
-            save); the job must end (no hang), then --resume latest is rerun until the run
+  faults    20 seeded trials on 2 ranks (pp 2), a checkpoint every step: one rank SIGKILLs itself,
+            in half the trials after a random step (its save still in flight), in the others at
+            a random time (half of those with slow saves); the job must end (no hang), then --resume latest is rerun until the run
             completes; each resume must start from the checkpoint `latest` names (a torn .tmp is
             never loaded; a skipped corrupt one is announced) and the final weights must equal
             the uninterrupted run's byte for byte.
@@ -228,11 +228,13 @@ def test_faults(r):
         shutil.rmtree(r.path(d), ignore_errors=True)
         if os.path.exists(r.path(out_file)):
             os.remove(r.path(out_file))
-        slow = rng.random() < 0.5
-        span = duration + (12 * 0.04 if slow else 0.0)
-        when = rng.uniform(0.05, span)
         rank = rng.randrange(2)
-        fault = f"kill:{rank}:{when:.3f}" + (",slow-save:40" if slow else "")
+        if trial % 2 == 0:  # after a random step, that step's save in flight: always a kill
+            fault = f"kill-after:{rank}:{rng.randint(1, 11)}"
+        else:  # at a random time, half the trials with slow saves
+            slow = rng.random() < 0.5
+            when = rng.uniform(0.05, duration + (12 * 0.04 if slow else 0.0))
+            fault = f"kill:{rank}:{when:.3f}" + (",slow-save:40" if slow else "")
         rc, out = r.run(2, flags + ["--save", d, "--inject-fault", fault, "--export", out_file], timeout=120, ok=False)
         if rc != 0:
             killed += 1
@@ -261,7 +263,7 @@ def test_faults(r):
             fail(f"trial {trial} ({fault}): final weights differ from the uninterrupted run's")
         print(f"trial {trial:2d}: {fault:28s} {'killed' if attempts else 'finished first'}; "
               f"{attempts} resume(s); final weights equal")
-    if killed < 10 or mid_save < 3:
+    if killed < 10 or mid_save < 5:
         fail(f"only {killed} of 20 trials killed a rank ({mid_save} mid-save): the trials test too little")
     print(f"faults: {killed} of 20 trials killed a rank ({mid_save} left a save in flight); all resumed bitwise")
 

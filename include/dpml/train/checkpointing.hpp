@@ -67,7 +67,8 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace dpml::train {
@@ -82,6 +83,10 @@ struct TrainPosition {
 namespace detail {
 
 using checkpoint::Slice;
+
+// The trainer's element type (its parameters').
+template <class Trainer>
+using value_t = std::remove_cvref_t<decltype(*std::declval<Trainer&>().optimizer().flat().values().data())>;
 
 // A parameter as a block of its layout-independent global tensor (wte.weight: without padding).
 struct GlobalBlock {
@@ -118,7 +123,7 @@ auto gather_flat_state(Trainer& t, std::size_t k) {
   auto& dist = t.optimizer();
   auto& opt = dist.optimizer();
   const auto& flat = dist.flat();
-  using T = std::remove_cvref_t<decltype(*flat.values().data())>;
+  using T = value_t<Trainer>;
   std::vector<T> out(static_cast<std::size_t>(flat.numel()));
   if constexpr (!Trainer::zero) {
     for (std::size_t i = 0; i < flat.params().size(); ++i) {
@@ -231,7 +236,7 @@ class Checkpointer {
       if (p->is_duplicate()) continue;
       const auto b = detail::block_of(*p, t.grid(), cfg);
       writer_.add(p->name(), b.shape, b.slice,
-                  std::span<const float>(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
+                  std::span<const detail::value_t<Trainer>>(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
     }
     checkpoint::SaveInfo info;
     info.step = pos.step;
@@ -343,8 +348,7 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
                   std::span(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
     }
     for (std::size_t k = 0; k < dist.optimizer().state_names().size(); ++k) {
-      using T = std::remove_cvref_t<decltype(*flat.values().data())>;
-      std::vector<T> state(static_cast<std::size_t>(flat.numel()), T(0));  // padding rows: no state
+      std::vector<detail::value_t<Trainer>> state(static_cast<std::size_t>(flat.numel()));  // zeros: padding rows have no state
       for (std::size_t i = 0; i < params.size(); ++i) {
         const auto b = detail::block_of(*params[i], t.grid(), cfg);
         reader.read(detail::state_tensor_name(params[i]->name(), dist.optimizer().state_names()[k]), b.shape, b.slice,
@@ -417,7 +421,7 @@ void export_gpt2(Trainer& t, const std::string& path) {
       if (p->is_duplicate()) continue;
       const auto b = detail::block_of(*p, t.grid(), cfg);
       writer.add(p->name(), b.shape, b.slice,
-                 std::span<const float>(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
+                 std::span<const detail::value_t<Trainer>>(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
     }
     writer.save({.step = 0, .config = checkpoint::Json::object(), .layout = {}});
   }
@@ -429,7 +433,8 @@ void export_gpt2(Trainer& t, const std::string& path) {
       file.set_metadata("format", "pt");
       file.set_metadata("producer", "dpml export_gpt2");
       for (const auto& rec : reader.manifest().tensors) {
-        const auto values = reader.read_full<float>(rec.name, rec.shape);
+        const auto read = reader.read_full<detail::value_t<Trainer>>(rec.name, rec.shape);
+        const std::vector<float> values(read.begin(), read.end());  // GPT-2 files are F32
         const auto out = detail::gpt2_convert<float>(rec.name, rec.shape, values, cfg.heads, /*to_file=*/true);
         file.add<float>(rec.name, detail::gpt2_shape(rec.name, rec.shape), std::span<const float>(out));
       }
@@ -466,9 +471,9 @@ void import_gpt2(Trainer& t, const std::string& path) {
       const auto& s = b.slice;
       const std::int64_t cols = b.shape.size() == 2 ? b.shape[1] : 1;
       const std::int64_t c0 = b.shape.size() == 2 ? s[1].begin : 0, c1 = b.shape.size() == 2 ? s[1].end : 1;
-      float* dst = p->value().data();
+      auto* dst = p->value().data();
       for (std::int64_t r = s[0].begin; r < s[0].end; ++r)
-        for (std::int64_t c = c0; c < c1; ++c) *dst++ = ours[static_cast<std::size_t>(r * cols + c)];
+        for (std::int64_t c = c0; c < c1; ++c) *dst++ = static_cast<detail::value_t<Trainer>>(ours[static_cast<std::size_t>(r * cols + c)]);
     }
   } catch (const Error& e) {
     error = e.message();
