@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
         .flag("--resume", f.resume, "latest (newest complete checkpoint in --save) or DIR/step-N")
         .flag("--export", f.export_path, "write the trained model as GPT-2-style safetensors")
         .flag("--import", f.import_path, "start from a GPT-2-style safetensors file")
-        .flag("--on-nonfinite", f.on_nonfinite, "non-finite loss or gradient: stop | skip (no update)")
+        .flag("--on-nonfinite", f.on_nonfinite, "non-finite loss or gradient: stop | skip (no update) | ignore (no check)")
         .flag("--collective-timeout", f.collective_timeout, "seconds a collective may wait before the job is ended (0: off)")
         .flag("--loss-log", f.loss_log, "rank 0 writes 'step loss(hex) loss' per step to this file")
         .flag("--inject-fault", f.faults, "tests only: kill:R:S, kill-after:R:N, hang:R:N, nan:N, slow-save:MS");
