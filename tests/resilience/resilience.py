@@ -66,7 +66,7 @@ class Runner:
     def run(self, np, flags, timeout=180, ok=True):
         cmd = self.mpi + [str(np)] + self.pre + [self.train, "--data-path", self.data] + MODEL + flags
         try:
-            p = subprocess.run(cmd, cwd=self.work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            p = subprocess.run(cmd, cwd=self.work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                                timeout=timeout, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
         except subprocess.TimeoutExpired:
             fail(f"hang: killed after {timeout} s: {' '.join(cmd)}")
@@ -152,9 +152,11 @@ def test_export(r, reader):
     sys.path.insert(0, os.path.dirname(os.path.abspath(reader)))
     from read_safetensors import plain_read  # the independent parser of the published format
     shutil.rmtree(r.path("export-ckpt"), ignore_errors=True)
-    r.run(1, ["--train-iters", "6", "--save", "export-ckpt", "--export", "model.safetensors"])
+    prompt = "It was the"
+    _, out = r.run(1, ["--train-iters", "300", "--lr", "0.01", "--save", "export-ckpt", "--export", "model.safetensors",
+                       "--sample-tokens", "12", "--temperature", "0", "--prompt", prompt])
     header, gpt2 = plain_read(r.path("model.safetensors"))
-    _, ours = plain_read(r.path("export-ckpt", "step-6", "rank-0.safetensors"))
+    _, ours = plain_read(r.path("export-ckpt", "step-300", "rank-0.safetensors"))
     L, C, H, V, T = 2, 32, 2, 256, 16
     D = C // H
     want = {"wte.weight": [V, C], "wpe.weight": [T, C], "ln_f.weight": [C], "ln_f.bias": [C]}
@@ -189,6 +191,19 @@ def test_export(r, reader):
             if src != v:
                 fail(f"{name}[{idx}]: exported {v}, the checkpoint holds {src} there")
     print(f"export: {len(gpt2)} tensors with GPT-2's names, shapes and layouts (independent parser)")
+    # GPT-2's forward pass (Hugging Face semantics), written here from the file alone: greedy
+    # decoding must continue the prompt exactly as train_gpt's sampler did with temperature 0.
+    m = re.search(r"---- sample \(temperature 0.00, top-k \d+\) ----\n(.*)\n----", out, re.S)
+    if not m:
+        fail(f"no sample in the output:\n{out}")
+    w = {k: v[2] for k, v in gpt2.items()}
+    tokens = list(prompt.encode())
+    for _ in range(12):
+        tokens.append(gpt2_greedy_next(w, tokens[-T:], L, C, H, V))
+    mine = bytes(tokens).decode("utf-8", "replace")
+    if mine != m.group(1):
+        fail(f"GPT-2 forward on the exported file continues {prompt!r} as {mine!r}, train_gpt as {m.group(1)!r}")
+    print(f"export: a GPT-2 forward pass on the file alone continues {prompt!r} as train_gpt does: {mine!r}")
     # Round trip through --import on another layout (tp 2, pp 2); lr 0 leaves the weights as read.
     r.run(4, ["--tp", "2", "--pp", "2", "--train-iters", "1", "--lr-warmup-iters", "0", "--lr", "0", "--min-lr", "0",
               "--import", "model.safetensors", "--export", "again.safetensors"])
@@ -205,6 +220,52 @@ def test_export(r, reader):
     if read_bytes(r.path("v129.safetensors")) != read_bytes(r.path("v129-again.safetensors")):
         fail("V = 129: export (tp 2, padded) -> import (tp 1) -> export changed the model")
     print("export of a padded vocabulary (V 129, tp 2): 129 rows; import at tp 1 and export again: byte-equal")
+
+
+def gpt2_greedy_next(w, tokens, L, C, H, V):
+    """argmax of GPT-2's next-token logits (float64, plain Python): wte + wpe, L blocks of
+    ln_1 → c_attn (x · W, W (C, 3C), columns [q | k | v]) → causal attention → c_proj, ln_2 →
+    c_fc → gelu (tanh) → c_proj, then ln_f and logits = h · wteᵀ."""
+    import math
+    T, D = len(tokens), C // H
+
+    def linear(x, name, n_in, n_out):  # GPT-2 Conv1D: y = x · W + b, W (in, out)
+        W, b = w[name + ".weight"], w[name + ".bias"]
+        return [[b[o] + sum(row[i] * W[i * n_out + o] for i in range(n_in)) for o in range(n_out)] for row in x]
+
+    def layer_norm(x, name):
+        g, b = w[name + ".weight"], w[name + ".bias"]
+        out = []
+        for row in x:
+            mu = sum(row) / C
+            var = sum((v - mu) ** 2 for v in row) / C
+            out.append([(v - mu) / math.sqrt(var + 1e-5) * g[i] + b[i] for i, v in enumerate(row)])
+        return out
+
+    def gelu(v):
+        return 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+
+    x = [[w["wte.weight"][t * C + c] + w["wpe.weight"][p * C + c] for c in range(C)] for p, t in enumerate(tokens)]
+    for l in range(L):
+        h = f"h.{l}."
+        qkv = linear(layer_norm(x, h + "ln_1"), h + "attn.c_attn", C, 3 * C)
+        att = [[0.0] * C for _ in range(T)]
+        for head in range(H):
+            q = [row[head * D:(head + 1) * D] for row in qkv]
+            k = [row[C + head * D:C + (head + 1) * D] for row in qkv]
+            v = [row[2 * C + head * D:2 * C + (head + 1) * D] for row in qkv]
+            for i in range(T):
+                s = [sum(a * b for a, b in zip(q[i], k[j])) / math.sqrt(D) for j in range(i + 1)]
+                top = max(s)
+                e = [math.exp(z - top) for z in s]
+                for d in range(D):
+                    att[i][head * D + d] = sum(e[j] * v[j][d] for j in range(i + 1)) / sum(e)
+        x = [[a + b for a, b in zip(r0, r1)] for r0, r1 in zip(x, linear(att, h + "attn.c_proj", C, C))]
+        m = [[gelu(v) for v in row] for row in linear(layer_norm(x, h + "ln_2"), h + "mlp.c_fc", C, 4 * C)]
+        x = [[a + b for a, b in zip(r0, r1)] for r0, r1 in zip(x, linear(m, h + "mlp.c_proj", 4 * C, C))]
+    last = layer_norm(x, "ln_f")[-1]
+    logits = [sum(last[c] * w["wte.weight"][t * C + c] for c in range(C)) for t in range(V)]
+    return max(range(V), key=lambda t: logits[t])
 
 
 def complete_steps(d):
