@@ -28,6 +28,10 @@ inline unsigned grid_for(std::int64_t n, int threads, std::int64_t cap = 65536) 
 
 namespace detail {
 
+// Whether p may be read as 16-byte vectors. Host and device: launchers pick vector paths with it
+// (a __device__-only helper called from a host launcher compiles, and then ends the process).
+__host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
 template <class T>
 inline constexpr bool is_storage_v = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
 

@@ -30,11 +30,6 @@ struct alignas(16) Pack8 {
   T v[8];
 };
 
-template <class T>
-__device__ __forceinline__ bool aligned16(const T* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-}
-
 // y[i] = op(i, a[i], b[i]) over n elements; b may be null when op ignores it.
 template <class T, class Op>
 __global__ void map2_kernel(const T* a, const T* b, T* y, std::int64_t n,  // y may alias a or b
@@ -72,7 +67,7 @@ template <class T, class Op>
 void map2(const T* a, const T* b, T* y, std::int64_t n, Op op, cudaStream_t stream) {
   static_assert(is_storage_v<T>);
   if (n == 0) return;
-  const bool vec = aligned16(a) && (b == nullptr || aligned16(b)) && aligned16(y);
+  const bool vec = detail::aligned16(a) && (b == nullptr || detail::aligned16(b)) && detail::aligned16(y);
   map2_kernel<<<grid_for(ceil_div(n, 8), kThreads, 132 * 16), kThreads, 0, stream>>>(a, b, y, n, op, vec);
   DPML_CHECK_LAUNCH();
 }

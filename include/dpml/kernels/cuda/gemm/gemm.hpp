@@ -21,6 +21,7 @@
 
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/cuda_error.hpp"
+#include "dpml/kernels/cuda/common.hpp"
 #include "dpml/kernels/host/gemm.hpp"  // Trans
 
 #include <cublasLt.h>
@@ -64,8 +65,6 @@ struct GemmArgs {
 };
 
 namespace detail {
-inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 template <GemmEpilogue Epi, class TC>
 void check_gemm_args(const GemmArgs<TC>& g, std::string_view policy) {
   const std::int64_t a_cols = g.ta == Trans::no ? g.K : g.M, b_cols = g.tb == Trans::no ? g.N : g.K;
