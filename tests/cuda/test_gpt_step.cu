@@ -125,12 +125,12 @@ TEST_CASE("GPU GPT follows the host loss curve over 50 AdamW steps on a fixed ba
     gpu.forward_backward(tokens.ptr, targets.ptr);
     gpu.update(kLr, s, kAdam, kClip);
     gpu_losses.push_back(gpu.loss());
-    // Steady state from step 2: on the H100, free memory rose by 1.5 MB between steps 1 and 2
-    // (a lazy workspace of the first step given back); after that it must not move at all.
-    if (s == 2) DPML_CHECK_CUDA(cudaMemGetInfo(&free_after_first, &total));
+    // The device's free memory: exact only while no other program uses the GPU (GPU tests hold
+    // the CTest resource lock "gpu", so they never run side by side).
+    if (s == 1) DPML_CHECK_CUDA(cudaMemGetInfo(&free_after_first, &total));
   }
   DPML_CHECK_CUDA(cudaMemGetInfo(&free_now, &total));
-  CHECK(free_now == free_after_first);  // no allocation or release inside a step in steady state
+  CHECK(free_now == free_after_first);  // no allocation inside a step after the first
   for (int s = 0; s < kSteps; ++s) {
     CAPTURE(s + 1, gpu_losses[s], host_losses[s]);
     CHECK(std::abs(gpu_losses[s] - host_losses[s]) <= 8e-2 * host_losses[s] + 3e-2);

@@ -6,7 +6,7 @@ fortunes text for a few steps. train_gpt --loss-log writes each step's loss in h
 (exact) and --export writes the final weights as one safetensors file, so "bitwise equal" means
 equal loss strings and byte-equal exports.
 
-    resilience.py <test> --train <train_gpt> --mpiexec <mpiexec> [--np-flag -n] [--preflags a;b]
+    resilience.py <test> --train <train_gpt> --mpiexec <mpiexec> [--np-flag -n] [--preflags a,b]
                   --work <dir> --data <text file> [--python-reader tests/checkpoint/read_safetensors.py]
 
 tests:
@@ -57,7 +57,7 @@ class Runner:
     def __init__(self, a):
         self.train, self.work, self.data = a.train, a.work, a.data
         self.mpi = [a.mpiexec, a.np_flag]
-        self.pre = [p for p in a.preflags.split(";") if p]
+        self.pre = [p for p in re.split(r"[;,]", a.preflags) if p]
         os.makedirs(self.work, exist_ok=True)
 
     def path(self, *p):
