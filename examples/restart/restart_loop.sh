@@ -20,7 +20,7 @@
 set -u
 
 if [ $# -lt 2 ]; then
-  echo "usage: $0 CHECKPOINT_DIR TRAIN_PROGRAM [flags...]   (env: NP, MPIEXEC, MAX_FAILURES)" >&2
+  echo "usage: $0 CHECKPOINT_DIR TRAIN_PROGRAM [flags...]   (env: NP, MPIEXEC, MPIEXEC_FLAGS, MAX_FAILURES)" >&2
   exit 2
 fi
 dir=$1
@@ -34,7 +34,8 @@ newest() { cat "$dir/latest" 2>/dev/null || echo none; }
 failures=0
 while :; do
   before=$(newest)
-  "$mpiexec" -n "$np" "$@" --save "$dir" --resume latest
+  # shellcheck disable=SC2086  # MPIEXEC_FLAGS is a list of words (Open MPI as root: --allow-run-as-root)
+  "$mpiexec" -n "$np" ${MPIEXEC_FLAGS:-} "$@" --save "$dir" --resume latest
   status=$?
   if [ $status -eq 0 ]; then
     echo "restart_loop: completed (last checkpoint $(newest))"
