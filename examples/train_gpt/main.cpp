@@ -1,7 +1,13 @@
 // train_gpt: a GPT trained with data, tensor and pipeline parallelism on the CPU ranks of an MPI
-// launch, then sampled. Flags follow Megatron-LM's names.
+// launch, or on one GPU (--device cuda), then sampled. Flags follow Megatron-LM's names.
 //
 //   mpiexec -n 8 build/cpu/examples/train_gpt/train_gpt --tp 2 --pp 2 --schedule zb-h1
+//   build/cuda/examples/train_gpt/train_gpt --device cuda --micro-batch 32 --global-batch 32
+//
+// --device cuda (CUDA builds): models::cuda::Gpt trains on the rank's GPU in bf16 with fp32 master
+// weights; the host trainer mirrors its state for checkpoints, export and sampling
+// (train/cuda/gpt_trainer.hpp), so GPU checkpoints resume on CPU layouts and the other way round.
+// One rank, one micro-batch per step (--micro-batch = --global-batch), head dim 32, 64 or 128.
 //
 // Data: a text file or directory (byte-level, vocabulary 256; default: the Debian `fortunes`
 // package), or llm.c token shards (--data-path 'dir/*.bin' --vocab-size N).
@@ -34,6 +40,10 @@
 #include <dpml/comm/watchdog.hpp>
 #include <dpml/train/checkpointing.hpp>
 #include <dpml/train/progress.hpp>
+#ifdef DPML_WITH_CUDA
+#include <dpml/comm/local_rank.hpp>
+#include <dpml/train/cuda/gpt_trainer.hpp>
+#endif
 
 #include <chrono>
 #include <cmath>
@@ -69,6 +79,7 @@ struct Flags {
   std::int64_t save_interval = 0, exit_interval = 0;
   int keep = 3;
   std::string on_nonfinite = "stop";
+  std::string device = "cpu";
   double collective_timeout = 300.0;
 };
 
@@ -111,6 +122,49 @@ auto* find_parameter(Model& model, const std::string& name) {
   return static_cast<std::remove_reference_t<decltype(*model.parameters().front())>*>(nullptr);
 }
 
+// Who runs the steps: the host trainer itself, or (--device cuda) the GPU, with the host trainer
+// as the mirror of its state that checkpoints, export and sampling read (sync_host() first).
+template <class HostTrainer>
+class Steps {
+ public:
+  Steps(HostTrainer& host, const Flags& f, const optim::AdamWOptions& adamw) : host_(host) {
+    if (f.device == "cpu") return;
+#ifdef DPML_WITH_CUDA
+    comm::select_device(host.grid().world());
+    gpu_.emplace(host, f.seq, train::cuda::DeviceOptions{.adamw = adamw, .clip = f.clip});
+#else
+    (void)adamw;
+    DPML_REQUIRE_EVERYWHERE(false, "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset)");
+#endif
+  }
+  train::GptStepResult train_step(const data::TokenBatch& b, double lr) {
+#ifdef DPML_WITH_CUDA
+    if (gpu_) return gpu_->train_step(b, lr);
+#endif
+    return host_.train_step(b, lr);
+  }
+  double evaluate(const data::TokenBatch& b) {
+#ifdef DPML_WITH_CUDA
+    if (gpu_) return gpu_->evaluate(b);
+#endif
+    return host_.evaluate(b);
+  }
+  // The host trainer's state up to date; returns the seconds the copy took (0 on the CPU).
+  double sync_host() {
+    const auto t0 = std::chrono::steady_clock::now();
+#ifdef DPML_WITH_CUDA
+    if (gpu_) gpu_->to_host();
+#endif
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  HostTrainer& host_;
+#ifdef DPML_WITH_CUDA
+  std::optional<train::cuda::GptTrainer<HostTrainer>> gpu_;
+#endif
+};
+
 bool is_token_shards(const std::string& path) {
   return path.find('*') != std::string::npos || (path.size() > 4 && path.substr(path.size() - 4) == ".bin");
 }
@@ -120,8 +174,9 @@ int main(int argc, char** argv) {
   return dpml::run(argc, argv, [&](const comm::Mpi& world) {
     Flags f;
     train::Args args("train_gpt", "Trains a GPT with data (rest of the world), tensor (--tp) and pipeline (--pp)\n"
-                                  "parallelism on CPU ranks, then samples text from it.");
-    args.flag("--tp", f.tp, "tensor-parallel degree")
+                                  "parallelism on CPU ranks, or on one GPU (--device cuda), then samples text from it.");
+    args.flag("--device", f.device, "cpu (the ranks' cores) | cuda (one GPU, bf16; one rank)")
+        .flag("--tp", f.tp, "tensor-parallel degree")
         .flag("--pp", f.pp, "pipeline-parallel degree (stages)")
         .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
         .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks")
@@ -161,6 +216,9 @@ int main(int argc, char** argv) {
         .flag("--inject-fault", f.faults, "tests only: kill:R:S, kill-after:R:N, hang:R:N, nan:N, slow-save:MS");
     if (!args.parse(argc, argv, world.rank())) return 0;
 
+    DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
+    DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
+                            "--inject-fault nan:N poisons a host weight: --device cpu only");
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
                                                                  << " must be below --train-iters " << f.iters);
     const Faults faults = Faults::parse(f.faults);
@@ -201,12 +259,14 @@ int main(int argc, char** argv) {
     const optim::WarmupCosineLR lr{.max_lr = f.lr, .min_lr = f.min_lr, .warmup_steps = f.warmup, .decay_steps = f.iters};
 
     if (world.rank() == 0)
-      std::printf("dpml train_gpt: %s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
-                  grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
+      std::printf("dpml train_gpt: %s%s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
+                  f.device == "cuda" ? "one GPU (bf16), host mirror " : "", grid.describe().c_str(), f.schedule.c_str(),
+                  f.zero ? " + ZeRO-1" : "",
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
 
+    const optim::AdamWOptions adamw{.beta2 = 0.95, .weight_decay = f.weight_decay};
     return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
-      train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, {.beta2 = 0.95, .weight_decay = f.weight_decay},
+      train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, adamw,
                                                         {.clip = f.clip},
                                                         {.micro_batch = f.micro_batch, .global_batch = f.global_batch, .seed = f.seed,
                                                          .on_nonfinite = nonfinite});
@@ -226,6 +286,8 @@ int main(int argc, char** argv) {
         train::import_gpt2(trainer, f.import_path);
         if (world.rank() == 0) std::printf("imported '%s'\n", f.import_path.c_str());
       }
+      Steps steps(trainer, f, adamw);  // after the start point is set: the GPU copies it
+      double device_copy_seconds = 0.0;  // --device cuda: device → host copies before saves
       std::optional<train::Checkpointer<decltype(trainer)>> ckpt;
       if (!f.save.empty()) ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .seq_len = f.seq});
       std::ofstream loss_log;
@@ -237,6 +299,7 @@ int main(int argc, char** argv) {
       train_data.set_epoch(epoch);
       double val = NAN;
       bool finished = true;  // false: stopped by --exit-interval (no export, no sample)
+      const auto loop_start = std::chrono::steady_clock::now();
       for (std::int64_t step = start.step + 1; step <= f.iters; ++step) {
         if (b == train_data.batches_per_epoch()) train_data.set_epoch(++epoch), b = 0;
         if (step == faults.hang_step && world.rank() == faults.hang_rank)
@@ -245,24 +308,29 @@ int main(int argc, char** argv) {
         auto* poisoned = step == faults.nan_step ? find_parameter(model, "wpe.weight") : nullptr;
         const float kept = poisoned ? poisoned->value()[0] : 0.0f;
         if (poisoned) poisoned->value()[0] = std::numeric_limits<float>::quiet_NaN();
-        const auto r = trainer.train_step(train_data.batch(b++), rate);
+        const auto r = steps.train_step(train_data.batch(b++), rate);
         if (poisoned) poisoned->value()[0] = kept;
         if (loss_log.is_open()) loss_log << step << ' ' << std::hexfloat << r.loss << std::defaultfloat << ' ' << r.loss << std::endl;
         if (ckpt) {
           ckpt->poll();
           if ((f.save_interval > 0 && step % f.save_interval == 0) || step == f.iters ||
               (f.exit_interval > 0 && step % f.exit_interval == 0)) {
+            device_copy_seconds += steps.sync_host();
             ckpt->save_async({.step = step, .epoch = epoch, .batch = b});
             if (faults.slow_save_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_save_ms));
           }
         }
         if (world.rank() == faults.kill_steps_rank && step - start.step == faults.kill_steps) std::raise(SIGKILL);
-        if (step % f.eval_interval == 0 || step == f.iters) val = trainer.evaluate(val_data.batch(0));
+        if (step % f.eval_interval == 0 || step == f.iters) val = steps.evaluate(val_data.batch(0));
         metrics.write({{"step", double(step)}, {"loss", r.loss}, {"val_loss", val}, {"lr", rate},
                        {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
-                       {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait}});
-        if (step % f.log_interval == 0 || step == 1 || step == f.iters)
-          progress.print(step, r.loss, tokens_per_step / r.seconds, {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}});
+                       {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
+                       {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}});
+        if (step % f.log_interval == 0 || step == 1 || step == f.iters) {
+          // A named list: nvcc's front end mangles this braced list written in the call.
+          const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}};
+          progress.print(step, r.loss, tokens_per_step / r.seconds, extra);
+        }
         if (f.exit_interval > 0 && step % f.exit_interval == 0 && step < f.iters) {
           if (world.rank() == 0) std::printf("exiting after step %lld (--exit-interval %lld)\n", static_cast<long long>(step),
                                              static_cast<long long>(f.exit_interval));
@@ -272,13 +340,15 @@ int main(int argc, char** argv) {
       }
       if (ckpt) {
         ckpt->wait();
-        if (world.rank() == 0 && ckpt->saves() > 0)
-          std::printf("checkpoints: %d saved in '%s'; training blocked %.1f ms per save (staging + commit), "
-                      "%.1f ms from save to commit\n",
-                      ckpt->saves(), f.save.c_str(), 1e3 * ckpt->blocking_seconds() / ckpt->saves(),
-                      1e3 * ckpt->total_seconds() / ckpt->saves());
+        if (world.rank() == 0 && ckpt->saves() > 0) {
+          const double n = ckpt->saves(), copy_ms = 1e3 * device_copy_seconds / n, stage_ms = 1e3 * ckpt->blocking_seconds() / n;
+          std::printf("checkpoints: %d saved in '%s'; training blocked %.1f ms per save (device to host %.1f ms, "
+                      "staging + commit %.1f ms), %.1f ms from save to commit\n",
+                      ckpt->saves(), f.save.c_str(), copy_ms + stage_ms, copy_ms, stage_ms, 1e3 * ckpt->total_seconds() / n);
+        }
       }
       if (!finished) return 0;
+      steps.sync_host();  // export and sampling read the host trainer
       if (!f.export_path.empty()) {
         train::export_gpt2(trainer, f.export_path);
         if (world.rank() == 0) std::printf("exported '%s'\n", f.export_path.c_str());

@@ -100,7 +100,9 @@ class Json {
     return *this;
   }
 
-  friend bool operator==(const Json&, const Json&) = default;
+  // Defined below the class: a defaulted comparison here makes nvcc's front end instantiate
+  // std::pair<std::string, Json> while Json is still incomplete (an error under nvcc).
+  friend bool operator==(const Json& a, const Json& b);
 
   std::string dump() const {
     std::string out;
@@ -128,6 +130,8 @@ class Json {
   }
   std::variant<std::nullptr_t, bool, std::int64_t, double, std::string, Array, Object> v_;
 };
+
+inline bool operator==(const Json& a, const Json& b) { return a.v_ == b.v_; }
 
 namespace detail {
 

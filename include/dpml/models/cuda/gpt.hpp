@@ -219,26 +219,48 @@ class Gpt {
   std::size_t device_bytes() const noexcept { return carver_.bytes(); }
   void set_profiler(Profiler* p) noexcept { prof_ = p; }
 
+  // The fp32 state a checkpoint holds, per tensor: master weights and AdamW's two moments (named
+  // as the host optimizer's state slots, optim::AdamW::state_names).
+  enum class State { master, exp_avg, exp_avg_sq };
+
+  // Host copies of one tensor's state (its host rows: wte without the padding rows). Synchronous.
+  void read_state(State which, const std::string& name, std::span<float> dst) const {
+    const auto& s = slot(name);
+    check_span(s, dst.size());
+    DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    DPML_CHECK_CUDA(cudaMemcpy(dst.data(), state_(which) + s.offset, dst.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+  // Writing the master weights also rounds them into the bf16 working copy the forward pass reads.
+  void write_state(State which, const std::string& name, std::span<const float> src) {
+    const auto& s = slot(name);
+    check_span(s, src.size());
+    DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    DPML_CHECK_CUDA(cudaMemcpy(state_(which) + s.offset, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice));
+    if (which == State::master) {
+      std::vector<bf16> rounded(src.begin(), src.end());
+      DPML_CHECK_CUDA(cudaMemcpy(params_ + s.offset, rounded.data(), rounded.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+    }
+  }
+
   // Fill params and master from host float tensors of the same names (host models::Gpt<float>'s
   // parameters()); zero the optimizer state. Every device tensor must be found.
   template <class ParamPtr>
   void copy_from(const std::vector<ParamPtr>& host) {
     const auto by_name = index(host);
-    std::vector<float> master(static_cast<std::size_t>(n_params_), 0.f);
     for (const auto& s : slots_) {
-      const auto* p = find(by_name, s);
-      std::copy_n(p->value().data(), s.host_rows * s.cols, master.begin() + s.offset);
+      const auto p = find(by_name, s);
+      write_state(State::master, s.name, std::span<const float>(p->value().data(), static_cast<std::size_t>(p->numel())));
     }
-    upload_master(master);
+    DPML_CHECK_CUDA(cudaMemsetAsync(m_, 0, static_cast<std::size_t>(n_params_) * sizeof(float), stream_));
+    DPML_CHECK_CUDA(cudaMemsetAsync(v_, 0, static_cast<std::size_t>(n_params_) * sizeof(float), stream_));
   }
   // Master weights (fp32) into the host tensors of the same names.
   template <class ParamPtr>
   void copy_to(const std::vector<ParamPtr>& host) const {
     const auto by_name = index(host);
-    const std::vector<float> master = download(master_, n_params_);
     for (const auto& s : slots_) {
-      auto* p = find(by_name, s);
-      std::copy_n(master.begin() + s.offset, s.host_rows * s.cols, p->value().data());
+      const auto p = find(by_name, s);
+      read_state(State::master, s.name, std::span<float>(p->value().data(), static_cast<std::size_t>(p->numel())));
     }
   }
   // Random initialisation as GPT-2: N(0, 0.02) weights, zero biases, unit LayerNorm gains
@@ -293,7 +315,9 @@ class Gpt {
     forward(tokens, targets);
     backward(tokens);
   }
-  // Mean loss of the last forward_backward; synchronises.
+  // Forward only (validation): loss() afterwards; no gradient is touched.
+  void evaluate(const std::int32_t* tokens, const std::int32_t* targets) { forward(tokens, targets); }
+  // Mean loss of the last forward_backward or evaluate; synchronises.
   double loss() const {
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
     double s = 0;
@@ -346,6 +370,13 @@ class Gpt {
                                                                               << " elements on the host, "
                                                                               << s.host_rows * s.cols << " here");
     return p;
+  }
+  float* state_(State which) const {
+    return which == State::master ? master_ : which == State::exp_avg ? m_ : v_;
+  }
+  void check_span(const detail::Slot& s, std::size_t n) const {
+    DPML_REQUIRE(static_cast<std::int64_t>(n) == s.host_rows * s.cols,
+                 "GPT (cuda): tensor " << s.name << " has " << s.host_rows * s.cols << " elements, the host buffer " << n);
   }
   template <class T>
   std::vector<T> download(const T* src, std::int64_t n) const {

@@ -1,0 +1,195 @@
+#pragma once
+// Training a GPT on one GPU (train_gpt --device cuda): models::cuda::Gpt does the steps; a host
+// train::GptTrainer on a (1, 1, 1) grid is its *mirror* — the layout-independent form of the
+// state that checkpoints, export, import and sampling already know (train/checkpointing.hpp).
+//
+//   host trainer (fp32 weights, AdamW exp_avg / exp_avg_sq, step counts)
+//        │ from_host(): at start (initialisation, --import, --resume)
+//        ▼
+//   device model (bf16 working weights, fp32 master + moments, one flat buffer each)
+//        │ to_host(): before a checkpoint is staged, an export, a sample
+//        ▼
+//   host trainer → Checkpointer / export_gpt2 / generate, unchanged
+//
+// So a checkpoint written on the GPU is the same file set as one written by CPU ranks: it
+// resumes on the GPU or on any CPU layout, and the other way round. The device is the truth
+// while training; the mirror is stale between to_host() calls.
+//
+// A step: tokens and targets go to the device through pinned buffers; forward + backward; the
+// update (global norm → clip → AdamW, all on the device); the loss and the gradient norm come
+// back (one synchronisation per step). A non-finite gradient norm makes the fused AdamW skip the
+// update on the device whatever the flag; --on-nonfinite stop then raises an Error naming the
+// step and the first non-finite gradient, skip reports it and goes on (the optimizer's step
+// count does not advance, as on the host).
+//
+// Limits: one GPU (one rank: tp = pp = dp = 1) and one micro-batch per step (micro-batch =
+// global batch): the device model writes each gradient once per step (no accumulation).
+
+#include "dpml/core/cuda_error.hpp"
+#include "dpml/core/error.hpp"
+#include "dpml/data/token_shards.hpp"
+#include "dpml/models/cuda/gpt.hpp"
+#include "dpml/optim/adamw.hpp"
+#include "dpml/train/gpt_trainer.hpp"
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <span>
+#include <string>
+
+namespace dpml::train::cuda {
+
+struct DeviceOptions {
+  optim::AdamWOptions adamw;  // the host trainer's (the device AdamW is the same update)
+  double clip = 1.0;          // global gradient-norm clipping (≤ 0: off)
+  bool recompute_gelu = true; // models::cuda::GptCudaConfig::recompute_gelu
+};
+
+template <class HostTrainer>
+class GptTrainer {
+  using State = models::cuda::Gpt::State;
+  static constexpr std::array<State, 2> kMoments{State::exp_avg, State::exp_avg_sq};  // AdamW::state_names' order
+
+ public:
+  // `host` is the mirror: a trainer on a grid of one rank whose micro-batch is the global batch.
+  GptTrainer(HostTrainer& host, std::int64_t seq_len, DeviceOptions options)
+      : host_(host), options_(options),
+        model_(config_of(host, options.recompute_gelu), check_layout(host), seq_len),
+        batch_(host.train_options().global_batch), seq_(seq_len) {
+    const std::size_t n = static_cast<std::size_t>(batch_ * seq_);
+    DPML_CHECK_CUDA(cudaMallocHost(&pinned_, 2 * n * sizeof(std::int32_t)));
+    DPML_CHECK_CUDA(cudaMalloc(&tokens_, 2 * n * sizeof(std::int32_t)));
+    from_host();
+  }
+  GptTrainer(const GptTrainer&) = delete;
+  GptTrainer& operator=(const GptTrainer&) = delete;
+  ~GptTrainer() {
+    cudaFree(tokens_);
+    cudaFreeHost(pinned_);
+  }
+
+  models::cuda::Gpt& model() noexcept { return model_; }
+
+  // Mirror → device: weights, moments, step counts.
+  void from_host() {
+    auto& opt = host_.optimizer().optimizer();
+    const auto& params = host_.optimizer().flat().params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto* p = params[i];
+      model_.write_state(State::master, p->name(), std::span<const float>(p->value().data(), size_of(*p)));
+      for (std::size_t k = 0; k < kMoments.size(); ++k) model_.write_state(kMoments[k], p->name(), opt.state(i, k));
+    }
+    optimizer_step_ = opt.step_count();
+    step_ = host_.step();
+  }
+  // Device → mirror (synchronises): what a checkpoint, an export or a sample reads.
+  void to_host() {
+    auto& opt = host_.optimizer().optimizer();
+    const auto& params = host_.optimizer().flat().params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto* p = params[i];
+      model_.read_state(State::master, p->name(), std::span<float>(p->value().data(), size_of(*p)));
+      for (std::size_t k = 0; k < kMoments.size(); ++k) model_.read_state(kMoments[k], p->name(), opt.state(i, k));
+    }
+    opt.set_step_count(optimizer_step_);
+    host_.set_step(step_);
+  }
+
+  GptStepResult train_step(const data::TokenBatch& batch, double lr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    upload(batch);
+    model_.forward_backward(tokens_, targets());
+    model_.update(lr, optimizer_step_ + 1, options_.adamw, options_.clip);
+    ++step_;
+    GptStepResult r;
+    r.loss = model_.loss();
+    r.grad_norm = model_.grad_norm();
+    if (std::isfinite(r.grad_norm) && std::isfinite(r.loss)) {
+      ++optimizer_step_;
+    } else {
+      // The device AdamW skipped the update (a non-finite norm); a non-finite loss alone cannot
+      // occur without a non-finite gradient, but is named the same way.
+      r.skipped = true;
+      if (host_.train_options().on_nonfinite != NonFinite::ignore) report_nonfinite(r.loss);
+      r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+
+  // Mean per-token loss on a batch of the training shape, without training.
+  double evaluate(const data::TokenBatch& batch) {
+    upload(batch);
+    model_.evaluate(tokens_, targets());
+    return model_.loss();
+  }
+
+ private:
+  static models::cuda::GptCudaConfig config_of(HostTrainer& host, bool recompute_gelu) {
+    const auto& c = host.model().config();
+    return {.vocab = c.vocab, .max_seq = c.max_seq, .layers = c.layers, .heads = c.heads, .dim = c.dim,
+            .recompute_gelu = recompute_gelu};
+  }
+  static std::int64_t check_layout(const HostTrainer& host) {
+    const auto& g = host.grid();
+    DPML_REQUIRE_EVERYWHERE(g.world().size() == 1, "--device cuda trains on one GPU from one rank; this launch has "
+                                                       << g.world().size() << " ranks (data, tensor and pipeline "
+                                                       "parallelism over GPUs are not built yet)");
+    const auto& o = host.train_options();
+    DPML_REQUIRE_EVERYWHERE(o.micro_batch == o.global_batch, "--device cuda runs one micro-batch per step: --micro-batch "
+                                                                 << o.micro_batch << " must equal --global-batch "
+                                                                 << o.global_batch);
+    return o.global_batch;
+  }
+  template <class P>
+  static std::size_t size_of(const P& p) {
+    return static_cast<std::size_t>(p.numel());
+  }
+  std::int32_t* targets() const noexcept { return tokens_ + batch_ * seq_; }
+
+  void upload(const data::TokenBatch& batch) {
+    DPML_REQUIRE(batch.inputs.size(0) == batch_ && batch.inputs.size(1) == seq_,
+                 "--device cuda: a batch of " << batch.inputs.size(0) << " x " << batch.inputs.size(1)
+                                              << " tokens, the model was built for " << batch_ << " x " << seq_);
+    const std::size_t n = static_cast<std::size_t>(batch_ * seq_);
+    // The previous step has synchronised (loss()), so the pinned buffer is free to overwrite.
+    std::copy_n(batch.inputs.data(), n, pinned_);
+    std::copy_n(batch.targets.data(), n, pinned_ + n);
+    DPML_CHECK_CUDA(cudaMemcpyAsync(tokens_, pinned_, 2 * n * sizeof(std::int32_t), cudaMemcpyHostToDevice, model_.stream()));
+  }
+
+  // The message of a non-finite step: the step, the loss, the first non-finite gradient in model
+  // order. Stops (an Error) or reports the skip, by --on-nonfinite.
+  void report_nonfinite(double loss) {
+    std::string name;
+    for (const auto& n : model_.parameter_names()) {
+      for (const float g : model_.gradient(n))
+        if (!std::isfinite(g)) {
+          name = n;
+          break;
+        }
+      if (!name.empty()) break;
+    }
+    std::string what = "step " + std::to_string(step_) + ": non-finite ";
+    what += std::isfinite(loss) ? "gradient" : "loss (" + std::to_string(loss) + ")";
+    what += name.empty() ? "; every gradient is finite" : "; first non-finite gradient: '" + name + "'";
+    DPML_REQUIRE_EVERYWHERE(host_.train_options().on_nonfinite != NonFinite::stop, what << " — stopping (--on-nonfinite stop)");
+    std::printf("dpml: %s — skipping the step, no update (--on-nonfinite skip)\n", what.c_str());
+  }
+
+  HostTrainer& host_;
+  DeviceOptions options_;
+  models::cuda::Gpt model_;
+  std::int64_t batch_, seq_;
+  std::int32_t* pinned_ = nullptr;  // (2, B, T): inputs then targets
+  std::int32_t* tokens_ = nullptr;  // device copy of the same
+  std::int64_t step_ = 0, optimizer_step_ = 0;
+};
+
+}  // namespace dpml::train::cuda
