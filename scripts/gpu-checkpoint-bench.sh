@@ -58,16 +58,16 @@ def last(f):
     return rows[-1]["elapsed_s"], sorted(r["tokens_per_s"] for r in rows)[len(rows) // 2]
 plain, plain_tps = last("plain.jsonl")
 saving, saving_tps = last("saving.jsonl")
-m = re.search(r"checkpoints: (\d+) saved .*blocked ([\d.]+) ms per save \(device to host ([\d.]+) ms, staging \+ commit ([\d.]+) ms\), ([\d.]+) ms from save to commit",
+m = re.search(r"checkpoints: (\d+) saved .*blocked ([\d.]+) ms per save \(device to host ([\d.]+) ms\), ([\d.]+) ms from save to commit",
               open(d / "saving.txt").read())
-saves, blocked, copy, stage, total = int(m[1]), float(m[2]), float(m[3]), float(m[4]), float(m[5])
+saves, blocked, copy, total = int(m[1]), float(m[2]), float(m[3]), float(m[4])
 size = int(open(d / "sizes.txt").read().split()[0])
 result = {"iters": iters, "saves": saves, "checkpoint_bytes": size, "blocked_ms_per_save": blocked,
-          "device_to_host_ms": copy, "staging_commit_ms": stage, "save_to_commit_ms": total,
+          "device_to_host_ms": copy, "save_to_commit_ms": total,
           "loop_s_plain": plain, "loop_s_saving": saving, "lost_ms_per_save": 1e3 * (saving - plain) / saves,
           "median_tok_s_plain": plain_tps, "median_tok_s_saving": saving_tps}
 print(json.dumps(result))
-print(f"| saves | checkpoint | blocked/save | (D2H + staging/commit) | save→commit | loop plain | loop saving | lost/save |")
-print(f"| {saves} | {size / 2**30:.2f} GiB | {blocked:.0f} ms | ({copy:.0f} + {stage:.0f}) ms | {total:.0f} ms "
+print(f"| saves | checkpoint | blocked/save | of which device→host | save→commit | loop plain | loop saving | lost/save |")
+print(f"| {saves} | {size / 2**30:.2f} GiB | {blocked:.0f} ms | {copy:.0f} ms | {total:.0f} ms "
       f"| {plain:.2f} s | {saving:.2f} s | {result['lost_ms_per_save']:.0f} ms |")
 PY

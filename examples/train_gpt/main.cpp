@@ -132,6 +132,7 @@ class Steps {
 #ifdef DPML_WITH_CUDA
     comm::select_device(host.grid().world());
     gpu_.emplace(host, f.seq, train::cuda::DeviceOptions{.adamw = adamw, .clip = f.clip});
+    host_state_is_mirror_ = true;
 #else
     (void)adamw;
     DPML_REQUIRE_EVERYWHERE(false, "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset)");
@@ -149,17 +150,21 @@ class Steps {
 #endif
     return host_.evaluate(b);
   }
-  // The host trainer's state up to date; returns the seconds the copy took (0 on the CPU).
-  double sync_host() {
+  bool on_device() const noexcept { return host_state_is_mirror_; }
+  // The host trainer's state up to date (device → host: a no-op on the CPU).
+  void sync_host() {
     const auto t0 = std::chrono::steady_clock::now();
 #ifdef DPML_WITH_CUDA
     if (gpu_) gpu_->to_host();
 #endif
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  double sync_seconds() const noexcept { return sync_seconds_; }
 
  private:
   HostTrainer& host_;
+  bool host_state_is_mirror_ = false;
+  double sync_seconds_ = 0.0;
 #ifdef DPML_WITH_CUDA
   std::optional<train::cuda::GptTrainer<HostTrainer>> gpu_;
 #endif
@@ -287,9 +292,11 @@ int main(int argc, char** argv) {
         if (world.rank() == 0) std::printf("imported '%s'\n", f.import_path.c_str());
       }
       Steps steps(trainer, f, adamw);  // after the start point is set: the GPU copies it
-      double device_copy_seconds = 0.0;  // --device cuda: device → host copies before saves
       std::optional<train::Checkpointer<decltype(trainer)>> ckpt;
-      if (!f.save.empty()) ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .seq_len = f.seq});
+      if (!f.save.empty())  // on the GPU: each save copies the device state to the mirror and writes it in place
+        ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .seq_len = f.seq,
+                                                                 .refresh = [&] { steps.sync_host(); },
+                                                                 .in_place = steps.on_device()});
       std::ofstream loss_log;
       if (!f.loss_log.empty() && world.rank() == 0) loss_log.open(f.loss_log, std::ios::trunc);
       train::Progress progress(f.iters, world.rank(), "tok/s");
@@ -315,7 +322,6 @@ int main(int argc, char** argv) {
           ckpt->poll();
           if ((f.save_interval > 0 && step % f.save_interval == 0) || step == f.iters ||
               (f.exit_interval > 0 && step % f.exit_interval == 0)) {
-            device_copy_seconds += steps.sync_host();
             ckpt->save_async({.step = step, .epoch = epoch, .batch = b});
             if (faults.slow_save_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_save_ms));
           }
@@ -341,10 +347,11 @@ int main(int argc, char** argv) {
       if (ckpt) {
         ckpt->wait();
         if (world.rank() == 0 && ckpt->saves() > 0) {
-          const double n = ckpt->saves(), copy_ms = 1e3 * device_copy_seconds / n, stage_ms = 1e3 * ckpt->blocking_seconds() / n;
-          std::printf("checkpoints: %d saved in '%s'; training blocked %.1f ms per save (device to host %.1f ms, "
-                      "staging + commit %.1f ms), %.1f ms from save to commit\n",
-                      ckpt->saves(), f.save.c_str(), copy_ms + stage_ms, copy_ms, stage_ms, 1e3 * ckpt->total_seconds() / n);
+          const double n = ckpt->saves();
+          std::printf("checkpoints: %d saved in '%s'; training blocked %.1f ms per save (device to host %.1f ms), "
+                      "%.1f ms from save to commit\n",
+                      ckpt->saves(), f.save.c_str(), 1e3 * ckpt->blocking_seconds() / n, 1e3 * steps.sync_seconds() / n,
+                      1e3 * ckpt->total_seconds() / n);
         }
       }
       if (!finished) return 0;

@@ -1,6 +1,6 @@
 // checkpoint.hpp on the launch's ranks (1 and 2): sharded save and load, atomic commit and
 // `latest`, torn and corrupt checkpoints skipped, bad checkpoints as Errors naming file and
-// tensor, keep-last-K, asynchronous save equal to the synchronous one byte for byte, and plan
+// tensor, keep-last-K, asynchronous save equal to the synchronous one byte for byte, in-place staging, and plan
 // errors (gaps, ranks that disagree) raised on every rank alike.
 #include "common.hpp"
 
@@ -223,6 +223,34 @@ TEST_CASE("checkpoint: asynchronous save equals the synchronous one byte for byt
   async.wait();
   CHECK(CheckpointReader(async_dir / "step-5").read_full<float>("v", shape16) ==
         test::reference_block<float>(3, shape16, full_slice(shape16)));
+}
+
+TEST_CASE("checkpoint: add_in_place writes the caller's bytes as they are at the write, no copy", "[checkpoint]") {
+  const auto world = test::world();
+  test::SharedTempDir copied_dir(world), in_place_dir(world);
+  const std::vector<std::int64_t> shape = {7, 3};
+  const Slice all = full_slice(shape);
+  const std::vector<float> final_values = test::reference_block<float>(11, shape, all);
+
+  CheckpointWriter copied(world, copied_dir.str());
+  copied.add<float>("m", shape, all, final_values);
+  copied.save(info(2));
+
+  // Staged in place with other values, then changed before save_async: what is written is what
+  // the buffer holds when the background write reads it — the final values.
+  std::vector<float> buffer(final_values.size(), -3.0f);
+  CheckpointWriter in_place(world, in_place_dir.str());
+  in_place.add_in_place<float>("m", shape, all, buffer);
+  std::copy(final_values.begin(), final_values.end(), buffer.begin());
+  in_place.save_async(info(2));
+  in_place.wait();
+  world.barrier();
+  for (const auto& e : fs::directory_iterator(copied_dir / "step-2")) {
+    const std::string name = e.path().filename().string();
+    CAPTURE(name);
+    CHECK(test::read_bytes(e.path().string()) == test::read_bytes(in_place_dir / ("step-2/" + name)));
+  }
+  CHECK(CheckpointReader(in_place_dir / "step-2").read_full<float>("m", shape) == final_values);
 }
 
 TEST_CASE("checkpoint: bad checkpoints are Errors naming the file and the tensor", "[checkpoint]") {

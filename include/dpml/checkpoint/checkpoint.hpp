@@ -11,7 +11,8 @@
 //
 // Saving (CheckpointWriter, collective over the communicator it is given):
 //   1. each rank add()s the tensors it holds: name, global shape, its block of the tensor, host
-//      data — copied at once, so training may go on and overwrite the source;
+//      data — copied at once, so training may go on and overwrite the source (add_in_place():
+//      not copied, for buffers that stay unchanged until the save commits);
 //   2. save_async() exchanges what every rank holds (one allgather of short descriptors) and
 //      every rank computes the same plan: tensors must agree on dtype and global shape across
 //      ranks; a block held by several ranks (replicas along the data axis, replicated biases) is
@@ -176,20 +177,14 @@ class CheckpointWriter {
   // written once) or only one of them may.
   template <class T>
   void add(std::string name, std::span<const std::int64_t> global, Slice slice, std::span<const T> data) {
-    DPML_REQUIRE(slice.size() == global.size(), "checkpoint tensor '" << name << "': slice " << slice_string(slice) << " has "
-                                                                      << slice.size() << " dimensions, the shape "
-                                                                      << shape_string(global) << " has " << global.size());
-    for (std::size_t d = 0; d < global.size(); ++d)
-      DPML_REQUIRE(0 <= slice[d].begin && slice[d].begin <= slice[d].end && slice[d].end <= global[d],
-                   "checkpoint tensor '" << name << "': slice " << slice_string(slice) << " lies outside its shape "
-                                         << shape_string(global));
-    DPML_REQUIRE(static_cast<std::int64_t>(data.size()) == volume(slice),
-                 "checkpoint tensor '" << name << "': slice " << slice_string(slice) << " holds " << volume(slice)
-                                       << " elements, got " << data.size());
-    for (const auto& s : staged_) DPML_REQUIRE(s.name != name, "checkpoint tensor '" << name << "' added twice on this rank");
-    const auto bytes = std::as_bytes(data);
-    staged_.push_back({std::move(name), dtype_of<T>, std::vector<std::int64_t>(global.begin(), global.end()),
-                       std::move(slice), std::vector<std::byte>(bytes.begin(), bytes.end())});
+    stage(std::move(name), global, std::move(slice), data, /*copy=*/true);
+  }
+  // The same without a copy: the background write reads `data` in place, so it must stay alive
+  // and unchanged until this save commits (wait(), or poll() returning true) — for buffers
+  // nothing touches in between, such as a host mirror of device state.
+  template <class T>
+  void add_in_place(std::string name, std::span<const std::int64_t> global, Slice slice, std::span<const T> data) {
+    stage(std::move(name), global, std::move(slice), data, /*copy=*/false);
   }
   template <class T>
   void add(std::string name, std::span<const std::int64_t> global, Slice slice, std::span<T> data) {
@@ -264,7 +259,8 @@ class CheckpointWriter {
     file.set_metadata("rank", std::to_string(comm_.rank()));
     for (std::size_t i : owned) {
       Staged& s = staged[i];
-      file.add(s.name, s.dtype, extents(s.slice), std::move(s.bytes));
+      if (s.bytes.empty()) file.add_borrowed(s.name, s.dtype, extents(s.slice), s.in_place);
+      else file.add(s.name, s.dtype, extents(s.slice), std::move(s.bytes));
     }
     staged.clear();
     if (!owned.empty()) job->file_name = "rank-" + std::to_string(comm_.rank()) + ".safetensors";
@@ -332,8 +328,28 @@ class CheckpointWriter {
     Dtype dtype;
     std::vector<std::int64_t> shape;  // global
     Slice slice;                      // this rank's block
-    std::vector<std::byte> bytes;     // (extents(slice)), row-major
+    std::vector<std::byte> bytes;     // (extents(slice)), row-major: a copy ...
+    std::span<const std::byte> in_place;  // ... or the caller's bytes (add_in_place)
   };
+
+  template <class T>
+  void stage(std::string name, std::span<const std::int64_t> global, Slice slice, std::span<const T> data, bool copy) {
+    DPML_REQUIRE(slice.size() == global.size(), "checkpoint tensor '" << name << "': slice " << slice_string(slice) << " has "
+                                                                      << slice.size() << " dimensions, the shape "
+                                                                      << shape_string(global) << " has " << global.size());
+    for (std::size_t d = 0; d < global.size(); ++d)
+      DPML_REQUIRE(0 <= slice[d].begin && slice[d].begin <= slice[d].end && slice[d].end <= global[d],
+                   "checkpoint tensor '" << name << "': slice " << slice_string(slice) << " lies outside its shape "
+                                         << shape_string(global));
+    DPML_REQUIRE(static_cast<std::int64_t>(data.size()) == volume(slice),
+                 "checkpoint tensor '" << name << "': slice " << slice_string(slice) << " holds " << volume(slice)
+                                       << " elements, got " << data.size());
+    for (const auto& s : staged_) DPML_REQUIRE(s.name != name, "checkpoint tensor '" << name << "' added twice on this rank");
+    const auto bytes = std::as_bytes(data);
+    staged_.push_back({std::move(name), dtype_of<T>, std::vector<std::int64_t>(global.begin(), global.end()),
+                       std::move(slice), copy ? std::vector<std::byte>(bytes.begin(), bytes.end()) : std::vector<std::byte>{},
+                       copy ? std::span<const std::byte>{} : bytes});
+  }
   struct Job {
     std::string tmp, final_dir, file_name;
     Manifest manifest;                              // crc32s filled at commit

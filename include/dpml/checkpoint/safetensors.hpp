@@ -199,6 +199,13 @@ class SafetensorsWriter {
  public:
   // Adds entry `name`: numel(shape) · dtype_size(dtype) bytes, taken over (no copy).
   void add(std::string name, Dtype dtype, std::vector<std::int64_t> shape, std::vector<std::byte> bytes) {
+    const std::span<const std::byte> view(bytes);
+    owned_.push_back(std::move(bytes));  // the heap block, and so `view`, stays where it is
+    add_borrowed(std::move(name), dtype, std::move(shape), view);
+  }
+  // Adds entry `name` whose bytes are read in place by write(): they must stay alive and
+  // unchanged until the file is written.
+  void add_borrowed(std::string name, Dtype dtype, std::vector<std::int64_t> shape, std::span<const std::byte> bytes) {
     DPML_REQUIRE(!name.empty() && name != "__metadata__", "invalid safetensors tensor name \"" << name << '"');
     for (const auto& e : entries_) DPML_REQUIRE(e.name != name, "tensor '" << name << "' added twice to a safetensors file");
     SafetensorsEntry e{std::move(name), dtype, std::move(shape), size_, 0};
@@ -209,7 +216,7 @@ class SafetensorsWriter {
     size_ += bytes.size();
     e.end = size_;
     entries_.push_back(std::move(e));
-    bytes_.push_back(std::move(bytes));
+    bytes_.push_back(bytes);
   }
   template <class T>
   void add(std::string name, std::vector<std::int64_t> shape, std::span<const T> values) {
@@ -252,7 +259,8 @@ class SafetensorsWriter {
  private:
   Json metadata_ = Json::object();
   std::vector<SafetensorsEntry> entries_;
-  std::vector<std::vector<std::byte>> bytes_;  // one per entry
+  std::vector<std::span<const std::byte>> bytes_;  // one per entry: into owned_, or borrowed
+  std::vector<std::vector<std::byte>> owned_;      // the entries added by value
   std::uint64_t size_ = 0;                     // of the data section
 };
 

@@ -64,6 +64,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -117,14 +118,15 @@ inline void raise_collected(const comm::Mpi& world, const std::string& mine, con
   if (!message.empty()) throw Error(during + " failed: " + message, Scope::everywhere);
 }
 
-// State slot k of the update rule over this rank's whole flat buffer (flat offsets).
+// State slot k of the update rule over this rank's whole flat buffer (flat offsets), into `out`
+// (resized; its memory is reused from one save to the next).
 template <class Trainer>
-auto gather_flat_state(Trainer& t, std::size_t k) {
+void gather_flat_state(Trainer& t, std::size_t k, std::vector<value_t<Trainer>>& out) {
   auto& dist = t.optimizer();
   auto& opt = dist.optimizer();
   const auto& flat = dist.flat();
   using T = value_t<Trainer>;
-  std::vector<T> out(static_cast<std::size_t>(flat.numel()));
+  out.resize(static_cast<std::size_t>(flat.numel()));
   if constexpr (!Trainer::zero) {
     for (std::size_t i = 0; i < flat.params().size(); ++i) {
       const auto s = opt.state(i, k);
@@ -157,7 +159,6 @@ auto gather_flat_state(Trainer& t, std::size_t k) {
       for (auto& r : reqs) r.wait();
     }
   }
-  return out;
 }
 
 // The inverse: this rank keeps its ranges of a whole-flat-buffer state slot.
@@ -199,6 +200,12 @@ std::vector<ConfigField> checked_fields(Trainer& t, std::int64_t seq_len) {
 struct CheckpointerOptions {
   int keep_last = 3;              // complete checkpoints kept (<= 0: all)
   std::int64_t seq_len = 0;       // tokens per training sequence (recorded and checked); 0: model max_seq
+  // Brings the trainer's host state up to date before a save stages it (a device trainer's
+  // to_host()); runs after the save in flight has committed; its time counts as blocking.
+  std::function<void()> refresh;
+  // The trainer's host state changes only through `refresh` (a mirror of device state): saves
+  // write the weights and, without ZeRO, the optimizer state in place — no staging copy.
+  bool in_place = false;
 };
 
 // Saves a trainer's state asynchronously; see the top of the file. Collective over the world.
@@ -213,30 +220,39 @@ class Checkpointer {
 
   const std::string& root() const noexcept { return writer_.root(); }
 
-  // Stages everything (copies: training may go on), then writes in the background. A save still
-  // in flight is completed first.
+  // Stages everything, then writes in the background. A save still in flight is completed first.
+  // Staging copies the weights (training may go on and change them; not with `in_place`) and
+  // gathers each optimizer state slot into a buffer the writer reads in place until the commit
+  // (with `in_place` and no ZeRO, the optimizer's own state is read in place).
   void save_async(const TrainPosition& pos) {
+    using T = detail::value_t<Trainer>;
     const auto t0 = clock::now();
     auto& t = trainer_;
     auto& dist = t.optimizer();
+    auto& opt = dist.optimizer();
     const auto& flat = dist.flat();
     const auto& params = flat.params();
     const auto& cfg = t.model().config();
-    writer_.wait();  // the previous save commits before this one stages
-    for (std::size_t k = 0; k < dist.optimizer().state_names().size(); ++k) {
-      const auto state = detail::gather_flat_state(t, k);
+    writer_.wait();  // the previous save commits before this one stages (or a refresh overwrites what it reads)
+    if (options_.refresh) options_.refresh();
+    const bool state_in_place = options_.in_place && !Trainer::zero;
+    held_.resize(opt.state_names().size());
+    for (std::size_t k = 0; k < held_.size(); ++k) {
+      if (!state_in_place) detail::gather_flat_state(t, k, held_[k]);
       for (std::size_t i = 0; i < params.size(); ++i) {
         if (params[i]->is_duplicate()) continue;
         const auto b = detail::block_of(*params[i], t.grid(), cfg);
-        writer_.add(detail::state_tensor_name(params[i]->name(), dist.optimizer().state_names()[k]), b.shape, b.slice,
-                    std::span(state.data() + flat.offsets()[i], static_cast<std::size_t>(checkpoint::volume(b.slice))));
+        const T* state = state_in_place ? opt.state(i, k).data() : held_[k].data() + flat.offsets()[i];
+        writer_.add_in_place(detail::state_tensor_name(params[i]->name(), opt.state_names()[k]), b.shape, b.slice,
+                             std::span<const T>(state, static_cast<std::size_t>(checkpoint::volume(b.slice))));
       }
     }
     for (const auto* p : params) {
       if (p->is_duplicate()) continue;
       const auto b = detail::block_of(*p, t.grid(), cfg);
-      writer_.add(p->name(), b.shape, b.slice,
-                  std::span<const detail::value_t<Trainer>>(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
+      const std::span<const T> value(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice)));
+      if (options_.in_place) writer_.add_in_place(p->name(), b.shape, b.slice, value);
+      else writer_.add(p->name(), b.shape, b.slice, value);
     }
     checkpoint::SaveInfo info;
     info.step = pos.step;
@@ -286,6 +302,7 @@ class Checkpointer {
   Trainer& trainer_;
   CheckpointerOptions options_;
   checkpoint::CheckpointWriter writer_;
+  std::vector<std::vector<detail::value_t<Trainer>>> held_;  // gathered state slots, read by the save in flight
   clock::time_point started_{};
   int saves_ = 0;
   double blocking_seconds_ = 0.0, total_seconds_ = 0.0;

@@ -42,6 +42,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace dpml::train::cuda {
 
@@ -65,11 +66,13 @@ class GptTrainer {
     const std::size_t n = static_cast<std::size_t>(batch_ * seq_);
     DPML_CHECK_CUDA(cudaMallocHost(&pinned_, 2 * n * sizeof(std::int32_t)));
     DPML_CHECK_CUDA(cudaMalloc(&tokens_, 2 * n * sizeof(std::int32_t)));
+    pin_mirror();
     from_host();
   }
   GptTrainer(const GptTrainer&) = delete;
   GptTrainer& operator=(const GptTrainer&) = delete;
   ~GptTrainer() {
+    for (void* p : pinned_ranges_) cudaHostUnregister(p);
     cudaFree(tokens_);
     cudaFreeHost(pinned_);
   }
@@ -153,6 +156,22 @@ class GptTrainer {
   }
   std::int32_t* targets() const noexcept { return tokens_ + batch_ * seq_; }
 
+  // Page-locks the mirror's weights and optimizer state, so that to_host() copies at the link's
+  // speed (2–3× pageable memory's). Where the system refuses (a locked-memory limit), the copies
+  // stay pageable: slower, not wrong.
+  void pin_mirror() {
+    auto pin = [&](void* p, std::size_t bytes) {
+      if (bytes == 0) return;
+      if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) pinned_ranges_.push_back(p);
+      else (void)cudaGetLastError();  // clear the error: nothing else went wrong
+    };
+    auto values = host_.optimizer().flat().values();
+    pin(values.data(), static_cast<std::size_t>(values.numel()) * sizeof(*values.data()));
+    auto& opt = host_.optimizer().optimizer();
+    for (std::size_t i = 0; i < opt.range_count(); ++i)
+      for (std::size_t k = 0; k < kMoments.size(); ++k) pin(opt.state(i, k).data(), opt.state(i, k).size_bytes());
+  }
+
   void upload(const data::TokenBatch& batch) {
     DPML_REQUIRE(batch.inputs.size(0) == batch_ && batch.inputs.size(1) == seq_,
                  "--device cuda: a batch of " << batch.inputs.size(0) << " x " << batch.inputs.size(1)
@@ -190,6 +209,7 @@ class GptTrainer {
   std::int32_t* pinned_ = nullptr;  // (2, B, T): inputs then targets
   std::int32_t* tokens_ = nullptr;  // device copy of the same
   std::int64_t step_ = 0, optimizer_step_ = 0;
+  std::vector<void*> pinned_ranges_;  // host ranges registered with cudaHostRegister
 };
 
 }  // namespace dpml::train::cuda
