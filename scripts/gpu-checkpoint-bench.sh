@@ -58,12 +58,12 @@ def last(f):
     return rows[-1]["elapsed_s"], sorted(r["tokens_per_s"] for r in rows)[len(rows) // 2]
 plain, plain_tps = last("plain.jsonl")
 saving, saving_tps = last("saving.jsonl")
-m = re.search(r"checkpoints: (\d+) saved .*blocked ([\d.]+) ms per save \(device to host ([\d.]+) ms\), ([\d.]+) ms from save to commit",
+m = re.search(r"checkpoints: (\d+) saved .*blocked ([\d.]+) ms per save \(device to host ([\d.]+) ms\), ([\d.]+) ms from save to commit; the last committed ([\d.]+) ms after training",
               open(d / "saving.txt").read())
-saves, blocked, copy, total = int(m[1]), float(m[2]), float(m[3]), float(m[4])
+saves, blocked, copy, total, after = int(m[1]), float(m[2]), float(m[3]), float(m[4]), float(m[5])
 size = int(open(d / "sizes.txt").read().split()[0])
 result = {"iters": iters, "saves": saves, "checkpoint_bytes": size, "blocked_ms_per_save": blocked,
-          "device_to_host_ms": copy, "save_to_commit_ms": total,
+          "device_to_host_ms": copy, "save_to_commit_ms": total, "last_commit_after_training_ms": after,
           "loop_s_plain": plain, "loop_s_saving": saving, "lost_ms_per_save": 1e3 * (saving - plain) / saves,
           "median_tok_s_plain": plain_tps, "median_tok_s_saving": saving_tps}
 print(json.dumps(result))

@@ -345,13 +345,16 @@ int main(int argc, char** argv) {
         }
       }
       if (ckpt) {
+        const double blocked = ckpt->blocking_seconds();  // inside the training loop
+        const auto t0 = std::chrono::steady_clock::now();
         ckpt->wait();
+        const double last = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (world.rank() == 0 && ckpt->saves() > 0) {
           const double n = ckpt->saves();
           std::printf("checkpoints: %d saved in '%s'; training blocked %.1f ms per save (device to host %.1f ms), "
-                      "%.1f ms from save to commit\n",
-                      ckpt->saves(), f.save.c_str(), 1e3 * ckpt->blocking_seconds() / n, 1e3 * steps.sync_seconds() / n,
-                      1e3 * ckpt->total_seconds() / n);
+                      "%.1f ms from save to commit; the last committed %.1f ms after training\n",
+                      ckpt->saves(), f.save.c_str(), 1e3 * blocked / n, 1e3 * steps.sync_seconds() / n,
+                      1e3 * ckpt->total_seconds() / n, 1e3 * last);
         }
       }
       if (!finished) return 0;
