@@ -3,7 +3,7 @@
 #
 #   1. configure the cuda-openmpi preset, build gpt_train and test_cuda_gpt_step
 #   2. test_cuda_gpt_step: the GPU GPT against the host GPT (loss, gradients, 50-step curve)
-#   3. gpt_train (dpml; again with --recompute-gelu 0), then bench/reference/torch_gpt.py eager and
+#   3. gpt_train (dpml; again with --recompute-gelu 0; again in fp16), then bench/reference/torch_gpt.py eager and
 #      torch.compile, same B/T/steps
 #   4. a table: tokens/s, ms/step, MFU, memory, and the ratios ours / eager, ours / compile,
 #      ours / llm.c (495k tok/s, 1×H100, cuDNN attention: ../shared/TOOLCHAIN.md)
@@ -44,6 +44,8 @@ echo "== dpml gpt_train"
 "$build/bench/gpt_train/gpt_train" "${common[@]}" | tee "$results/dpml.txt" || status=1
 echo "== dpml gpt_train --recompute-gelu 0 (GELU output saved per block)"
 "$build/bench/gpt_train/gpt_train" "${common[@]}" --recompute-gelu 0 | tee "$results/dpml-saved-gelu.txt" || status=1
+echo "== dpml gpt_train --precision fp16 (dynamic loss scaling)"
+"$build/bench/gpt_train/gpt_train" "${common[@]}" --precision fp16 | tee "$results/dpml-fp16.txt" || status=1
 for mode in eager compile; do
   echo "== torch $mode"
   python3 bench/reference/torch_gpt.py --mode "$mode" "${common[@]}" | tee "$results/torch-$mode.txt" || status=1
@@ -54,7 +56,7 @@ python3 - "$results" <<'EOF' || status=1
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])
 runs, fams = {}, {}
-for f in ("dpml.txt", "dpml-saved-gelu.txt", "torch-eager.txt", "torch-compile.txt"):
+for f in ("dpml.txt", "dpml-saved-gelu.txt", "dpml-fp16.txt", "torch-eager.txt", "torch-compile.txt"):
     p = d / f
     if not p.exists():
         continue

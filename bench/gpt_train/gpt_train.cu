@@ -1,5 +1,5 @@
-// gpt_train: GPT-2 training throughput on one GPU (models/cuda/gpt.hpp), bf16 with fp32 master
-// weights, AdamW (β = 0.9, 0.95, weight decay 0.1), global-norm clipping at 1.0 — the setup of
+// gpt_train: GPT-2 training throughput on one GPU (models/cuda/gpt.hpp), bf16 (or --precision
+// fp16, with dynamic loss scaling) with fp32 master weights, AdamW (β = 0.9, 0.95, weight decay 0.1), global-norm clipping at 1.0 — the setup of
 // bench/reference/torch_gpt.py, so the two print comparable JSON lines.
 //
 //   tokens/s   B·T · timed steps / wall time of the timed steps (each step ends with the loss
@@ -38,6 +38,7 @@ struct Options {
   int warmup = 5, steps = 20;
   double lr = 6e-4;
   std::string data;  // llm.c token shards (file or glob); empty: random tokens
+  std::string precision = "bf16";
 };
 
 void usage(const char* argv0) {
@@ -51,6 +52,7 @@ void usage(const char* argv0) {
       "  --lr X           peak learning rate, linear warm-up over the warm-up steps (6e-4)\n"
       "  --data PATTERN   llm.c token shards (uint16 .bin, glob allowed); default: random tokens\n"
       "  --recompute-gelu 0|1   recompute the GELU output in the backward instead of saving it per block (1)\n"
+      "  --precision bf16|fp16  storage of weights, activations, gradients (fp16: dynamic loss scaling) (bf16)\n"
       "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
       argv0);
 }
@@ -76,10 +78,12 @@ Options parse(int argc, char** argv) {
     else if (a == "--lr") o.lr = std::atof(v);
     else if (a == "--data") o.data = v;
     else if (a == "--recompute-gelu") o.model.recompute_gelu = std::atoi(v) != 0;
+    else if (a == "--precision") o.precision = v;
     else DPML_REQUIRE(false, "gpt_train: unknown option " << a << " (see --help)");
   }
   DPML_REQUIRE(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.warmup >= 0,
                "gpt_train: --batch, --seq, --steps must be positive and --warmup non-negative");
+  DPML_REQUIRE(o.precision == "bf16" || o.precision == "fp16", "gpt_train: --precision " << o.precision << " is not bf16 or fp16");
   o.model.max_seq = std::max(o.model.max_seq, o.seq);
   return o;
 }
@@ -167,97 +171,105 @@ class Batches {
 
 }  // namespace
 
+template <class Precision>
+int run(const Options& o) {
+  cudaDeviceProp prop{};
+  DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const double peak = measure_peak_tflops(8192);
+
+  std::size_t free0 = 0, total = 0, free1 = 0;
+  DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
+  models::cuda::Gpt<Precision> model(o.model, o.batch, o.seq);
+  model.init_random(1337);
+  Batches batches(o);
+  const optim::AdamWOptions adam{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const cudaStream_t s = model.stream();
+  std::int64_t step = 0, skipped = 0;  // skipped: overflowed fp16 steps (no update)
+  std::vector<double> losses;
+  auto train_step = [&] {
+    ++step;
+    batches.load(step, s);
+    model.forward_backward(batches.inputs(), batches.targets());
+    const double lr = o.lr * std::min(1.0, static_cast<double>(step) / std::max(1, o.warmup));
+    model.update(lr, step - skipped, adam, 1.0);
+    losses.push_back(model.loss());  // synchronises: the step is done
+    if constexpr (Precision::loss_scaling) skipped += !std::isfinite(model.finish_step());  // the loss scale
+  };
+  for (int i = 0; i < o.warmup; ++i) train_step();
+  cudaEvent_t t0, t1;
+  DPML_CHECK_CUDA(cudaEventCreate(&t0));
+  DPML_CHECK_CUDA(cudaEventCreate(&t1));
+  DPML_CHECK_CUDA(cudaEventRecord(t0, s));
+  for (int i = 0; i < o.steps; ++i) train_step();
+  DPML_CHECK_CUDA(cudaEventRecord(t1, s));
+  DPML_CHECK_CUDA(cudaEventSynchronize(t1));
+  float ms_total = 0;
+  DPML_CHECK_CUDA(cudaEventElapsedTime(&ms_total, t0, t1));
+
+  models::cuda::Profiler prof;
+  model.set_profiler(&prof);
+  train_step();
+  const auto family_ms = prof.collect();
+  model.set_profiler(nullptr);
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
+
+  const double ms_step = ms_total / o.steps;
+  const double tokens = static_cast<double>(o.batch * o.seq);
+  const double tok_s = tokens / (ms_step * 1e-3);
+  const double n_params = static_cast<double>(model.real_parameter_count());
+  const double flops_per_token = 6.0 * n_params + 12.0 * o.model.layers * o.seq * o.model.dim;
+  const double model_tflops = flops_per_token * tok_s / 1e12;
+  const double mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
+  bool finite = true;
+  for (double l : losses) finite = finite && std::isfinite(l);
+
+  const std::string name = std::string("dpml") + (o.model.recompute_gelu ? "" : "-saved-gelu") +
+                           (Precision::loss_scaling ? "-fp16" : "");
+  const char* impl = name.c_str();
+  std::printf("{\"bench\":\"gpt_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
+              "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
+              "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
+              "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld}\n",
+              impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
+              static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
+              static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
+              o.model.recompute_gelu ? "true" : "false", n_params, o.steps, o.warmup,
+              ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib,
+              static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
+              finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped));
+  double family_total = 0;
+  for (double m : family_ms) family_total += m;
+  for (std::size_t f = 0; f < family_ms.size(); ++f)
+    std::printf("{\"bench\":\"gpt_train_family\",\"impl\":\"%s\",\"family\":\"%.*s\",\"ms\":%.3f,\"share\":%.4f}\n",
+                impl, static_cast<int>(models::cuda::kFamilyNames[f].size()), models::cuda::kFamilyNames[f].data(),
+                family_ms[f], family_total > 0 ? family_ms[f] / family_total : 0.0);
+
+  std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld T=%lld on %s, %s + fp32 master, AdamW, clip 1.0\n",
+              static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
+              static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
+              static_cast<long long>(o.batch), static_cast<long long>(o.seq), prop.name, Precision::name.data());
+  std::printf("| tokens/s | ms/step | MFU (vs %.0f TFLOP/s measured) | memory GiB | loss first → last |\n|---|---|---|---|---|\n",
+              peak);
+  std::printf("| %.0f | %.2f | %.1f%% | %.2f | %.3f → %.3f |\n\n", tok_s, ms_step, 100 * model_tflops / peak, mem_gib,
+              losses.front(), losses.back());
+  std::printf("| kernel family | ms (one profiled step) | share |\n|---|---|---|\n");
+  for (std::size_t f = 0; f < family_ms.size(); ++f)
+    std::printf("| %.*s | %.2f | %.1f%% |\n", static_cast<int>(models::cuda::kFamilyNames[f].size()),
+                models::cuda::kFamilyNames[f].data(), family_ms[f],
+                family_total > 0 ? 100 * family_ms[f] / family_total : 0.0);
+  if (!finite) {
+    std::fprintf(stderr, "gpt_train: a loss was not finite\n");
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     DPML_REQUIRE(cuda_device_count() > 0, "gpt_train: no CUDA device");
-    cudaDeviceProp prop{};
-    DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-    const double peak = measure_peak_tflops(8192);
-
-    std::size_t free0 = 0, total = 0, free1 = 0;
-    DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
-    models::cuda::Gpt model(o.model, o.batch, o.seq);
-    model.init_random(1337);
-    Batches batches(o);
-    const optim::AdamWOptions adam{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-    const cudaStream_t s = model.stream();
-    std::int64_t step = 0;
-    std::vector<double> losses;
-    auto train_step = [&] {
-      ++step;
-      batches.load(step, s);
-      model.forward_backward(batches.inputs(), batches.targets());
-      const double lr = o.lr * std::min(1.0, static_cast<double>(step) / std::max(1, o.warmup));
-      model.update(lr, step, adam, 1.0);
-      losses.push_back(model.loss());  // synchronises: the step is done
-    };
-    for (int i = 0; i < o.warmup; ++i) train_step();
-    cudaEvent_t t0, t1;
-    DPML_CHECK_CUDA(cudaEventCreate(&t0));
-    DPML_CHECK_CUDA(cudaEventCreate(&t1));
-    DPML_CHECK_CUDA(cudaEventRecord(t0, s));
-    for (int i = 0; i < o.steps; ++i) train_step();
-    DPML_CHECK_CUDA(cudaEventRecord(t1, s));
-    DPML_CHECK_CUDA(cudaEventSynchronize(t1));
-    float ms_total = 0;
-    DPML_CHECK_CUDA(cudaEventElapsedTime(&ms_total, t0, t1));
-
-    models::cuda::Profiler prof;
-    model.set_profiler(&prof);
-    train_step();
-    const auto family_ms = prof.collect();
-    model.set_profiler(nullptr);
-    DPML_CHECK_CUDA(cudaDeviceSynchronize());
-    DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
-
-    const double ms_step = ms_total / o.steps;
-    const double tokens = static_cast<double>(o.batch * o.seq);
-    const double tok_s = tokens / (ms_step * 1e-3);
-    const double n_params = static_cast<double>(model.real_parameter_count());
-    const double flops_per_token = 6.0 * n_params + 12.0 * o.model.layers * o.seq * o.model.dim;
-    const double model_tflops = flops_per_token * tok_s / 1e12;
-    const double mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
-    bool finite = true;
-    for (double l : losses) finite = finite && std::isfinite(l);
-
-    const char* impl = o.model.recompute_gelu ? "dpml" : "dpml-saved-gelu";
-    std::printf("{\"bench\":\"gpt_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
-                "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
-                "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
-                "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s}\n",
-                impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
-                static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
-                static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
-                o.model.recompute_gelu ? "true" : "false", n_params, o.steps, o.warmup,
-                ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib,
-                static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
-                finite ? "true" : "false");
-    double family_total = 0;
-    for (double m : family_ms) family_total += m;
-    for (std::size_t f = 0; f < family_ms.size(); ++f)
-      std::printf("{\"bench\":\"gpt_train_family\",\"impl\":\"%s\",\"family\":\"%.*s\",\"ms\":%.3f,\"share\":%.4f}\n",
-                  impl, static_cast<int>(models::cuda::kFamilyNames[f].size()), models::cuda::kFamilyNames[f].data(),
-                  family_ms[f], family_total > 0 ? family_ms[f] / family_total : 0.0);
-
-    std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld T=%lld on %s, bf16 + fp32 master, AdamW, clip 1.0\n",
-                static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
-                static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
-                static_cast<long long>(o.batch), static_cast<long long>(o.seq), prop.name);
-    std::printf("| tokens/s | ms/step | MFU (vs %.0f TFLOP/s measured) | memory GiB | loss first → last |\n|---|---|---|---|---|\n",
-                peak);
-    std::printf("| %.0f | %.2f | %.1f%% | %.2f | %.3f → %.3f |\n\n", tok_s, ms_step, 100 * model_tflops / peak, mem_gib,
-                losses.front(), losses.back());
-    std::printf("| kernel family | ms (one profiled step) | share |\n|---|---|---|\n");
-    for (std::size_t f = 0; f < family_ms.size(); ++f)
-      std::printf("| %.*s | %.2f | %.1f%% |\n", static_cast<int>(models::cuda::kFamilyNames[f].size()),
-                  models::cuda::kFamilyNames[f].data(), family_ms[f],
-                  family_total > 0 ? 100 * family_ms[f] / family_total : 0.0);
-    if (!finite) {
-      std::fprintf(stderr, "gpt_train: a loss was not finite\n");
-      return 1;
-    }
-    return 0;
+    return o.precision == "fp16" ? run<models::cuda::Fp16>(o) : run<models::cuda::Bf16>(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train: %s\n", e.what());
     return 1;

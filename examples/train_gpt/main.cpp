@@ -7,7 +7,8 @@
 // --device cuda (CUDA builds): models::cuda::Gpt trains on the rank's GPU in bf16 with fp32 master
 // weights; the host trainer mirrors its state for checkpoints, export and sampling
 // (train/cuda/gpt_trainer.hpp), so GPU checkpoints resume on CPU layouts and the other way round.
-// One rank, one micro-batch per step (--micro-batch = --global-batch), head dim 32, 64 or 128.
+// One rank, one micro-batch per step (--micro-batch = --global-batch), head dim 32, 64 or 128;
+// --fp16 trains in fp16 with a dynamic loss scale (--initial-loss-scale, --loss-scale-window).
 //
 // Data: a text file or directory (byte-level, vocabulary 256; default: the Debian `fortunes`
 // package), or llm.c token shards (--data-path 'dir/*.bin' --vocab-size N).
@@ -80,6 +81,9 @@ struct Flags {
   int keep = 3;
   std::string on_nonfinite = "stop";
   std::string device = "cpu";
+  bool fp16 = false;
+  double initial_loss_scale = 65536.0;
+  std::int64_t loss_scale_window = 1000;
   double collective_timeout = 300.0;
 };
 
@@ -122,8 +126,9 @@ auto* find_parameter(Model& model, const std::string& name) {
   return static_cast<std::remove_reference_t<decltype(*model.parameters().front())>*>(nullptr);
 }
 
-// Who runs the steps: the host trainer itself, or (--device cuda) the GPU, with the host trainer
-// as the mirror of its state that checkpoints, export and sampling read (sync_host() first).
+// Who runs the steps: the host trainer itself, or (--device cuda) the GPU in bf16 or (--fp16)
+// fp16, with the host trainer as the mirror of its state that checkpoints, export and sampling
+// read (sync_host() first).
 template <class HostTrainer>
 class Steps {
  public:
@@ -131,42 +136,52 @@ class Steps {
     if (f.device == "cpu") return;
 #ifdef DPML_WITH_CUDA
     comm::select_device(host.grid().world());
-    gpu_.emplace(host, f.seq, train::cuda::DeviceOptions{.adamw = adamw, .clip = f.clip});
-    host_state_is_mirror_ = true;
+    const train::cuda::DeviceOptions o{.adamw = adamw, .clip = f.clip,
+                                       .loss_scale = {.initial = f.initial_loss_scale, .window = f.loss_scale_window}};
+    if (f.fp16) fp16_.emplace(host, f.seq, o);
+    else bf16_.emplace(host, f.seq, o);
 #else
     (void)adamw;
     DPML_REQUIRE_EVERYWHERE(false, "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset)");
 #endif
   }
   train::GptStepResult train_step(const data::TokenBatch& b, double lr) {
-#ifdef DPML_WITH_CUDA
-    if (gpu_) return gpu_->train_step(b, lr);
-#endif
-    return host_.train_step(b, lr);
+    train::GptStepResult r;
+    if (!on_gpu([&](auto& gpu) { r = gpu.train_step(b, lr); })) r = host_.train_step(b, lr);
+    return r;
   }
   double evaluate(const data::TokenBatch& b) {
-#ifdef DPML_WITH_CUDA
-    if (gpu_) return gpu_->evaluate(b);
-#endif
-    return host_.evaluate(b);
+    double loss = 0.0;
+    if (!on_gpu([&](auto& gpu) { loss = gpu.evaluate(b); })) loss = host_.evaluate(b);
+    return loss;
   }
-  bool on_device() const noexcept { return host_state_is_mirror_; }
+  bool on_device() {
+    return on_gpu([](auto&) {});
+  }
   // The host trainer's state up to date (device → host: a no-op on the CPU).
   void sync_host() {
     const auto t0 = std::chrono::steady_clock::now();
-#ifdef DPML_WITH_CUDA
-    if (gpu_) gpu_->to_host();
-#endif
+    on_gpu([](auto& gpu) { gpu.to_host(); });
     sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   double sync_seconds() const noexcept { return sync_seconds_; }
 
  private:
+  // Calls f(the GPU trainer) if there is one; returns whether there was.
+  template <class F>
+  bool on_gpu([[maybe_unused]] F&& f) {
+#ifdef DPML_WITH_CUDA
+    if (bf16_) return f(*bf16_), true;
+    if (fp16_) return f(*fp16_), true;
+#endif
+    return false;
+  }
+
   HostTrainer& host_;
-  bool host_state_is_mirror_ = false;
   double sync_seconds_ = 0.0;
 #ifdef DPML_WITH_CUDA
-  std::optional<train::cuda::GptTrainer<HostTrainer>> gpu_;
+  std::optional<train::cuda::GptTrainer<HostTrainer, models::cuda::Bf16>> bf16_;
+  std::optional<train::cuda::GptTrainer<HostTrainer, models::cuda::Fp16>> fp16_;
 #endif
 };
 
@@ -181,6 +196,9 @@ int main(int argc, char** argv) {
     train::Args args("train_gpt", "Trains a GPT with data (rest of the world), tensor (--tp) and pipeline (--pp)\n"
                                   "parallelism on CPU ranks, or on one GPU (--device cuda), then samples text from it.");
     args.flag("--device", f.device, "cpu (the ranks' cores) | cuda (one GPU, bf16; one rank)")
+        .flag("--fp16", f.fp16, "--device cuda: fp16 weights and activations with dynamic loss scaling (default bf16)")
+        .flag("--initial-loss-scale", f.initial_loss_scale, "--fp16: the first loss scale")
+        .flag("--loss-scale-window", f.loss_scale_window, "--fp16: steps without overflow before the loss scale doubles")
         .flag("--tp", f.tp, "tensor-parallel degree")
         .flag("--pp", f.pp, "pipeline-parallel degree (stages)")
         .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
@@ -222,6 +240,7 @@ int main(int argc, char** argv) {
     if (!args.parse(argc, argv, world.rank())) return 0;
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
+    DPML_REQUIRE_EVERYWHERE(!f.fp16 || f.device == "cuda", "--fp16 needs --device cuda (the CPU ranks train in fp32)");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
                             "--inject-fault nan:N poisons a host weight: --device cpu only");
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
@@ -265,7 +284,7 @@ int main(int argc, char** argv) {
 
     if (world.rank() == 0)
       std::printf("dpml train_gpt: %s%s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
-                  f.device == "cuda" ? "one GPU (bf16), host mirror " : "", grid.describe().c_str(), f.schedule.c_str(),
+                  f.device == "cpu" ? "" : f.fp16 ? "one GPU (fp16, loss scaling), host mirror " : "one GPU (bf16), host mirror ", grid.describe().c_str(), f.schedule.c_str(),
                   f.zero ? " + ZeRO-1" : "",
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
 

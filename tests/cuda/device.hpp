@@ -8,6 +8,7 @@
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_error.hpp>
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -19,7 +20,8 @@
 namespace dpml::test {
 
 // Tolerances: relative L2 error for results stored in bf16 (8 significant bits: one rounding is
-// up to 2^-9 relative) and for fp32 paths (float arithmetic against a float64 reference).
+// up to 2^-9 relative; fp16's 11 bits are checked against the same bound) and for fp32 paths
+// (float arithmetic against a float64 reference).
 inline constexpr double kBf16Tol = 1e-2;
 inline constexpr double kFp32Tol = 1e-5;
 
@@ -52,6 +54,7 @@ struct DeviceVec {
 };
 
 inline double as_double(bf16 v) { return static_cast<double>(static_cast<float>(v)); }
+inline double as_double(__half v) { return static_cast<double>(__half2float(v)); }
 inline double as_double(float v) { return v; }
 inline double as_double(double v) { return v; }
 

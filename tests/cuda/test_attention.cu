@@ -2,7 +2,7 @@
 // and logsumexp, and the whole dqkv of the backward, for head sizes 32/64/128 and sequence
 // lengths that are not multiples of the row blocks (16 SIMT, 64 tensor cores) or the key tiles,
 // for each policy (tensor cores, SIMT, and the default choice). Outputs and scratch are poisoned
-// first. Tolerances: relative L2 ≤ 1e-2 for bf16 tensors, ≤ 1e-5 for fp32.
+// first. Tolerances: relative L2 ≤ 1e-2 for bf16 and fp16 tensors, ≤ 1e-5 for fp32.
 #include "device.hpp"
 
 #include <dpml/kernels/cuda/attention.hpp>
@@ -89,6 +89,11 @@ TEST_CASE("attention: bf16 SIMT against the float64 host kernels", "[attention][
 }
 TEST_CASE("attention: bf16 default policy (tensor cores where they apply) against float64", "[attention][gpu]") {
   check_attention<bf16, kc::attention::Auto>();
+}
+
+TEST_CASE("attention: fp16 on tensor cores and SIMT against the float64 host kernels", "[attention][gpu]") {
+  check_attention<kc::f16, kc::attention::TensorCore>();
+  check_attention<kc::f16, kc::attention::Simt>();
 }
 
 TEST_CASE("attention: an unsupported head size is refused", "[attention][gpu]") {

@@ -51,11 +51,12 @@ void check_one(GemmContext& ctx, const Case& cs, float beta, std::uint64_t salt)
   const std::int64_t a_rows = cs.ta == Trans::no ? M : K, a_cols = cs.ta == Trans::no ? K : M;
   const std::int64_t b_rows = cs.tb == Trans::no ? K : N, b_cols = cs.tb == Trans::no ? N : K;
   const std::int64_t lda = pad8(a_cols), ldb = pad8(b_cols), ldc = pad8(N);
-  auto hA = test::random_vec<bf16>(static_cast<std::size_t>(a_rows * lda), gen);
-  auto hB = test::random_vec<bf16>(static_cast<std::size_t>(b_rows * ldb), gen);
-  auto hBias = test::random_vec<bf16>(static_cast<std::size_t>(N), gen);
+  using In = typename GemmArgs<TC>::input_type;  // bf16, or f16 with an f16 output
+  auto hA = test::random_vec<In>(static_cast<std::size_t>(a_rows * lda), gen);
+  auto hB = test::random_vec<In>(static_cast<std::size_t>(b_rows * ldb), gen);
+  auto hBias = test::random_vec<In>(static_cast<std::size_t>(N), gen);
   auto hC = test::random_vec<TC>(static_cast<std::size_t>(M * ldc), gen);
-  test::DeviceVec<bf16> A(hA), B(hB), bias(hBias), pre(static_cast<std::size_t>(M * ldc));
+  test::DeviceVec<In> A(hA), B(hB), bias(hBias), pre(static_cast<std::size_t>(M * ldc));
   test::DeviceVec<TC> C(static_cast<std::size_t>(M * ldc));
   if (beta != 0.f) C.upload(hC);
   else C.poison();
@@ -84,7 +85,7 @@ void check_one(GemmContext& ctx, const Case& cs, float beta, std::uint64_t salt)
 
   std::vector<double> want(static_cast<std::size_t>(M * N)), want_pre(want.size());
   std::vector<TC> got_dense(want.size());
-  std::vector<bf16> got_pre_dense(want.size());
+  std::vector<In> got_pre_dense(want.size());
   int written_outside = 0;
   for (std::int64_t i = 0; i < M; ++i) {
     for (std::int64_t j = 0; j < N; ++j) {
@@ -104,8 +105,8 @@ void check_one(GemmContext& ctx, const Case& cs, float beta, std::uint64_t salt)
   }
   const double tol = std::is_same_v<TC, float> ? test::kFp32Tol : test::kBf16Tol;
   const std::string policy(Policy::name);
-  const bool fp32_out = std::is_same_v<TC, float>;  // named: CAPTURE splits on the commas of a template
-  CAPTURE(policy, M, N, K, cs.ta == Trans::yes, cs.tb == Trans::yes, beta, has_bias, is_gelu, fp32_out);
+  const bool fp32_out = std::is_same_v<TC, float>, fp16 = std::is_same_v<TC, f16>;  // named: CAPTURE splits template commas
+  CAPTURE(policy, M, N, K, cs.ta == Trans::yes, cs.tb == Trans::yes, beta, has_bias, is_gelu, fp32_out, fp16);
   const double err = test::rel_l2(got_dense, want);
   CAPTURE(err);
   CHECK(err <= tol);
@@ -117,19 +118,27 @@ void check_one(GemmContext& ctx, const Case& cs, float beta, std::uint64_t salt)
   }
 }
 
-template <class Policy>
+// Fp16: operands and output f16 (the fp16 precision policy; cuBLASLt and the dispatcher only).
+template <class Policy, bool Fp16 = false>
 void check_policy(GemmContext& ctx) {
-  std::uint64_t salt = 100;
+  std::uint64_t salt = Fp16 ? 5000 : 100;
   for (Trans ta : {Trans::no, Trans::yes})
     for (Trans tb : {Trans::no, Trans::yes})
       for (const auto& p : kProblems) {
         const Case cs{ta, tb, p};
-        check_one<Policy, epilogue::None, bf16>(ctx, cs, 0.f, ++salt);
-        check_one<Policy, epilogue::Bias, bf16>(ctx, cs, 0.f, ++salt);
-        check_one<Policy, epilogue::BiasGelu, bf16>(ctx, cs, 0.f, ++salt);
-        check_one<Policy, epilogue::Bias, bf16>(ctx, cs, 1.f, ++salt);   // residual add
-        check_one<Policy, epilogue::None, float>(ctx, cs, 1.f, ++salt);  // gradient accumulation
-        check_one<Policy, epilogue::None, float>(ctx, cs, 0.f, ++salt);
+        if constexpr (Fp16) {
+          check_one<Policy, epilogue::None, f16>(ctx, cs, 0.f, ++salt);
+          check_one<Policy, epilogue::Bias, f16>(ctx, cs, 0.f, ++salt);
+          check_one<Policy, epilogue::BiasGelu, f16>(ctx, cs, 0.f, ++salt);
+          check_one<Policy, epilogue::Bias, f16>(ctx, cs, 1.f, ++salt);  // residual add
+        } else {
+          check_one<Policy, epilogue::None, bf16>(ctx, cs, 0.f, ++salt);
+          check_one<Policy, epilogue::Bias, bf16>(ctx, cs, 0.f, ++salt);
+          check_one<Policy, epilogue::BiasGelu, bf16>(ctx, cs, 0.f, ++salt);
+          check_one<Policy, epilogue::Bias, bf16>(ctx, cs, 1.f, ++salt);   // residual add
+          check_one<Policy, epilogue::None, float>(ctx, cs, 1.f, ++salt);  // gradient accumulation
+          check_one<Policy, epilogue::None, float>(ctx, cs, 0.f, ++salt);
+        }
       }
 }
 
@@ -148,6 +157,12 @@ TEST_CASE("gemm: tiled 64x64x32, 3 stages, 32x32 warps, against float64", "[gemm
 TEST_CASE("gemm: cuBLASLt policy against float64", "[gemm][gpu]") {
   GemmContext ctx;
   check_policy<CublasLt>(ctx);
+}
+
+TEST_CASE("gemm: fp16 through cuBLASLt and the dispatcher against float64", "[gemm][gpu]") {
+  GemmContext ctx;
+  check_policy<CublasLt, true>(ctx);
+  check_policy<Dispatch, true>(ctx);
 }
 
 TEST_CASE("gemm: the dispatcher, table shapes and others", "[gemm][gpu]") {

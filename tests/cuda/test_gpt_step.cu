@@ -3,8 +3,9 @@
 // (L=2, C=64, H=2 so D=32, V=67 padded to 128, T=32, B=4), with and without the GELU recompute.
 // Activations are poisoned (NaN) first.
 //
-// Tolerances (bf16 activations and weights against float32; one bf16 rounding is 2^-9 relative,
-// and a step holds a few dozen roundings in sequence):
+// Both precision policies (Bf16; Fp16 with dynamic loss scaling, whose loss-scale mechanics have a
+// test of their own). Tolerances (16-bit activations and weights against float32; one bf16
+// rounding is 2^-9 relative, fp16's 2^-12; a step holds a few dozen roundings in sequence):
 //   step 1 loss            relative 2e-2
 //   step 1 gradients       relative L2 ≤ 5e-2 for every parameter tensor
 //   50 steps, fixed batch  each step's loss within 8e-2 relative + 3e-2 absolute of the host's
@@ -22,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -73,13 +75,15 @@ void host_run(int steps, double clip, After&& after) {
 
 }  // namespace
 
-TEST_CASE("GPU GPT step equals the host GPT: loss and every gradient", "[gpu][gpt]") {
+TEMPLATE_TEST_CASE("GPU GPT step equals the host GPT: loss and every gradient", "[gpu][gpt]", models::cuda::Bf16,
+                   models::cuda::Fp16) {
   const bool recompute_gelu = GENERATE(true, false);
-  CAPTURE(recompute_gelu);
+  const std::string precision(TestType::name);
+  CAPTURE(precision, recompute_gelu);
   const auto batch = fixed_batch();
   test::DeviceVec<std::int32_t> tokens(as_vector(batch.inputs)), targets(as_vector(batch.targets));
   DPML_CHECK_CUDA(cudaDeviceSynchronize());  // the model's stream does not wait for the legacy one
-  models::cuda::Gpt gpu(device_config(recompute_gelu), kBatch, kSeq);
+  models::cuda::Gpt<TestType> gpu(device_config(recompute_gelu), kBatch, kSeq);
   double host_loss = 0;
   std::map<std::string, std::vector<double>> host_grads;
   // clip 0: the host's gradients stay as the backward left them (its clipping scales them in place).
@@ -108,11 +112,14 @@ TEST_CASE("GPU GPT step equals the host GPT: loss and every gradient", "[gpu][gp
   }
 }
 
-TEST_CASE("GPU GPT follows the host loss curve over 50 AdamW steps on a fixed batch", "[gpu][gpt]") {
+TEMPLATE_TEST_CASE("GPU GPT follows the host loss curve over 50 AdamW steps on a fixed batch", "[gpu][gpt]",
+                   models::cuda::Bf16, models::cuda::Fp16) {
+  const std::string precision(TestType::name);
+  CAPTURE(precision);
   const auto batch = fixed_batch();
   test::DeviceVec<std::int32_t> tokens(as_vector(batch.inputs)), targets(as_vector(batch.targets));
   DPML_CHECK_CUDA(cudaDeviceSynchronize());  // the model's stream does not wait for the legacy one
-  models::cuda::Gpt gpu(device_config(), kBatch, kSeq);
+  models::cuda::Gpt<TestType> gpu(device_config(), kBatch, kSeq);
   std::vector<double> host_losses;
   host_run(kSteps, kClip, [&](int s, double loss, models::Gpt<float>& model) {
     if (s == 0) gpu.copy_from(model.parameters());
@@ -125,6 +132,7 @@ TEST_CASE("GPU GPT follows the host loss curve over 50 AdamW steps on a fixed ba
     gpu.forward_backward(tokens.ptr, targets.ptr);
     gpu.update(kLr, s, kAdam, kClip);
     gpu_losses.push_back(gpu.loss());
+    CHECK(std::isfinite(gpu.finish_step()));  // fp16: the initial scale 2^16 does not overflow here
     // The device's free memory: exact only while no other program uses the GPU (GPU tests hold
     // the CTest resource lock "gpu", so they never run side by side).
     if (s == 1) DPML_CHECK_CUDA(cudaMemGetInfo(&free_after_first, &total));
@@ -140,12 +148,57 @@ TEST_CASE("GPU GPT follows the host loss curve over 50 AdamW steps on a fixed ba
   CHECK(std::isfinite(gpu.grad_norm()));
 }
 
+// Dynamic loss scaling (fp16): from a scale far too large, each overflowed step is skipped (the
+// weights stay bit for bit) and halves the scale; a clean window of 3 steps doubles it; training
+// then goes on with finite steps.
+TEST_CASE("GPU GPT fp16: overflowed steps are skipped and halve the loss scale; clean windows double it", "[gpu][gpt]") {
+  const auto batch = fixed_batch();
+  test::DeviceVec<std::int32_t> tokens(as_vector(batch.inputs)), targets(as_vector(batch.targets));
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  auto cfg = device_config();
+  cfg.loss_scale = {.initial = 0x1p40, .window = 3};
+  models::cuda::Gpt<models::cuda::Fp16> gpu(cfg, kBatch, kSeq);
+  const auto grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  models::Gpt<float> host(host_config(), grid), before(host_config(), grid);
+  layers::initialize_all(host.parameters(), 1234, &grid);
+  gpu.copy_from(host.parameters());
+  int skipped = 0, doubled = 0, updated = 0;
+  for (int s = 1, step = 1; s <= 40; ++s) {
+    const double scale = gpu.loss_scale();
+    gpu.copy_to(before.parameters());
+    gpu.forward_backward(tokens.ptr, targets.ptr);
+    gpu.update(kLr, step, kAdam, kClip);
+    const double norm = gpu.finish_step();
+    gpu.copy_to(host.parameters());
+    std::int64_t changed = 0;
+    const auto a = before.parameters(), b = host.parameters();
+    for (std::size_t i = 0; i < a.size(); ++i)
+      changed += std::memcmp(a[i]->value().data(), b[i]->value().data(), static_cast<std::size_t>(a[i]->numel()) * sizeof(float)) != 0;
+    CAPTURE(s, scale, norm, gpu.loss_scale(), changed);
+    if (!std::isfinite(norm)) {
+      ++skipped;
+      CHECK(changed == 0);
+      CHECK(gpu.loss_scale() == scale / 2);
+    } else {
+      ++updated, ++step;
+      CHECK(changed > 0);
+      CHECK((gpu.loss_scale() == scale || gpu.loss_scale() == 2 * scale));
+      doubled += gpu.loss_scale() == 2 * scale;
+    }
+  }
+  CAPTURE(skipped, doubled, updated);
+  CHECK(skipped >= 17);  // every scale from 2^40 down to 2^24 overflows: dlogit ≈ S/N = S/128 > 65504
+  CHECK(doubled >= 1);
+  CHECK(updated >= 3);
+  CHECK(std::isfinite(gpu.loss()));
+}
+
 TEST_CASE("GPU GPT copy_from then copy_to gives back the host weights exactly", "[gpu][gpt]") {
   const auto grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
   models::Gpt<float> source(host_config(), grid), target(host_config(), grid);
   layers::initialize_all(source.parameters(), 1, &grid);
   layers::initialize_all(target.parameters(), 2, &grid);
-  models::cuda::Gpt gpu(device_config(), kBatch, kSeq);
+  models::cuda::Gpt<> gpu(device_config(), kBatch, kSeq);
   gpu.copy_from(source.parameters());
   gpu.copy_to(target.parameters());
   const auto src = source.parameters(), dst = target.parameters();

@@ -39,7 +39,7 @@ constexpr double tol_for() {
 
 template <class T>
 const char* type_name() {
-  return std::is_same_v<T, float> ? "float" : "bf16";
+  return std::is_same_v<T, float> ? "float" : std::is_same_v<T, bf16> ? "bf16" : "fp16";
 }
 
 }  // namespace
@@ -67,7 +67,7 @@ TEST_CASE("allocator: reuses its pool after warm-up and counts bytes", "[allocat
   CHECK(alloc.stats().in_use == 0);
 }
 
-TEMPLATE_TEST_CASE("layer_norm: forward and both backward halves against float64", "[layer_norm][gpu]", float, bf16) {
+TEMPLATE_TEST_CASE("layer_norm: forward and both backward halves against float64", "[layer_norm][gpu]", float, bf16, kc::f16) {
   using T = TestType;
   for (auto [rows, C] : {std::pair{1, 32}, std::pair{37, 768}, std::pair{300, 100}, std::pair{1000, 13}}) {
     CAPTURE(type_name<T>(), rows, C);
@@ -105,7 +105,7 @@ TEMPLATE_TEST_CASE("layer_norm: forward and both backward halves against float64
 }
 
 TEMPLATE_TEST_CASE("elementwise: gelu forward/backward, add, bias gradient against float64", "[elementwise][gpu]",
-                   float, bf16) {
+                   float, bf16, kc::f16) {
   using T = TestType;
   for (std::int64_t n : {1, 7, 8, 1000, 4099, 1 << 20}) {
     CAPTURE(type_name<T>(), n);
@@ -153,7 +153,7 @@ TEMPLATE_TEST_CASE("elementwise: gelu forward/backward, add, bias gradient again
   }
 }
 
-TEMPLATE_TEST_CASE("embedding: forward and deterministic backward against the host", "[embedding][gpu]", float, bf16) {
+TEMPLATE_TEST_CASE("embedding: forward and deterministic backward against the host", "[embedding][gpu]", float, bf16, kc::f16) {
   using T = TestType;
   struct Case {
     std::int64_t B, Tn, C, vocab, begin, end;
@@ -206,7 +206,7 @@ TEMPLATE_TEST_CASE("embedding: forward and deterministic backward against the ho
 }
 
 TEMPLATE_TEST_CASE("cross entropy: fused softmax + loss + gradient against float64", "[cross_entropy][gpu]", float,
-                   bf16) {
+                   bf16, kc::f16) {
   using T = TestType;
   struct Case {
     std::int64_t N, V, V_real;
@@ -247,9 +247,10 @@ TEMPLATE_TEST_CASE("cross entropy: fused softmax + loss + gradient against float
   }
 }
 
-TEMPLATE_TEST_CASE("adamw: fused update equals the host rule; bf16 copy; clip scale; skip on NaN", "[adamw][gpu]",
-                   float, bf16) {
+TEMPLATE_TEST_CASE("adamw: fused update equals the host rule; 16-bit copy; clip scale; skip on NaN", "[adamw][gpu]",
+                   float, bf16, kc::f16) {
   using G = TestType;
+  using P = std::conditional_t<std::is_same_v<G, kc::f16>, kc::f16, bf16>;  // the working copy's type
   const optim::AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
   for (std::int64_t n : {1, 1000, 123457}) {
     CAPTURE(type_name<G>(), n);
@@ -260,7 +261,7 @@ TEMPLATE_TEST_CASE("adamw: fused update equals the host rule; bf16 copy; clip sc
     auto hg = test::random_vec<G>(un, gen);
     test::DeviceVec<float> p(hp), m(hm), v(hv), scale(std::vector<float>{0.5f});
     test::DeviceVec<G> g(hg);
-    test::DeviceVec<bf16> pb(un);
+    test::DeviceVec<P> pb(un);
     pb.poison();
     for (std::int64_t step = 1; step <= 3; ++step)
       kc::adamw_update(p.ptr, pb.ptr, g.ptr, m.ptr, v.ptr, n, o, 3e-3, step, scale.ptr, nullptr);
@@ -275,7 +276,12 @@ TEMPLATE_TEST_CASE("adamw: fused update equals the host rule; bf16 copy; clip sc
     CHECK(test::rel_l2(v.download(), rv) <= test::kFp32Tol);
     const auto gpb = pb.download();
     int copy_mismatch = 0;
-    for (std::size_t i = 0; i < un; ++i) copy_mismatch += gpb[i].bits != bf16(gp[i]).bits;
+    for (std::size_t i = 0; i < un; ++i) {
+      P want;  // gp[i] rounded to nearest even
+      if constexpr (std::is_same_v<P, bf16>) want = bf16(gp[i]);
+      else want = __float2half_rn(gp[i]);
+      copy_mismatch += std::memcmp(&gpb[i], &want, sizeof(P)) != 0;
+    }
     CHECK(copy_mismatch == 0);
 
     // A NaN scale (non-finite norm) leaves everything as it was.
@@ -286,7 +292,7 @@ TEMPLATE_TEST_CASE("adamw: fused update equals the host rule; bf16 copy; clip sc
   }
 }
 
-TEMPLATE_TEST_CASE("grad norm: CUB squared sum and the clipping coefficient", "[grad_norm][gpu]", float, bf16) {
+TEMPLATE_TEST_CASE("grad norm: CUB squared sum and the clipping coefficient", "[grad_norm][gpu]", float, bf16, kc::f16) {
   using G = TestType;
   for (std::int64_t n : {1, 999, 1 << 22}) {
     CAPTURE(type_name<G>(), n);
@@ -312,4 +318,13 @@ TEMPLATE_TEST_CASE("grad norm: CUB squared sum and the clipping coefficient", "[
   test::DeviceVec<float> coef(1);
   kc::clip_coefficient(inf.ptr, coef.ptr, 1.0, nullptr);
   CHECK(std::isnan(coef.download()[0]));
+  // Loss-scaled gradients (scale S = 1024): the norm is compared unscaled and the coefficient
+  // also divides S out.
+  for (const double norm : {0.5, 3.0}) {
+    CAPTURE(norm);
+    test::DeviceVec<double> sq(std::vector<double>{norm * norm * 1024.0 * 1024.0});
+    kc::clip_coefficient(sq.ptr, coef.ptr, 1.0, nullptr, 1.0 / 1024.0);
+    const double want = std::min(1.0, 1.0 / (norm + 1e-6)) / 1024.0;
+    CHECK(std::abs(coef.download()[0] - want) <= 1e-6 * want);
+  }
 }

@@ -1,7 +1,7 @@
 #pragma once
 // Fused AdamW over the flat parameter buffer (the update of optim/adamw.hpp, torch.optim.AdamW):
-// one pass reads the fp32 master weights, the gradient (fp32 or bf16), both moments, and writes
-// the master weights, the moments and the bf16 working copy of the parameters that the forward
+// one pass reads the fp32 master weights, the gradient (fp32, bf16 or fp16), both moments, and
+// writes the master weights, the moments and the 16-bit working copy of the parameters that the forward
 // pass reads. 18 bytes read + 14 written per parameter with bf16 gradients — the floor for this
 // update; for GPT-2 124M that is ~4 GB per step, ~1.3 ms at 3 TB/s.
 //
@@ -27,8 +27,8 @@ struct Coefficients {
   float b1, b2, c1, c2, eps, decay, step_size, inv_sqrt_bc2;
 };
 
-template <class G>
-__global__ void update_kernel(float* __restrict__ master, bf16* __restrict__ param, const G* __restrict__ grad,
+template <class P, class G>
+__global__ void update_kernel(float* __restrict__ master, P* __restrict__ param, const G* __restrict__ grad,
                               float* __restrict__ m, float* __restrict__ v, std::int64_t n, Coefficients k,
                               const float* __restrict__ grad_scale) {
   const float gs = grad_scale ? *grad_scale : 1.f;
@@ -42,19 +42,20 @@ __global__ void update_kernel(float* __restrict__ master, bf16* __restrict__ par
     v[i] = vi;
     const float p = master[i] * k.decay - k.step_size * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
     master[i] = p;
-    if (param) param[i] = from_f<bf16>(p);
+    if (param) param[i] = from_f<P>(p);
   }
 }
 
 }  // namespace detail::adamw
 
-// One AdamW step (step ≥ 1) on n parameters: master, m, v (n) fp32 in/out; grad (n) fp32 or bf16;
-// param (n) bf16 out (nullable: no working copy); grad_scale: see above.
-template <class G>
-void adamw_update(float* master, bf16* param, const G* grad, float* m, float* v, std::int64_t n,
+// One AdamW step (step ≥ 1) on n parameters: master, m, v (n) fp32 in/out; grad (n) fp32, bf16 or
+// fp16; param (n) bf16 or fp16 out (nullable: no working copy); grad_scale: see above.
+template <class P, class G>
+void adamw_update(float* master, P* param, const G* grad, float* m, float* v, std::int64_t n,
                   const optim::AdamWOptions& o, double lr, std::int64_t step, const float* grad_scale,
                   cudaStream_t stream) {
   static_assert(detail::is_storage_v<G>);
+  static_assert(std::is_same_v<P, bf16> || std::is_same_v<P, f16>, "AdamW's working copy is bf16 or fp16");
   optim::AdamW::validate(o);
   DPML_REQUIRE(step >= 1, "AdamW step " << step << " must be >= 1 (bias correction divides by 1 - beta^step)");
   if (n == 0) return;

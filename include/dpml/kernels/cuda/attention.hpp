@@ -15,9 +15,9 @@
 // one per key row block (dk, dv; streams queries) — so no atomics are needed and the gradients are
 // deterministic. Causality skips every tile above the diagonal: half the work of a dense pass.
 //
-// Two policies, one interface: attention::TensorCore (attention_mma.hpp: mma.sync, bf16, D ≤ 64,
+// Two policies, one interface: attention::TensorCore (attention_mma.hpp: mma.sync, bf16 or fp16, D ≤ 64,
 // 16-byte aligned tensors) and attention::Simt (attention_simt.hpp: fp32 FMAs, any of
-// D ∈ {32, 64, 128}, bf16 or fp32). attention::Auto, the default, takes the tensor cores where they
+// D ∈ {32, 64, 128}, bf16, fp16 or fp32). attention::Auto, the default, takes the tensor cores where they
 // apply and SIMT otherwise.
 //
 // Scratch: lse (B, H, T) fp32 from the forward; delta (B, H, T) fp32 for the backward.
@@ -56,7 +56,7 @@ void with_head_dim(std::int64_t d, F&& f) {
 // Whether the tensor-core kernels take this problem.
 template <class T>
 bool mma_applies(std::int64_t D, std::initializer_list<const void*> tensors) {
-  if constexpr (!std::is_same_v<T, bf16>) {
+  if constexpr (std::is_same_v<T, float>) {
     return false;
   } else {
     for (const void* p : tensors)
@@ -69,7 +69,7 @@ template <class Policy, class T>
 bool use_mma(std::int64_t D, std::initializer_list<const void*> tensors) {
   const bool ok = mma_applies<T>(D, tensors);
   if constexpr (std::is_same_v<Policy, attention::TensorCore>)
-    DPML_REQUIRE(ok, "attention (tensor cores): needs bf16, head size 32 or 64 (got " << D
+    DPML_REQUIRE(ok, "attention (tensor cores): needs bf16 or fp16, head size 32 or 64 (got " << D
                                                                                       << ") and 16-byte aligned tensors");
   return !std::is_same_v<Policy, attention::Simt> && ok;
 }
@@ -87,12 +87,12 @@ void attention_forward(const T* qkv, T* out, float* lse, std::int64_t B, std::in
   const dim3 grid(static_cast<unsigned>(ceil_div(Tn, kRows)), static_cast<unsigned>(B * H));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   if (use_mma<Policy, T>(D, {qkv, out})) {
-    if constexpr (std::is_same_v<T, bf16>) {
+    if constexpr (!std::is_same_v<T, float>) {
       const dim3 mgrid(static_cast<unsigned>(ceil_div(Tn, detail::attn_mma::kRows)), static_cast<unsigned>(B * H));
       const float scale_log2 = scale * detail::attn_mma::kLog2e;
       with_head_dim<32>(D, [&]<int HD>() {
         if constexpr (HD <= 64) {
-          detail::attn_mma::forward_kernel<HD><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(qkv, out, lse, Tn, static_cast<int>(H),
+          detail::attn_mma::forward_kernel<T, HD><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(qkv, out, lse, Tn, static_cast<int>(H),
                                                                                  scale_log2);
           DPML_CHECK_LAUNCH();
         }
@@ -122,14 +122,14 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const float* 
     DPML_CHECK_LAUNCH();
   });
   if (use_mma<Policy, T>(D, {dout, qkv, dqkv})) {
-    if constexpr (std::is_same_v<T, bf16>) {
+    if constexpr (!std::is_same_v<T, float>) {
       const dim3 mgrid(static_cast<unsigned>(ceil_div(Tn, detail::attn_mma::kRows)), static_cast<unsigned>(B * H));
       with_head_dim<32>(D, [&]<int HD>() {
         if constexpr (HD <= 64) {
-          detail::attn_mma::backward_dq_kernel<HD><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h,
+          detail::attn_mma::backward_dq_kernel<T, HD><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h,
                                                                                      scale);
           DPML_CHECK_LAUNCH();
-          detail::attn_mma::backward_dkv_kernel<HD><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn,
+          detail::attn_mma::backward_dkv_kernel<T, HD><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn,
                                                                                       h, scale);
           DPML_CHECK_LAUNCH();
         }

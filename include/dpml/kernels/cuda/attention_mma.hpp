@@ -1,6 +1,6 @@
 #pragma once
 // Tensor-core kernels of the flash attention (attention.hpp has the maths and the entry points):
-// bf16 operands, fp32 accumulators, mma.sync.m16n8k16 (mma.hpp), FlashAttention-2's work split.
+// bf16 or fp16 operands (T), fp32 accumulators, mma.sync.m16n8k16 (mma.hpp), FlashAttention-2's work split.
 //
 // A block of 4 warps owns 64 rows (16 per warp) and streams 64-row tiles of the other operands
 // through shared memory (cp.async, rows padded by 16 bytes so that ldmatrix is conflict-free).
@@ -35,8 +35,8 @@ inline constexpr int kStride = D + 8;  // shared row stride (elements): +16 byte
 
 // Rows [r0, r0 + 64) of a (Tn, D) operand with row stride ld → shared (64, D) tile; rows past Tn
 // are zero-filled. Asynchronous: the caller commits and waits.
-template <int D>
-__device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, std::int64_t ld, std::int64_t r0,
+template <int D, class T>
+__device__ __forceinline__ void load_tile(T* tile, const T* base, std::int64_t ld, std::int64_t r0,
                                           std::int64_t Tn) {
   constexpr int chunks = kRows * D / 8;
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
@@ -48,8 +48,8 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, std::int
 
 // acc (16 × N) += a (16 × K, A fragments) · B, with B a shared tile: KMajor → stored (N, K),
 // else stored (K, N).
-template <int N, int K, bool KMajor, int Stride>
-__device__ __forceinline__ void warp_mma(float (&acc)[N / 8][4], const std::uint32_t (&a)[K / 16][4], const bf16* b,
+template <int N, int K, bool KMajor, int Stride, class T>
+__device__ __forceinline__ void warp_mma(float (&acc)[N / 8][4], const std::uint32_t (&a)[K / 16][4], const T* b,
                                          int lane) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk)
@@ -58,33 +58,33 @@ __device__ __forceinline__ void warp_mma(float (&acc)[N / 8][4], const std::uint
       std::uint32_t r[4];
       if constexpr (KMajor) ldmatrix_b_kmajor(r, b, Stride, n * 8, kk * 16, lane);
       else ldmatrix_b_nmajor(r, b, Stride, n * 8, kk * 16, lane);
-      mma_bf16_16816(acc[n], a[kk], r[0], r[1]);
-      mma_bf16_16816(acc[n + 1], a[kk], r[2], r[3]);
+      mma_16816<T>(acc[n], a[kk], r[0], r[1]);
+      mma_16816<T>(acc[n + 1], a[kk], r[2], r[3]);
     }
 }
 
 // A fragments of a warp's 16 rows of a shared (rows, K) tile.
-template <int K, int Stride>
-__device__ __forceinline__ void load_a(std::uint32_t (&a)[K / 16][4], const bf16* rows16, int lane) {
+template <int K, int Stride, class T>
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[K / 16][4], const T* rows16, int lane) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) ldmatrix_a(a[kk], rows16, Stride, kk * 16, lane);
 }
 
-// Accumulators (16 × N) → A fragments (16 × N) of the next product, rounded to bf16.
-template <int N>
+// Accumulators (16 × N) → A fragments (16 × N) of the next product, rounded to T.
+template <int N, class T>
 __device__ __forceinline__ void acc_to_a(const float (&acc)[N / 8][4], std::uint32_t (&a)[N / 16][4]) {
 #pragma unroll
   for (int j = 0; j < N / 16; ++j) {
-    a[j][0] = pack_bf16x2(acc[2 * j][0], acc[2 * j][1]);
-    a[j][1] = pack_bf16x2(acc[2 * j][2], acc[2 * j][3]);
-    a[j][2] = pack_bf16x2(acc[2 * j + 1][0], acc[2 * j + 1][1]);
-    a[j][3] = pack_bf16x2(acc[2 * j + 1][2], acc[2 * j + 1][3]);
+    a[j][0] = pack2<T>(acc[2 * j][0], acc[2 * j][1]);
+    a[j][1] = pack2<T>(acc[2 * j][2], acc[2 * j][3]);
+    a[j][2] = pack2<T>(acc[2 * j + 1][0], acc[2 * j + 1][1]);
+    a[j][3] = pack2<T>(acc[2 * j + 1][2], acc[2 * j + 1][3]);
   }
 }
 
 // Stores accumulators (16 × D) · scale to rows of a global (Tn, D) operand with row stride ld.
-template <int D>
-__device__ __forceinline__ void store_rows(const float (&acc)[D / 8][4], bf16* base, std::int64_t ld,
+template <int D, class T>
+__device__ __forceinline__ void store_rows(const float (&acc)[D / 8][4], T* base, std::int64_t ld,
                                            std::int64_t row0, std::int64_t Tn, float scale0, float scale1, int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -95,21 +95,21 @@ __device__ __forceinline__ void store_rows(const float (&acc)[D / 8][4], bf16* b
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
       *reinterpret_cast<std::uint32_t*>(base + r * ld + n * 8 + 2 * t) =
-          pack_bf16x2(acc[n][2 * half] * sc, acc[n][2 * half + 1] * sc);
+          pack2<T>(acc[n][2 * half] * sc, acc[n][2 * half + 1] * sc);
   }
 }
 
-template <int D>
+template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(const bf16* __restrict__ qkv, bf16* __restrict__ out, float* __restrict__ lse, std::int64_t Tn,
+    forward_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, std::int64_t Tn,
                    int H, float scale_log2) {
   constexpr int S = kStride<D>;
-  __shared__ __align__(16) bf16 qs[kRows * S], ks[kRows * S], vs[kRows * S];  // (64, D) each
+  __shared__ __align__(16) T qs[kRows * S], ks[kRows * S], vs[kRows * S];  // (64, D) each
   const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // longest blocks first
   const int bh = blockIdx.y, b = bh / H, h = bh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const std::int64_t ld = 3 * static_cast<std::int64_t>(H) * D, q0 = static_cast<std::int64_t>(qb) * kRows;
-  const bf16* base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;  // q of (b, 0, h): (T, D), stride ld
+  const T* base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;  // q of (b, 0, h): (T, D), stride ld
 
   load_tile<D>(qs, base, ld, q0, Tn);
   cp_async_commit();
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kThreads)
         }
     }
     std::uint32_t pa[kRows / 16][4];
-    acc_to_a<kRows>(s, pa);
+    acc_to_a<kRows, T>(s, pa);
     warp_mma<D, kRows, false, S>(o, pa, vs, lane);
   }
 #pragma unroll
@@ -180,19 +180,19 @@ __global__ void __launch_bounds__(kThreads)
       if (row[half] < Tn) lse[static_cast<std::int64_t>(bh) * Tn + row[half]] = (m[half] + log2f(l[half])) * kLn2;
 }
 
-template <int D>
+template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
-    backward_dq_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ qkv, const float* __restrict__ lse,
-                       const float* __restrict__ delta, bf16* __restrict__ dqkv, std::int64_t Tn, int H, float scale) {
+    backward_dq_kernel(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
+                       const float* __restrict__ delta, T* __restrict__ dqkv, std::int64_t Tn, int H, float scale) {
   constexpr int S = kStride<D>;
-  __shared__ __align__(16) bf16 qs[kRows * S], dos[kRows * S], ks[kRows * S], vs[kRows * S];
+  __shared__ __align__(16) T qs[kRows * S], dos[kRows * S], ks[kRows * S], vs[kRows * S];
   const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);
   const int bh = blockIdx.y, b = bh / H, h = bh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const std::int64_t ld = 3 * static_cast<std::int64_t>(H) * D, ldo = static_cast<std::int64_t>(H) * D;
   const std::int64_t q0 = static_cast<std::int64_t>(qb) * kRows;
-  const bf16* base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;
-  const bf16* do_base = dout + static_cast<std::int64_t>(b) * Tn * ldo + h * D;  // (T, D), stride ldo
+  const T* base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;
+  const T* do_base = dout + static_cast<std::int64_t>(b) * Tn * ldo + h * D;  // (T, D), stride ldo
   const float scale_log2 = scale * kLog2e;
 
   load_tile<D>(qs, base, ld, q0, Tn);
@@ -233,28 +233,28 @@ __global__ void __launch_bounds__(kThreads)
         s[n][e] = p * (dp[n][e] - dl[half]);  // dS
       }
     std::uint32_t dsa[kRows / 16][4];
-    acc_to_a<kRows>(s, dsa);
+    acc_to_a<kRows, T>(s, dsa);
     warp_mma<D, kRows, false, S>(dq, dsa, ks, lane);
   }
   store_rows<D>(dq, dqkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D, ld, q0 + warp * 16, Tn, scale, scale,
                 lane);
 }
 
-template <int D>
+template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
-    backward_dkv_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ qkv, const float* __restrict__ lse,
-                        const float* __restrict__ delta, bf16* __restrict__ dqkv, std::int64_t Tn, int H,
+    backward_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
+                        const float* __restrict__ delta, T* __restrict__ dqkv, std::int64_t Tn, int H,
                         float scale) {
   constexpr int S = kStride<D>;
-  __shared__ __align__(16) bf16 ks[kRows * S], vs[kRows * S], qs[kRows * S], dos[kRows * S];
+  __shared__ __align__(16) T ks[kRows * S], vs[kRows * S], qs[kRows * S], dos[kRows * S];
   __shared__ float lse2s[kRows], dls[kRows];
   const int kb = static_cast<int>(blockIdx.x);  // key blocks: the first ones see the most queries
   const int bh = blockIdx.y, b = bh / H, h = bh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const std::int64_t ld = 3 * static_cast<std::int64_t>(H) * D, ldo = static_cast<std::int64_t>(H) * D;
   const std::int64_t k0 = static_cast<std::int64_t>(kb) * kRows;
-  const bf16* base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;
-  const bf16* do_base = dout + static_cast<std::int64_t>(b) * Tn * ldo + h * D;
+  const T* base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;
+  const T* do_base = dout + static_cast<std::int64_t>(b) * Tn * ldo + h * D;
   const float scale_log2 = scale * kLog2e;
 
   load_tile<D>(ks, base + D, ld, k0, Tn);
@@ -297,12 +297,12 @@ __global__ void __launch_bounds__(kThreads)
         dpt[n][e] = p * (dpt[n][e] - dls[c]);  // dSᵀ
       }
     std::uint32_t pa[kRows / 16][4], dsa[kRows / 16][4];
-    acc_to_a<kRows>(st, pa);
-    acc_to_a<kRows>(dpt, dsa);
+    acc_to_a<kRows, T>(st, pa);
+    acc_to_a<kRows, T>(dpt, dsa);
     warp_mma<D, kRows, false, S>(dv, pa, dos, lane);
     warp_mma<D, kRows, false, S>(dk, dsa, qs, lane);
   }
-  bf16* drow = dqkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;
+  T* drow = dqkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;
   store_rows<D>(dk, drow + D, ld, k0 + warp * 16, Tn, scale, scale, lane);
   store_rows<D>(dv, drow + 2 * D, ld, k0 + warp * 16, Tn, 1.f, 1.f, lane);
 }

@@ -1,22 +1,27 @@
 #pragma once
-// Pieces shared by the CUDA kernels: bf16 ↔ float in registers, warp and group reductions, and
-// launch arithmetic. CUDA translation units only.
+// Pieces shared by the CUDA kernels: 16-bit floats ↔ float in registers, warp and group
+// reductions, and launch arithmetic. CUDA translation units only.
 //
-// Storage types are dpml::bf16 (the host struct, bit-identical to __nv_bfloat16) and float;
-// kernels load either as float with load_f() and store with store_f(), so one kernel template
-// serves both. bf16 → float is a 16-bit shift (exact); float → bf16 is the hardware
-// round-to-nearest-even conversion, which gives the same bits as dpml::bf16(float).
+// Storage types are dpml::bf16 (the host struct, bit-identical to __nv_bfloat16), f16 (CUDA's
+// __half, IEEE binary16: the fp16 precision policy) and float; kernels load any of them as float
+// with load_f() and store with from_f<T>(), so one kernel template serves all three. bf16 → float
+// is a 16-bit shift (exact); float → bf16 and float → f16 are the hardware round-to-nearest-even
+// conversions (bf16: the same bits as dpml::bf16(float)).
 
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/cuda_error.hpp"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
 
 namespace dpml::kernels::cuda {
+
+// IEEE binary16, the storage type of the fp16 precision policy (host and device).
+using f16 = __half;
 
 constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
@@ -33,25 +38,37 @@ namespace detail {
 __host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 template <class T>
-inline constexpr bool is_storage_v = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
+inline constexpr bool is_storage_v = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
 
 __device__ __forceinline__ float load_f(float v) { return v; }
 __device__ __forceinline__ float load_f(bf16 v) { return __uint_as_float(static_cast<unsigned>(v.bits) << 16); }
+__device__ __forceinline__ float load_f(f16 v) { return __half2float(v); }
 
 template <class T>
 __device__ __forceinline__ T from_f(float v) {
   if constexpr (std::is_same_v<T, float>) {
     return v;
+  } else if constexpr (std::is_same_v<T, f16>) {
+    return __float2half_rn(v);
   } else {
     return bf16::from_bits(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
   }
 }
 
-// Two floats → one 32-bit word of two bf16 (low half first), as mma.sync and paired stores want.
-__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
+// Two floats → one 32-bit word of two 16-bit floats of type T (low half first), as mma.sync and
+// paired stores want.
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16>);
+  if constexpr (std::is_same_v<T, f16>) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
 }
+__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) { return pack2<bf16>(lo, hi); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -24,7 +24,8 @@ namespace dpml::kernels::cuda {
 namespace detail::gnorm {
 struct Square {
   __device__ double operator()(float g) const { return static_cast<double>(g) * g; }
-  __device__ double operator()(bf16 g) const {
+  template <class T>  // bf16, f16
+  __device__ double operator()(T g) const {
     const double x = load_f(g);
     return x * x;
   }
@@ -33,10 +34,10 @@ struct Plus {
   __device__ double operator()(double a, double b) const { return a + b; }
 };
 
-__global__ void clip_kernel(const double* __restrict__ squared_sum, float* __restrict__ coef, double max_norm) {
-  const double total = *squared_sum;
-  const double norm = sqrt(total);
-  *coef = isfinite(norm) ? static_cast<float>(fmin(1.0, max_norm / (norm + 1e-6))) : NAN;
+__global__ void clip_kernel(const double* __restrict__ squared_sum, float* __restrict__ coef, double max_norm,
+                            double inv_scale) {
+  const double norm = sqrt(*squared_sum) * inv_scale;
+  *coef = isfinite(norm) ? static_cast<float>(inv_scale * fmin(1.0, max_norm / (norm + 1e-6))) : NAN;
 }
 }  // namespace detail::gnorm
 
@@ -50,7 +51,7 @@ std::size_t grad_norm_workspace(std::int64_t n) {
   return bytes;
 }
 
-// *squared_sum (device double) = Σ grad[i]², grad (n) fp32 or bf16.
+// *squared_sum (device double) = Σ grad[i]², grad (n) fp32, bf16 or fp16.
 template <class G>
 void grad_norm_squared(const G* grad, std::int64_t n, double* squared_sum, void* workspace, std::size_t workspace_bytes,
                        cudaStream_t stream) {
@@ -62,9 +63,13 @@ void grad_norm_squared(const G* grad, std::int64_t n, double* squared_sum, void*
 }
 
 // *coef (device float) = the clipping coefficient for max_norm > 0, NaN for a non-finite norm.
-inline void clip_coefficient(const double* squared_sum, float* coef, double max_norm, cudaStream_t stream) {
+// Gradients scaled by a loss scale S (fp16): inv_scale = 1/S; the norm compared with max_norm is
+// the unscaled one, and *coef also unscales: the true clipped gradient is *coef · grad.
+inline void clip_coefficient(const double* squared_sum, float* coef, double max_norm, cudaStream_t stream,
+                             double inv_scale = 1.0) {
   DPML_REQUIRE(max_norm > 0.0, "clip_coefficient: max_norm " << max_norm << " must be positive");
-  detail::gnorm::clip_kernel<<<1, 1, 0, stream>>>(squared_sum, coef, max_norm);
+  DPML_REQUIRE(inv_scale > 0.0, "clip_coefficient: inv_scale " << inv_scale << " must be positive");
+  detail::gnorm::clip_kernel<<<1, 1, 0, stream>>>(squared_sum, coef, max_norm, inv_scale);
   DPML_CHECK_LAUNCH();
 }
 

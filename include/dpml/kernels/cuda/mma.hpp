@@ -2,7 +2,7 @@
 // Warp-level tensor-core primitives shared by the tiled GEMM and the flash attention: cp.async
 // (global → shared, 16 bytes, zero-filling what lies past the source size), ldmatrix (8×8 b16
 // tiles from shared memory into mma fragments, optionally transposed) and
-// mma.sync.m16n8k16 with bf16 operands and fp32 accumulators (sm_80 and later).
+// mma.sync.m16n8k16 with bf16 or fp16 operands and fp32 accumulators (sm_80 and later).
 //
 // Fragment layouts (PTX ISA, "mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
 //   A (16×16, row):  a[0] = (g, 2t..2t+1)  a[1] = (g+8, 2t..)  a[2] = (g, 2t+8..)  a[3] = (g+8, 2t+8..)
@@ -13,8 +13,10 @@
 
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/config.hpp"
+#include "dpml/kernels/cuda/common.hpp"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace dpml::kernels::cuda::detail {
 
@@ -43,14 +45,27 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
                : "r"(smem_addr(p)));
 }
 
-// d (16×8 fp32) += a (16×16 bf16, row) · b (16×8 bf16, col).
+// d (16×8 fp32) += a (16×16 T, row) · b (16×8 T, col); T is bf16 or f16.
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, f16>);
+  if constexpr (std::is_same_v<T, bf16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                                std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  mma_16816<bf16>(d, a, b0, b1);
 }
 
 // Where each lane points ldmatrix.x4 (element offsets into a shared tile with row stride `stride`),
@@ -76,18 +91,22 @@ DPML_HD constexpr int b_nmajor_offset(int lane, int stride, int n, int k) {
   return (k + lane % 8 + ((lane / 8) % 2) * 8) * stride + n + (lane / 16) * 8;
 }
 
-__device__ __forceinline__ void ldmatrix_a(std::uint32_t (&a)[4], const bf16* tile, int stride, int k, int lane) {
+template <class T>
+__device__ __forceinline__ void ldmatrix_a(std::uint32_t (&a)[4], const T* tile, int stride, int k, int lane) {
   ldmatrix_x4(a, tile + a_kmajor_offset(lane, stride, k));
 }
-__device__ __forceinline__ void ldmatrix_a_trans(std::uint32_t (&a)[4], const bf16* tile, int stride, int k,
+template <class T>
+__device__ __forceinline__ void ldmatrix_a_trans(std::uint32_t (&a)[4], const T* tile, int stride, int k,
                                                  int lane) {
   ldmatrix_x4_trans(a, tile + a_mmajor_offset(lane, stride, k));
 }
-__device__ __forceinline__ void ldmatrix_b_kmajor(std::uint32_t (&r)[4], const bf16* tile, int stride, int n, int k,
+template <class T>
+__device__ __forceinline__ void ldmatrix_b_kmajor(std::uint32_t (&r)[4], const T* tile, int stride, int n, int k,
                                                   int lane) {
   ldmatrix_x4(r, tile + b_kmajor_offset(lane, stride, n, k));
 }
-__device__ __forceinline__ void ldmatrix_b_nmajor(std::uint32_t (&r)[4], const bf16* tile, int stride, int n, int k,
+template <class T>
+__device__ __forceinline__ void ldmatrix_b_nmajor(std::uint32_t (&r)[4], const T* tile, int stride, int n, int k,
                                                   int lane) {
   ldmatrix_x4_trans(r, tile + b_nmajor_offset(lane, stride, n, k));
 }

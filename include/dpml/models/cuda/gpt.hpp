@@ -20,7 +20,8 @@
 //
 // Step: zero_grad → forward_backward(tokens, targets) (loss mean over B·T, dlogits in place) →
 // update(lr, step): global grad norm (CUB) → clip coefficient on the device → fused AdamW that
-// reads it (a non-finite norm skips the step). No host synchronisation except loss()/grad_norm().
+// reads it (a non-finite norm skips the step) → finish_step() (the norm; the loss scale). No host
+// synchronisation except loss(), grad_norm() and finish_step().
 //
 // Per-family timing: with a Profiler attached, each kernel family is bracketed by CUDA events;
 // Profiler::collect() synchronises and sums the milliseconds per family.
@@ -28,10 +29,11 @@
 // The activation/scratch block is one cudaMalloc at construction (its layout is fixed, so the
 // stream-ordered CudaAllocator has nothing to add here).
 //
-// Precision: bf16 with fp32 master weights only. The fp16 policy with dynamic loss scaling is not
-// built: the device kernels take bf16 or fp32 storage only (detail::is_storage_v); the model side
-// would scale dloss of the cross-entropy, pass 1/scale (times the clip coefficient) as AdamW's
-// grad_scale, and halve the scale on a non-finite norm (AdamW already skips the step then).
+// Precision (the template argument, precision.hpp): Bf16 (default) or Fp16 — the storage type of
+// params, grads and activations; master weights and moments are fp32 in both. Fp16 scales the
+// loss gradient by a dynamic loss scale S (the cross-entropy's dloss is S/N), divides it out in
+// the update (clip_coefficient's inv_scale), and finish_step() halves S after an overflow (the
+// device AdamW has already skipped that step) or doubles it after a clean window.
 
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/cuda_error.hpp"
@@ -44,6 +46,7 @@
 #include "dpml/kernels/cuda/grad_norm.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/reduce.hpp"
+#include "dpml/models/cuda/precision.hpp"
 #include "dpml/optim/adamw.hpp"
 
 #include <cuda_runtime.h>
@@ -70,6 +73,7 @@ struct GptCudaConfig {
   bool recompute_gelu = true;   // one (B, T, 4C) GELU output shared by all blocks, recomputed from
                                 // the saved pre-activation in the backward (−1.2 GiB at GPT-2 124M,
                                 // B=16, T=1024; one extra element-wise pass per block)
+  LossScaleOptions loss_scale;  // the Fp16 policy's dynamic loss scale (unused by Bf16)
   std::int64_t padded_vocab() const { return (vocab + 127) / 128 * 128; }
 };
 
@@ -153,8 +157,11 @@ class Carver {
 };
 }  // namespace detail
 
+template <class Precision = Bf16>
 class Gpt {
  public:
+  using Act = typename Precision::type;  // weights, activations and gradients on the device
+
   // Offsets (elements into the flat buffers) of one block's tensors.
   struct BlockParams {
     std::int64_t ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
@@ -237,8 +244,8 @@ class Gpt {
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
     DPML_CHECK_CUDA(cudaMemcpy(state_(which) + s.offset, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice));
     if (which == State::master) {
-      std::vector<bf16> rounded(src.begin(), src.end());
-      DPML_CHECK_CUDA(cudaMemcpy(params_ + s.offset, rounded.data(), rounded.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+      std::vector<Act> rounded(src.begin(), src.end());
+      DPML_CHECK_CUDA(cudaMemcpy(params_ + s.offset, rounded.data(), rounded.size() * sizeof(Act), cudaMemcpyHostToDevice));
     }
   }
 
@@ -288,12 +295,13 @@ class Gpt {
     upload_master(master);
   }
 
-  // Gradient of the named tensor (host rows only), as float; synchronises.
+  // Gradient of the named tensor (host rows only) of the last forward_backward, as float and
+  // without the loss scale; synchronises.
   std::vector<float> gradient(const std::string& name) const {
     const auto& s = slot(name);
-    const std::vector<bf16> g = download(grads_ + s.offset, s.host_rows * s.cols);
+    const std::vector<Act> g = download(grads_ + s.offset, s.host_rows * s.cols);
     std::vector<float> out(g.size());
-    for (std::size_t i = 0; i < g.size(); ++i) out[i] = static_cast<float>(g[i]);
+    for (std::size_t i = 0; i < g.size(); ++i) out[i] = static_cast<float>(static_cast<double>(static_cast<float>(g[i])) / step_scale_);
     return out;
   }
   std::vector<std::string> parameter_names() const {
@@ -311,6 +319,7 @@ class Gpt {
   // One forward + backward on tokens/targets (B, T) int32 on the device. Gradients are zeroed
   // first and hold the step's gradient of the mean loss afterwards.
   void forward_backward(const std::int32_t* tokens, const std::int32_t* targets) {
+    step_scale_ = loss_scale();
     zero_grads();
     forward(tokens, targets);
     backward(tokens);
@@ -324,20 +333,35 @@ class Gpt {
     for (std::int64_t i = 0; i < N(); ++i) s += host_losses_[i];
     return s / static_cast<double>(N());
   }
-  // Global norm → clip → AdamW (step ≥ 1). clip ≤ 0: no clipping.
+  // Global norm → clip → AdamW (step ≥ 1). clip ≤ 0: no clipping. The norm and the clipping are
+  // of the unscaled gradients; a non-finite norm (fp16: an overflow) skips the update on the
+  // device (AdamW sees a NaN coefficient).
   void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double clip) {
     timed(Family::optimizer, [&] {
       detail::kc::grad_norm_squared(grads_, n_params_, norm_sq_, norm_ws_, norm_ws_bytes_, stream_);
-      detail::kc::clip_coefficient(norm_sq_, clip_coef_, clip > 0 ? clip : 1e300, stream_);
+      detail::kc::clip_coefficient(norm_sq_, clip_coef_, clip > 0 ? clip : 1e300, stream_, 1.0 / step_scale_);
       detail::kc::adamw_update(master_, params_, grads_, m_, v_, n_params_, opt, lr, step, clip_coef_, stream_);
     });
   }
-  // Global gradient norm of the last update (before clipping); synchronises.
+  // Global gradient norm of the last update (before clipping, unscaled; non-finite: the update
+  // was skipped); synchronises.
   double grad_norm() const {
     double sq = 0;
     DPML_CHECK_CUDA(cudaMemcpyAsync(&sq, norm_sq_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
-    return std::sqrt(sq);
+    return std::sqrt(sq) / step_scale_;
+  }
+  // Once per step after update() (synchronises): grad_norm(); with loss scaling the scale then
+  // follows the step's outcome (halved after an overflow, doubled after a clean window).
+  double finish_step() {
+    const double norm = grad_norm();
+    if constexpr (Precision::loss_scaling) scaler_.update(!std::isfinite(norm));
+    return norm;
+  }
+  // The factor of the loss gradient in the next forward_backward (1 without loss scaling).
+  double loss_scale() const noexcept {
+    if constexpr (Precision::loss_scaling) return scaler_.scale();
+    else return 1.0;
   }
 
  private:
@@ -386,11 +410,11 @@ class Gpt {
     return h;
   }
   void upload_master(const std::vector<float>& master) {
-    std::vector<bf16> p(master.size());
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = bf16(master[i]);
+    std::vector<Act> p(master.size());
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = Act(master[i]);
     // All on the model's (non-blocking) stream, which does not wait for the legacy default stream.
     DPML_CHECK_CUDA(cudaMemcpyAsync(master_, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
-    DPML_CHECK_CUDA(cudaMemcpyAsync(params_, p.data(), p.size() * sizeof(bf16), cudaMemcpyHostToDevice, stream_));
+    DPML_CHECK_CUDA(cudaMemcpyAsync(params_, p.data(), p.size() * sizeof(Act), cudaMemcpyHostToDevice, stream_));
     DPML_CHECK_CUDA(cudaMemsetAsync(m_, 0, master.size() * sizeof(float), stream_));
     DPML_CHECK_CUDA(cudaMemsetAsync(v_, 0, master.size() * sizeof(float), stream_));
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));  // the host vectors go out of scope
@@ -400,48 +424,48 @@ class Gpt {
   void carve(char* base) {
     const std::int64_t n = N(), C = cfg_.dim, L = cfg_.layers, H = cfg_.heads;
     carver_.rebase(base);
-    params_ = carver_.take<bf16>(n_params_);
-    grads_ = carver_.take<bf16>(n_params_);
+    params_ = carver_.take<Act>(n_params_);
+    grads_ = carver_.take<Act>(n_params_);
     master_ = carver_.take<float>(n_params_);
     m_ = carver_.take<float>(n_params_);
     v_ = carver_.take<float>(n_params_);
     acts_offset_ = carver_.bytes();  // activations and scratch from here on
     acts_.clear();
-    bf16* shared_gelu = cfg_.recompute_gelu ? carver_.take<bf16>(n * 4 * C) : nullptr;
+    Act* shared_gelu = cfg_.recompute_gelu ? carver_.take<Act>(n * 4 * C) : nullptr;
     for (std::int64_t l = 0; l < L; ++l) {
       BlockActs a;
-      a.x = carver_.take<bf16>(n * C);
-      a.ln1 = carver_.take<bf16>(n * C);
+      a.x = carver_.take<Act>(n * C);
+      a.ln1 = carver_.take<Act>(n * C);
       a.ln1_mean = carver_.take<float>(n);
       a.ln1_rstd = carver_.take<float>(n);
-      a.qkv = carver_.take<bf16>(n * 3 * C);
-      a.atty = carver_.take<bf16>(n * C);
+      a.qkv = carver_.take<Act>(n * 3 * C);
+      a.atty = carver_.take<Act>(n * C);
       a.lse = carver_.take<float>(B_ * H * T_);
-      a.r1 = carver_.take<bf16>(n * C);
-      a.ln2 = carver_.take<bf16>(n * C);
+      a.r1 = carver_.take<Act>(n * C);
+      a.ln2 = carver_.take<Act>(n * C);
       a.ln2_mean = carver_.take<float>(n);
       a.ln2_rstd = carver_.take<float>(n);
-      a.pre = carver_.take<bf16>(n * 4 * C);
-      a.gelu = shared_gelu ? shared_gelu : carver_.take<bf16>(n * 4 * C);
+      a.pre = carver_.take<Act>(n * 4 * C);
+      a.gelu = shared_gelu ? shared_gelu : carver_.take<Act>(n * 4 * C);
       acts_.push_back(a);
     }
-    x_final_ = carver_.take<bf16>(n * C);
-    lnf_ = carver_.take<bf16>(n * C);
+    x_final_ = carver_.take<Act>(n * C);
+    lnf_ = carver_.take<Act>(n * C);
     lnf_mean_ = carver_.take<float>(n);
     lnf_rstd_ = carver_.take<float>(n);
-    logits_ = carver_.take<bf16>(n * Vp_);
+    logits_ = carver_.take<Act>(n * Vp_);
     losses_ = carver_.take<float>(n);
-    dres_ = carver_.take<bf16>(n * C);
-    dtmp_ = carver_.take<bf16>(n * C);
-    dsmall_ = carver_.take<bf16>(n * C);
-    dbig_ = carver_.take<bf16>(n * 4 * C);
+    dres_ = carver_.take<Act>(n * C);
+    dtmp_ = carver_.take<Act>(n * C);
+    dsmall_ = carver_.take<Act>(n * C);
+    dbig_ = carver_.take<Act>(n * 4 * C);
     delta_ = carver_.take<float>(B_ * H * T_);
     const std::int64_t colsum = std::max({detail::kc::layer_norm_weight_scratch(n, C),
                                           detail::kc::column_sums_scratch(n, 4 * C, 1)});
     colsum_ = carver_.take<float>(colsum);
     emb_ws_bytes_ = detail::kc::embedding_backward_workspace(n, cfg_.vocab);
     emb_ws_ = carver_.take<char>(static_cast<std::int64_t>(emb_ws_bytes_));
-    norm_ws_bytes_ = detail::kc::grad_norm_workspace<bf16>(n_params_);
+    norm_ws_bytes_ = detail::kc::grad_norm_workspace<Act>(n_params_);
     norm_ws_ = carver_.take<char>(static_cast<std::int64_t>(norm_ws_bytes_));
     norm_sq_ = carver_.take<double>(1);
     clip_coef_ = carver_.take<float>(1);
@@ -456,60 +480,60 @@ class Gpt {
 
   // y (rows, out) = x (rows, in) · Wᵀ [+ bias] [+ y when residual]; W (out, in) at param offset.
   template <class Epi>
-  void linear(const bf16* x, std::int64_t w, std::int64_t b, bf16* y, std::int64_t in, std::int64_t out,
-              bool residual, bf16* pre_gelu = nullptr) {
+  void linear(const Act* x, std::int64_t w, std::int64_t b, Act* y, std::int64_t in, std::int64_t out,
+              bool residual, Act* pre_gelu = nullptr) {
     using detail::kc::Trans;
-    detail::kc::GemmArgs<bf16> g{.ta = Trans::no, .tb = Trans::yes, .M = N(), .N = out, .K = in, .A = x, .lda = in,
+    detail::kc::GemmArgs<Act> g{.ta = Trans::no, .tb = Trans::yes, .M = N(), .N = out, .K = in, .A = x, .lda = in,
                                  .B = params_ + w, .ldb = in, .C = y, .ldc = out, .alpha = 1.f,
                                  .beta = residual ? 1.f : 0.f, .bias = b >= 0 ? params_ + b : nullptr,
                                  .pre_gelu = pre_gelu};
     timed(Family::gemm, [&] { detail::kc::gemm<Epi>(gemm_, g, stream_); });
   }
   // dx (rows, in) = dy (rows, out) · W; dW (out, in) = dyᵀ · x; dbias (out) = Σ_rows dy.
-  void linear_backward(const bf16* dy, const bf16* x, std::int64_t w, std::int64_t b, bf16* dx, std::int64_t in,
+  void linear_backward(const Act* dy, const Act* x, std::int64_t w, std::int64_t b, Act* dx, std::int64_t in,
                        std::int64_t out) {
     using detail::kc::Trans;
     namespace epi = detail::kc::epilogue;
     timed(Family::gemm, [&] {
-      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<bf16>{.ta = Trans::no, .tb = Trans::no, .M = N(), .N = in,
+      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::no, .tb = Trans::no, .M = N(), .N = in,
                                                                     .K = out, .A = dy, .lda = out, .B = params_ + w,
                                                                     .ldb = in, .C = dx, .ldc = in},
                                   stream_);
-      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<bf16>{.ta = Trans::yes, .tb = Trans::no, .M = out, .N = in,
+      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::yes, .tb = Trans::no, .M = out, .N = in,
                                                                     .K = N(), .A = dy, .lda = out, .B = x, .ldb = in,
                                                                     .C = grads_ + w, .ldc = in},
                                   stream_);
     });
     timed(Family::elementwise, [&] { detail::kc::bias_grad_rows(dy, grads_ + b, colsum_, N(), out, stream_); });
   }
-  void layer_norm(const bf16* x, std::int64_t w, std::int64_t b, bf16* y, float* mean, float* rstd) {
+  void layer_norm(const Act* x, std::int64_t w, std::int64_t b, Act* y, float* mean, float* rstd) {
     timed(Family::layer_norm, [&] {
       detail::kc::layer_norm_forward(x, params_ + w, params_ + b, y, mean, rstd, N(), cfg_.dim, 1e-5f, stream_);
     });
   }
   // dx = dres + LN_backward(dy) (the residual branch joins); dw, db accumulate.
-  void layer_norm_backward(const bf16* dy, const bf16* x, std::int64_t w, std::int64_t b, const float* mean,
-                           const float* rstd, const bf16* dres, bf16* dx) {
+  void layer_norm_backward(const Act* dy, const Act* x, std::int64_t w, std::int64_t b, const float* mean,
+                           const float* rstd, const Act* dres, Act* dx) {
     timed(Family::layer_norm, [&] {
       detail::kc::layer_norm_backward_input(dy, x, params_ + w, mean, rstd, dtmp_, N(), cfg_.dim, stream_);
       detail::kc::layer_norm_backward_weight(dy, x, mean, rstd, grads_ + w, grads_ + b, colsum_, N(), cfg_.dim, stream_);
     });
     timed(Family::elementwise, [&] {
       if (dres) detail::kc::add(dres, dtmp_, dx, N() * cfg_.dim, stream_);
-      else DPML_CHECK_CUDA(cudaMemcpyAsync(dx, dtmp_, N() * cfg_.dim * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
+      else DPML_CHECK_CUDA(cudaMemcpyAsync(dx, dtmp_, N() * cfg_.dim * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
     });
   }
 
   void zero_grads() {
     timed(Family::optimizer, [&] {
-      DPML_CHECK_CUDA(cudaMemsetAsync(grads_, 0, static_cast<std::size_t>(n_params_) * sizeof(bf16), stream_));
+      DPML_CHECK_CUDA(cudaMemsetAsync(grads_, 0, static_cast<std::size_t>(n_params_) * sizeof(Act), stream_));
     });
   }
 
   void forward(const std::int32_t* tokens, const std::int32_t* targets) {
     namespace epi = detail::kc::epilogue;
     const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
-    bf16* x0 = acts_[0].x;
+    Act* x0 = acts_[0].x;
     timed(Family::embedding, [&] {
       detail::kc::embedding_token_forward(tokens, params_ + wte_, x0, n, C, 0, cfg_.vocab, stream_);
       detail::kc::embedding_position_forward(params_ + wpe_, x0, B_, T_, C, stream_);
@@ -517,25 +541,25 @@ class Gpt {
     for (std::size_t l = 0; l < acts_.size(); ++l) {
       const BlockParams& p = blocks_[l];
       BlockActs& a = acts_[l];
-      bf16* out = l + 1 < acts_.size() ? acts_[l + 1].x : x_final_;
+      Act* out = l + 1 < acts_.size() ? acts_[l + 1].x : x_final_;
       layer_norm(a.x, p.ln1_w, p.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
       linear<epi::Bias>(a.ln1, p.attn_w, p.attn_b, a.qkv, C, 3 * C, false);
       timed(Family::attention, [&] { detail::kc::attention_forward(a.qkv, a.atty, a.lse, B_, T_, H, C / H, stream_); });
       timed(Family::elementwise, [&] {
-        DPML_CHECK_CUDA(cudaMemcpyAsync(a.r1, a.x, n * C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
+        DPML_CHECK_CUDA(cudaMemcpyAsync(a.r1, a.x, n * C * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
       });
       linear<epi::Bias>(a.atty, p.proj_w, p.proj_b, a.r1, C, C, true);
       layer_norm(a.r1, p.ln2_w, p.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd);
       linear<epi::BiasGelu>(a.ln2, p.fc_w, p.fc_b, a.gelu, C, 4 * C, false, a.pre);
       timed(Family::elementwise, [&] {
-        DPML_CHECK_CUDA(cudaMemcpyAsync(out, a.r1, n * C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
+        DPML_CHECK_CUDA(cudaMemcpyAsync(out, a.r1, n * C * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
       });
       linear<epi::Bias>(a.gelu, p.fcproj_w, p.fcproj_b, out, 4 * C, C, true);
     }
     layer_norm(x_final_, lnf_w_, lnf_b_, lnf_, lnf_mean_, lnf_rstd_);
     linear<epi::None>(lnf_, wte_, -1, logits_, C, Vp_, false);
     timed(Family::cross_entropy, [&] {
-      detail::kc::softmax_cross_entropy(logits_, targets, losses_, 1.f / static_cast<float>(n), n, Vp_, cfg_.vocab,
+      detail::kc::softmax_cross_entropy(logits_, targets, losses_, static_cast<float>(step_scale_ / static_cast<double>(n)), n, Vp_, cfg_.vocab,
                                         stream_);
     });
     DPML_CHECK_CUDA(cudaMemcpyAsync(host_losses_, losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -547,11 +571,11 @@ class Gpt {
     const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
     // LM head: dlnf = dlogits · wte; dwte = dlogitsᵀ · lnf (first writer of the tied gradient).
     timed(Family::gemm, [&] {
-      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<bf16>{.ta = Trans::no, .tb = Trans::no, .M = n, .N = C,
+      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::no, .tb = Trans::no, .M = n, .N = C,
                                                                     .K = Vp_, .A = logits_, .lda = Vp_,
                                                                     .B = params_ + wte_, .ldb = C, .C = dsmall_, .ldc = C},
                                   stream_);
-      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<bf16>{.ta = Trans::yes, .tb = Trans::no, .M = Vp_, .N = C,
+      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::yes, .tb = Trans::no, .M = Vp_, .N = C,
                                                                     .K = n, .A = logits_, .lda = Vp_, .B = lnf_,
                                                                     .ldb = C, .C = grads_ + wte_, .ldc = C},
                                   stream_);
@@ -582,21 +606,23 @@ class Gpt {
   }
 
   struct BlockActs {
-    bf16* x;                                   // (B, T, C) block input
-    bf16* ln1;                                 // (B, T, C)
+    Act* x;                                   // (B, T, C) block input
+    Act* ln1;                                 // (B, T, C)
     float *ln1_mean, *ln1_rstd;                // (B·T)
-    bf16* qkv;                                 // (B, T, H, 3, D)
-    bf16* atty;                                // (B, T, H, D)
+    Act* qkv;                                 // (B, T, H, 3, D)
+    Act* atty;                                // (B, T, H, D)
     float* lse;                                // (B, H, T)
-    bf16* r1;                                  // (B, T, C) x + attention branch
-    bf16* ln2;                                 // (B, T, C)
+    Act* r1;                                  // (B, T, C) x + attention branch
+    Act* ln2;                                 // (B, T, C)
     float *ln2_mean, *ln2_rstd;                // (B·T)
-    bf16* pre;                                 // (B, T, 4C) before GELU
-    bf16* gelu;                                // (B, T, 4C); shared by all blocks with recompute_gelu
+    Act* pre;                                 // (B, T, 4C) before GELU
+    Act* gelu;                                // (B, T, 4C); shared by all blocks with recompute_gelu
   };
 
   GptCudaConfig cfg_;
   std::int64_t B_, T_, Vp_ = 0;
+  DynamicLossScale scaler_{cfg_.loss_scale};
+  double step_scale_ = 1.0;  // the loss scale of the last forward_backward
   std::vector<detail::Slot> slots_;
   std::int64_t total_ = 0, n_params_ = 0;
   std::int64_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
@@ -610,15 +636,15 @@ class Gpt {
   std::size_t acts_offset_ = 0;  // bytes of memory_ before the activations
   float* host_losses_ = nullptr;  // (B·T) pinned
 
-  bf16 *params_ = nullptr, *grads_ = nullptr;  // (n_params) flat
+  Act *params_ = nullptr, *grads_ = nullptr;  // (n_params) flat
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr;
   std::vector<BlockActs> acts_;
-  bf16 *x_final_ = nullptr, *lnf_ = nullptr;  // (B, T, C)
+  Act *x_final_ = nullptr, *lnf_ = nullptr;  // (B, T, C)
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
-  bf16* logits_ = nullptr;  // (B, T, Vp), dlogits after the cross-entropy
+  Act* logits_ = nullptr;  // (B, T, Vp), dlogits after the cross-entropy
   float* losses_ = nullptr; // (B·T)
-  bf16 *dres_ = nullptr, *dtmp_ = nullptr, *dsmall_ = nullptr;  // (B, T, C)
-  bf16* dbig_ = nullptr;                                        // (B, T, 4C): d gelu / d pre, then d qkv
+  Act *dres_ = nullptr, *dtmp_ = nullptr, *dsmall_ = nullptr;  // (B, T, C)
+  Act* dbig_ = nullptr;                                        // (B, T, 4C): d gelu / d pre, then d qkv
   float* delta_ = nullptr;                                      // (B, H, T)
   float* colsum_ = nullptr;
   char *emb_ws_ = nullptr, *norm_ws_ = nullptr;

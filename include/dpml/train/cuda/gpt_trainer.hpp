@@ -22,6 +22,10 @@
 // step and the first non-finite gradient, skip reports it and goes on (the optimizer's step
 // count does not advance, as on the host).
 //
+// Precision: models::cuda::Bf16 (default) or Fp16 (train_gpt --fp16). With Fp16 an overflow of
+// the scaled gradients is the expected way the dynamic loss scale finds its level: the step is
+// skipped and the scale halved, and it is reported only when --on-nonfinite stop or skip asks.
+//
 // Limits: one GPU (one rank: tp = pp = dp = 1) and one micro-batch per step (micro-batch =
 // global batch): the device model writes each gradient once per step (no accumulation).
 
@@ -50,18 +54,20 @@ struct DeviceOptions {
   optim::AdamWOptions adamw;  // the host trainer's (the device AdamW is the same update)
   double clip = 1.0;          // global gradient-norm clipping (≤ 0: off)
   bool recompute_gelu = true; // models::cuda::GptCudaConfig::recompute_gelu
+  models::cuda::LossScaleOptions loss_scale;  // Precision = Fp16 only
 };
 
-template <class HostTrainer>
+template <class HostTrainer, class Precision = models::cuda::Bf16>
 class GptTrainer {
-  using State = models::cuda::Gpt::State;
+  using Model = models::cuda::Gpt<Precision>;
+  using State = typename Model::State;
   static constexpr std::array<State, 2> kMoments{State::exp_avg, State::exp_avg_sq};  // AdamW::state_names' order
 
  public:
   // `host` is the mirror: a trainer on a grid of one rank whose micro-batch is the global batch.
   GptTrainer(HostTrainer& host, std::int64_t seq_len, DeviceOptions options)
       : host_(host), options_(options),
-        model_(config_of(host, options.recompute_gelu), check_layout(host), seq_len),
+        model_(config_of(host, options), check_layout(host), seq_len),
         batch_(host.train_options().global_batch), seq_(seq_len) {
     const std::size_t n = static_cast<std::size_t>(batch_ * seq_);
     DPML_CHECK_CUDA(cudaMallocHost(&pinned_, 2 * n * sizeof(std::int32_t)));
@@ -77,7 +83,7 @@ class GptTrainer {
     cudaFreeHost(pinned_);
   }
 
-  models::cuda::Gpt& model() noexcept { return model_; }
+  Model& model() noexcept { return model_; }
 
   // Mirror → device: weights, moments, step counts.
   void from_host() {
@@ -106,20 +112,24 @@ class GptTrainer {
 
   GptStepResult train_step(const data::TokenBatch& batch, double lr) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double scale = model_.loss_scale();
     upload(batch);
     model_.forward_backward(tokens_, targets());
     model_.update(lr, optimizer_step_ + 1, options_.adamw, options_.clip);
     ++step_;
     GptStepResult r;
     r.loss = model_.loss();
-    r.grad_norm = model_.grad_norm();
+    r.grad_norm = model_.finish_step();
     if (std::isfinite(r.grad_norm) && std::isfinite(r.loss)) {
       ++optimizer_step_;
     } else {
-      // The device AdamW skipped the update (a non-finite norm); a non-finite loss alone cannot
-      // occur without a non-finite gradient, but is named the same way.
+      // The device AdamW skipped the update (a non-finite norm).
       r.skipped = true;
-      if (host_.train_options().on_nonfinite != NonFinite::ignore) report_nonfinite(r.loss);
+      if (Precision::loss_scaling && std::isfinite(r.loss))  // the loss scale finding its level
+        std::printf("dpml: step %lld: %s gradients overflowed at loss scale %g: step skipped, loss scale now %g\n",
+                    static_cast<long long>(step_), Precision::name.data(), scale, model_.loss_scale());
+      else if (host_.train_options().on_nonfinite != NonFinite::ignore)
+        report_nonfinite(r.loss);
       r.grad_norm = std::numeric_limits<double>::quiet_NaN();
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -134,10 +144,10 @@ class GptTrainer {
   }
 
  private:
-  static models::cuda::GptCudaConfig config_of(HostTrainer& host, bool recompute_gelu) {
+  static models::cuda::GptCudaConfig config_of(HostTrainer& host, const DeviceOptions& o) {
     const auto& c = host.model().config();
     return {.vocab = c.vocab, .max_seq = c.max_seq, .layers = c.layers, .heads = c.heads, .dim = c.dim,
-            .recompute_gelu = recompute_gelu};
+            .recompute_gelu = o.recompute_gelu, .loss_scale = o.loss_scale};
   }
   static std::int64_t check_layout(const HostTrainer& host) {
     const auto& g = host.grid();
@@ -204,7 +214,7 @@ class GptTrainer {
 
   HostTrainer& host_;
   DeviceOptions options_;
-  models::cuda::Gpt model_;
+  Model model_;
   std::int64_t batch_, seq_;
   std::int32_t* pinned_ = nullptr;  // (2, B, T): inputs then targets
   std::int32_t* tokens_ = nullptr;  // device copy of the same

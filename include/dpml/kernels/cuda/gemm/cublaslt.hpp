@@ -1,5 +1,5 @@
 #pragma once
-// CublasLt: the GEMM policy that calls cuBLASLt (bf16 operands, fp32 compute, bf16/fp32 output).
+// CublasLt: the GEMM policy that calls cuBLASLt (bf16 operands with bf16/fp32 output, or fp16 throughout; fp32 compute).
 //
 // cuBLASLt is column-major; dpml is row-major. A row-major (R, C) matrix with row stride ld is the
 // column-major (C, R) matrix with leading dimension ld, its transpose, so the row-major
@@ -64,7 +64,9 @@ struct CublasLt {
   static void run(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream) {
     detail::check_gemm_args<Epi>(g, name);
     if (g.M == 0 || g.N == 0) return;
-    constexpr cudaDataType_t c_type = std::is_same_v<TC, float> ? CUDA_R_32F : CUDA_R_16BF;
+    constexpr bool fp16 = std::is_same_v<TC, f16>;
+    constexpr cudaDataType_t in_type = fp16 ? CUDA_R_16F : CUDA_R_16BF;
+    constexpr cudaDataType_t c_type = std::is_same_v<TC, float> ? CUDA_R_32F : in_type;
     const bool keep_pre = std::is_same_v<Epi, epilogue::BiasGelu> && g.pre_gelu != nullptr;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     if constexpr (std::is_same_v<Epi, epilogue::Bias>) epi = CUBLASLT_EPILOGUE_BIAS;
@@ -80,19 +82,19 @@ struct CublasLt {
     detail::lt_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
     if constexpr (!std::is_same_v<Epi, epilogue::None>) {
       detail::lt_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias));
-      detail::lt_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_16BF);
+      detail::lt_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, in_type);
     }
     if (keep_pre) {
       detail::lt_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(g.pre_gelu));
       detail::lt_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ldc);
-      detail::lt_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, CUDA_R_16BF);
+      detail::lt_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, in_type);
     }
     // Column-major views: cuBLASLt's A is op_a-stored (rows, cols) = (N, K) or (K, N), ld = ldb.
     const std::uint64_t N = static_cast<std::uint64_t>(g.N), M = static_cast<std::uint64_t>(g.M),
                         K = static_cast<std::uint64_t>(g.K);
-    DPML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_16BF, op_a == CUBLAS_OP_N ? N : K,
+    DPML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d.a, in_type, op_a == CUBLAS_OP_N ? N : K,
                                                  op_a == CUBLAS_OP_N ? K : N, g.ldb));
-    DPML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_16BF, op_b == CUBLAS_OP_N ? K : M,
+    DPML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d.b, in_type, op_b == CUBLAS_OP_N ? K : M,
                                                  op_b == CUBLAS_OP_N ? M : K, g.lda));
     DPML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d.c, c_type, N, M, g.ldc));
 
@@ -101,7 +103,7 @@ struct CublasLt {
                         al_c = detail::alignment_of(g.C);
     const GemmContext::AlgoKey key{g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
                                    static_cast<std::int64_t>(g.ta == Trans::yes) * 2 + (g.tb == Trans::yes),
-                                   static_cast<std::int64_t>(epi) * 4 + (c_type == CUDA_R_32F) * 2 + (g.beta != 0.f),
+                                   static_cast<std::int64_t>(epi) * 8 + fp16 * 4 + (c_type == CUDA_R_32F) * 2 + (g.beta != 0.f),
                                    static_cast<std::int64_t>(al_a) << 16 | al_b, static_cast<std::int64_t>(al_c)};
     auto& cache = ctx.algo_cache();
     auto it = cache.find(key);

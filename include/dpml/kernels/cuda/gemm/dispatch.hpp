@@ -70,12 +70,16 @@ constexpr GemmChoice choose_gemm(const GemmArgs<TC>& g) {
   return GemmChoice::cublaslt;
 }
 
+// fp16 operands (TC = f16) always go to cuBLASLt: our kernels are bf16.
 template <GemmEpilogue Epi, class TC>
 void gemm(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream) {
-  if (choose_gemm(g) == GemmChoice::tiled && DefaultTiledGemm::supports(g))
-    DefaultTiledGemm::run<Epi>(ctx, g, stream);
-  else
-    CublasLt::run<Epi>(ctx, g, stream);
+  if constexpr (!std::is_same_v<TC, f16>) {
+    if (choose_gemm(g) == GemmChoice::tiled && DefaultTiledGemm::supports(g)) {
+      DefaultTiledGemm::run<Epi>(ctx, g, stream);
+      return;
+    }
+  }
+  CublasLt::run<Epi>(ctx, g, stream);
 }
 
 }  // namespace dpml::kernels::cuda

@@ -48,20 +48,24 @@ template <class E>
 concept GemmEpilogue =
     std::same_as<E, epilogue::None> || std::same_as<E, epilogue::Bias> || std::same_as<E, epilogue::BiasGelu>;
 
+// Operands are bf16 with a bf16 or float output, or fp16 throughout (TC = f16: the fp16
+// precision policy, cuBLASLt only).
 template <class TC>
 struct GemmArgs {
-  static_assert(std::is_same_v<TC, bf16> || std::is_same_v<TC, float>, "GEMM output is bf16 or float");
+  static_assert(std::is_same_v<TC, bf16> || std::is_same_v<TC, float> || std::is_same_v<TC, f16>,
+                "GEMM output is bf16, float or f16");
+  using input_type = std::conditional_t<std::is_same_v<TC, f16>, f16, bf16>;
   Trans ta = Trans::no, tb = Trans::no;
   std::int64_t M = 0, N = 0, K = 0;
-  const bf16* A = nullptr;  // op(A) (M, K): stored (M, K) if ta == no, else (K, M)
+  const input_type* A = nullptr;  // op(A) (M, K): stored (M, K) if ta == no, else (K, M)
   std::int64_t lda = 0;
-  const bf16* B = nullptr;  // op(B) (K, N): stored (K, N) if tb == no, else (N, K)
+  const input_type* B = nullptr;  // op(B) (K, N): stored (K, N) if tb == no, else (N, K)
   std::int64_t ldb = 0;
-  TC* C = nullptr;          // (M, N), read when beta ≠ 0, written always
+  TC* C = nullptr;                // (M, N), read when beta ≠ 0, written always
   std::int64_t ldc = 0;
   float alpha = 1.f, beta = 0.f;
-  const bf16* bias = nullptr;  // (N): Bias, BiasGelu
-  bf16* pre_gelu = nullptr;    // (M, N) with row stride ldc, optional: BiasGelu
+  const input_type* bias = nullptr;  // (N): Bias, BiasGelu
+  input_type* pre_gelu = nullptr;    // (M, N) with row stride ldc, optional: BiasGelu
 };
 
 namespace detail {
