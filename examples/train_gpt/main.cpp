@@ -165,6 +165,13 @@ class Steps {
     sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   double sync_seconds() const noexcept { return sync_seconds_; }
+  // The GPU trainer's own state (fp16: the loss scale) in a checkpoint's config, and back.
+  void save_config(checkpoint::Json& config) {
+    on_gpu([&](auto& gpu) { gpu.save_config(config); });
+  }
+  void load_config(const std::string& dir) {
+    on_gpu([&](auto& gpu) { gpu.load_config(checkpoint::CheckpointReader(dir).manifest().config); });
+  }
 
  private:
   // Calls f(the GPU trainer) if there is one; returns whether there was.
@@ -311,11 +318,13 @@ int main(int argc, char** argv) {
         if (world.rank() == 0) std::printf("imported '%s'\n", f.import_path.c_str());
       }
       Steps steps(trainer, f, adamw);  // after the start point is set: the GPU copies it
+      if (resume_dir) steps.load_config(*resume_dir);
       std::optional<train::Checkpointer<decltype(trainer)>> ckpt;
       if (!f.save.empty())  // on the GPU: each save copies the device state to the mirror and writes it in place
         ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .seq_len = f.seq,
                                                                  .refresh = [&] { steps.sync_host(); },
-                                                                 .in_place = steps.on_device()});
+                                                                 .in_place = steps.on_device(),
+                                                                 .extra_config = [&](checkpoint::Json& c) { steps.save_config(c); }});
       std::ofstream loss_log;
       if (!f.loss_log.empty() && world.rank() == 0) loss_log.open(f.loss_log, std::ios::trunc);
       train::Progress progress(f.iters, world.rank(), "tok/s");

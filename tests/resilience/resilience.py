@@ -31,9 +31,10 @@ tests:
             naming it and changes no weight or optimizer state (the checkpoint after step 3 holds
             the tensors of the one after step 2), training finishes with finite losses.
   gpu       --device cuda (exits 77, skipped, where no GPU is visible), a model the GPU kernels take
-            (C = 64, head dim 32): 6 steps uninterrupted vs 3 + a resumed launch + 3 on the GPU:
-            the same losses bit for bit and byte-equal exports (the device kernels are
-            deterministic; master weights and both AdamW moments go through the checkpoint); a GPU
+            (C = 64, head dim 32): 6 steps uninterrupted vs 3 + a resumed launch + 3 on the GPU,
+            in bf16 and in fp16 (whose loss scale has moved before the checkpoint): the same
+            losses bit for bit and byte-equal exports (the device kernels are deterministic;
+            master weights, both AdamW moments and the loss scale go through the checkpoint); a GPU
             checkpoint resumed on CPU ranks (pp 2) and a CPU checkpoint resumed on the GPU: every
             loss within 2e-2 (relative; bf16 forward against fp32) of the uninterrupted run.
   bad-setup writes the bad checkpoints that the failure tests (CMakeLists.txt) resume from:
@@ -400,23 +401,31 @@ def test_gpu(r):
         print("no GPU visible (nvidia-smi -L): skipped")
         sys.exit(77)
     base = GPU_MODEL + ["--train-iters", "6"]
-    r.run(1, base + ["--loss-log", "gpu-full.log", "--export", "gpu-full.safetensors"])
-    shutil.rmtree(r.path("gpu-ckpt"), ignore_errors=True)
-    r.run(1, base + ["--save", "gpu-ckpt", "--exit-interval", "3", "--loss-log", "gpu-a.log"])
-    _, out = r.run(1, base + ["--save", "gpu-ckpt", "--resume", "latest", "--loss-log", "gpu-b.log",
-                              "--export", "gpu-resumed.safetensors"])
-    if "at step 3" not in out:
-        fail(f"gpu: did not resume at step 3:\n{out}")
-    full = losses(r.path("gpu-full.log"))
-    parts = {**losses(r.path("gpu-a.log")), **losses(r.path("gpu-b.log"))}
-    if sorted(parts) != list(range(1, 7)):
-        fail(f"gpu: steps {sorted(parts)} logged by the interrupted runs")
-    for s in range(1, 7):
-        if full[s][0] != parts[s][0]:
-            fail(f"gpu: step {s} loss {parts[s][0]} after resume, {full[s][0]} uninterrupted")
-    if read_bytes(r.path("gpu-full.safetensors")) != read_bytes(r.path("gpu-resumed.safetensors")):
-        fail("gpu: final weights differ from the uninterrupted run's")
-    print("gpu: 3 + 3 steps resumed on the GPU equal 6 uninterrupted ones bit for bit (losses, final weights)")
+    # fp16: a loss scale of 2^25 overflows (dlogits ≈ S/N, N = 128 tokens) for the first steps and
+    # a window of 2 doubles it again, so the scale at the checkpoint differs from the initial one:
+    # the resumed run matches only if the checkpoint restores it.
+    fp16 = ["--fp16", "--initial-loss-scale", "33554432", "--loss-scale-window", "2"]
+    for tag, extra in (("gpu", []), ("gpu-fp16", fp16)):
+        flags = base + extra
+        _, out = r.run(1, flags + ["--loss-log", f"{tag}-full.log", "--export", f"{tag}-full.safetensors"])
+        if extra and "gradients overflowed" not in out:
+            fail(f"{tag}: no loss-scale overflow in the uninterrupted run (the test needs one):\n{out}")
+        shutil.rmtree(r.path(f"{tag}-ckpt"), ignore_errors=True)
+        r.run(1, flags + ["--save", f"{tag}-ckpt", "--exit-interval", "3", "--loss-log", f"{tag}-a.log"])
+        _, out = r.run(1, flags + ["--save", f"{tag}-ckpt", "--resume", "latest", "--loss-log", f"{tag}-b.log",
+                                   "--export", f"{tag}-resumed.safetensors"])
+        if "at step 3" not in out:
+            fail(f"{tag}: did not resume at step 3:\n{out}")
+        full = losses(r.path(f"{tag}-full.log"))
+        parts = {**losses(r.path(f"{tag}-a.log")), **losses(r.path(f"{tag}-b.log"))}
+        if sorted(parts) != list(range(1, 7)):
+            fail(f"{tag}: steps {sorted(parts)} logged by the interrupted runs")
+        for s in range(1, 7):
+            if full[s][0] != parts[s][0]:
+                fail(f"{tag}: step {s} loss {parts[s][0]} after resume, {full[s][0]} uninterrupted")
+        if read_bytes(r.path(f"{tag}-full.safetensors")) != read_bytes(r.path(f"{tag}-resumed.safetensors")):
+            fail(f"{tag}: final weights differ from the uninterrupted run's")
+        print(f"{tag}: 3 + 3 steps resumed on the GPU equal 6 uninterrupted ones bit for bit (losses, final weights)")
 
     # Across devices: the same checkpoint format both ways.
     cpu = [f for f in GPU_MODEL if f not in ("--device", "cuda")] + ["--train-iters", "6"]

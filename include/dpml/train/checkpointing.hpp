@@ -206,6 +206,9 @@ struct CheckpointerOptions {
   // The trainer's host state changes only through `refresh` (a mirror of device state): saves
   // write the weights and, without ZeRO, the optimizer state in place — no staging copy.
   bool in_place = false;
+  // Adds entries to the manifest's config: state the host trainer does not hold (a device
+  // trainer's loss scale). Read back with checkpoint::CheckpointReader(dir).manifest().config.
+  std::function<void(checkpoint::Json& config)> extra_config;
 };
 
 // Saves a trainer's state asynchronously; see the top of the file. Collective over the world.
@@ -262,6 +265,7 @@ class Checkpointer {
     info.config.set("train.epoch", pos.epoch);
     info.config.set("train.batch", pos.batch);
     info.config.set("train.seed", std::to_string(t.train_options().seed));  // u64: kept exact as text
+    if (options_.extra_config) options_.extra_config(info.config);
     const auto& g = t.grid();
     info.layout = {.tp = g.tp(), .pp = g.pp(), .dp = g.dp(), .zero = Trainer::zero ? 1 : 0};
     writer_.save_async(info);

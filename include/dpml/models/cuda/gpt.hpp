@@ -363,6 +363,8 @@ class Gpt {
     if constexpr (Precision::loss_scaling) return scaler_.scale();
     else return 1.0;
   }
+  // The dynamic loss scale's state, for checkpoints (Fp16).
+  DynamicLossScale& loss_scaler() noexcept { return scaler_; }
 
  private:
   std::int64_t N() const noexcept { return B_ * T_; }

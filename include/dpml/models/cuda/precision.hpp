@@ -50,6 +50,14 @@ class DynamicLossScale {
   }
   double scale() const noexcept { return scale_; }
   std::int64_t clean_steps() const noexcept { return clean_; }
+  // Restores the state a checkpoint saved.
+  void set(double scale, std::int64_t clean_steps) {
+    DPML_REQUIRE(std::isfinite(scale) && scale >= options_.min && clean_steps >= 0 && clean_steps < options_.window,
+                 "loss scale " << scale << " with " << clean_steps << " clean steps does not fit min " << options_.min
+                               << ", window " << options_.window);
+    scale_ = scale;
+    clean_ = clean_steps;
+  }
   void update(bool overflow) {
     if (overflow) {
       scale_ = std::max(options_.min, scale_ / 2.0);

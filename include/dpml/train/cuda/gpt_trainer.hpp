@@ -29,6 +29,7 @@
 // Limits: one GPU (one rank: tp = pp = dp = 1) and one micro-batch per step (micro-batch =
 // global batch): the device model writes each gradient once per step (no accumulation).
 
+#include "dpml/checkpoint/json.hpp"
 #include "dpml/core/cuda_error.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/data/token_shards.hpp"
@@ -134,6 +135,23 @@ class GptTrainer {
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
+  }
+
+  // The loss scale (Fp16) in a checkpoint's config, and back: "train.loss_scale" and
+  // "train.loss_scale_clean_steps". A checkpoint without them (bf16, or the CPU) leaves the
+  // scale at its initial value.
+  void save_config(checkpoint::Json& config) {
+    if constexpr (Precision::loss_scaling) {
+      config.set("train.loss_scale", model_.loss_scaler().scale());
+      config.set("train.loss_scale_clean_steps", model_.loss_scaler().clean_steps());
+    }
+  }
+  void load_config(const checkpoint::Json& config) {
+    if constexpr (Precision::loss_scaling) {
+      const checkpoint::Json* scale = config.find("train.loss_scale");
+      const checkpoint::Json* clean = config.find("train.loss_scale_clean_steps");
+      if (scale && clean) model_.loss_scaler().set(scale->as_double(), clean->as_int());
+    }
   }
 
   // Mean per-token loss on a batch of the training shape, without training.
