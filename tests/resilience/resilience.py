@@ -427,13 +427,14 @@ def test_gpu(r):
             fail(f"{tag}: final weights differ from the uninterrupted run's")
         print(f"{tag}: 3 + 3 steps resumed on the GPU equal 6 uninterrupted ones bit for bit (losses, final weights)")
 
-    # Across devices: the same checkpoint format both ways.
+    # Across devices (bf16): the same checkpoint format both ways.
+    gpu_full = losses(r.path("gpu-full.log"))
     cpu = [f for f in GPU_MODEL if f not in ("--device", "cuda")] + ["--train-iters", "6"]
     r.run(1, cpu + ["--loss-log", "cpu-full.log"])
     cpu_full = losses(r.path("cpu-full.log"))
     shutil.rmtree(r.path("cpu-ckpt"), ignore_errors=True)
     r.run(1, cpu + ["--save", "cpu-ckpt", "--exit-interval", "3", "--loss-log", "cpu-a.log"])
-    cases = [("GPU -> CPU (pp 2)", "gpu-ckpt/step-3", 2, cpu + ["--pp", "2"], full),
+    cases = [("GPU -> CPU (pp 2)", "gpu-ckpt/step-3", 2, cpu + ["--pp", "2"], gpu_full),
              ("CPU -> GPU", "cpu-ckpt/step-3", 1, base, cpu_full)]
     for name, ckpt, np, flags, ref in cases:
         tag = name.split()[0].lower() + "-to-" + name.split()[2].lower()
