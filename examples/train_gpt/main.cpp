@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
     Flags f;
     train::Args args("train_gpt", "Trains a GPT with data (rest of the world), tensor (--tp) and pipeline (--pp)\n"
                                   "parallelism on CPU ranks, or on one GPU (--device cuda), then samples text from it.");
-    args.flag("--device", f.device, "cpu (the ranks' cores) | cuda (one GPU, bf16; one rank)")
+    args.flag("--device", f.device, "cpu (the ranks' cores) | cuda (one GPU, bf16 or --fp16; one rank)")
         .flag("--fp16", f.fp16, "--device cuda: fp16 weights and activations with dynamic loss scaling (default bf16)")
         .flag("--initial-loss-scale", f.initial_loss_scale, "--fp16: the first loss scale")
         .flag("--loss-scale-window", f.loss_scale_window, "--fp16: steps without overflow before the loss scale doubles")

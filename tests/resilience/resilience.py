@@ -103,27 +103,34 @@ def read_bytes(path):
 
 # ---------------------------------------------------------------------------------------------
 
+def resume_equals_uninterrupted(r, np, flags, tag):
+    """6 steps in one launch vs 3 (--exit-interval 3, checkpoint) + 3 resumed in a second launch:
+    the same losses bit for bit and byte-equal exports. Returns the uninterrupted run's output."""
+    base = flags + ["--train-iters", "6"]
+    _, full_out = r.run(np, base + ["--loss-log", f"{tag}-full.log", "--export", f"{tag}-full.safetensors"])
+    shutil.rmtree(r.path(f"{tag}-ckpt"), ignore_errors=True)
+    r.run(np, base + ["--save", f"{tag}-ckpt", "--exit-interval", "3", "--loss-log", f"{tag}-a.log"])
+    _, out = r.run(np, base + ["--save", f"{tag}-ckpt", "--resume", "latest", "--loss-log", f"{tag}-b.log",
+                               "--export", f"{tag}-resumed.safetensors"])
+    if "at step 3" not in out:
+        fail(f"{tag}: did not resume at step 3:\n{out}")
+    full = losses(r.path(f"{tag}-full.log"))
+    parts = {**losses(r.path(f"{tag}-a.log")), **losses(r.path(f"{tag}-b.log"))}
+    if sorted(parts) != list(range(1, 7)):
+        fail(f"{tag}: steps {sorted(parts)} logged by the interrupted runs")
+    for s in range(1, 7):
+        if full[s][0] != parts[s][0]:
+            fail(f"{tag}: step {s} loss {parts[s][0]} after resume, {full[s][0]} uninterrupted")
+    if read_bytes(r.path(f"{tag}-full.safetensors")) != read_bytes(r.path(f"{tag}-resumed.safetensors")):
+        fail(f"{tag}: final weights differ from the uninterrupted run's")
+    return full_out
+
+
 def test_bitwise(r):
     for zero in (False, True):
         np, lay = layout(4, 1, 2, zero)
         tag = "zero" if zero else "plain"
-        base = ["--train-iters", "6"] + lay
-        r.run(np, base + ["--loss-log", f"{tag}-full.log", "--export", f"{tag}-full.safetensors"])
-        shutil.rmtree(r.path(f"{tag}-ckpt"), ignore_errors=True)
-        r.run(np, base + ["--save", f"{tag}-ckpt", "--exit-interval", "3", "--loss-log", f"{tag}-a.log"])
-        _, out = r.run(np, base + ["--save", f"{tag}-ckpt", "--resume", "latest", "--loss-log", f"{tag}-b.log",
-                                   "--export", f"{tag}-resumed.safetensors"])
-        if "at step 3" not in out:
-            fail(f"{tag}: did not resume at step 3:\n{out}")
-        full = losses(r.path(f"{tag}-full.log"))
-        parts = {**losses(r.path(f"{tag}-a.log")), **losses(r.path(f"{tag}-b.log"))}
-        if sorted(parts) != list(range(1, 7)):
-            fail(f"{tag}: steps {sorted(parts)} logged by the interrupted runs")
-        for s in range(1, 7):
-            if full[s][0] != parts[s][0]:
-                fail(f"{tag}: step {s} loss {parts[s][0]} after resume, {full[s][0]} uninterrupted")
-        if read_bytes(r.path(f"{tag}-full.safetensors")) != read_bytes(r.path(f"{tag}-resumed.safetensors")):
-            fail(f"{tag}: final weights differ from the uninterrupted run's")
+        resume_equals_uninterrupted(r, np, lay, tag)
         print(f"bitwise ({tag}, dp 2 tp 1 pp 2): 6 losses and the final weights equal bit for bit")
 
 
@@ -400,31 +407,14 @@ def test_gpu(r):
     if not has_gpu():
         print("no GPU visible (nvidia-smi -L): skipped")
         sys.exit(77)
-    base = GPU_MODEL + ["--train-iters", "6"]
     # fp16: a loss scale of 2^25 overflows (dlogits ≈ S/N, N = 128 tokens) for the first steps and
     # a window of 2 doubles it again, so the scale at the checkpoint differs from the initial one:
     # the resumed run matches only if the checkpoint restores it.
     fp16 = ["--fp16", "--initial-loss-scale", "33554432", "--loss-scale-window", "2"]
     for tag, extra in (("gpu", []), ("gpu-fp16", fp16)):
-        flags = base + extra
-        _, out = r.run(1, flags + ["--loss-log", f"{tag}-full.log", "--export", f"{tag}-full.safetensors"])
+        out = resume_equals_uninterrupted(r, 1, GPU_MODEL + extra, tag)
         if extra and "gradients overflowed" not in out:
             fail(f"{tag}: no loss-scale overflow in the uninterrupted run (the test needs one):\n{out}")
-        shutil.rmtree(r.path(f"{tag}-ckpt"), ignore_errors=True)
-        r.run(1, flags + ["--save", f"{tag}-ckpt", "--exit-interval", "3", "--loss-log", f"{tag}-a.log"])
-        _, out = r.run(1, flags + ["--save", f"{tag}-ckpt", "--resume", "latest", "--loss-log", f"{tag}-b.log",
-                                   "--export", f"{tag}-resumed.safetensors"])
-        if "at step 3" not in out:
-            fail(f"{tag}: did not resume at step 3:\n{out}")
-        full = losses(r.path(f"{tag}-full.log"))
-        parts = {**losses(r.path(f"{tag}-a.log")), **losses(r.path(f"{tag}-b.log"))}
-        if sorted(parts) != list(range(1, 7)):
-            fail(f"{tag}: steps {sorted(parts)} logged by the interrupted runs")
-        for s in range(1, 7):
-            if full[s][0] != parts[s][0]:
-                fail(f"{tag}: step {s} loss {parts[s][0]} after resume, {full[s][0]} uninterrupted")
-        if read_bytes(r.path(f"{tag}-full.safetensors")) != read_bytes(r.path(f"{tag}-resumed.safetensors")):
-            fail(f"{tag}: final weights differ from the uninterrupted run's")
         print(f"{tag}: 3 + 3 steps resumed on the GPU equal 6 uninterrupted ones bit for bit (losses, final weights)")
 
     # Across devices (bf16): the same checkpoint format both ways.
@@ -435,7 +425,7 @@ def test_gpu(r):
     shutil.rmtree(r.path("cpu-ckpt"), ignore_errors=True)
     r.run(1, cpu + ["--save", "cpu-ckpt", "--exit-interval", "3", "--loss-log", "cpu-a.log"])
     cases = [("GPU -> CPU (pp 2)", "gpu-ckpt/step-3", 2, cpu + ["--pp", "2"], gpu_full),
-             ("CPU -> GPU", "cpu-ckpt/step-3", 1, base, cpu_full)]
+             ("CPU -> GPU", "cpu-ckpt/step-3", 1, GPU_MODEL + ["--train-iters", "6"], cpu_full)]
     for name, ckpt, np, flags, ref in cases:
         tag = name.split()[0].lower() + "-to-" + name.split()[2].lower()
         _, out = r.run(np, flags + ["--resume", ckpt, "--loss-log", f"{tag}.log"])
