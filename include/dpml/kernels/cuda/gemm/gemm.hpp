@@ -85,6 +85,32 @@ void check_gemm_args(const GemmArgs<TC>& g, std::string_view policy) {
   else
     DPML_REQUIRE(g.pre_gelu == nullptr, policy << " GEMM: pre_gelu is only written by the BiasGelu epilogue");
 }
+
+// What our tensor-core kernels need of the operands' layout: 16-byte vectors on every operand
+// row (16-byte aligned A and B, lda and ldb multiples of 8), paired stores into C (even ldc,
+// C aligned to two elements), and fewer than 2^31 tiles of TileM × TileN.
+template <std::int64_t TileM, std::int64_t TileN, class TC>
+bool vector_rows(const GemmArgs<TC>& g) {
+  return g.lda % 8 == 0 && g.ldb % 8 == 0 && g.ldc % 2 == 0 && aligned16(g.A) && aligned16(g.B) &&
+         reinterpret_cast<std::uintptr_t>(g.C) % (2 * sizeof(TC)) == 0 &&
+         ceil_div(g.M, TileM) * ceil_div(g.N, TileN) < (std::int64_t{1} << 31);
+}
+template <class TC>
+void require_vector_rows(bool ok, const GemmArgs<TC>& g, std::string_view policy) {
+  DPML_REQUIRE(ok, policy << " GEMM " << g.M << "x" << g.N << "x" << g.K
+                          << ": needs 16-byte aligned A and B with lda, ldb multiples of 8 (lda=" << g.lda
+                          << ", ldb=" << g.ldb << ") and an even ldc (" << g.ldc << ")");
+}
+
+// launch.template operator()<TA, TB>() for the problem's transposes, as compile-time flags.
+template <class TC, class Launch>
+void with_transposes(const GemmArgs<TC>& g, Launch&& launch) {
+  const bool ta = g.ta == Trans::yes, tb = g.tb == Trans::yes;
+  if (ta && tb) launch.template operator()<true, true>();
+  else if (ta) launch.template operator()<true, false>();
+  else if (tb) launch.template operator()<false, true>();
+  else launch.template operator()<false, false>();
+}
 }  // namespace detail
 
 // Handle, workspace and per-shape algorithm cache of the cuBLASLt policy; one per device and

@@ -383,28 +383,19 @@ struct WgmmaGemm {
   template <GemmEpilogue Epi, class TC>
   static void run(GemmContext&, const GemmArgs<TC>& g, cudaStream_t stream) {
     detail::check_gemm_args<Epi>(g, name);
-    DPML_REQUIRE(layout_ok(g), "wgmma GEMM " << g.M << "x" << g.N << "x" << g.K
-                                             << ": needs 16-byte aligned A and B with lda, ldb multiples of 8 (lda="
-                                             << g.lda << ", ldb=" << g.ldb << ") and an even ldc (" << g.ldc << ")");
+    detail::require_vector_rows(layout_ok(g), g, name);
     DPML_REQUIRE(detail::wgmma::wgmma_available(),
                  "wgmma GEMM: this build has no sm_90a image for the device (build with "
                  "CMAKE_CUDA_ARCHITECTURES=90a and run on a compute capability 9.0 GPU)");
     if (g.M == 0 || g.N == 0) return;
-    const bool ta = g.ta == Trans::yes, tb = g.tb == Trans::yes;
-    if (ta && tb) launch<true, true, Epi>(g, stream);
-    else if (ta) launch<true, false, Epi>(g, stream);
-    else if (tb) launch<false, true, Epi>(g, stream);
-    else launch<false, false, Epi>(g, stream);
+    detail::with_transposes(g, [&]<bool TA, bool TB>() { launch<TA, TB, Epi>(g, stream); });
   }
 
  private:
   template <class TC>
   static bool layout_ok(const GemmArgs<TC>& g) {
-    using detail::aligned16;
-    constexpr std::int64_t kMax = std::int64_t{1} << 31;
-    return g.lda % 8 == 0 && g.ldb % 8 == 0 && g.ldc % 2 == 0 && aligned16(g.A) && aligned16(g.B) &&
-           reinterpret_cast<std::uintptr_t>(g.C) % (2 * sizeof(TC)) == 0 && g.M + Tile::M < kMax &&
-           g.N + Tile::N < kMax && g.K < kMax && ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N) < kMax;
+    constexpr std::int64_t kMax = std::int64_t{1} << 31;  // TMA takes int32 coordinates
+    return detail::vector_rows<Tile::M, Tile::N>(g) && g.M + Tile::M < kMax && g.N + Tile::N < kMax && g.K < kMax;
   }
 
   template <bool TA, bool TB, class Epi, class TC>
