@@ -7,7 +7,7 @@
 // --device cuda (CUDA builds): models::cuda::Gpt trains on the rank's GPU in bf16 with fp32 master
 // weights; the host trainer mirrors its state for checkpoints, export and sampling
 // (train/cuda/gpt_trainer.hpp), so GPU checkpoints resume on CPU layouts and the other way round.
-// One rank, one micro-batch per step (--micro-batch = --global-batch), head dim 32, 64 or 128;
+// One rank; --global-batch / --micro-batch micro-batches accumulate per step; head dim 32, 64 or 128;
 // --fp16 trains in fp16 with a dynamic loss scale (--initial-loss-scale, --loss-scale-window).
 //
 // Data: a text file or directory (byte-level, vocabulary 256; default: the Debian `fortunes`

@@ -73,6 +73,43 @@ void host_run(int steps, double clip, After&& after) {
   });
 }
 
+// The host's first step on fixed_batch() (clip 0: the gradients stay as the backward left them;
+// its clipping scales them in place); `gpu` gets the host's initial weights.
+struct HostStep {
+  double loss = 0;
+  std::map<std::string, std::vector<double>> grads;
+};
+template <class Gpu>
+HostStep host_first_step(Gpu& gpu) {
+  HostStep h;
+  host_run(1, 0.0, [&](int s, double loss, models::Gpt<float>& model) {
+    if (s == 0) {
+      gpu.copy_from(model.parameters());
+      return;
+    }
+    h.loss = loss;
+    for (auto* p : model.parameters()) {
+      const auto g = p->grad();
+      h.grads[p->name()] = std::vector<double>(g.data(), g.data() + g.numel());
+    }
+  });
+  return h;
+}
+
+// The GPU's loss and every gradient against the host step's (tolerances at the top).
+template <class Gpu>
+void check_against_host(const Gpu& gpu, double loss, const HostStep& host) {
+  CAPTURE(loss, host.loss);
+  REQUIRE(std::isfinite(loss));
+  CHECK(std::abs(loss - host.loss) <= 2e-2 * host.loss);
+  REQUIRE(host.grads.size() == gpu.parameter_names().size());
+  for (const auto& name : gpu.parameter_names()) {
+    const double err = test::rel_l2(gpu.gradient(name), host.grads.at(name));
+    CAPTURE(name, err);
+    CHECK(err <= 5e-2);
+  }
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("GPU GPT step equals the host GPT: loss and every gradient", "[gpu][gpt]", models::cuda::Bf16,
@@ -84,32 +121,29 @@ TEMPLATE_TEST_CASE("GPU GPT step equals the host GPT: loss and every gradient", 
   test::DeviceVec<std::int32_t> tokens(as_vector(batch.inputs)), targets(as_vector(batch.targets));
   DPML_CHECK_CUDA(cudaDeviceSynchronize());  // the model's stream does not wait for the legacy one
   models::cuda::Gpt<TestType> gpu(device_config(recompute_gelu), kBatch, kSeq);
-  double host_loss = 0;
-  std::map<std::string, std::vector<double>> host_grads;
-  // clip 0: the host's gradients stay as the backward left them (its clipping scales them in place).
-  host_run(1, 0.0, [&](int s, double loss, models::Gpt<float>& model) {
-    if (s == 0) {
-      gpu.copy_from(model.parameters());
-      return;
-    }
-    host_loss = loss;
-    for (auto* p : model.parameters()) {
-      const auto g = p->grad();
-      host_grads[p->name()] = std::vector<double>(g.data(), g.data() + g.numel());
-    }
-  });
+  const HostStep host = host_first_step(gpu);
   gpu.poison_activations();
   gpu.forward_backward(tokens.ptr, targets.ptr);
-  const double loss = gpu.loss();
-  CAPTURE(loss, host_loss);
-  REQUIRE(std::isfinite(loss));
-  CHECK(std::abs(loss - host_loss) <= 2e-2 * host_loss);
-  REQUIRE(host_grads.size() == gpu.parameter_names().size());
-  for (const auto& name : gpu.parameter_names()) {
-    const double err = test::rel_l2(gpu.gradient(name), host_grads.at(name));
-    CAPTURE(name, err);
-    CHECK(err <= 5e-2);
-  }
+  check_against_host(gpu, gpu.loss(), host);
+}
+
+// Gradient accumulation: a model built for half the batch, run on its two halves, holds the
+// gradient of the whole batch's mean loss.
+TEMPLATE_TEST_CASE("GPU GPT: two micro-batches accumulate the whole batch's gradient", "[gpu][gpt]", models::cuda::Bf16,
+                   models::cuda::Fp16) {
+  const std::string precision(TestType::name);
+  CAPTURE(precision);
+  const auto batch = fixed_batch();
+  test::DeviceVec<std::int32_t> tokens(as_vector(batch.inputs)), targets(as_vector(batch.targets));
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  models::cuda::Gpt<TestType> gpu(device_config(), kBatch / 2, kSeq);
+  const HostStep host = host_first_step(gpu);
+  gpu.poison_activations();
+  const std::int64_t half = kBatch / 2 * kSeq;
+  gpu.forward_backward(tokens.ptr, targets.ptr, /*accumulate=*/false, 2);
+  const double first = gpu.loss();
+  gpu.forward_backward(tokens.ptr + half, targets.ptr + half, /*accumulate=*/true, 2);
+  check_against_host(gpu, (first + gpu.loss()) / 2, host);
 }
 
 TEMPLATE_TEST_CASE("GPU GPT follows the host loss curve over 50 AdamW steps on a fixed batch", "[gpu][gpt]",

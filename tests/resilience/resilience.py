@@ -392,7 +392,7 @@ def bad_setup(r):
     print("bad checkpoints written under " + d)
 
 
-GPU_MODEL = ["--device", "cuda", "--hidden-size", "64", "--micro-batch", "8"]
+GPU_MODEL = ["--device", "cuda", "--hidden-size", "64", "--micro-batch", "4"]  # 2 micro-batches per step
 
 
 def has_gpu():

@@ -8,9 +8,9 @@
 //            slices for cuBLASLt and the vector loads), wte padded to Vp = V rounded up to 128 rows
 //            (the pad rows stay zero: the cross-entropy gives their logits zero gradient)
 //   master   fp32 copy of params (AdamW updates it and rounds it into params)
-//   grads    bf16, same layout. Why bf16: every gradient is written once per step (no micro-batch
-//            accumulation on one GPU), the GEMMs and column sums accumulate in fp32 and round
-//            once; the LayerNorm/bias-gradient kernels take the activations' type; and the grad
+//   grads    bf16, same layout. Why bf16: with one micro-batch per step every gradient is written
+//            once (micro-batches accumulate in bf16: one more rounding per micro-batch), the GEMMs
+//            and column sums accumulate in fp32 and round once; the LayerNorm/bias-gradient kernels take the activations' type; and the grad
 //            norm and AdamW read half the bytes. The tied wte gets two contributions (LM head GEMM
 //            first, beta = 0, then the embedding backward adds in bf16).
 //   m, v     AdamW moments, fp32
@@ -316,11 +316,18 @@ class Gpt {
     DPML_CHECK_CUDA(cudaMemsetAsync(memory_ + acts_offset_, 0xFF, carver_.bytes() - acts_offset_, stream_));
   }
 
-  // One forward + backward on tokens/targets (B, T) int32 on the device. Gradients are zeroed
-  // first and hold the step's gradient of the mean loss afterwards.
-  void forward_backward(const std::int32_t* tokens, const std::int32_t* targets) {
-    step_scale_ = loss_scale();
-    zero_grads();
+  // One forward + backward on tokens/targets (B, T) int32 on the device. The first of a step's
+  // `micro_batches` (accumulate = false) zeroes the gradients; every one adds the gradient of its
+  // mean loss / micro_batches, so that afterwards they hold the gradient of the step's mean loss.
+  void forward_backward(const std::int32_t* tokens, const std::int32_t* targets, bool accumulate = false,
+                        int micro_batches = 1) {
+    DPML_REQUIRE(micro_batches >= 1, "GPT (cuda): " << micro_batches << " micro-batches");
+    if (!accumulate) {
+      step_scale_ = loss_scale();
+      zero_grads();
+    }
+    accumulate_ = accumulate;
+    micro_batches_ = micro_batches;
     forward(tokens, targets);
     backward(tokens);
   }
@@ -503,7 +510,7 @@ class Gpt {
                                   stream_);
       detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::yes, .tb = Trans::no, .M = out, .N = in,
                                                                     .K = N(), .A = dy, .lda = out, .B = x, .ldb = in,
-                                                                    .C = grads_ + w, .ldc = in},
+                                                                    .C = grads_ + w, .ldc = in, .beta = grad_beta()},
                                   stream_);
     });
     timed(Family::elementwise, [&] { detail::kc::bias_grad_rows(dy, grads_ + b, colsum_, N(), out, stream_); });
@@ -561,7 +568,8 @@ class Gpt {
     layer_norm(x_final_, lnf_w_, lnf_b_, lnf_, lnf_mean_, lnf_rstd_);
     linear<epi::None>(lnf_, wte_, -1, logits_, C, Vp_, false);
     timed(Family::cross_entropy, [&] {
-      detail::kc::softmax_cross_entropy(logits_, targets, losses_, static_cast<float>(step_scale_ / static_cast<double>(n)), n, Vp_, cfg_.vocab,
+      detail::kc::softmax_cross_entropy(logits_, targets, losses_,
+                                        static_cast<float>(step_scale_ / (static_cast<double>(n) * micro_batches_)), n, Vp_, cfg_.vocab,
                                         stream_);
     });
     DPML_CHECK_CUDA(cudaMemcpyAsync(host_losses_, losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -579,7 +587,8 @@ class Gpt {
                                   stream_);
       detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::yes, .tb = Trans::no, .M = Vp_, .N = C,
                                                                     .K = n, .A = logits_, .lda = Vp_, .B = lnf_,
-                                                                    .ldb = C, .C = grads_ + wte_, .ldc = C},
+                                                                    .ldb = C, .C = grads_ + wte_, .ldc = C,
+                                                                    .beta = grad_beta()},
                                   stream_);
     });
     layer_norm_backward(dsmall_, x_final_, lnf_w_, lnf_b_, lnf_mean_, lnf_rstd_, nullptr, dres_);
@@ -624,7 +633,12 @@ class Gpt {
   GptCudaConfig cfg_;
   std::int64_t B_, T_, Vp_ = 0;
   DynamicLossScale scaler_{cfg_.loss_scale};
-  double step_scale_ = 1.0;  // the loss scale of the last forward_backward
+  double step_scale_ = 1.0;  // the loss scale of the step's forward_backward calls
+  bool accumulate_ = false;  // the running micro-batch adds to the gradients
+  int micro_batches_ = 1;    // of the running step
+  // GEMM-written gradients (weights, the tied LM head) add to what earlier micro-batches wrote;
+  // the other gradient kernels always add (to zeroed buffers at a step's first micro-batch).
+  float grad_beta() const noexcept { return accumulate_ ? 1.f : 0.f; }
   std::vector<detail::Slot> slots_;
   std::int64_t total_ = 0, n_params_ = 0;
   std::int64_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;

@@ -26,8 +26,9 @@
 // the scaled gradients is the expected way the dynamic loss scale finds its level: the step is
 // skipped and the scale halved, and it is reported only when --on-nonfinite stop or skip asks.
 //
-// Limits: one GPU (one rank: tp = pp = dp = 1) and one micro-batch per step (micro-batch =
-// global batch): the device model writes each gradient once per step (no accumulation).
+// Micro-batches: the device model is built for --micro-batch sequences; a step runs
+// global / micro of them, accumulating gradients (in the gradients' 16-bit type) before one
+// update, and its loss is their mean. Limit: one GPU (one rank: tp = pp = dp = 1).
 
 #include "dpml/checkpoint/json.hpp"
 #include "dpml/core/cuda_error.hpp"
@@ -69,7 +70,7 @@ class GptTrainer {
   GptTrainer(HostTrainer& host, std::int64_t seq_len, DeviceOptions options)
       : host_(host), options_(options),
         model_(config_of(host, options), check_layout(host), seq_len),
-        batch_(host.train_options().global_batch), seq_(seq_len) {
+        batch_(host.train_options().micro_batch), seq_(seq_len) {
     const std::size_t n = static_cast<std::size_t>(batch_ * seq_);
     DPML_CHECK_CUDA(cudaMallocHost(&pinned_, 2 * n * sizeof(std::int32_t)));
     DPML_CHECK_CUDA(cudaMalloc(&tokens_, 2 * n * sizeof(std::int32_t)));
@@ -114,12 +115,15 @@ class GptTrainer {
   GptStepResult train_step(const data::TokenBatch& batch, double lr) {
     const auto t0 = std::chrono::steady_clock::now();
     const double scale = model_.loss_scale();
-    upload(batch);
-    model_.forward_backward(tokens_, targets());
+    const int m = micro_batches(batch);
+    GptStepResult r;
+    for (int mb = 0; mb < m; ++mb) {
+      upload(batch, mb);
+      model_.forward_backward(tokens_, targets(), /*accumulate=*/mb > 0, m);
+      r.loss += model_.loss() / m;  // synchronises: the pinned inputs are free again
+    }
     model_.update(lr, optimizer_step_ + 1, options_.adamw, options_.clip);
     ++step_;
-    GptStepResult r;
-    r.loss = model_.loss();
     r.grad_norm = model_.finish_step();
     if (std::isfinite(r.grad_norm) && std::isfinite(r.loss)) {
       ++optimizer_step_;
@@ -156,9 +160,14 @@ class GptTrainer {
 
   // Mean per-token loss on a batch of the training shape, without training.
   double evaluate(const data::TokenBatch& batch) {
-    upload(batch);
-    model_.evaluate(tokens_, targets());
-    return model_.loss();
+    const int m = micro_batches(batch);
+    double loss = 0.0;
+    for (int mb = 0; mb < m; ++mb) {
+      upload(batch, mb);
+      model_.evaluate(tokens_, targets());
+      loss += model_.loss() / m;
+    }
+    return loss;
   }
 
  private:
@@ -172,11 +181,7 @@ class GptTrainer {
     DPML_REQUIRE_EVERYWHERE(g.world().size() == 1, "--device cuda trains on one GPU from one rank; this launch has "
                                                        << g.world().size() << " ranks (data, tensor and pipeline "
                                                        "parallelism over GPUs are not built yet)");
-    const auto& o = host.train_options();
-    DPML_REQUIRE_EVERYWHERE(o.micro_batch == o.global_batch, "--device cuda runs one micro-batch per step: --micro-batch "
-                                                                 << o.micro_batch << " must equal --global-batch "
-                                                                 << o.global_batch);
-    return o.global_batch;
+    return host.train_options().micro_batch;  // the host trainer has checked that it divides the global batch
   }
   template <class P>
   static std::size_t size_of(const P& p) {
@@ -200,14 +205,20 @@ class GptTrainer {
       for (std::size_t k = 0; k < kMoments.size(); ++k) pin(opt.state(i, k).data(), opt.state(i, k).size_bytes());
   }
 
-  void upload(const data::TokenBatch& batch) {
-    DPML_REQUIRE(batch.inputs.size(0) == batch_ && batch.inputs.size(1) == seq_,
+  // Micro-batches in a batch of the global batch's shape.
+  int micro_batches(const data::TokenBatch& batch) const {
+    DPML_REQUIRE(batch.inputs.size(0) % batch_ == 0 && batch.inputs.size(1) == seq_,
                  "--device cuda: a batch of " << batch.inputs.size(0) << " x " << batch.inputs.size(1)
-                                              << " tokens, the model was built for " << batch_ << " x " << seq_);
-    const std::size_t n = static_cast<std::size_t>(batch_ * seq_);
-    // The previous step has synchronised (loss()), so the pinned buffer is free to overwrite.
-    std::copy_n(batch.inputs.data(), n, pinned_);
-    std::copy_n(batch.targets.data(), n, pinned_ + n);
+                                              << " tokens is not a whole number of micro-batches of " << batch_ << " x "
+                                              << seq_);
+    return static_cast<int>(batch.inputs.size(0) / batch_);
+  }
+  // Rows [mb·B, (mb + 1)·B) of the batch to the device.
+  void upload(const data::TokenBatch& batch, int mb) {
+    const std::size_t n = static_cast<std::size_t>(batch_ * seq_), first = static_cast<std::size_t>(mb) * n;
+    // The previous micro-batch has synchronised (loss()), so the pinned buffer is free to overwrite.
+    std::copy_n(batch.inputs.data() + first, n, pinned_);
+    std::copy_n(batch.targets.data() + first, n, pinned_ + n);
     DPML_CHECK_CUDA(cudaMemcpyAsync(tokens_, pinned_, 2 * n * sizeof(std::int32_t), cudaMemcpyHostToDevice, model_.stream()));
   }
 
