@@ -23,7 +23,8 @@
 //      thread: gathers the checksums and errors; rank 0 writes the manifest, fsyncs it and the
 //      directory, renames step-<N>.tmp → step-<N>, replaces `latest` atomically (write a
 //      temporary, fsync, rename) and deletes the oldest complete checkpoints beyond keep_last
-//      (and .tmp leftovers of older steps).
+//      (and .tmp leftovers of older steps) — after a poll() on a background thread, so that
+//      training does not wait for a large delete; wait() also waits for the deletion.
 //      Every rank returns from wait() only once the checkpoint is committed.
 //   A crash anywhere before the rename leaves a .tmp directory that no reader ever returns; a
 //   crash between the rename and `latest` leaves `latest` on the previous checkpoint.
@@ -168,6 +169,7 @@ class CheckpointWriter {
   // exception unwinds); a save never wait()ed for stays a .tmp directory that readers skip.
   ~CheckpointWriter() {
     if (job_ && job_->thread.joinable()) job_->thread.join();
+    if (pruner_.joinable()) pruner_.join();
   }
 
   const std::string& root() const noexcept { return root_; }
@@ -288,12 +290,19 @@ class CheckpointWriter {
     if (!job_) return true;
     const int done = job_->done.load(std::memory_order_acquire) ? 1 : 0;
     if (comm_.allreduce(done, comm::ReduceOp::min) == 0) return false;
-    wait();
+    complete(/*prune_now=*/false);  // deleting old checkpoints goes on in the background
     return true;
   }
 
-  // Completes the pending save, if any (collective): the checkpoint is committed on return.
+  // Completes the pending save, if any (collective): the checkpoint is committed on return, and
+  // checkpoints beyond keep_last are deleted.
   void wait() {
+    complete(/*prune_now=*/true);
+    if (pruner_.joinable()) pruner_.join();
+  }
+
+ private:
+  void complete(bool prune_now) {
     if (!job_) return;
     std::unique_ptr<Job> job = std::move(job_);
     job->thread.join();
@@ -320,9 +329,26 @@ class CheckpointWriter {
       }
     }
     detail::raise_reported(detail::allgather_strings(comm_, error), what);
+    if (comm_.rank() == 0) start_pruning(job->final_dir, job->manifest.step, prune_now);
   }
 
- private:
+  // Rank 0, after a commit: deletes what prune() names — on a background thread unless
+  // `now` (deleting a 1.4 GiB checkpoint takes long enough to show in a training step). A
+  // failure to delete loses nothing (the new checkpoint is committed): a warning.
+  void start_pruning(std::string keep, std::int64_t step, bool now) {
+    if (pruner_.joinable()) pruner_.join();
+    auto run = [this, keep = std::move(keep), step] {
+      try {
+        prune(keep, step);
+      } catch (const std::exception& e) {
+        std::cerr << "dpml checkpoint: could not delete old checkpoints in '" << root_ << "': " << detail::message_of(e)
+                  << std::endl;
+      }
+    };
+    if (now) run();
+    else pruner_ = std::thread(std::move(run));
+  }
+
   struct Staged {
     std::string name;
     Dtype dtype;
@@ -416,7 +442,6 @@ class CheckpointWriter {
     write_file_synced(latest_tmp, step_dir_name(job.manifest.step) + "\n");
     fs::rename(latest_tmp, latest);
     fsync_directory(root_);
-    prune(job.final_dir, job.manifest.step);
   }
 
   // Deletes the oldest complete checkpoints beyond keep_last (never `keep`, just written), and
@@ -445,6 +470,7 @@ class CheckpointWriter {
   WriterOptions options_;
   std::vector<Staged> staged_;
   std::unique_ptr<Job> job_;
+  std::thread pruner_;  // rank 0: deleting old checkpoints after a commit found by poll()
 };
 
 // ------------------------------------------------------------------------------------------------
