@@ -47,11 +47,9 @@ __device__ __forceinline__ void load4(const f16* p, float (&v)[4]) {
   const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
   v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
 }
-__device__ __forceinline__ void store4(f16* p, const float (&v)[4]) {
-  *reinterpret_cast<uint2*>(p) = make_uint2(pack2<f16>(v[0], v[1]), pack2<f16>(v[2], v[3]));
-}
-__device__ __forceinline__ void store4(bf16* p, const float (&v)[4]) {
-  *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
+template <class T>  // bf16, f16
+__device__ __forceinline__ void store4(T* p, const float (&v)[4]) {
+  *reinterpret_cast<uint2*>(p) = make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]));
 }
 __device__ __forceinline__ void store4(float* p, const float (&v)[4]) {
   *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);

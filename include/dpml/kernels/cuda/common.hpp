@@ -68,7 +68,6 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
     return *reinterpret_cast<const std::uint32_t*>(&v);
   }
 }
-__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) { return pack2<bf16>(lo, hi); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -63,10 +63,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                               std::uint32_t b1) {
-  mma_16816<bf16>(d, a, b0, b1);
-}
 
 // Where each lane points ldmatrix.x4 (element offsets into a shared tile with row stride `stride`),
 // so that the four 8×8 matrices land in the registers as mma fragments. Host and device: a host

@@ -63,7 +63,7 @@ __device__ __forceinline__ void epilogue_pair(const EpilogueParams<TC, Epi>& ep,
     if constexpr (std::is_same_v<TC, float>) {
       *reinterpret_cast<float2*>(c) = make_float2(v[0], v[1]);
     } else {
-      *reinterpret_cast<std::uint32_t*>(c) = pack_bf16x2(v[0], v[1]);
+      *reinterpret_cast<std::uint32_t*>(c) = pack2<bf16>(v[0], v[1]);
     }
   } else {
     c[0] = from_f<TC>(v[0]);

@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(Kernel<Tile, Warp, Stages, TransA, TransB, Epi
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int nj = 0; nj < NI; ++nj) mma_bf16_16816(acc[mi][nj], a[mi], b[nj][0], b[nj][1]);
+        for (int nj = 0; nj < NI; ++nj) mma_16816<bf16>(acc[mi][nj], a[mi], b[nj][0], b[nj][1]);
     }
   }
   cp_async_wait<0>();
