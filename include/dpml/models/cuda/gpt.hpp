@@ -237,7 +237,7 @@ class Gpt {
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
     DPML_CHECK_CUDA(cudaMemcpy(dst.data(), state_(which) + s.offset, dst.size() * sizeof(float), cudaMemcpyDeviceToHost));
   }
-  // Writing the master weights also rounds them into the bf16 working copy the forward pass reads.
+  // Writing the master weights also rounds them into the 16-bit working copy the forward pass reads.
   void write_state(State which, const std::string& name, std::span<const float> src) {
     const auto& s = slot(name);
     check_span(s, src.size());
@@ -254,12 +254,12 @@ class Gpt {
   template <class ParamPtr>
   void copy_from(const std::vector<ParamPtr>& host) {
     const auto by_name = index(host);
+    std::vector<float> master(static_cast<std::size_t>(n_params_), 0.f);
     for (const auto& s : slots_) {
-      const auto p = find(by_name, s);
-      write_state(State::master, s.name, std::span<const float>(p->value().data(), static_cast<std::size_t>(p->numel())));
+      const auto* p = find(by_name, s);
+      std::copy_n(p->value().data(), s.host_rows * s.cols, master.begin() + s.offset);
     }
-    DPML_CHECK_CUDA(cudaMemsetAsync(m_, 0, static_cast<std::size_t>(n_params_) * sizeof(float), stream_));
-    DPML_CHECK_CUDA(cudaMemsetAsync(v_, 0, static_cast<std::size_t>(n_params_) * sizeof(float), stream_));
+    upload_master(master);
   }
   // Master weights (fp32) into the host tensors of the same names.
   template <class ParamPtr>

@@ -66,7 +66,8 @@ class GptTrainer {
   static constexpr std::array<State, 2> kMoments{State::exp_avg, State::exp_avg_sq};  // AdamW::state_names' order
 
  public:
-  // `host` is the mirror: a trainer on a grid of one rank whose micro-batch is the global batch.
+  // `host` is the mirror: a trainer on a grid of one rank; the device model is built for its
+  // micro-batch.
   GptTrainer(HostTrainer& host, std::int64_t seq_len, DeviceOptions options)
       : host_(host), options_(options),
         model_(config_of(host, options), check_layout(host), seq_len),
@@ -89,26 +90,14 @@ class GptTrainer {
 
   // Mirror → device: weights, moments, step counts.
   void from_host() {
-    auto& opt = host_.optimizer().optimizer();
-    const auto& params = host_.optimizer().flat().params();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      auto* p = params[i];
-      model_.write_state(State::master, p->name(), std::span<const float>(p->value().data(), size_of(*p)));
-      for (std::size_t k = 0; k < kMoments.size(); ++k) model_.write_state(kMoments[k], p->name(), opt.state(i, k));
-    }
-    optimizer_step_ = opt.step_count();
+    for_each_state([&](State s, const std::string& name, std::span<float> h) { model_.write_state(s, name, h); });
+    optimizer_step_ = host_.optimizer().optimizer().step_count();
     step_ = host_.step();
   }
   // Device → mirror (synchronises): what a checkpoint, an export or a sample reads.
   void to_host() {
-    auto& opt = host_.optimizer().optimizer();
-    const auto& params = host_.optimizer().flat().params();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      auto* p = params[i];
-      model_.read_state(State::master, p->name(), std::span<float>(p->value().data(), size_of(*p)));
-      for (std::size_t k = 0; k < kMoments.size(); ++k) model_.read_state(kMoments[k], p->name(), opt.state(i, k));
-    }
-    opt.set_step_count(optimizer_step_);
+    for_each_state([&](State s, const std::string& name, std::span<float> h) { model_.read_state(s, name, h); });
+    host_.optimizer().optimizer().set_step_count(optimizer_step_);
     host_.set_step(step_);
   }
 
@@ -183,9 +172,16 @@ class GptTrainer {
                                                        "parallelism over GPUs are not built yet)");
     return host.train_options().micro_batch;  // the host trainer has checked that it divides the global batch
   }
-  template <class P>
-  static std::size_t size_of(const P& p) {
-    return static_cast<std::size_t>(p.numel());
+  // f(which, tensor name, the mirror's host span) for every tensor's master weights and moments.
+  template <class F>
+  void for_each_state(F&& f) {
+    auto& opt = host_.optimizer().optimizer();
+    const auto& params = host_.optimizer().flat().params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto* p = params[i];
+      f(State::master, p->name(), std::span<float>(p->value().data(), static_cast<std::size_t>(p->numel())));
+      for (std::size_t k = 0; k < kMoments.size(); ++k) f(kMoments[k], p->name(), opt.state(i, k));
+    }
   }
   std::int32_t* targets() const noexcept { return tokens_ + batch_ * seq_; }
 
