@@ -1,5 +1,6 @@
 // WgmmaGemm (Hopper wgmma + TMA, sm_90a) against a float64 host product of the same bf16 operands:
-// both tile configurations, all four (ta, tb) layouts, every epilogue, bf16 and fp32 outputs, and
+// the cooperative schedule (one tile per block) and the persistent ping-pong one (split K
+// included) at two tile shapes each, all four (ta, tb) layouts, every epilogue, bf16 and fp32 outputs, and
 // shapes that exercise what the kernel does differently from the tiled one — K longer than the
 // pipeline (stages reused, mbarrier phases wrapping), ragged M, N and K zero-filled by the copy
 // engine (K < 64, K = 0, N < 64 boxes), more than 8 tile-rows (grouped block order), row strides
@@ -34,13 +35,15 @@ const bool hopper_present = [] {
   return true;
 }();
 
-using Wgmma128 = WgmmaGemm<TileShape<128, 128, 64>, 4>;
-using Wgmma256 = WgmmaGemm<TileShape<128, 256, 64>, 3>;
+using Coop128 = WgmmaGemm<TileShape<128, 128, 64>, 4, wgmma_schedule::Cooperative>;
+using Coop256 = WgmmaGemm<TileShape<128, 256, 64>, 3, wgmma_schedule::Cooperative>;
+using Pingpong128 = WgmmaGemm<TileShape<128, 128, 64>, 6>;
+using Pingpong64x256 = WgmmaGemm<TileShape<64, 256, 64>, 4>;
 
-struct Shape {
+struct Dims {
   std::int64_t M, N, K;
 };
-const Shape kShapes[] = {{128, 128, 64},  {200, 136, 72},   {77, 40, 56}, {64, 75, 100}, {16, 8, 16},
+const Dims kShapes[] = {{128, 128, 64},  {200, 136, 72},   {77, 40, 56}, {64, 75, 100}, {16, 8, 16},
                          {300, 264, 1000}, {1100, 300, 130}, {64, 128, 0}, {130, 520, 520}};
 
 constexpr std::int64_t kGuardRows = 64;  // poisoned rows below M in C and pre_gelu
@@ -57,7 +60,7 @@ struct Operands {
   test::DeviceVec<bf16> A, B, bias;
   std::vector<double> ab;  // (M, N)
 
-  Operands(Trans ta_, Trans tb_, Shape s, std::mt19937_64& gen)
+  Operands(Trans ta_, Trans tb_, Dims s, std::mt19937_64& gen)
       : ta(ta_), tb(tb_), M(s.M), N(s.N), K(s.K), lda(padded(ta == Trans::no ? K : M)),
         ldb(padded(tb == Trans::no ? N : K)), ldc(padded(N)),
         hA(test::random_vec<bf16>(static_cast<std::size_t>((ta == Trans::no ? M : K) * lda), gen)),
@@ -120,9 +123,11 @@ void check(GemmContext& ctx, const Operands& op, float beta, std::uint64_t salt)
       got_dense[i * N + j] = got[at];
       got_pre_dense[i * N + j] = got_pre[at];
     }
-  const std::string policy = std::string(Policy::name) + " " + std::to_string(Policy::tile::N);
+  const std::string policy = std::string(Policy::name) + " " + std::string(Policy::schedule::name) + " " +
+                             std::to_string(Policy::tile::M) + "x" + std::to_string(Policy::tile::N);
+  const int splits = Policy::split_count(M, N, op.K, ctx.sm_count());
   const bool ta = op.ta == Trans::yes, tb = op.tb == Trans::yes, fp32_out = std::is_same_v<TC, float>;
-  CAPTURE(policy, M, N, op.K, ta, tb, beta, has_bias, is_gelu, fp32_out);
+  CAPTURE(policy, M, N, op.K, splits, ta, tb, beta, has_bias, is_gelu, fp32_out);
   const double err = test::rel_l2(got_dense, want);
   CAPTURE(err);
   CHECK(err <= (fp32_out ? test::kFp32Tol : test::kBf16Tol));
@@ -135,11 +140,11 @@ void check(GemmContext& ctx, const Operands& op, float beta, std::uint64_t salt)
   }
 }
 
-template <class Policy>
-void check_policy(GemmContext& ctx, std::uint64_t salt) {
+template <class Policy, std::size_t Count>
+void check_policy(GemmContext& ctx, const Dims (&shapes)[Count], std::uint64_t salt) {
   for (Trans ta : {Trans::no, Trans::yes})
     for (Trans tb : {Trans::no, Trans::yes})
-      for (const auto& s : kShapes) {
+      for (const auto& s : shapes) {
         auto gen = test::rng(++salt);
         const Operands op(ta, tb, s, gen);
         check<Policy, epilogue::None, bf16>(ctx, op, 0.f, ++salt);
@@ -153,27 +158,59 @@ void check_policy(GemmContext& ctx, std::uint64_t salt) {
 
 }  // namespace
 
-TEST_CASE("gemm wgmma: 128x128x64, 4 stages, against float64", "[gemm][gpu][wgmma]") {
+TEST_CASE("gemm wgmma: cooperative 128x128x64, 4 stages, against float64", "[gemm][gpu][wgmma]") {
   GemmContext ctx;
-  check_policy<Wgmma128>(ctx, 1000);
+  check_policy<Coop128>(ctx, kShapes, 1000);
 }
 
-TEST_CASE("gemm wgmma: 128x256x64, 3 stages, against float64", "[gemm][gpu][wgmma]") {
+TEST_CASE("gemm wgmma: cooperative 128x256x64, 3 stages, against float64", "[gemm][gpu][wgmma]") {
   GemmContext ctx;
-  check_policy<Wgmma256>(ctx, 2000);
+  check_policy<Coop256>(ctx, kShapes, 2000);
+}
+
+TEST_CASE("gemm wgmma: persistent ping-pong 128x128x64 and 64x256x64 against float64", "[gemm][gpu][wgmma]") {
+  GemmContext ctx;
+  check_policy<Pingpong128>(ctx, kShapes, 3000);
+  check_policy<Pingpong64x256>(ctx, kShapes, 4000);
+}
+
+// Few tiles and a long K: the persistent schedule splits K, and the splits' partial tiles are
+// summed in order (more splits than SMs hold blocks, ragged last split, every epilogue).
+TEST_CASE("gemm wgmma: split K is exact, deterministic and reusable", "[gemm][gpu][wgmma]") {
+  GemmContext ctx;
+  const Dims split_shapes[] = {{200, 136, 3000}, {128, 128, 8192}, {77, 300, 1100}, {400, 264, 4000}};
+  for (const auto& s : split_shapes) {
+    CAPTURE(s.M, s.N, s.K);
+    CHECK(Pingpong128::split_count(s.M, s.N, s.K, ctx.sm_count()) > 1);
+  }
+  check_policy<Pingpong128>(ctx, split_shapes, 5000);
+
+  // The same call twice gives the same bits (the first left the arrival counters at zero).
+  auto gen = test::rng(6000);
+  const Operands op(Trans::yes, Trans::no, {300, 264, 8000}, gen);
+  test::DeviceVec<float> C(static_cast<std::size_t>(op.M * op.ldc));
+  GemmArgs<float> g{op.ta, op.tb, op.M, op.N, op.K, op.A.ptr, op.lda, op.B.ptr, op.ldb, C.ptr, op.ldc};
+  REQUIRE(Pingpong128::split_count(g.M, g.N, g.K, ctx.sm_count()) > 1);
+  C.poison();  // the padding columns past N stay NaN in both runs: compare bits
+  Pingpong128::run<epilogue::None>(ctx, g, nullptr);
+  const auto first = C.download();
+  C.poison();
+  Pingpong128::run<epilogue::None>(ctx, g, nullptr);
+  const auto second = C.download();
+  CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("gemm wgmma: what it cannot take is refused with a message", "[gemm][gpu][wgmma]") {
   GemmContext ctx;
   test::DeviceVec<bf16> buf(64 * 64);
   GemmArgs<bf16> g{Trans::no, Trans::no, 16, 16, 16, buf.ptr, 16, buf.ptr, 16, buf.ptr, 16};
-  CHECK(Wgmma128::supports(g));
-  CHECK(test::error_of([&] { Wgmma128::run<epilogue::Bias>(ctx, g, nullptr); }).find("bias") != std::string::npos);
+  CHECK(Pingpong128::supports(g));
+  CHECK(test::error_of([&] { Pingpong128::run<epilogue::Bias>(ctx, g, nullptr); }).find("bias") != std::string::npos);
   g.lda = 20;  // not a multiple of 8: no tensor map for it
-  CHECK_FALSE(Wgmma128::supports(g));
-  CHECK(test::error_of([&] { Wgmma128::run<epilogue::None>(ctx, g, nullptr); }).find("multiples of 8") !=
+  CHECK_FALSE(Pingpong128::supports(g));
+  CHECK(test::error_of([&] { Pingpong128::run<epilogue::None>(ctx, g, nullptr); }).find("multiples of 8") !=
         std::string::npos);
   g.lda = 16;
   g.A = buf.ptr + 1;  // 2-byte aligned
-  CHECK_FALSE(Wgmma128::supports(g));
+  CHECK_FALSE(Pingpong128::supports(g));
 }

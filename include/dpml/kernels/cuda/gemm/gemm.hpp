@@ -113,8 +113,12 @@ void with_transposes(const GemmArgs<TC>& g, Launch&& launch) {
 }
 }  // namespace detail
 
-// Handle, workspace and per-shape algorithm cache of the cuBLASLt policy; one per device and
-// host thread. Cheap to keep for the whole run; not copyable.
+// What the policies keep between calls; one per device and host thread, used by one stream at a
+// time. Cheap to keep for the whole run; not copyable. It holds the cuBLASLt handle, workspace and
+// per-shape algorithm cache, the device's SM count (persistent grids), and the split-K scratch of
+// our persistent kernel: fp32 partial tiles and one arrival counter per output tile. The scratch
+// grows on the first call of a larger problem (a cudaMalloc then, never in later steps); the
+// counters are zero between calls (the last split of a tile resets its counter).
 class GemmContext {
  public:
   static constexpr std::size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
@@ -122,16 +126,45 @@ class GemmContext {
   GemmContext() {
     DPML_CHECK_CUBLAS(cublasLtCreate(&lt_));
     DPML_CHECK_CUDA(cudaMalloc(&workspace_, kWorkspaceBytes));
+    int device = 0;
+    DPML_CHECK_CUDA(cudaGetDevice(&device));
+    DPML_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   }
   GemmContext(const GemmContext&) = delete;
   GemmContext& operator=(const GemmContext&) = delete;
   ~GemmContext() {
+    cudaFree(split_partials_);
+    cudaFree(split_arrivals_);
     cudaFree(workspace_);
     cublasLtDestroy(lt_);
   }
 
   cublasLtHandle_t lt() const { return lt_; }
   void* workspace() const { return workspace_; }
+  int sm_count() const { return sm_count_; }
+
+  // Split-K scratch: `floats` fp32 partial sums and `counters` per-tile counters (zeroed when
+  // allocated).
+  struct SplitScratch {
+    float* partials;
+    int* arrivals;
+  };
+  SplitScratch split_scratch(std::size_t floats, std::size_t counters) {
+    if (floats > partial_floats_) {
+      DPML_CHECK_CUDA(cudaFree(split_partials_));
+      split_partials_ = nullptr;
+      DPML_CHECK_CUDA(cudaMalloc(&split_partials_, floats * sizeof(float)));
+      partial_floats_ = floats;
+    }
+    if (counters > arrival_count_) {
+      DPML_CHECK_CUDA(cudaFree(split_arrivals_));
+      split_arrivals_ = nullptr;
+      DPML_CHECK_CUDA(cudaMalloc(&split_arrivals_, counters * sizeof(int)));
+      DPML_CHECK_CUDA(cudaMemset(split_arrivals_, 0, counters * sizeof(int)));
+      arrival_count_ = counters;
+    }
+    return {split_partials_, split_arrivals_};
+  }
 
   // cuBLASLt's heuristic answer per problem key, so that the heuristic runs once per shape.
   using AlgoKey = std::array<std::int64_t, 10>;
@@ -140,6 +173,10 @@ class GemmContext {
  private:
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
+  int sm_count_ = 0;
+  float* split_partials_ = nullptr;
+  int* split_arrivals_ = nullptr;
+  std::size_t partial_floats_ = 0, arrival_count_ = 0;
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos_;
 };
 

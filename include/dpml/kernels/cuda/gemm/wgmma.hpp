@@ -40,8 +40,10 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 namespace dpml::kernels::cuda {
 
@@ -307,6 +309,223 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
 #endif
 }
 
+// ---- the persistent ping-pong kernel ----
+//
+// One block per SM walks a list of work units (output tile × K split) with a stride of the grid.
+// The producer streams the units' slabs through one ring of `Stages` slots; the two consumer
+// warpgroups take the block's units in turn (local unit j goes to warpgroup j % 2), each computing
+// a whole (BM, BN) tile. Their main loops alternate — warpgroup w starts unit j only once the
+// other has issued all of unit j − 1's wgmmas (an "order" mbarrier per warpgroup) — so the tensor
+// cores stay busy with one warpgroup's main loop while the other runs its epilogue. The order
+// also keeps every wait on a "full" barrier at most one phase ahead of the barrier (a consumer
+// never waits for a slot's fill n while fill n − 1 is still pending: its parity would alias).
+//
+// Split K: with `splits` > 1, unit u is split s = u / tiles of tile u % tiles, covering k-slabs
+// [s·k_per_split, (s + 1)·k_per_split). Each split stores its fp32 partial tile (each thread its
+// own accumulators: coalesced float4s through L2) and counts itself in on the tile's counter; the
+// one that completes the count sums the partials in split order — the same bits whichever split
+// finished last — runs the epilogue and resets the counter to 0. Nobody waits on anybody.
+
+template <class Tile, int Stages>
+struct PingpongKernel {
+  static constexpr int BM = Tile::M, BN = Tile::N, BK = Tile::K;
+  static_assert(BK == 64, "a slab row is one 128-byte swizzle row: BK = 64 bf16");
+  static_assert(BM % 64 == 0 && (BN == 128 || BN == 256), "BM: multiples of 64; BN: 128 or 256 (wgmma wrappers)");
+  static constexpr int RowBlocks = BM / 64;  // m64 wgmmas per k16 step
+  static_assert(RowBlocks * BN / 2 <= 128, "a consumer holds its whole tile: at most 128 fp32 accumulators a thread");
+  static_assert(Stages >= 2, "a pipeline needs at least two stages");
+  // Two consumer warpgroups (warps 0–7: a warpgroup's first warp must be a multiple of 4) and one
+  // producer warp. A sub-partition's 16 Ki registers serve at most 3 of the 9 warps, so a thread
+  // gets 168 — enough for 128 accumulators (ptxas: 166–168 used, no spills) without setmaxnreg.
+  static constexpr int Threads = 288, kProducer = 256;
+  static constexpr int kAtom = 64 * 64 * 2;  // one 64×64 box: 8 KiB
+  static constexpr std::uint32_t a_bytes = BM * BK * 2, b_bytes = BN * BK * 2, stage_bytes = a_bytes + b_bytes;
+  static constexpr std::size_t smem_bytes = 1024 /* alignment slack */ + std::size_t{Stages} * stage_bytes +
+                                            (2 * Stages + 2) * sizeof(std::uint64_t) /* full, empty, order */ +
+                                            2 * sizeof(int) /* last split, per consumer */;
+  static_assert(smem_bytes <= 227 * 1024, "the stages do not fit in an SM's shared memory");
+  static constexpr int kStages = Stages;
+};
+
+struct SplitK {
+  int splits;         // K splits per tile (1: none)
+  int k_per_split;    // k-slabs of 64 per split
+  float* partials;    // (tiles, splits, BM·BN) fp32, when splits > 1
+  int* arrivals;      // (tiles) counters of finished splits, zero between calls
+};
+
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <class Kn, bool TransA, bool TransB, class Epi, class TC>
+__global__ void __launch_bounds__(Kn::Threads, 1)
+    wgmma_pingpong_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                          std::int64_t M, std::int64_t N, std::int64_t K, EpilogueParams<TC, Epi> ep, SplitK split) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BM = Kn::BM, BN = Kn::BN, BK = Kn::BK, S = Kn::kStages, RB = Kn::RowBlocks;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const std::uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  auto stage_a = [&](int s) { return base + static_cast<std::uint32_t>(s) * Kn::stage_bytes; };  // (BM, 64)
+  auto stage_b = [&](int s) { return stage_a(s) + Kn::a_bytes; };                               // (BN, 64)
+  const std::uint32_t bars = base + S * Kn::stage_bytes;
+  auto full = [&](int s) { return bars + 8u * static_cast<std::uint32_t>(s); };
+  auto empty = [&](int s) { return bars + 8u * static_cast<std::uint32_t>(S + s); };
+  auto order = [&](int c) { return bars + 8u * static_cast<std::uint32_t>(2 * S + c); };
+  // Per consumer warpgroup: whether it finished a tile's last split (after the barriers).
+  int* const last_split = reinterpret_cast<int*>(smem_raw + (bars + 8u * (2 * S + 2) - smem_addr(smem_raw)));
+
+  const int tiles_m = static_cast<int>(ceil_div(M, BM)), tiles_n = static_cast<int>(ceil_div(N, BN));
+  const int tiles = tiles_m * tiles_n, units = tiles * split.splits, kps = split.k_per_split;
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+
+  if (threadIdx.x == 0) {
+    tma_prefetch(&map_a);
+    tma_prefetch(&map_b);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(s), 1);   // the producer's arrive_expect_tx (+ the copies' bytes)
+      mbar_init(empty(s), 1);  // the consuming warpgroup's release
+    }
+    mbar_init(order(0), 1);
+    mbar_init(order(1), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    // Producer: one thread fills ring position p = (local unit)·kps + k-slab, in unit order.
+    if (threadIdx.x == Kn::kProducer) {
+      int p = 0;
+      for (int u = static_cast<int>(blockIdx.x); u < units; u += static_cast<int>(gridDim.x)) {
+        const TileCoord tile = grouped_tile(u % tiles, tiles_m, tiles_n);
+        const int m0 = tile.m * BM, n0 = tile.n * BN, kt0 = (u / tiles) * kps;
+        for (int kt = 0; kt < kps; ++kt, ++p) {
+          const int s = p % S, k0 = (kt0 + kt) * BK;  // slabs past K arrive as zeros
+          if (p >= S) mbar_wait(empty(s), static_cast<std::uint32_t>((p / S - 1) & 1));
+          mbar_expect_tx(full(s), Kn::stage_bytes);
+          if constexpr (TransA) {  // stored (K, M): BM/64 boxes of (64 k, 64 m), MN-major
+#pragma unroll
+            for (int i = 0; i < RB; ++i) tma_load(&map_a, stage_a(s) + i * Kn::kAtom, full(s), m0 + 64 * i, k0);
+          } else {  // stored (M, K): one box of (BM m, 64 k), K-major
+            tma_load(&map_a, stage_a(s), full(s), k0, m0);
+          }
+          if constexpr (TransB) {  // stored (N, K): one box of (BN n, 64 k), K-major
+            tma_load(&map_b, stage_b(s), full(s), k0, n0);
+          } else {  // stored (K, N): BN/64 boxes of (64 k, 64 n), MN-major
+#pragma unroll
+            for (int i = 0; i < BN / 64; ++i) tma_load(&map_b, stage_b(s) + i * Kn::kAtom, full(s), n0 + 64 * i, k0);
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroup c: local units c, c + 2, c + 4, … of this block.
+  const int c = wg, tid = static_cast<int>(threadIdx.x) % 128;
+  const int lane = tid % 32, warp = tid / 32, g = lane / 4, c2 = (lane % 4) * 2;
+  float acc[RB][BN / 2];  // RB m64nBN fragments
+  for (int j = c, u = static_cast<int>(blockIdx.x) + c * static_cast<int>(gridDim.x); u < units;
+       j += 2, u += 2 * static_cast<int>(gridDim.x)) {
+    const int t = u % tiles, split_index = u / tiles;
+    const TileCoord tile = grouped_tile(t, tiles_m, tiles_n);
+    const int m0 = tile.m * BM, n0 = tile.n * BN;
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[r][i] = 0.f;
+
+    if (j > 0) mbar_wait(order(c), static_cast<std::uint32_t>(((j - 1) / 2) & 1));  // the other's turn is over
+    for (int kt = 0; kt < kps; ++kt) {
+      const int p = j * kps + kt, s = p % S;
+      mbar_wait(full(s), static_cast<std::uint32_t>((p / S) & 1));
+#pragma unroll
+      for (int r = 0; r < RB; ++r) fence_operands(acc[r]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK; kk += 16) {
+        const std::uint64_t db = TransB ? smem_desc(stage_b(s) + kk * 2, 16, 1024)
+                                        : smem_desc(stage_b(s) + kk * 128, Kn::kAtom, 1024);
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+          const std::uint64_t da = TransA ? smem_desc(stage_a(s) + r * Kn::kAtom + kk * 128, Kn::kAtom, 1024)
+                                          : smem_desc(stage_a(s) + r * 64 * 128 + kk * 2, 16, 1024);
+          Wgmma<BN, TransA ? 1 : 0, TransB ? 0 : 1>::mma(acc[r], da, db);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous slab's wgmmas have retired: release it
+#pragma unroll
+      for (int r = 0; r < RB; ++r) fence_operands(acc[r]);
+      if (kt > 0 && tid == 0) mbar_arrive(empty((p - 1) % S));
+    }
+    if (tid == 0) mbar_arrive(order(1 - c));  // all of this unit's slabs are in: the other may start
+    wgmma_wait<0>();
+#pragma unroll
+    for (int r = 0; r < RB; ++r) fence_operands(acc[r]);
+    if (kps > 0 && tid == 0) mbar_arrive(empty((j * kps + kps - 1) % S));
+
+    // Output (row, col), (row, col + 1) from v.x, v.y and row + 8 from v.z, v.w: float4 q of row
+    // block r of the fragment (acc[r][4q + e] is row 64r + 16·warp + g + 8·(e / 2), column
+    // 8q + 2t + e % 2).
+    auto epilogue4 = [&](int r, int q, float4 v) {
+      const std::int64_t row = static_cast<std::int64_t>(m0) + r * 64 + warp * 16 + g;
+      const std::int64_t col = static_cast<std::int64_t>(n0) + q * 8 + c2;
+      if (row < M) epilogue_pair(ep, N, row, col, v.x, v.y);
+      if (row + 8 < M) epilogue_pair(ep, N, row + 8, col, v.z, v.w);
+    };
+
+    if (split.splits > 1) {
+      // Every split stores its partial tile; the last to finish sums them in split order and runs
+      // the epilogue. Float4 q of row block r of split s for this thread: parts[s][(r·BN/8 + q)·128
+      // + tid] — coalesced, and the same fragment layout in every split.
+      constexpr std::int64_t kTile4 = BM * BN / 4;
+      float4* parts = reinterpret_cast<float4*>(split.partials) + static_cast<std::int64_t>(t) * split.splits * kTile4;
+      auto at = [&](int s, int r, int q) { return parts + s * kTile4 + (r * (BN / 8) + q) * 128 + tid; };
+#pragma unroll
+      for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int q = 0; q < BN / 8; ++q)
+          __stcg(at(split_index, r, q), make_float4(acc[r][4 * q], acc[r][4 * q + 1], acc[r][4 * q + 2], acc[r][4 * q + 3]));
+      __threadfence();
+      named_barrier_sync(1 + c, 128);
+      if (tid == 0) last_split[c] = atomicAdd(split.arrivals + t, 1) == split.splits - 1;
+      named_barrier_sync(1 + c, 128);
+      if (!last_split[c]) continue;
+      __threadfence();
+      if (tid == 0) split.arrivals[t] = 0;  // ready for the next call
+      // In chunks of kChunk float4s (acc is dead here: its registers hold the loads in flight).
+      constexpr int kChunk = 8;
+#pragma unroll
+      for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int q0 = 0; q0 < BN / 8; q0 += kChunk) {
+          float4 sum[kChunk];
+#pragma unroll
+          for (int q = 0; q < kChunk; ++q) sum[q] = __ldcg(at(0, r, q0 + q));
+          for (int s = 1; s < split.splits; ++s) {
+            float4 v[kChunk];
+#pragma unroll
+            for (int q = 0; q < kChunk; ++q) v[q] = __ldcg(at(s, r, q0 + q));
+#pragma unroll
+            for (int q = 0; q < kChunk; ++q)
+              sum[q] = make_float4(sum[q].x + v[q].x, sum[q].y + v[q].y, sum[q].z + v[q].z, sum[q].w + v[q].w);
+          }
+#pragma unroll
+          for (int q = 0; q < kChunk; ++q) epilogue4(r, q0 + q, sum[q]);
+        }
+      continue;
+    }
+
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+      for (int q = 0; q < BN / 8; ++q)
+        epilogue4(r, q, make_float4(acc[r][4 * q], acc[r][4 * q + 1], acc[r][4 * q + 2], acc[r][4 * q + 3]));
+  }
+#endif
+}
+
 // Whether the device runs this build's sm_90a image (compute capability 9.0 and a build that
 // includes 90a). The probe kernel's sm_90a image declares kProbeWords words of static shared
 // memory and every other image none, so its attributes tell which image the device loaded —
@@ -368,10 +587,25 @@ inline CUtensorMap tensor_map(const bf16* base, std::int64_t rows, std::int64_t 
 
 }  // namespace detail::wgmma
 
-template <class Tile, int Stages>
+// Schedules of WgmmaGemm: how blocks and warpgroups share the work.
+namespace wgmma_schedule {
+// One (BM, BN) tile per block, its two consumer warpgroups splitting the rows (BM = 128).
+struct Cooperative {
+  static constexpr std::string_view name = "cooperative";
+};
+// A persistent block per SM; each consumer warpgroup computes whole (BM, BN) tiles, in turn with
+// the other, and small tile counts are split along K (PingpongKernel above).
+struct Pingpong {
+  static constexpr std::string_view name = "pingpong";
+};
+}  // namespace wgmma_schedule
+
+template <class Tile, int Stages, class Schedule = wgmma_schedule::Pingpong>
 struct WgmmaGemm {
   static constexpr std::string_view name = "wgmma";
   using tile = Tile;
+  using schedule = Schedule;
+  static constexpr bool persistent = std::is_same_v<Schedule, wgmma_schedule::Pingpong>;
 
   // TMA: 16-byte aligned operands with row strides that are multiples of 16 bytes; paired stores
   // into C; int32 tile coordinates; and an sm_90a image on a compute capability 9.0 device.
@@ -381,14 +615,35 @@ struct WgmmaGemm {
   }
 
   template <GemmEpilogue Epi, class TC>
-  static void run(GemmContext&, const GemmArgs<TC>& g, cudaStream_t stream) {
+  static void run(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream) {
     detail::check_gemm_args<Epi>(g, name);
     detail::require_vector_rows(layout_ok(g), g, name);
     DPML_REQUIRE(detail::wgmma::wgmma_available(),
                  "wgmma GEMM: this build has no sm_90a image for the device (build with "
                  "CMAKE_CUDA_ARCHITECTURES=90a and run on a compute capability 9.0 GPU)");
     if (g.M == 0 || g.N == 0) return;
-    detail::with_transposes(g, [&]<bool TA, bool TB>() { launch<TA, TB, Epi>(g, stream); });
+    detail::with_transposes(g, [&]<bool TA, bool TB>() { launch<TA, TB, Epi>(ctx, g, stream); });
+  }
+
+  // K splits per tile of the persistent schedule on a device of `sms` SMs: the count that
+  // minimises the work of the busiest block in slabs of 64, ceil(tiles·splits / sms) ·
+  // (ceil(k_slabs / splits) + 2) + splits — a unit's partial tile costs about 2 slabs to store,
+  // and the last split's sum about one slab per split — with at least 4 slabs a split. 1 for the
+  // cooperative schedule.
+  static int split_count(std::int64_t M, std::int64_t N, std::int64_t K, int sms) {
+    if constexpr (!persistent) {
+      return 1;
+    } else {
+      const std::int64_t tiles = ceil_div(M, Tile::M) * ceil_div(N, Tile::N), slabs = ceil_div(K, Tile::K);
+      if (slabs == 0) return 1;
+      auto cost = [&](std::int64_t s) {
+        return s == 1 ? ceil_div(tiles, sms) * slabs : ceil_div(tiles * s, sms) * (ceil_div(slabs, s) + 2) + s;
+      };
+      std::int64_t best = 1;
+      for (std::int64_t s = 2; s <= 16 && slabs / s >= 4; ++s)
+        if (cost(s) < cost(best)) best = s;
+      return static_cast<int>(ceil_div(slabs, ceil_div(slabs, best)));  // no split left empty
+    }
   }
 
  private:
@@ -399,26 +654,49 @@ struct WgmmaGemm {
   }
 
   template <bool TA, bool TB, class Epi, class TC>
-  static void launch(const GemmArgs<TC>& g, cudaStream_t stream) {
-    using Kn = detail::wgmma::Kernel<Tile, Stages, TA, TB>;
+  static void launch(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream) {
+    using Kn = std::conditional_t<persistent, detail::wgmma::PingpongKernel<Tile, Stages>,
+                                  detail::wgmma::Kernel<Tile, Stages, TA, TB>>;
     using detail::wgmma::tensor_map;
-    auto* kernel = &detail::wgmma::wgmma_gemm_kernel<Kn, TA, TB, Epi, TC>;
-    static const bool opted_in = [&] {
-      DPML_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(Kn::smem_bytes)));
-      return true;
-    }();
-    (void)opted_in;
+    const detail::EpilogueParams<TC, Epi> ep{g.C, g.ldc, g.alpha, g.beta, g.bias, g.pre_gelu};
     // A stored (K, M) when transposed, else (M, K); B stored (N, K) when transposed, else (K, N).
     // K-major slabs take one box of all their rows; MN-major ones boxes of 64 k-rows.
     const CUtensorMap map_a = TA ? tensor_map(g.A, g.K, g.M, g.lda, Kn::BK, "A")
                                  : tensor_map(g.A, g.M, g.K, g.lda, Kn::BM, "A");
     const CUtensorMap map_b = TB ? tensor_map(g.B, g.N, g.K, g.ldb, Kn::BN, "B")
                                  : tensor_map(g.B, g.K, g.N, g.ldb, Kn::BK, "B");
-    const auto blocks = static_cast<unsigned>(ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N));
-    const detail::EpilogueParams<TC, Epi> ep{g.C, g.ldc, g.alpha, g.beta, g.bias, g.pre_gelu};
-    kernel<<<blocks, Kn::Threads, Kn::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep);
+    const std::int64_t tiles = ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N);
+    if constexpr (persistent) {
+      constexpr auto kernel = &detail::wgmma::wgmma_pingpong_kernel<Kn, TA, TB, Epi, TC>;
+      opt_in<kernel>(Kn::smem_bytes);
+      const int splits = split_count(g.M, g.N, g.K, ctx.sm_count());
+      const std::int64_t slabs = ceil_div(g.K, Tile::K);
+      detail::wgmma::SplitK split{splits, static_cast<int>(ceil_div(slabs, splits)), nullptr, nullptr};
+      if (splits > 1) {
+        const auto scratch = ctx.split_scratch(static_cast<std::size_t>(tiles * splits * Tile::M * Tile::N),
+                                               static_cast<std::size_t>(tiles));
+        split.partials = scratch.partials;
+        split.arrivals = scratch.arrivals;
+      }
+      DPML_REQUIRE(tiles * splits < (std::int64_t{1} << 31), "wgmma GEMM: too many tiles");
+      const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(tiles * splits, ctx.sm_count()));
+      kernel<<<blocks, Kn::Threads, Kn::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep, split);
+    } else {
+      constexpr auto kernel = &detail::wgmma::wgmma_gemm_kernel<Kn, TA, TB, Epi, TC>;
+      opt_in<kernel>(Kn::smem_bytes);
+      kernel<<<static_cast<unsigned>(tiles), Kn::Threads, Kn::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep);
+    }
     DPML_CHECK_LAUNCH();
+  }
+
+  // Kernels above 48 KiB of dynamic shared memory must say so, once per kernel.
+  template <auto kernel>
+  static void opt_in(std::size_t bytes) {
+    static const bool done = [&] {
+      DPML_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+      return true;
+    }();
+    (void)done;
   }
 };
 
