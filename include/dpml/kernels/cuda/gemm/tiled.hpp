@@ -55,6 +55,38 @@ struct Slab {
   static constexpr int chunks = Rows * Cols / 8;  // 16-byte vectors per slab
 };
 
+// acc += one warp's share of a slab pair: BK/16 steps of ldmatrix into mma.sync.m16n8k16 over the
+// warp's (16·MI, 8·NI) tile at (wm0, wn0). A's slab is (BM, BK), or (BK, BM) when TransA; B's is
+// (BK, BN), or (BN, BK) when TransB. Shared with the implicit-GEMM convolution (conv/conv2d.hpp).
+template <class SlabA, class SlabB, int BK, bool TransA, bool TransB, int MI, int NI>
+__device__ __forceinline__ void multiply_slabs(float (&acc)[MI][NI][4], const bf16* As, const bf16* Bs, int wm0, int wn0,
+                                               int lane) {
+#pragma unroll
+  for (int kk = 0; kk < BK; kk += 16) {
+    std::uint32_t a[MI][4], b[NI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+      const int m = wm0 + mi * 16;
+      if constexpr (TransA) ldmatrix_a_trans(a[mi], As + m, SlabA::stride, kk, lane);  // (BK, BM)
+      else ldmatrix_a(a[mi], As + m * SlabA::stride, SlabA::stride, kk, lane);         // (BM, BK)
+    }
+#pragma unroll
+    for (int nj = 0; nj < NI; nj += 2) {
+      std::uint32_t r[4];
+      if constexpr (TransB) ldmatrix_b_kmajor(r, Bs, SlabB::stride, wn0 + nj * 8, kk, lane);  // (BN, BK)
+      else ldmatrix_b_nmajor(r, Bs, SlabB::stride, wn0 + nj * 8, kk, lane);                  // (BK, BN)
+      b[nj][0] = r[0];
+      b[nj][1] = r[1];
+      b[nj + 1][0] = r[2];
+      b[nj + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < NI; ++nj) mma_16816<bf16>(acc[mi][nj], a[mi], b[nj][0], b[nj][1]);
+  }
+}
+
 // Copies the (S::rows, S::cols) window at (r0, c0) of a row-major (rows, cols) global matrix with
 // row stride ld into a slab; elements outside the matrix arrive as zeros.
 template <class S, int Threads>
@@ -132,30 +164,7 @@ __global__ void __launch_bounds__(Kernel<Tile, Warp, Stages, TransA, TransB, Epi
 
     const bf16* As = slab_a(kt % Stages);
     const bf16* Bs = slab_b(kt % Stages);
-#pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      std::uint32_t a[MI][4], b[NI][2];
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        const int m = wm0 + mi * 16;
-        if constexpr (TransA) ldmatrix_a_trans(a[mi], As + m, SlabA::stride, kk, lane);  // (BK, BM)
-        else ldmatrix_a(a[mi], As + m * SlabA::stride, SlabA::stride, kk, lane);         // (BM, BK)
-      }
-#pragma unroll
-      for (int nj = 0; nj < NI; nj += 2) {
-        std::uint32_t r[4];
-        if constexpr (TransB) ldmatrix_b_kmajor(r, Bs, SlabB::stride, wn0 + nj * 8, kk, lane);  // (BN, BK)
-        else ldmatrix_b_nmajor(r, Bs, SlabB::stride, wn0 + nj * 8, kk, lane);                  // (BK, BN)
-        b[nj][0] = r[0];
-        b[nj][1] = r[1];
-        b[nj + 1][0] = r[2];
-        b[nj + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int nj = 0; nj < NI; ++nj) mma_16816<bf16>(acc[mi][nj], a[mi], b[nj][0], b[nj][1]);
-    }
+    multiply_slabs<SlabA, SlabB, BK, TransA, TransB>(acc, As, Bs, wm0, wn0, lane);
   }
   cp_async_wait<0>();
 
