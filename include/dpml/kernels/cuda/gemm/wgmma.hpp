@@ -1,7 +1,10 @@
 #pragma once
-// WgmmaGemm<TileShape<BM, BN, 64>, Stages>: dpml's Hopper GEMM policy — wgmma tensor-core
-// instructions fed by the TMA copy engine, warp-specialised. Same interface and epilogues as
-// TiledGemm (gemm.hpp); all four (ta, tb) layouts; sm_90a only.
+// WgmmaGemm<TileShape<BM, BN, 64>, Stages, Schedule>: dpml's Hopper GEMM policy — wgmma
+// tensor-core instructions fed by the TMA copy engine, warp-specialised. Same interface and
+// epilogues as TiledGemm (gemm.hpp); all four (ta, tb) layouts; sm_90a only. Two schedules (types
+// in wgmma_schedule): Cooperative, one tile per block with its two consumer warpgroups splitting
+// the rows (the kernel described next), and Pingpong, persistent blocks whose consumer warpgroups
+// take whole tiles in turn, with split K for few tiles (PingpongKernel below).
 //
 // The trick, in four parts:
 //  * TMA loads. Two CUtensorMaps (built on the host per call by cuTensorMapEncodeTiled, a driver
