@@ -183,6 +183,42 @@ struct Wgmma<256, TransA, TransB> {
   }
 };
 
+// ---- what both kernels do with a stage: copy it in, describe it to wgmma ----
+
+inline constexpr int kAtom = 64 * 64 * 2;  // one 64×64 box of bf16: 8 KiB
+
+// Issues the copies of one stage — A's (BM, 64) slab at a, B's (BN, 64) slab at b, from rows m0,
+// n0 and column k0 — completing on bar. A stored (K, M): BM/64 boxes of (64 k, 64 m), MN-major;
+// stored (M, K): one box of (BM m, 64 k), K-major. B stored (N, K): one box of (BN n, 64 k),
+// K-major; stored (K, N): BN/64 boxes of (64 k, 64 n), MN-major.
+template <int BM, int BN, bool TransA, bool TransB>
+__device__ __forceinline__ void load_stage(const CUtensorMap* map_a, const CUtensorMap* map_b, std::uint32_t a,
+                                           std::uint32_t b, std::uint32_t bar, int m0, int n0, int k0) {
+  if constexpr (TransA) {
+#pragma unroll
+    for (int i = 0; i < BM / 64; ++i) tma_load(map_a, a + i * kAtom, bar, m0 + 64 * i, k0);
+  } else {
+    tma_load(map_a, a, bar, k0, m0);
+  }
+  if constexpr (TransB) {
+    tma_load(map_b, b, bar, k0, n0);
+  } else {
+#pragma unroll
+    for (int i = 0; i < BN / 64; ++i) tma_load(map_b, b + i * kAtom, bar, n0 + 64 * i, k0);
+  }
+}
+
+// wgmma descriptors of k16 step kk: rows [64r, 64r + 64) of the A slab at a, and the B slab at b.
+// K-major advances 32 bytes per k16 inside the swizzled row; MN-major 16 k-rows.
+template <bool TransA>
+__device__ __forceinline__ std::uint64_t desc_a(std::uint32_t a, int r, int kk) {
+  return TransA ? smem_desc(a + r * kAtom + kk * 128, kAtom, 1024) : smem_desc(a + r * 64 * 128 + kk * 2, 16, 1024);
+}
+template <bool TransB>
+__device__ __forceinline__ std::uint64_t desc_b(std::uint32_t b, int kk) {
+  return TransB ? smem_desc(b + kk * 2, 16, 1024) : smem_desc(b + kk * 128, kAtom, 1024);
+}
+
 // ---- the kernel ----
 
 template <class Tile, int Stages, bool TransA, bool TransB>
@@ -196,7 +232,6 @@ struct Kernel {
   static_assert(Stages >= 2, "a pipeline needs at least two stages");
   static constexpr int Consumers = BM / 64;
   static constexpr int Threads = 128 * (Consumers + 1);  // warpgroup 0 produces
-  static constexpr int kAtom = 64 * 64 * 2;              // one 64×64 box: 8 KiB
   // Stage layout (bytes, 1024-aligned): A slab (BM, 64) then B slab (BN, 64), K-major or MN-major.
   static constexpr std::uint32_t a_bytes = BM * BK * 2, b_bytes = BN * BK * 2, stage_bytes = a_bytes + b_bytes;
   static constexpr std::size_t smem_bytes = 1024 /* alignment slack */ + std::size_t{Stages} * stage_bytes +
@@ -252,18 +287,7 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
         const int s = kt % S, k0 = kt * BK;
         if (kt >= S) mbar_wait(empty(s), static_cast<std::uint32_t>((kt / S - 1) & 1));
         mbar_expect_tx(full(s), Kn::stage_bytes);  // boxes past the edges still count in full
-        if constexpr (TransA) {  // stored (K, M): BM/64 boxes of (64 k, 64 m), MN-major
-#pragma unroll
-          for (int i = 0; i < BM / 64; ++i) tma_load(&map_a, stage_a(s) + i * Kn::kAtom, full(s), m0 + 64 * i, k0);
-        } else {  // stored (M, K): one box of (BM m, 64 k), K-major
-          tma_load(&map_a, stage_a(s), full(s), k0, m0);
-        }
-        if constexpr (TransB) {  // stored (N, K): one box of (BN n, 64 k), K-major
-          tma_load(&map_b, stage_b(s), full(s), k0, n0);
-        } else {  // stored (K, N): BN/64 boxes of (64 k, 64 n), MN-major
-#pragma unroll
-          for (int i = 0; i < BN / 64; ++i) tma_load(&map_b, stage_b(s) + i * Kn::kAtom, full(s), n0 + 64 * i, k0);
-        }
+        load_stage<BM, BN, TransA, TransB>(&map_a, &map_b, stage_a(s), stage_b(s), full(s), m0, n0, k0);
       }
     }
   } else {
@@ -281,12 +305,8 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK; kk += 16) {
-        // A: K-major advances 32 bytes per k16 inside the swizzled row; MN-major 16 k-rows.
-        const std::uint64_t da = TransA ? smem_desc(stage_a(s) + c * Kn::kAtom + kk * 128, Kn::kAtom, 1024)
-                                        : smem_desc(stage_a(s) + c * 64 * 128 + kk * 2, 16, 1024);
-        const std::uint64_t db = TransB ? smem_desc(stage_b(s) + kk * 2, 16, 1024)
-                                        : smem_desc(stage_b(s) + kk * 128, Kn::kAtom, 1024);
-        Wgmma<BN, TransA ? 1 : 0, TransB ? 0 : 1>::mma(acc, da, db);
+        Wgmma<BN, TransA ? 1 : 0, TransB ? 0 : 1>::mma(acc, desc_a<TransA>(stage_a(s), c, kk),
+                                                       desc_b<TransB>(stage_b(s), kk));
       }
       wgmma_commit();
       wgmma_wait<1>();  // the previous slab's wgmmas have retired: release it
@@ -341,7 +361,6 @@ struct PingpongKernel {
   // producer warp. A sub-partition's 16 Ki registers serve at most 3 of the 9 warps, so a thread
   // gets 168 — enough for 128 accumulators (ptxas: 166–168 used, no spills) without setmaxnreg.
   static constexpr int Threads = 288, kProducer = 256;
-  static constexpr int kAtom = 64 * 64 * 2;  // one 64×64 box: 8 KiB
   static constexpr std::uint32_t a_bytes = BM * BK * 2, b_bytes = BN * BK * 2, stage_bytes = a_bytes + b_bytes;
   static constexpr std::size_t smem_bytes = 1024 /* alignment slack */ + std::size_t{Stages} * stage_bytes +
                                             (2 * Stages + 2) * sizeof(std::uint64_t) /* full, empty, order */ +
@@ -406,18 +425,7 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
           const int s = p % S, k0 = (kt0 + kt) * BK;  // slabs past K arrive as zeros
           if (p >= S) mbar_wait(empty(s), static_cast<std::uint32_t>((p / S - 1) & 1));
           mbar_expect_tx(full(s), Kn::stage_bytes);
-          if constexpr (TransA) {  // stored (K, M): BM/64 boxes of (64 k, 64 m), MN-major
-#pragma unroll
-            for (int i = 0; i < RB; ++i) tma_load(&map_a, stage_a(s) + i * Kn::kAtom, full(s), m0 + 64 * i, k0);
-          } else {  // stored (M, K): one box of (BM m, 64 k), K-major
-            tma_load(&map_a, stage_a(s), full(s), k0, m0);
-          }
-          if constexpr (TransB) {  // stored (N, K): one box of (BN n, 64 k), K-major
-            tma_load(&map_b, stage_b(s), full(s), k0, n0);
-          } else {  // stored (K, N): BN/64 boxes of (64 k, 64 n), MN-major
-#pragma unroll
-            for (int i = 0; i < BN / 64; ++i) tma_load(&map_b, stage_b(s) + i * Kn::kAtom, full(s), n0 + 64 * i, k0);
-          }
+          load_stage<BM, BN, TransA, TransB>(&map_a, &map_b, stage_a(s), stage_b(s), full(s), m0, n0, k0);
         }
       }
     }
@@ -447,14 +455,9 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK; kk += 16) {
-        const std::uint64_t db = TransB ? smem_desc(stage_b(s) + kk * 2, 16, 1024)
-                                        : smem_desc(stage_b(s) + kk * 128, Kn::kAtom, 1024);
+        const std::uint64_t db = desc_b<TransB>(stage_b(s), kk);
 #pragma unroll
-        for (int r = 0; r < RB; ++r) {
-          const std::uint64_t da = TransA ? smem_desc(stage_a(s) + r * Kn::kAtom + kk * 128, Kn::kAtom, 1024)
-                                          : smem_desc(stage_a(s) + r * 64 * 128 + kk * 2, 16, 1024);
-          Wgmma<BN, TransA ? 1 : 0, TransB ? 0 : 1>::mma(acc[r], da, db);
-        }
+        for (int r = 0; r < RB; ++r) Wgmma<BN, TransA ? 1 : 0, TransB ? 0 : 1>::mma(acc[r], desc_a<TransA>(stage_a(s), r, kk), db);
       }
       wgmma_commit();
       wgmma_wait<1>();  // the previous slab's wgmmas have retired: release it
