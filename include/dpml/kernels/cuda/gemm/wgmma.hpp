@@ -219,6 +219,29 @@ __device__ __forceinline__ std::uint64_t desc_b(std::uint32_t b, int kk) {
   return TransB ? smem_desc(b + kk * 2, 16, 1024) : smem_desc(b + kk * 128, kAtom, 1024);
 }
 
+// The shared memory of both kernels: `Stages` stages, each an A slab (BM, 64) then a B slab
+// (BN, 64), K-major or MN-major, from the first 1024-byte boundary (128-byte swizzle atoms must
+// start on one); then a "full" and an "empty" mbarrier per stage and `Extra` more 8-byte words.
+template <int BM, int BN, int Stages, int Extra>
+struct StageRing {
+  static constexpr std::uint32_t a_bytes = BM * 64 * 2, b_bytes = BN * 64 * 2, stage_bytes = a_bytes + b_bytes;
+  static constexpr std::size_t smem_bytes =
+      1024 /* alignment slack */ + std::size_t{Stages} * stage_bytes + (2 * Stages + Extra) * sizeof(std::uint64_t);
+
+  std::uint32_t base;  // shared-memory address of stage 0
+  __device__ explicit StageRing(const void* smem) : base((smem_addr(smem) + 1023u) & ~1023u) {}
+  __device__ std::uint32_t a(int s) const { return base + static_cast<std::uint32_t>(s) * stage_bytes; }
+  __device__ std::uint32_t b(int s) const { return a(s) + a_bytes; }
+  __device__ std::uint32_t full(int s) const { return word(s); }
+  __device__ std::uint32_t empty(int s) const { return word(Stages + s); }
+  __device__ std::uint32_t extra(int i) const { return word(2 * Stages + i); }
+
+ private:
+  __device__ std::uint32_t word(int i) const {
+    return base + Stages * stage_bytes + 8u * static_cast<std::uint32_t>(i);
+  }
+};
+
 // ---- the kernel ----
 
 template <class Tile, int Stages, bool TransA, bool TransB>
@@ -232,10 +255,7 @@ struct Kernel {
   static_assert(Stages >= 2, "a pipeline needs at least two stages");
   static constexpr int Consumers = BM / 64;
   static constexpr int Threads = 128 * (Consumers + 1);  // warpgroup 0 produces
-  // Stage layout (bytes, 1024-aligned): A slab (BM, 64) then B slab (BN, 64), K-major or MN-major.
-  static constexpr std::uint32_t a_bytes = BM * BK * 2, b_bytes = BN * BK * 2, stage_bytes = a_bytes + b_bytes;
-  static constexpr std::size_t smem_bytes = 1024 /* alignment slack */ + std::size_t{Stages} * stage_bytes +
-                                            2 * Stages * sizeof(std::uint64_t) /* full, empty */;
+  using Ring = StageRing<BM, BN, Stages, 0>;
   static constexpr int kStages = Stages;
   // Registers per thread: the launch gives every thread the cap of __launch_bounds__(Threads, 1)
   // (64 Ki / Threads, in steps of 8); setmaxnreg then moves the producer down to 40 and the
@@ -253,13 +273,7 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = Kn::BM, BN = Kn::BN, BK = Kn::BK, S = Kn::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // 128-byte swizzle atoms (8 rows of 128 B) must start on 1024-byte boundaries.
-  const std::uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  auto stage_a = [&](int s) { return base + static_cast<std::uint32_t>(s) * Kn::stage_bytes; };  // (BM, 64)
-  auto stage_b = [&](int s) { return stage_a(s) + Kn::a_bytes; };                               // (BN, 64)
-  const std::uint32_t bars = base + S * Kn::stage_bytes;
-  auto full = [&](int s) { return bars + 8u * static_cast<std::uint32_t>(s); };
-  auto empty = [&](int s) { return bars + 8u * static_cast<std::uint32_t>(S + s); };
+  const typename Kn::Ring ring(smem_raw);
 
   const TileCoord tile =
       grouped_tile(static_cast<int>(blockIdx.x), static_cast<int>(ceil_div(M, BM)), static_cast<int>(ceil_div(N, BN)));
@@ -271,8 +285,8 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
     tma_prefetch(&map_a);
     tma_prefetch(&map_b);
     for (int s = 0; s < S; ++s) {
-      mbar_init(full(s), 1);               // the producer's arrive_expect_tx (+ the copies' bytes)
-      mbar_init(empty(s), Kn::Consumers);  // one arrive per consumer warpgroup
+      mbar_init(ring.full(s), 1);               // the producer's arrive_expect_tx (+ the copies' bytes)
+      mbar_init(ring.empty(s), Kn::Consumers);  // one arrive per consumer warpgroup
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -285,9 +299,9 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
     if (threadIdx.x == 0) {
       for (int kt = 0; kt < k_tiles; ++kt) {
         const int s = kt % S, k0 = kt * BK;
-        if (kt >= S) mbar_wait(empty(s), static_cast<std::uint32_t>((kt / S - 1) & 1));
-        mbar_expect_tx(full(s), Kn::stage_bytes);  // boxes past the edges still count in full
-        load_stage<BM, BN, TransA, TransB>(&map_a, &map_b, stage_a(s), stage_b(s), full(s), m0, n0, k0);
+        if (kt >= S) mbar_wait(ring.empty(s), static_cast<std::uint32_t>((kt / S - 1) & 1));
+        mbar_expect_tx(ring.full(s), Kn::Ring::stage_bytes);  // boxes past the edges still count in full
+        load_stage<BM, BN, TransA, TransB>(&map_a, &map_b, ring.a(s), ring.b(s), ring.full(s), m0, n0, k0);
       }
     }
   } else {
@@ -300,18 +314,18 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
 
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int s = kt % S;
-      mbar_wait(full(s), static_cast<std::uint32_t>((kt / S) & 1));
+      mbar_wait(ring.full(s), static_cast<std::uint32_t>((kt / S) & 1));
       fence_operands(acc);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK; kk += 16) {
-        Wgmma<BN, TransA ? 1 : 0, TransB ? 0 : 1>::mma(acc, desc_a<TransA>(stage_a(s), c, kk),
-                                                       desc_b<TransB>(stage_b(s), kk));
+        Wgmma<BN, TransA ? 1 : 0, TransB ? 0 : 1>::mma(acc, desc_a<TransA>(ring.a(s), c, kk),
+                                                       desc_b<TransB>(ring.b(s), kk));
       }
       wgmma_commit();
       wgmma_wait<1>();  // the previous slab's wgmmas have retired: release it
       fence_operands(acc);
-      if (kt > 0 && threadIdx.x % 128 == 0) mbar_arrive(empty((kt - 1) % S));
+      if (kt > 0 && threadIdx.x % 128 == 0) mbar_arrive(ring.empty((kt - 1) % S));
     }
     wgmma_wait<0>();
     fence_operands(acc);
@@ -359,13 +373,13 @@ struct PingpongKernel {
   static_assert(Stages >= 2, "a pipeline needs at least two stages");
   // Two consumer warpgroups (warps 0–7: a warpgroup's first warp must be a multiple of 4) and one
   // producer warp. A sub-partition's 16 Ki registers serve at most 3 of the 9 warps, so a thread
-  // gets 168 — enough for 128 accumulators (ptxas: 166–168 used, no spills) without setmaxnreg.
+  // gets 168 — enough for 128 accumulators without setmaxnreg (ptxas: 166–168 used; no spills
+  // with no epilogue or a bias beyond 8–40 bytes, but ~300 bytes with the GELU epilogue at 128×128
+  // and ~500 at 64×256 — not yet measured or mended).
   static constexpr int Threads = 288, kProducer = 256;
-  static constexpr std::uint32_t a_bytes = BM * BK * 2, b_bytes = BN * BK * 2, stage_bytes = a_bytes + b_bytes;
-  static constexpr std::size_t smem_bytes = 1024 /* alignment slack */ + std::size_t{Stages} * stage_bytes +
-                                            (2 * Stages + 2) * sizeof(std::uint64_t) /* full, empty, order */ +
-                                            2 * sizeof(int) /* last split, per consumer */;
-  static_assert(smem_bytes <= 227 * 1024, "the stages do not fit in an SM's shared memory");
+  // Extra words: the two "order" mbarriers, and the consumers' two last-split flags (ints).
+  using Ring = StageRing<BM, BN, Stages, 3>;
+  static_assert(Ring::smem_bytes <= 227 * 1024, "the stages do not fit in an SM's shared memory");
   static constexpr int kStages = Stages;
 };
 
@@ -386,15 +400,10 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = Kn::BM, BN = Kn::BN, BK = Kn::BK, S = Kn::kStages, RB = Kn::RowBlocks;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const std::uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  auto stage_a = [&](int s) { return base + static_cast<std::uint32_t>(s) * Kn::stage_bytes; };  // (BM, 64)
-  auto stage_b = [&](int s) { return stage_a(s) + Kn::a_bytes; };                               // (BN, 64)
-  const std::uint32_t bars = base + S * Kn::stage_bytes;
-  auto full = [&](int s) { return bars + 8u * static_cast<std::uint32_t>(s); };
-  auto empty = [&](int s) { return bars + 8u * static_cast<std::uint32_t>(S + s); };
-  auto order = [&](int c) { return bars + 8u * static_cast<std::uint32_t>(2 * S + c); };
+  const typename Kn::Ring ring(smem_raw);
+  auto order = [&](int c) { return ring.extra(c); };  // consumer c may start its next unit
   // Per consumer warpgroup: whether it finished a tile's last split (after the barriers).
-  int* const last_split = reinterpret_cast<int*>(smem_raw + (bars + 8u * (2 * S + 2) - smem_addr(smem_raw)));
+  int* const last_split = reinterpret_cast<int*>(smem_raw + (ring.extra(2) - smem_addr(smem_raw)));
 
   const int tiles_m = static_cast<int>(ceil_div(M, BM)), tiles_n = static_cast<int>(ceil_div(N, BN));
   const int tiles = tiles_m * tiles_n, units = tiles * split.splits, kps = split.k_per_split;
@@ -404,8 +413,8 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
     tma_prefetch(&map_a);
     tma_prefetch(&map_b);
     for (int s = 0; s < S; ++s) {
-      mbar_init(full(s), 1);   // the producer's arrive_expect_tx (+ the copies' bytes)
-      mbar_init(empty(s), 1);  // the consuming warpgroup's release
+      mbar_init(ring.full(s), 1);   // the producer's arrive_expect_tx (+ the copies' bytes)
+      mbar_init(ring.empty(s), 1);  // the consuming warpgroup's release
     }
     mbar_init(order(0), 1);
     mbar_init(order(1), 1);
@@ -423,9 +432,9 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
         const int m0 = tile.m * BM, n0 = tile.n * BN, kt0 = (u / tiles) * kps;
         for (int kt = 0; kt < kps; ++kt, ++p) {
           const int s = p % S, k0 = (kt0 + kt) * BK;  // slabs past K arrive as zeros
-          if (p >= S) mbar_wait(empty(s), static_cast<std::uint32_t>((p / S - 1) & 1));
-          mbar_expect_tx(full(s), Kn::stage_bytes);
-          load_stage<BM, BN, TransA, TransB>(&map_a, &map_b, stage_a(s), stage_b(s), full(s), m0, n0, k0);
+          if (p >= S) mbar_wait(ring.empty(s), static_cast<std::uint32_t>((p / S - 1) & 1));
+          mbar_expect_tx(ring.full(s), Kn::Ring::stage_bytes);
+          load_stage<BM, BN, TransA, TransB>(&map_a, &map_b, ring.a(s), ring.b(s), ring.full(s), m0, n0, k0);
         }
       }
     }
@@ -449,27 +458,27 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
     if (j > 0) mbar_wait(order(c), static_cast<std::uint32_t>(((j - 1) / 2) & 1));  // the other's turn is over
     for (int kt = 0; kt < kps; ++kt) {
       const int p = j * kps + kt, s = p % S;
-      mbar_wait(full(s), static_cast<std::uint32_t>((p / S) & 1));
+      mbar_wait(ring.full(s), static_cast<std::uint32_t>((p / S) & 1));
 #pragma unroll
       for (int r = 0; r < RB; ++r) fence_operands(acc[r]);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK; kk += 16) {
-        const std::uint64_t db = desc_b<TransB>(stage_b(s), kk);
+        const std::uint64_t db = desc_b<TransB>(ring.b(s), kk);
 #pragma unroll
-        for (int r = 0; r < RB; ++r) Wgmma<BN, TransA ? 1 : 0, TransB ? 0 : 1>::mma(acc[r], desc_a<TransA>(stage_a(s), r, kk), db);
+        for (int r = 0; r < RB; ++r) Wgmma<BN, TransA ? 1 : 0, TransB ? 0 : 1>::mma(acc[r], desc_a<TransA>(ring.a(s), r, kk), db);
       }
       wgmma_commit();
       wgmma_wait<1>();  // the previous slab's wgmmas have retired: release it
 #pragma unroll
       for (int r = 0; r < RB; ++r) fence_operands(acc[r]);
-      if (kt > 0 && tid == 0) mbar_arrive(empty((p - 1) % S));
+      if (kt > 0 && tid == 0) mbar_arrive(ring.empty((p - 1) % S));
     }
     if (tid == 0) mbar_arrive(order(1 - c));  // all of this unit's slabs are in: the other may start
     wgmma_wait<0>();
 #pragma unroll
     for (int r = 0; r < RB; ++r) fence_operands(acc[r]);
-    if (kps > 0 && tid == 0) mbar_arrive(empty((j * kps + kps - 1) % S));
+    if (kps > 0 && tid == 0) mbar_arrive(ring.empty((j * kps + kps - 1) % S));
 
     // Output (row, col), (row, col + 1) from v.x, v.y and row + 8 from v.z, v.w: float4 q of row
     // block r of the fragment (acc[r][4q + e] is row 64r + 16·warp + g + 8·(e / 2), column
@@ -674,7 +683,7 @@ struct WgmmaGemm {
     const std::int64_t tiles = ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N);
     if constexpr (persistent) {
       constexpr auto kernel = &detail::wgmma::wgmma_pingpong_kernel<Kn, TA, TB, Epi, TC>;
-      opt_in<kernel>(Kn::smem_bytes);
+      opt_in<kernel>(Kn::Ring::smem_bytes);
       const int splits = split_count(g.M, g.N, g.K, ctx.sm_count());
       const std::int64_t slabs = ceil_div(g.K, Tile::K);
       detail::wgmma::SplitK split{splits, static_cast<int>(ceil_div(slabs, splits)), nullptr, nullptr};
@@ -686,11 +695,11 @@ struct WgmmaGemm {
       }
       DPML_REQUIRE(tiles * splits < (std::int64_t{1} << 31), "wgmma GEMM: too many tiles");
       const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(tiles * splits, ctx.sm_count()));
-      kernel<<<blocks, Kn::Threads, Kn::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep, split);
+      kernel<<<blocks, Kn::Threads, Kn::Ring::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep, split);
     } else {
       constexpr auto kernel = &detail::wgmma::wgmma_gemm_kernel<Kn, TA, TB, Epi, TC>;
-      opt_in<kernel>(Kn::smem_bytes);
-      kernel<<<static_cast<unsigned>(tiles), Kn::Threads, Kn::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep);
+      opt_in<kernel>(Kn::Ring::smem_bytes);
+      kernel<<<static_cast<unsigned>(tiles), Kn::Threads, Kn::Ring::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep);
     }
     DPML_CHECK_LAUNCH();
   }
