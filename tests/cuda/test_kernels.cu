@@ -104,7 +104,8 @@ TEMPLATE_TEST_CASE("layer_norm: forward and both backward halves against float64
   }
 }
 
-TEMPLATE_TEST_CASE("elementwise: gelu forward/backward, add, bias gradient against float64", "[elementwise][gpu]",
+TEMPLATE_TEST_CASE("elementwise: gelu forward/backward, relu backward, add, bias gradient against float64",
+                   "[elementwise][gpu]",
                    float, bf16, kc::f16) {
   using T = TestType;
   for (std::int64_t n : {1, 7, 8, 1000, 4099, 1 << 20}) {
@@ -112,15 +113,19 @@ TEMPLATE_TEST_CASE("elementwise: gelu forward/backward, add, bias gradient again
     auto gen = test::rng(static_cast<std::uint64_t>(n));
     const auto un = static_cast<std::size_t>(n);
     auto hx = test::random_vec<T>(un, gen, -4.0, 4.0), hdy = test::random_vec<T>(un, gen);
-    test::DeviceVec<T> x(hx), dy(hdy), y(un), dx(un), sum(un);
+    test::DeviceVec<T> x(hx), dy(hdy), y(un), dx(un), sum(un), drelu(un);
     y.poison();
     dx.poison();
     sum.poison();
+    drelu.poison();
     kc::gelu_forward(x.ptr, y.ptr, n, nullptr);
     kc::gelu_backward(x.ptr, dy.ptr, dx.ptr, n, nullptr);
+    kc::relu_backward(x.ptr, dy.ptr, drelu.ptr, n, nullptr);  // x as the ReLU's output: about half positive
     kc::add(x.ptr, dy.ptr, sum.ptr, n, nullptr);
     auto dX = test::to_double(hx), dDY = test::to_double(hdy);
-    std::vector<double> ry(un), rdx(un), rsum(un);
+    std::vector<double> ry(un), rdx(un), rsum(un), rdrelu(un);
+    for (std::size_t i = 0; i < un; ++i) rdrelu[i] = dX[i] > 0 ? dDY[i] : 0.0;
+    CHECK(test::rel_l2(drelu.download(), rdrelu) == 0.0);  // a copy or a zero: exact
     kh::gelu_forward(dX.data(), ry.data(), n);
     kh::gelu_backward(dX.data(), dDY.data(), rdx.data(), n);
     kh::add(dX.data(), dDY.data(), rsum.data(), n);

@@ -1,6 +1,6 @@
 #pragma once
-// Checked calls for the CUDA runtime, NCCL and cuBLAS: each failing call becomes a dpml::Error
-// naming the call and the library's own error text. CUDA builds only (DPML_WITH_CUDA).
+// Checked calls for the CUDA runtime, NCCL, cuBLAS and cuDNN: each failing call becomes a
+// dpml::Error naming the call and the library's own error text. CUDA builds only (DPML_WITH_CUDA).
 
 #include "dpml/core/error.hpp"
 
@@ -51,4 +51,14 @@ inline std::string cublas_status_text(cublasStatus_t s) {
     if (dpml_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                      \
       throw ::dpml::Error(std::string(#call) + " failed: " +                           \
                           ::dpml::detail::cublas_status_text(dpml_cublas_rc_));        \
+  } while (0)
+
+// cuDNN is optional (DPML_HAS_CUDNN), so this header does not include <cudnn.h>: the macro expands
+// only in code that does (kernels/cuda/conv/cudnn.hpp).
+#define DPML_CHECK_CUDNN(call)                                                         \
+  do {                                                                                 \
+    const cudnnStatus_t dpml_cudnn_rc_ = (call);                                       \
+    if (dpml_cudnn_rc_ != CUDNN_STATUS_SUCCESS)                                        \
+      throw ::dpml::Error(std::string(#call) + " failed: " +                           \
+                          cudnnGetErrorString(dpml_cudnn_rc_));                        \
   } while (0)

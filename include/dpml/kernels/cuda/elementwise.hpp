@@ -62,6 +62,9 @@ struct GeluGradOp {  // a = x, b = dy
 struct AddOp {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
+struct ReluGradOp {  // a = y (the ReLU's output), b = dy
+  __device__ float operator()(float y, float dy) const { return y > 0.f ? dy : 0.f; }
+};
 
 template <class T, class Op>
 void map2(const T* a, const T* b, T* y, std::int64_t n, Op op, cudaStream_t stream) {
@@ -98,18 +101,25 @@ void gelu_backward(const T* x, const T* dy, T* dx, std::int64_t n, cudaStream_t 
   detail::ew::map2(x, dy, dx, n, detail::ew::GeluGradOp{}, stream);
 }
 
+// dx = dy · [y > 0], from the ReLU's output y; dx may alias dy.
+template <class T>
+void relu_backward(const T* y, const T* dy, T* dx, std::int64_t n, cudaStream_t stream) {
+  detail::ew::map2(y, dy, dx, n, detail::ew::ReluGradOp{}, stream);
+}
+
 // y = a + b, n elements (the residual connection); y may alias a or b.
 template <class T>
 void add(const T* a, const T* b, T* y, std::int64_t n, cudaStream_t stream) {
   detail::ew::map2(a, b, y, n, detail::ew::AddOp{}, stream);
 }
 
-// dbias (cols) += Σ_rows dy (rows, cols); scratch: column_sums_scratch(rows, cols, 1) floats.
-template <class T>
-void bias_grad_rows(const T* dy, T* dbias, float* scratch, std::int64_t rows, std::int64_t cols,
+// dbias (cols) += Σ_rows dy (rows, cols), summed in fp32 and rounded once into dbias's type B (the
+// activations' type, or float for fp32 gradients); scratch: column_sums_scratch(rows, cols, 1) floats.
+template <class T, class B = T>
+void bias_grad_rows(const T* dy, B* dbias, float* scratch, std::int64_t rows, std::int64_t cols,
                     cudaStream_t stream) {
-  static_assert(detail::is_storage_v<T>);
-  column_sums<1>(detail::ew::ColumnOf<T>{dy, static_cast<int>(cols)}, detail::ew::AddIntoBias<T>{dbias}, scratch,
+  static_assert(detail::is_storage_v<T> && detail::is_storage_v<B>);
+  column_sums<1>(detail::ew::ColumnOf<T>{dy, static_cast<int>(cols)}, detail::ew::AddIntoBias<B>{dbias}, scratch,
                  rows, cols, stream);
 }
 

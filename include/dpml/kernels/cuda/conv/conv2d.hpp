@@ -572,4 +572,41 @@ void conv2d_backward_weight(const bf16* dy, const bf16* x, float* dw, float beta
   }
 }
 
+// The three passes as a convolution policy for the models (models/cuda/resnet.hpp): the same
+// member functions as CudnnConv (conv/cudnn.hpp), with the split-K scratch of backward_weight
+// owned here. prepare(shape) grows the scratch for a shape — call it for every shape at model
+// construction, so that no step allocates.
+template <class Pol = DefaultConvPolicy>
+class ImplicitGemmConv {
+ public:
+  ImplicitGemmConv() = default;
+  ImplicitGemmConv(const ImplicitGemmConv&) = delete;
+  ImplicitGemmConv& operator=(const ImplicitGemmConv&) = delete;
+  ~ImplicitGemmConv() { cudaFree(scratch_); }
+
+  void prepare(const Conv2dShape& s) {
+    const std::int64_t need = conv2d_weight_scratch<Pol>(s);
+    if (need <= floats_) return;
+    DPML_CHECK_CUDA(cudaFree(scratch_));
+    scratch_ = nullptr;
+    DPML_CHECK_CUDA(cudaMalloc(&scratch_, static_cast<std::size_t>(need) * sizeof(float)));
+    floats_ = need;
+  }
+  void forward(const bf16* x, const bf16* w, bf16* y, const Conv2dShape& s, cudaStream_t stream) {
+    conv2d_forward<Pol>(x, w, nullptr, y, s, stream);
+  }
+  void backward_input(const bf16* dy, const bf16* w, bf16* dx, const Conv2dShape& s, cudaStream_t stream) {
+    conv2d_backward_input<Pol>(dy, w, dx, s, stream);
+  }
+  void backward_weight(const bf16* dy, const bf16* x, float* dw, float beta, const Conv2dShape& s,
+                       cudaStream_t stream) {
+    conv2d_backward_weight<Pol>(dy, x, dw, beta, scratch_, floats_, s, stream);
+  }
+  std::size_t scratch_bytes() const noexcept { return static_cast<std::size_t>(floats_) * sizeof(float); }
+
+ private:
+  float* scratch_ = nullptr;
+  std::int64_t floats_ = 0;
+};
+
 }  // namespace dpml::kernels::cuda
