@@ -82,6 +82,7 @@
 #include "dpml/layers/transformer_block.hpp"
 #include "dpml/layers/vocab_parallel_cross_entropy.hpp"
 
+#include "dpml/models/bottleneck_resnet.hpp"
 #include "dpml/models/gpt.hpp"
 #include "dpml/models/mlp.hpp"
 #include "dpml/models/resnet.hpp"
@@ -109,6 +110,9 @@
 #include "dpml/kernels/cuda/common.hpp"
 #include "dpml/kernels/cuda/conv/batch_norm.hpp"
 #include "dpml/kernels/cuda/conv/conv2d.hpp"
+#if DPML_HAS_CUDNN
+#include "dpml/kernels/cuda/conv/cudnn.hpp"
+#endif
 #include "dpml/kernels/cuda/conv/pool.hpp"
 #include "dpml/kernels/cuda/cross_entropy.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
@@ -123,7 +127,10 @@
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/mma.hpp"
 #include "dpml/kernels/cuda/reduce.hpp"
+#include "dpml/kernels/cuda/sgd.hpp"
 #include "dpml/models/cuda/gpt.hpp"
 #include "dpml/models/cuda/precision.hpp"
+#include "dpml/models/cuda/profiler.hpp"
+#include "dpml/models/cuda/resnet.hpp"
 #include "dpml/train/cuda/gpt_trainer.hpp"
 #endif

@@ -47,6 +47,7 @@
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/reduce.hpp"
 #include "dpml/models/cuda/precision.hpp"
+#include "dpml/models/cuda/profiler.hpp"
 #include "dpml/optim/adamw.hpp"
 
 #include <cuda_runtime.h>
@@ -60,6 +61,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace dpml::models::cuda {
@@ -82,51 +84,10 @@ enum class Family { gemm, attention, layer_norm, elementwise, embedding, cross_e
 inline constexpr std::array<std::string_view, static_cast<int>(Family::count)> kFamilyNames{
     "gemm", "attention", "layer_norm", "elementwise", "embedding", "cross_entropy", "optimizer"};
 
-// CUDA event pairs around kernel families, summed per family by collect().
-class Profiler {
- public:
-  explicit Profiler(int max_pairs = 4096) : events_(2 * static_cast<std::size_t>(max_pairs)) {
-    for (auto& e : events_) DPML_CHECK_CUDA(cudaEventCreate(&e));
-  }
-  Profiler(const Profiler&) = delete;
-  Profiler& operator=(const Profiler&) = delete;
-  ~Profiler() {
-    for (auto e : events_) cudaEventDestroy(e);
-  }
-  void begin(Family f, cudaStream_t s) {
-    DPML_REQUIRE(used_ + 2 <= events_.size(), "Profiler: more than " << events_.size() / 2 << " timed ranges in one window");
-    DPML_CHECK_CUDA(cudaEventRecord(events_[used_], s));
-    families_.push_back(f);
-  }
-  void end(cudaStream_t s) {
-    DPML_CHECK_CUDA(cudaEventRecord(events_[used_ + 1], s));
-    used_ += 2;
-  }
-  // Milliseconds per family since the last collect(); synchronises.
-  std::array<double, static_cast<int>(Family::count)> collect() {
-    std::array<double, static_cast<int>(Family::count)> ms{};
-    if (used_) DPML_CHECK_CUDA(cudaEventSynchronize(events_[used_ - 1]));
-    for (std::size_t i = 0; i < families_.size(); ++i) {
-      float t = 0.f;
-      DPML_CHECK_CUDA(cudaEventElapsedTime(&t, events_[2 * i], events_[2 * i + 1]));
-      ms[static_cast<int>(families_[i])] += t;
-    }
-    families_.clear();
-    used_ = 0;
-    return ms;
-  }
-
- private:
-  std::vector<cudaEvent_t> events_;
-  std::vector<Family> families_;
-  std::size_t used_ = 0;
-};
+using Profiler = KernelProfiler<Family>;
 
 namespace detail {
 namespace kc = dpml::kernels::cuda;
-
-inline constexpr std::int64_t kAlign = 64;  // elements: 128 bytes of bf16
-inline std::int64_t align_up(std::int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // One tensor of the flat buffers: name, host shape (rows, cols; cols = 1 for vectors), offset.
 struct Slot {
@@ -136,25 +97,6 @@ struct Slot {
   std::int64_t numel() const { return rows * cols; }
 };
 
-// Bump allocation of typed slices inside one device byte buffer.
-class Carver {
- public:
-  template <class T>
-  T* take(std::int64_t n) {
-    const std::size_t off = (bytes_ + 255) / 256 * 256;
-    bytes_ = off + static_cast<std::size_t>(n) * sizeof(T);
-    return reinterpret_cast<T*>(base_ + off);
-  }
-  std::size_t bytes() const { return bytes_; }
-  void rebase(char* base) {
-    base_ = base;
-    bytes_ = 0;
-  }
-
- private:
-  char* base_ = nullptr;
-  std::size_t bytes_ = 0;
-};
 }  // namespace detail
 
 template <class Precision = Bf16>
@@ -482,9 +424,7 @@ class Gpt {
 
   template <class F>
   void timed(Family f, F&& run) {
-    if (prof_) prof_->begin(f, stream_);
-    run();
-    if (prof_) prof_->end(stream_);
+    Profiler::timed(prof_, f, stream_, std::forward<F>(run));
   }
 
   // y (rows, out) = x (rows, in) · Wᵀ [+ bias] [+ y when residual]; W (out, in) at param offset.
