@@ -1,0 +1,206 @@
+// resnet_train: ResNet-50 training throughput on one GPU (models/cuda/resnet.hpp): bf16 NHWC
+// activations and weights with fp32 master weights and gradients, SGD (momentum 0.9, weight decay
+// 1e-4) — the setup of bench/reference/torch_resnet.py (PyTorch eager, channels_last, bf16
+// autocast), so the two print comparable JSON lines. Synthetic data: one batch of random images
+// and labels, uploaded once and reused (as the reference does), so the input pipeline is not
+// measured.
+//
+//   img/s      B · timed steps / wall time of the timed steps (each step ends with the loss copied
+//              to the host, as a training loop that prints it does)
+//   TFLOP/s    3 × forward FLOPs (convolutions and classifier, 2 per multiply-add) × img/s
+//   memory     device memory this process took (cudaMemGetInfo before the model and after the run)
+//   families   one extra step with CUDA events around each kernel family
+#include <dpml/core/cuda_error.hpp>
+#include <dpml/core/cuda_space.hpp>
+#include <dpml/models/cuda/resnet.hpp>
+#ifndef DPML_HAS_CUDNN
+#define DPML_HAS_CUDNN 0
+#endif
+#if DPML_HAS_CUDNN
+#include <dpml/kernels/cuda/conv/cudnn.hpp>
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace dpml;
+
+namespace {
+
+struct Options {
+  models::cuda::ResNetCudaConfig model;
+  std::int64_t batch = 256, image = 224;
+  int warmup = 10, steps = 30;
+  double lr = 0.1;
+  optim::SgdOptions sgd{.momentum = 0.9, .weight_decay = 1e-4};
+  std::string conv = "own";
+};
+
+void usage(const char* argv0) {
+  std::printf(
+      "usage: %s [options]\n"
+      "  --batch B           images per step (256)\n"
+      "  --image S           image side in pixels (224)\n"
+      "  --classes K         classifier outputs (1000)\n"
+      "  --width W           stem channels and stage 1 bottleneck width (64)\n"
+      "  --blocks a,b,c,d    bottleneck blocks per stage (3,4,6,3: ResNet-50)\n"
+      "  --warmup N          untimed steps first (10)\n"
+      "  --steps N           timed steps (30)\n"
+      "  --lr X              SGD learning rate (0.1)\n"
+      "  --momentum X        SGD momentum (0.9)\n"
+      "  --weight-decay X    SGD L2 weight decay (1e-4)\n"
+      "  --conv own|cudnn    convolutions: dpml's implicit GEMM, or cuDNN (builds with cuDNN only) (own)\n"
+      "Prints JSON lines (bench resnet_train, resnet_train_family) and a table.\n",
+      argv0);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      usage(argv[0]);
+      std::exit(0);
+    }
+    DPML_REQUIRE(i + 1 < argc, "resnet_train: option " << a << " needs a value (see --help)");
+    const char* v = argv[++i];
+    if (a == "--batch") o.batch = std::atoll(v);
+    else if (a == "--image") o.image = std::atoll(v);
+    else if (a == "--classes") o.model.classes = std::atoll(v);
+    else if (a == "--width") o.model.width = std::atoll(v);
+    else if (a == "--blocks") {
+      std::istringstream in(v);
+      std::string part;
+      int k = 0;
+      while (std::getline(in, part, ',')) {
+        DPML_REQUIRE(k < 4, "resnet_train: --blocks " << v << " has more than four stages");
+        o.model.blocks[static_cast<std::size_t>(k++)] = std::atoll(part.c_str());
+      }
+      DPML_REQUIRE(k == 4, "resnet_train: --blocks " << v << " needs four counts, like 3,4,6,3");
+    } else if (a == "--warmup") o.warmup = std::atoi(v);
+    else if (a == "--steps") o.steps = std::atoi(v);
+    else if (a == "--lr") o.lr = std::atof(v);
+    else if (a == "--momentum") o.sgd.momentum = std::atof(v);
+    else if (a == "--weight-decay") o.sgd.weight_decay = std::atof(v);
+    else if (a == "--conv") o.conv = v;
+    else DPML_REQUIRE(false, "resnet_train: unknown option " << a << " (see --help)");
+  }
+  DPML_REQUIRE(o.batch > 1 && o.image > 0 && o.steps > 0 && o.warmup >= 0,
+               "resnet_train: --batch must be > 1, --image and --steps positive, --warmup non-negative");
+  DPML_REQUIRE(o.conv == "own" || (o.conv == "cudnn" && DPML_HAS_CUDNN),
+               "resnet_train: --conv " << o.conv << " is not own" << (DPML_HAS_CUDNN ? " or cudnn" : " (built without cuDNN)"));
+  return o;
+}
+
+}  // namespace
+
+template <class Conv>
+int run(const Options& o) {
+  cudaDeviceProp prop{};
+  DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::size_t free0 = 0, total = 0, free1 = 0;
+  DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
+  models::cuda::ResNet<Conv> model(o.model, o.batch, o.image);
+  model.init_random(1337);
+  {
+    const std::int64_t C = o.model.in_channels;
+    std::vector<float> images(static_cast<std::size_t>(o.batch * C * o.image * o.image));
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(o.batch));
+    std::mt19937_64 gen(7);
+    std::normal_distribution<float> normal;
+    for (auto& v : images) v = normal(gen);
+    for (auto& l : labels) l = static_cast<std::int32_t>(gen() % static_cast<std::uint64_t>(o.model.classes));
+    model.upload_batch(images, labels);
+  }
+  std::vector<double> losses;
+  auto train_step = [&] {
+    model.forward_backward();
+    model.update(o.lr, o.sgd);
+    losses.push_back(model.loss());  // synchronises: the step is done
+  };
+  for (int i = 0; i < o.warmup; ++i) train_step();
+  const cudaStream_t s = model.stream();
+  cudaEvent_t t0, t1;
+  DPML_CHECK_CUDA(cudaEventCreate(&t0));
+  DPML_CHECK_CUDA(cudaEventCreate(&t1));
+  DPML_CHECK_CUDA(cudaEventRecord(t0, s));
+  for (int i = 0; i < o.steps; ++i) train_step();
+  DPML_CHECK_CUDA(cudaEventRecord(t1, s));
+  DPML_CHECK_CUDA(cudaEventSynchronize(t1));
+  float ms_total = 0;
+  DPML_CHECK_CUDA(cudaEventElapsedTime(&ms_total, t0, t1));
+
+  models::cuda::CnnProfiler prof;
+  model.set_profiler(&prof);
+  train_step();
+  const auto family_ms = prof.collect();
+  model.set_profiler(nullptr);
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
+
+  const double ms_step = ms_total / o.steps;
+  const double img_s = static_cast<double>(o.batch) / (ms_step * 1e-3);
+  const double tflops = 3.0 * model.forward_flops_per_image() * img_s / 1e12;
+  const double mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
+  bool finite = true;
+  for (double l : losses) finite = finite && std::isfinite(l);
+  const std::string name = "dpml-" + o.conv;
+  const char* impl = name.c_str();
+  std::printf("{\"bench\":\"resnet_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"image\":%lld,"
+              "\"width\":%lld,\"blocks\":[%lld,%lld,%lld,%lld],\"classes\":%lld,\"params\":%lld,\"steps\":%d,"
+              "\"warmup\":%d,\"ms_per_step\":%.3f,\"img_per_s\":%.1f,\"model_tflops\":%.2f,\"mem_gib\":%.3f,"
+              "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s}\n",
+              impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.image),
+              static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
+              static_cast<long long>(o.model.blocks[1]), static_cast<long long>(o.model.blocks[2]),
+              static_cast<long long>(o.model.blocks[3]), static_cast<long long>(o.model.classes),
+              static_cast<long long>(model.parameter_count()), o.steps, o.warmup, ms_step, img_s, tflops, mem_gib,
+              static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
+              finite ? "true" : "false");
+  double family_total = 0;
+  for (double m : family_ms) family_total += m;
+  const auto& names = models::cuda::kCnnFamilyNames;
+  for (std::size_t f = 0; f < family_ms.size(); ++f)
+    std::printf("{\"bench\":\"resnet_train_family\",\"impl\":\"%s\",\"family\":\"%.*s\",\"ms\":%.3f,\"share\":%.4f}\n",
+                impl, static_cast<int>(names[f].size()), names[f].data(), family_ms[f],
+                family_total > 0 ? family_ms[f] / family_total : 0.0);
+  std::printf("\nResNet (width %lld, blocks %lld,%lld,%lld,%lld) B=%lld %lldpx on %s, bf16 + fp32 master, SGD, %s\n",
+              static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
+              static_cast<long long>(o.model.blocks[1]), static_cast<long long>(o.model.blocks[2]),
+              static_cast<long long>(o.model.blocks[3]), static_cast<long long>(o.batch),
+              static_cast<long long>(o.image), prop.name, impl);
+  std::printf("| img/s | ms/step | model TFLOP/s | memory GiB | loss first → last |\n|---|---|---|---|---|\n");
+  std::printf("| %.0f | %.2f | %.1f | %.2f | %.3f → %.3f |\n\n", img_s, ms_step, tflops, mem_gib, losses.front(),
+              losses.back());
+  std::printf("| kernel family | ms (one profiled step) | share |\n|---|---|---|\n");
+  for (std::size_t f = 0; f < family_ms.size(); ++f)
+    std::printf("| %.*s | %.2f | %.1f%% |\n", static_cast<int>(names[f].size()), names[f].data(), family_ms[f],
+                family_total > 0 ? 100 * family_ms[f] / family_total : 0.0);
+  if (!finite) {
+    std::fprintf(stderr, "resnet_train: a loss was not finite\n");
+    return 1;
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    DPML_REQUIRE(cuda_device_count() > 0, "resnet_train: no CUDA device");
+#if DPML_HAS_CUDNN
+    if (o.conv == "cudnn") return run<kernels::cuda::CudnnConv>(o);
+#endif
+    return run<kernels::cuda::ImplicitGemmConv<>>(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "resnet_train: %s\n", e.what());
+    return 1;
+  }
+}
