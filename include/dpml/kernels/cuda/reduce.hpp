@@ -1,16 +1,25 @@
 #pragma once
 // Deterministic column sums over many rows: Σ_r f(r, c) for K quantities at once, without atomics,
-// so that parameter gradients (LayerNorm's dw/db, a Linear's db) are bit-identical from run to run.
+// so that parameter gradients (LayerNorm's dw/db, a Linear's db, BatchNorm's statistics) are
+// bit-identical from run to run.
 //
-// Stage 1: a block of (32 columns × 8 row lanes) sums kRowChunk rows of its 32 columns and writes
-// one partial per (chunk, k, column) to `scratch`; 32 consecutive columns per warp keep the loads
-// coalesced, and (columns / 32) × (rows / kRowChunk) blocks fill the GPU even for C = 768.
-// Stage 2: per column, 32 lanes add strided chunk partials in order, a fixed tree adds the lanes,
-// and the K sums go to `out` (final_kernel).
+// Stage 1 (partial_kernel): a block of 256 threads takes kRowChunk rows of G·V columns: G column
+// groups of V adjacent columns (V = 8: one 16-byte load per tensor and row when the columns are
+// bf16 and aligned; V = 1: one element) times L = 256 / G row lanes; each lane adds its rows in
+// order, the lanes are added in order in shared memory, and one partial per (chunk, k, column)
+// goes to `scratch`. G = 32 groups for wide matrices (coalesced rows of 32·V columns), fewer for
+// narrow ones (BatchNorm's 64 channels: 8 groups × 32 lanes), so every thread has work.
+// Stage 2 (final_kernel): per column, 32 lanes add strided chunk partials in order, a fixed tree
+// adds the lanes, and the K sums go to `out`.
 //
-// f is a functor `Sums<K> operator()(std::int64_t r, int c) const` (device), out a functor
-// `void operator()(int c, const Sums<K>&) const`.
+// Two ways to say what is summed:
+//   column_sums<K>(f, …)       f: `Sums<K> operator()(std::int64_t r, int c) const` (device), one element
+//   column_sums_v<K, V>(f, …)  f: `State setup(int c0) const` (per-thread constants of columns c0 …
+//                              c0 + V − 1, loaded once) and `void add(const State&, std::int64_t r,
+//                              Sums<K> (&acc)[V]) const` (adds row r's values of those columns)
+// and out is `void operator()(int c, const Sums<K>&) const`.
 
+#include "dpml/core/error.hpp"
 #include "dpml/kernels/cuda/common.hpp"
 
 #include <cuda_runtime.h>
@@ -29,32 +38,55 @@ namespace detail::colsum {
 inline constexpr int kRowChunk = 256;
 inline constexpr int kFinalLanes = 32;
 
-template <int K, class F>
-__global__ void partial_kernel(F f, float* __restrict__ partial, std::int64_t rows, int C) {
-  __shared__ float s[K][8][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
+inline constexpr int kPartialThreads = 256;
+
+template <int K, int V, class F>
+__global__ void __launch_bounds__(kPartialThreads) partial_kernel(F f, float* __restrict__ partial, std::int64_t rows,
+                                                                  int C, int G) {
+  __shared__ float s[K][kPartialThreads * V];  // [k][(lane · G + group) · V + e]
+  const int t = static_cast<int>(threadIdx.x), g = t % G, lane = t / G, lanes = kPartialThreads / G;
+  const int width = G * V;  // columns of this block
+  const int c0 = static_cast<int>(blockIdx.x) * width + g * V;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kRowChunk;
   const std::int64_t r1 = r0 + kRowChunk < rows ? r0 + kRowChunk : rows;
-  Sums<K> acc{};
-  if (c < C)
-#pragma unroll 8  // eight independent loads in flight per thread: the pass is bound by memory latency otherwise
-    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
-      const Sums<K> v = f(r, c);
+  Sums<K> acc[V] = {};
+  if (lane < lanes && c0 < C) {
+    const auto state = f.setup(c0);
+#pragma unroll 4  // independent loads in flight: the pass is bound by memory latency otherwise
+    for (std::int64_t r = r0 + lane; r < r1; r += lanes) f.add(state, r, acc);
+  }
+  if (lane < lanes)
 #pragma unroll
-      for (int k = 0; k < K; ++k) acc.v[k] += v.v[k];
-    }
+    for (int e = 0; e < V; ++e)
 #pragma unroll
-  for (int k = 0; k < K; ++k) s[k][threadIdx.y][threadIdx.x] = acc.v[k];
+      for (int k = 0; k < K; ++k) s[k][(lane * G + g) * V + e] = acc[e].v[k];
   __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
+  for (int j = t; j < width; j += kPartialThreads) {
+    const int c = static_cast<int>(blockIdx.x) * width + j;
+    if (c >= C) break;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      float t = s[k][0][threadIdx.x];
-      for (int i = 1; i < 8; ++i) t += s[k][i][threadIdx.x];
-      partial[(static_cast<std::int64_t>(blockIdx.y) * K + k) * C + c] = t;
+      float sum = 0.f;
+      for (int l = 0; l < lanes; ++l) sum += s[k][l * width + j];
+      partial[(static_cast<std::int64_t>(blockIdx.y) * K + k) * C + c] = sum;
     }
   }
 }
+
+// column_sums' element functor as a V = 1 one.
+template <int K, class F>
+struct ElementTerms {
+  F f;
+  struct State {
+    int c;
+  };
+  __device__ State setup(int c0) const { return {c0}; }
+  __device__ void add(const State& st, std::int64_t r, Sums<K> (&acc)[1]) const {
+    const Sums<K> v = f(r, st.c);
+#pragma unroll
+    for (int k = 0; k < K; ++k) acc[0].v[k] += v.v[k];
+  }
+};
 
 // One block per 32 columns: lane y adds chunks y, y + 32, … in order, then the 32 lanes are added
 // by a fixed tree in shared memory — the same order every run, and the chunks are read by 1024
@@ -91,19 +123,30 @@ inline std::int64_t column_sums_scratch(std::int64_t rows, std::int64_t C, int K
   return ceil_div(rows, detail::colsum::kRowChunk) * K * C;
 }
 
-template <int K, class F, class Out>
-void column_sums(F f, Out out, float* scratch, std::int64_t rows, std::int64_t C, cudaStream_t stream) {
+// V adjacent columns per thread (C % V == 0); see the top of the file for f and out.
+template <int K, int V, class F, class Out>
+void column_sums_v(F f, Out out, float* scratch, std::int64_t rows, std::int64_t C, cudaStream_t stream) {
+  static_assert(V == 1 || V == 8);
   if (C == 0) return;
   using namespace detail::colsum;
+  DPML_REQUIRE(C % V == 0 && C < (std::int64_t{1} << 31),
+               "column_sums: " << C << " columns in groups of " << V << " (must divide, and fit an int)");
   const auto chunks = static_cast<unsigned>(ceil_div(rows, kRowChunk));
   if (chunks > 0) {
-    partial_kernel<K><<<dim3(static_cast<unsigned>(ceil_div(C, 32)), chunks), dim3(32, 8), 0, stream>>>(
-        f, scratch, rows, static_cast<int>(C));
+    const auto groups = C / V;
+    const int G = static_cast<int>(groups < 32 ? groups : 32);
+    partial_kernel<K, V><<<dim3(static_cast<unsigned>(ceil_div(groups, G)), chunks), kPartialThreads, 0, stream>>>(
+        f, scratch, rows, static_cast<int>(C), G);
     DPML_CHECK_LAUNCH();
   }
   final_kernel<K><<<static_cast<unsigned>(ceil_div(C, 32)), dim3(32, kFinalLanes), 0, stream>>>(
       scratch, out, static_cast<int>(chunks), static_cast<int>(C));
   DPML_CHECK_LAUNCH();
+}
+
+template <int K, class F, class Out>
+void column_sums(F f, Out out, float* scratch, std::int64_t rows, std::int64_t C, cudaStream_t stream) {
+  column_sums_v<K, 1>(detail::colsum::ElementTerms<K, F>{f}, out, scratch, rows, C, stream);
 }
 
 }  // namespace dpml::kernels::cuda

@@ -2,22 +2,28 @@
 // BatchNorm2d over NHWC activations (the maths of kernels/host/batch_norm.hpp), device kernels: x
 // is viewed as (rows = N·H·W, C), so a channel is a column and its statistics are column sums.
 //
-//   forward, training   mean = Σx / M, then var = Σ(x − mean)² / M (two passes, as the host:
-//                       no E[x²] − mean² cancellation), rstd = 1/√(var + eps); running_mean and
-//                       running_var move by `momentum` towards mean and the unbiased M/(M−1)·var
-//                       (PyTorch's rule); M = rows
+//   forward, training   one pass of shifted sums per channel, Σ(x − k) and Σ(x − k)² with k
+//                       the channel's value in row 0 (no E[x²] − mean² cancellation when the
+//                       mean is large against the spread), then mean = k + Σ(x − k)/M,
+//                       var = Σ(x − k)²/M − (Σ(x − k)/M)², rstd = 1/√(var + eps); running_mean
+//                       and running_var move by `momentum` towards mean and the unbiased
+//                       M/(M−1)·var (PyTorch's rule); M = rows
 //   forward, eval       mean and rstd from the running statistics (written to mean/rstd, so the
 //                       backward reads the same buffers in both modes)
-//   both                y = act(x̂·γ + β + residual), x̂ = (x − mean)·rstd; residual optional,
-//                       act = ReLU or identity — the tail of a ResNet block in one pass
+//   both                y = act(x·a + b + residual) with a = γ·rstd, b = β − mean·a per channel
+//                       (computed once per channel, so the element pass reads two vectors of
+//                       coefficients); residual optional, act = ReLU or identity — the tail of a
+//                       ResNet block in one pass
 //   backward            g = dy·[y > 0] (with ReLU), d_residual = g (when the forward added one);
-//                       dβ += Σg, dγ += Σg·x̂; dx = γ·rstd·(g − Σg/M − x̂·Σg·x̂/M) in training,
-//                       γ·rstd·g in eval
+//                       one pass of Σg and Σg·(x − mean) per channel, so dβ += Σg, dγ += Σg·x̂;
+//                       then dx = A·g + B·(x − mean) + C0 with A = γ·rstd, and in training
+//                       B = −A·rstd·Σg·x̂/M, C0 = −A·Σg/M (in eval B = C0 = 0)
 //
-// Column sums are reduce.hpp's two deterministic stages (partials per 256-row chunk, then one
-// thread per channel adds them in chunk order): no float atomics, the same bits every run. The
-// element-wise passes move 8 channels (16 bytes of bf16) per thread when C % 8 == 0 and the
-// tensors are 16-byte aligned, one element otherwise.
+// Column sums are reduce.hpp's two deterministic stages (partials per 256-row chunk, lanes added
+// in order): no float atomics, the same bits every run. Every pass moves 8 channels (16 bytes of
+// bf16) per thread and row when C % 8 == 0 and the tensors are 16-byte aligned, one element
+// otherwise. Per step that is 2 reads and 1 write of x's size forward (plus the residual), and
+// 3 reads (dy, y, x) twice and 1–2 writes backward — measured on an H100 in bench/resnet_train.
 //
 // Types: activations T (bf16, f16 or float), γ, β and their gradients P (float or 16-bit), the
 // statistics mean, rstd and the running statistics fp32 (C). A synchronised variant would
@@ -73,72 +79,92 @@ __device__ __forceinline__ void store_v(T* p, const float (&v)[V]) {
   }
 }
 
-// ---- statistics (column_sums functors) ----
-template <class T>
-struct Value {  // x (rows, C)
+// ---- statistics (column_sums_v functors, V channels per thread) ----
+template <int V, class T>
+struct ShiftedTerms {  // {x − k, (x − k)²}, k = the channel's value in row 0
   const T* x;
   int C;
-  __device__ Sums<1> operator()(std::int64_t r, int c) const { return {{load_f(x[r * C + c])}}; }
-};
-struct StoreMean {
-  float* mean;
-  float count;
-  __device__ void operator()(int c, const Sums<1>& s) const { mean[c] = s.v[0] / count; }
-};
-template <class T>
-struct SquaredDeviation {
-  const T* x;
-  const float* mean;
-  int C;
-  __device__ Sums<1> operator()(std::int64_t r, int c) const {
-    const float d = load_f(x[r * C + c]) - mean[c];
-    return {{d * d}};
+  struct State {
+    float k[V];
+    int c0;
+  };
+  __device__ State setup(int c0) const {
+    State st;
+    st.c0 = c0;
+    load_v<V>(x + c0, st.k);
+    return st;
   }
-};
-struct FinishStatistics {  // rstd, and the running statistics (when given)
-  const float* mean;
-  float* rstd;
-  float* running_mean;
-  float* running_var;
-  float count, momentum, eps;
-  __device__ void operator()(int c, const Sums<1>& s) const {
-    const float var = s.v[0] / count;
-    rstd[c] = 1.f / sqrtf(var + eps);
-    if (running_mean != nullptr) {
-      running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mean[c];
-      running_var[c] = (1.f - momentum) * running_var[c] + momentum * var * (count / (count - 1.f));
+  __device__ void add(const State& st, std::int64_t r, Sums<2> (&acc)[V]) const {
+    float v[V];
+    load_v<V>(x + r * C + st.c0, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float d = v[e] - st.k[e];
+      acc[e].v[0] += d;
+      acc[e].v[1] += d * d;
     }
   }
 };
+template <class T, class P>
+struct FinishStatistics {  // mean, rstd, the running statistics (when given), the coefficients a, b
+  const T* x;
+  const P* gamma;
+  const P* beta;
+  float* mean;
+  float* rstd;
+  float* running_mean;
+  float* running_var;
+  float* coef;  // (2, C): a, b
+  float count, momentum, eps;
+  int C;
+  __device__ void operator()(int c, const Sums<2>& s) const {
+    const float d = s.v[0] / count;
+    const float m = load_f(x[c]) + d;
+    const float var = fmaxf(s.v[1] / count - d * d, 0.f);
+    const float r = 1.f / sqrtf(var + eps);
+    mean[c] = m;
+    rstd[c] = r;
+    if (running_mean != nullptr) {
+      running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * m;
+      running_var[c] = (1.f - momentum) * running_var[c] + momentum * var * (count / (count - 1.f));
+    }
+    const float a = r * load_f(gamma[c]);
+    coef[c] = a;
+    coef[C + c] = load_f(beta[c]) - m * a;
+  }
+};
 
-template <int = 0>  // a template only so that several translation units may include the header
+template <class P>
 __global__ void eval_statistics_kernel(const float* __restrict__ running_mean, const float* __restrict__ running_var,
-                                       float* __restrict__ mean, float* __restrict__ rstd, int C, float eps) {
+                                       const P* __restrict__ gamma, const P* __restrict__ beta, float* __restrict__ mean,
+                                       float* __restrict__ rstd, float* __restrict__ coef, int C, float eps) {
   const int c = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  mean[c] = running_mean[c];
-  rstd[c] = 1.f / sqrtf(running_var[c] + eps);
+  const float m = running_mean[c], r = 1.f / sqrtf(running_var[c] + eps), a = r * load_f(gamma[c]);
+  mean[c] = m;
+  rstd[c] = r;
+  coef[c] = a;
+  coef[C + c] = load_f(beta[c]) - m * a;
 }
 
-// ---- forward: y = act(x̂·γ + β + residual), V channels per thread ----
-template <int V, class T, class P>
-__global__ void normalize_kernel(const T* x, const T* residual, const float* __restrict__ mean,
-                                 const float* __restrict__ rstd, const P* __restrict__ gamma,
-                                 const P* __restrict__ beta, T* y, std::int64_t rows, int C, bool relu) {
+// ---- forward: y = act(x·a + b + residual), V channels per thread ----
+template <int V, class T>
+__global__ void normalize_kernel(const T* x, const T* residual, const float* __restrict__ coef, T* y,
+                                 std::int64_t rows, int C, bool relu) {
   const int groups = C / V;  // V-channel groups per row
   const std::int64_t n = rows * groups;
   for (std::int64_t u = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < n;
        u += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int c0 = static_cast<int>(u % groups) * V;
     const std::int64_t at = u / groups * C + c0;
-    float v[V], r[V];
+    float v[V], r[V], a[V], b[V];
     load_v<V>(x + at, v);
     if (residual != nullptr) load_v<V>(residual + at, r);
+    load_v<V>(coef + c0, a);
+    load_v<V>(coef + C + c0, b);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const int c = c0 + e;
-      const float scale = rstd[c] * load_f(gamma[c]);
-      float z = (v[e] - mean[c]) * scale + load_f(beta[c]);
+      float z = v[e] * a[e] + b[e];
       if (residual != nullptr) z += r[e];
       v[e] = relu ? fmaxf(z, 0.f) : z;
     }
@@ -147,76 +173,99 @@ __global__ void normalize_kernel(const T* x, const T* residual, const float* __r
 }
 
 // ---- backward ----
-// {g, g·x̂} with g = dy, masked by the ReLU when y is given (y > 0 ⇔ the pre-activation was > 0).
-template <class T>
-struct GradTerms {
+// g = dy, masked by the ReLU when y is given (y > 0 ⇔ the pre-activation was > 0).
+template <int V, class T>
+__device__ __forceinline__ void masked_grad(const T* dy, const T* y, std::int64_t at, float (&g)[V]) {
+  load_v<V>(dy + at, g);
+  if (y != nullptr) {
+    float yv[V];
+    load_v<V>(y + at, yv);
+#pragma unroll
+    for (int e = 0; e < V; ++e) g[e] = yv[e] > 0.f ? g[e] : 0.f;
+  }
+}
+template <int V, class T>
+struct GradTerms {  // {g, g·(x − mean)}
   const T* dy;
   const T* y;  // nullptr: no ReLU
   const T* x;
   const float* mean;
-  const float* rstd;
   int C;
-  __device__ Sums<2> operator()(std::int64_t r, int c) const {
-    const std::int64_t i = r * C + c;
-    const float g = y != nullptr && !(load_f(y[i]) > 0.f) ? 0.f : load_f(dy[i]);
-    return {{g, g * (load_f(x[i]) - mean[c]) * rstd[c]}};
+  struct State {
+    float m[V];
+    int c0;
+  };
+  __device__ State setup(int c0) const {
+    State st;
+    st.c0 = c0;
+    load_v<V>(mean + c0, st.m);
+    return st;
+  }
+  __device__ void add(const State& st, std::int64_t r, Sums<2> (&acc)[V]) const {
+    const std::int64_t at = r * C + st.c0;
+    float g[V], xv[V];
+    masked_grad<V>(dy, y, at, g);
+    load_v<V>(x + at, xv);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      acc[e].v[0] += g[e];
+      acc[e].v[1] += g[e] * (xv[e] - st.m[e]);
+    }
   }
 };
 template <class P>
-struct StoreGradSums {  // sums (2, C) = {Σg, Σg·x̂} for dx; dβ += Σg, dγ += Σg·x̂
-  float* sums;
+struct FinishGrad {  // dβ += Σg, dγ += Σg·x̂; coef (3, C) = A, B, C0 of dx
+  const float* rstd;
+  const P* gamma;
   P* dgamma;
   P* dbeta;
+  float* coef;
+  float inv_m;
   int C;
+  bool training;
   __device__ void operator()(int c, const Sums<2>& s) const {
-    sums[c] = s.v[0];
-    sums[C + c] = s.v[1];
-    dbeta[c] = from_f<P>(load_f(dbeta[c]) + s.v[0]);
-    dgamma[c] = from_f<P>(load_f(dgamma[c]) + s.v[1]);
+    const float r = rstd[c], sg = s.v[0], sgx = s.v[1] * r;  // Σg, Σg·x̂
+    dbeta[c] = from_f<P>(load_f(dbeta[c]) + sg);
+    dgamma[c] = from_f<P>(load_f(dgamma[c]) + sgx);
+    const float A = load_f(gamma[c]) * r;
+    coef[c] = A;
+    coef[C + c] = training ? -A * r * sgx * inv_m : 0.f;
+    coef[2 * C + c] = training ? -A * sg * inv_m : 0.f;
   }
 };
 
-template <int V, class T, class P>
+template <int V, class T>
 __global__ void backward_input_kernel(const T* dy, const T* y, const T* x, const float* __restrict__ mean,
-                                      const float* __restrict__ rstd, const P* __restrict__ gamma,
-                                      const float* __restrict__ sums, T* dx, T* dresidual, std::int64_t rows, int C,
-                                      bool training) {
+                                      const float* __restrict__ coef, T* dx, T* dresidual, std::int64_t rows, int C) {
   const int groups = C / V;
   const std::int64_t n = rows * groups;
-  const float inv_m = 1.f / static_cast<float>(rows);
   for (std::int64_t u = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < n;
        u += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int c0 = static_cast<int>(u % groups) * V;
     const std::int64_t at = u / groups * C + c0;
-    float g[V], xv[V], yv[V];
-    load_v<V>(dy + at, g);
+    float g[V], xv[V], m[V], A[V], B[V], C0[V];
+    masked_grad<V>(dy, y, at, g);
     load_v<V>(x + at, xv);
-    if (y != nullptr) {
-      load_v<V>(y + at, yv);
-#pragma unroll
-      for (int e = 0; e < V; ++e) g[e] = yv[e] > 0.f ? g[e] : 0.f;  // as GradTerms
-    }
+    load_v<V>(mean + c0, m);
+    load_v<V>(coef + c0, A);
+    load_v<V>(coef + C + c0, B);
+    load_v<V>(coef + 2 * C + c0, C0);
     if (dresidual != nullptr) store_v<V>(dresidual + at, g);
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const int c = c0 + e;
-      const float k = load_f(gamma[c]) * rstd[c];
-      if (training) {
-        const float xhat = (xv[e] - mean[c]) * rstd[c];
-        xv[e] = k * (g[e] - sums[c] * inv_m - xhat * sums[C + c] * inv_m);
-      } else {
-        xv[e] = k * g[e];
-      }
-    }
+    for (int e = 0; e < V; ++e) xv[e] = A[e] * g[e] + B[e] * (xv[e] - m[e]) + C0[e];
     store_v<V>(dx + at, xv);
   }
 }
 
 // 8 channels per thread when every tensor allows 16-byte vectors.
+// 8 channels per thread when C % 8 == 0 and every tensor (activations, and the fp32 per-channel
+// vectors) is 16-byte aligned.
 template <class T>
-bool vec8(std::int64_t C, std::initializer_list<const T*> ptrs) {
+bool vec8(std::int64_t C, std::initializer_list<const T*> acts, std::initializer_list<const float*> vectors) {
   if (C % 8 != 0) return false;
-  for (const T* p : ptrs)
+  for (const T* p : acts)
+    if (p != nullptr && !aligned16(p)) return false;
+  for (const float* p : vectors)
     if (p != nullptr && !aligned16(p)) return false;
   return true;
 }
@@ -232,9 +281,9 @@ inline void check(std::int64_t rows, std::int64_t C, const BatchNormConfig& cfg,
 }  // namespace detail::bn
 
 // Floats of scratch that batch_norm_forward and batch_norm_backward need: the column sums'
-// partials, then the backward's (2, C) sums.
+// partials, then the per-channel coefficients (2, C) forward, (3, C) backward.
 inline std::int64_t batch_norm_scratch(std::int64_t rows, std::int64_t C) {
-  return column_sums_scratch(rows, C, 2) + 2 * C;
+  return column_sums_scratch(rows, C, 2) + 3 * C;
 }
 
 // x, y, residual (rows = N·H·W, C); gamma, beta (C); mean, rstd (C) fp32, written (saved for the
@@ -252,24 +301,24 @@ void batch_norm_forward(const T* x, const T* residual, const P* gamma, const P* 
                "batch_norm forward (rows=" << rows << ", C=" << C << "): running_mean and running_var are both given"
                                            << (cfg.training ? " or both null" : " in eval mode"));
   const int c = static_cast<int>(C);
+  float* coef = scratch + column_sums_scratch(rows, C, 2);  // (2, C)
+  const bool vec = vec8<T>(C, {x, residual, y}, {coef});
   if (cfg.training) {
-    const auto count = static_cast<float>(rows);
-    column_sums<1>(Value<T>{x, c}, StoreMean{mean, count}, scratch, rows, C, stream);
-    column_sums<1>(SquaredDeviation<T>{x, mean, c},
-                   FinishStatistics{mean, rstd, running_mean, running_var, count, cfg.momentum, cfg.eps}, scratch, rows,
-                   C, stream);
+    const FinishStatistics<T, P> finish{x,    gamma, beta,          mean,   rstd, running_mean, running_var, coef,
+                                        static_cast<float>(rows), cfg.momentum, cfg.eps, c};
+    if (vec) column_sums_v<2, 8>(ShiftedTerms<8, T>{x, c}, finish, scratch, rows, C, stream);
+    else column_sums_v<2, 1>(ShiftedTerms<1, T>{x, c}, finish, scratch, rows, C, stream);
   } else {
-    eval_statistics_kernel<><<<static_cast<unsigned>(ceil_div(C, kThreads)), kThreads, 0, stream>>>(
-        running_mean, running_var, mean, rstd, c, cfg.eps);
+    eval_statistics_kernel<P><<<static_cast<unsigned>(ceil_div(C, kThreads)), kThreads, 0, stream>>>(
+        running_mean, running_var, gamma, beta, mean, rstd, coef, c, cfg.eps);
     DPML_CHECK_LAUNCH();
   }
   if (rows == 0) return;
-  if (vec8<T>(C, {x, residual, y})) {
-    normalize_kernel<8><<<grid_for(rows * C / 8, kThreads), kThreads, 0, stream>>>(x, residual, mean, rstd, gamma,
-                                                                                   beta, y, rows, c, cfg.relu);
+  if (vec) {
+    normalize_kernel<8><<<grid_for(rows * C / 8, kThreads), kThreads, 0, stream>>>(x, residual, coef, y, rows, c,
+                                                                                   cfg.relu);
   } else {
-    normalize_kernel<1><<<grid_for(rows * C, kThreads), kThreads, 0, stream>>>(x, residual, mean, rstd, gamma, beta, y,
-                                                                               rows, c, cfg.relu);
+    normalize_kernel<1><<<grid_for(rows * C, kThreads), kThreads, 0, stream>>>(x, residual, coef, y, rows, c, cfg.relu);
   }
   DPML_CHECK_LAUNCH();
 }
@@ -288,16 +337,19 @@ void batch_norm_backward(const T* dy, const T* y, const T* x, const float* mean,
                "batch_norm backward (rows=" << rows << ", C=" << C << "): the fused ReLU needs the forward's output y");
   const int c = static_cast<int>(C);
   const T* mask = cfg.relu ? y : nullptr;
-  float* sums = scratch + column_sums_scratch(rows, C, 2);  // (2, C)
-  column_sums<2>(GradTerms<T>{dy, mask, x, mean, rstd, c}, StoreGradSums<P>{sums, dgamma, dbeta, c}, scratch, rows, C,
-                 stream);
+  float* coef = scratch + column_sums_scratch(rows, C, 2);  // (3, C)
+  const bool vec = vec8<T>(C, {dy, mask, x, dx, dresidual}, {mean, coef});
+  const FinishGrad<P> finish{rstd, gamma, dgamma, dbeta, coef, rows > 0 ? 1.f / static_cast<float>(rows) : 0.f, c,
+                             cfg.training};
+  if (vec) column_sums_v<2, 8>(GradTerms<8, T>{dy, mask, x, mean, c}, finish, scratch, rows, C, stream);
+  else column_sums_v<2, 1>(GradTerms<1, T>{dy, mask, x, mean, c}, finish, scratch, rows, C, stream);
   if (rows == 0) return;
-  if (vec8<T>(C, {dy, mask, x, dx, dresidual})) {
-    backward_input_kernel<8><<<grid_for(rows * C / 8, kThreads), kThreads, 0, stream>>>(
-        dy, mask, x, mean, rstd, gamma, sums, dx, dresidual, rows, c, cfg.training);
+  if (vec) {
+    backward_input_kernel<8><<<grid_for(rows * C / 8, kThreads), kThreads, 0, stream>>>(dy, mask, x, mean, coef, dx,
+                                                                                        dresidual, rows, c);
   } else {
-    backward_input_kernel<1><<<grid_for(rows * C, kThreads), kThreads, 0, stream>>>(
-        dy, mask, x, mean, rstd, gamma, sums, dx, dresidual, rows, c, cfg.training);
+    backward_input_kernel<1><<<grid_for(rows * C, kThreads), kThreads, 0, stream>>>(dy, mask, x, mean, coef, dx,
+                                                                                    dresidual, rows, c);
   }
   DPML_CHECK_LAUNCH();
 }
