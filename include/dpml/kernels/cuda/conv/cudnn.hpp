@@ -32,12 +32,13 @@
 // when beta = 0 and dw is float), so a plan does not depend on beta and prepare(shape) builds all
 // that a training step needs. backward_weight_rounds_to_bf16() says which a shape gets.
 //
-// Memory: one device buffer holds cuDNN's workspace and that scratch. It grows (cudaFree +
+// Memory: one device buffer holds cuDNN's workspace (engines needing more than a cap, 64 MiB by
+// default, are passed over) and that scratch. It grows (cudaFree +
 // cudaMalloc, which synchronise the device) when a plan is built that needs more — at
 // prepare(shape), or at the first call of a shape — and never on later calls with seen shapes.
 //
 // cuDNN is optional: include this header only where DPML_HAS_CUDNN is defined (CMake found cuDNN
-// and links dpml::cudnn into dpml::cuda); dpml.hpp does not include it.
+// and links dpml::cudnn into dpml::cuda); dpml.hpp includes it under that condition.
 
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/cuda_error.hpp"
@@ -182,9 +183,11 @@ inline Descriptor nhwc_tensor(std::int64_t uid, cudnnDataType_t type, std::int64
 }
 
 // The first engine configuration of cuDNN's heuristics (mode A, then FALLBACK) that finalizes
-// into an execution plan for `graph`: moved into p.plan, its configuration appended to p.parts.
-// False when none does; `why` then says what cuDNN answered last.
-inline bool first_working_engine(cudnnHandle_t handle, const Descriptor& graph, Plan& p, std::string& why) {
+// into an execution plan for `graph` with a workspace of at most max_workspace bytes: moved into
+// p.plan, its configuration appended to p.parts. False when none does; `why` then says what cuDNN
+// answered last.
+inline bool first_working_engine(cudnnHandle_t handle, const Descriptor& graph, std::int64_t max_workspace, Plan& p,
+                                 std::string& why) {
   for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     Descriptor heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
@@ -216,6 +219,10 @@ inline bool first_working_engine(cudnnHandle_t handle, const Descriptor& graph, 
       std::int64_t n = 0;
       DPML_CHECK_CUDNN(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                                 CUDNN_TYPE_INT64, 1, &n, &p.workspace_bytes));
+      if (p.workspace_bytes > max_workspace) {
+        why = "every engine that finalizes needs more than " + std::to_string(max_workspace) + " bytes of workspace";
+        continue;
+      }
       p.plan = std::move(plan);
       p.parts.push_back(std::move(configs[static_cast<std::size_t>(i)]));
       return true;
@@ -227,7 +234,7 @@ inline bool first_working_engine(cudnnHandle_t handle, const Descriptor& graph, 
 // The plan for key.pass on shape s with dw (or w) of type w_type, or nothing where cuDNN refuses
 // the graph or has no engine for it (`why` says what it answered).
 inline std::optional<Plan> build_plan(cudnnHandle_t handle, const PlanKey& key, const Conv2dShape& s,
-                                      cudnnDataType_t w_type, std::string& why) {
+                                      cudnnDataType_t w_type, std::int64_t max_workspace, std::string& why) {
   const PassInfo& pi = info(key.pass);
   Plan p;
   p.parts.push_back(nhwc_tensor(kUidX, CUDNN_DATA_BFLOAT16, s.N, s.in.C, s.in.H, s.in.W, key.align_x));
@@ -263,7 +270,7 @@ inline std::optional<Plan> build_plan(cudnnHandle_t handle, const PlanKey& key, 
     why = std::string("operation graph: ") + cudnnGetErrorString(st);
     return std::nullopt;
   }
-  if (!first_working_engine(handle, graph, p, why)) return std::nullopt;
+  if (!first_working_engine(handle, graph, max_workspace, p, why)) return std::nullopt;
   p.dw_bf16 = key.pass == Pass::backward_weight && w_type == CUDNN_DATA_BFLOAT16;
   p.parts.push_back(std::move(conv));
   p.parts.push_back(std::move(op));
@@ -288,7 +295,13 @@ __global__ void accumulate_kernel(const T* __restrict__ src, float* __restrict__
 // workspace/scratch buffer.
 class CudnnConv {
  public:
-  CudnnConv() { DPML_CHECK_CUDNN(cudnnCreate(&handle_)); }
+  // max_workspace_bytes: engines that need more workspace are passed over (the heuristics' next
+  // choice is taken). Uncapped, cuDNN 9.14 picked engines for ResNet-50 at B=256 whose largest
+  // workspace took 0.57 GiB, more than PyTorch's whole margin; 64 MiB costs no measurable speed.
+  explicit CudnnConv(std::size_t max_workspace_bytes = std::size_t{64} << 20)
+      : max_workspace_(static_cast<std::int64_t>(max_workspace_bytes)) {
+    DPML_CHECK_CUDNN(cudnnCreate(&handle_));
+  }
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
   ~CudnnConv() {
@@ -377,8 +390,9 @@ class CudnnConv {
     std::optional<Plan> p;
     std::string why;
     try {
-      p = build_plan(handle_, key, s, CUDNN_DATA_BFLOAT16, why);
-      if (!p && pass == Pass::backward_weight) p = build_plan(handle_, key, s, CUDNN_DATA_FLOAT, why);  // fp32 dw
+      p = build_plan(handle_, key, s, CUDNN_DATA_BFLOAT16, max_workspace_, why);
+      if (!p && pass == Pass::backward_weight)
+        p = build_plan(handle_, key, s, CUDNN_DATA_FLOAT, max_workspace_, why);  // fp32 dw
     } catch (const Error& e) {
       throw Error(std::string("CudnnConv ") + name + ": building the plan for " + describe(s) + ": " + e.message());
     }
@@ -414,6 +428,7 @@ class CudnnConv {
   }
 
   cudnnHandle_t handle_ = nullptr;
+  std::int64_t max_workspace_;
   void* buffer_ = nullptr;  // cuDNN's workspace, then (backward_weight) the dw scratch
   std::size_t buffer_bytes_ = 0;
   std::map<detail::cudnn::PlanKey, Plan> plans_;
