@@ -2,7 +2,7 @@
 # ResNet-50's convolutions: dpml's Conv2d passes (bench_conv) against cuDNN through PyTorch
 # (bench/reference/torch_conv.py), one GPU, then one table joined by shape and pass.
 #
-#   1. build bench_conv in BUILD_DIR (configured with the cuda-openmpi preset first if it is not yet)
+#   1. configure BUILD_DIR with the cuda-openmpi preset and build bench_conv
 #   2. BUILD_DIR/bench/conv/bench_conv, then python3 bench/reference/torch_conv.py
 #   3. a table: shape, pass, count, dpml's policy and TFLOP/s (its fastest policy with --policy all),
 #      cuDNN's TFLOP/s, dpml / cuDNN; then the network's convolution time per training step,
@@ -30,14 +30,8 @@ while [[ $# -gt 0 ]]; do
 done
 
 results=${RESULTS:-$build/conv-bench}
-mkdir -p "$results"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-
-echo "== build bench_conv in $build"
-if [[ ! -f $build/CMakeCache.txt ]]; then
-  cmake --preset cuda-openmpi -B "$build" >"$results/configure.log" 2>&1 || { cat "$results/configure.log"; exit 1; }
-fi
-cmake --build "$build" --target bench_conv -j "$(nproc)"
+source scripts/lib/gpu-build.sh
+gpu_build "$build" "$results" bench_conv
 
 status=0
 echo "== dpml bench_conv ${common[*]} ${policy[*]}"

@@ -28,12 +28,8 @@ done
 
 build=build/cuda-openmpi
 results=${RESULTS:-$build/gpu-bench}
-mkdir -p "$results"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-
-echo "== build"
-cmake --preset cuda-openmpi >"$results/configure.log" 2>&1 || { cat "$results/configure.log"; exit 1; }
-cmake --build "$build" --target gpt_train test_cuda_gpt_step -j "$(nproc)"
+source scripts/lib/gpu-build.sh
+gpu_build "$build" "$results" gpt_train test_cuda_gpt_step
 
 status=0
 echo "== test_cuda_gpt_step"

@@ -19,6 +19,8 @@
 // timing, the program exits 1 if any output element is not finite, or if another policy's output
 // differs from the default policy's by more than 1e-2 relative L2 (inputs are the same; only the
 // summation order differs). Correctness against float64 is tests/cuda/test_conv.cu's job.
+#include "../support/fill.cuh"
+
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/core/tensor.hpp>
 #include <dpml/kernels/cuda/conv/conv2d.hpp>
@@ -168,20 +170,8 @@ std::vector<Policy> make_policies(bool all) {
 
 // ---- device helpers ----
 
-// Uniform values in [-scale, scale) from a hash of the index, written on the device.
-__global__ void fill_kernel(bf16* p, std::int64_t n, std::uint32_t seed, float scale) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 0x9e3779b9u ^ seed;
-    x ^= x >> 16;
-    x *= 0x85ebca6bu;
-    x ^= x >> 13;
-    p[i] = bf16(scale * (static_cast<float>(x & 0xffffff) / 8388608.f - 1.f));
-  }
-}
 void fill(dpml::Tensor<bf16, CudaSpace>& t, std::uint32_t seed, float scale, cudaStream_t stream) {
-  fill_kernel<<<kc::grid_for(t.numel(), 256, 4096), 256, 0, stream>>>(t.data(), t.numel(), seed, scale);
-  DPML_CHECK_LAUNCH();
+  dpml::bench::fill_uniform(t.data(), t.numel(), seed, -scale, scale, stream);
 }
 
 // Σ (got − ref)², Σ ref² and the number of non-finite elements of got; ref == nullptr: the count only.

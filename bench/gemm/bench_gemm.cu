@@ -12,6 +12,8 @@
 // dispatch table (include/dpml/kernels/cuda/gemm/dispatch.hpp); see bench/gemm/README.md.
 // Self-checking: C is poisoned (NaN) before each policy runs, and the program exits 1 if any
 // policy's result differs from cuBLASLt's by more than 1e-2 relative L2 (bf16 output).
+#include "../support/fill.cuh"
+
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/kernels/cuda/gemm/dispatch.hpp>
 #include <dpml/kernels/cuda/gemm/wgmma.hpp>
@@ -29,18 +31,6 @@ using namespace dpml;
 using namespace dpml::kernels::cuda;
 
 namespace {
-
-// Uniform values in [-1, 1) from a hash of the index, written on the device (no host copies).
-__global__ void fill_kernel(bf16* p, std::int64_t n, std::uint32_t seed) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 0x9e3779b9u ^ seed;
-    x ^= x >> 16;
-    x *= 0x85ebca6bu;
-    x ^= x >> 13;
-    p[i] = bf16(static_cast<float>(x & 0xffffff) / 8388608.f - 1.f);
-  }
-}
 
 struct Shape3 {
   std::int64_t M, N, K;
@@ -124,8 +114,8 @@ int main(int argc, char** argv) {
       DPML_CHECK_CUDA(cudaMalloc(&B, b_rows * b_cols * sizeof(bf16)));
       DPML_CHECK_CUDA(cudaMalloc(&C, sh.M * sh.N * sizeof(bf16)));
       DPML_CHECK_CUDA(cudaMalloc(&ref, sh.M * sh.N * sizeof(bf16)));
-      fill_kernel<<<1024, 256, 0, stream>>>(A, a_rows * a_cols, 1);
-      fill_kernel<<<1024, 256, 0, stream>>>(B, b_rows * b_cols, 2);
+      dpml::bench::fill_uniform(A, a_rows * a_cols, 1, -1.f, 1.f, stream);
+      dpml::bench::fill_uniform(B, b_rows * b_cols, 2, -1.f, 1.f, stream);
       GemmArgs<bf16> g{sh.ta, sh.tb, sh.M, sh.N, sh.K, A, a_cols, B, b_cols, C, sh.N};
       g.alpha = 1.f / std::sqrt(static_cast<float>(sh.K));
       std::vector<std::uint16_t> ref_host(static_cast<std::size_t>(sh.M * sh.N)), got(ref_host.size());

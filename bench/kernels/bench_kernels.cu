@@ -5,6 +5,8 @@
 // shared/TOOLCHAIN.md), then a Markdown table for bench/kernels/README.md.
 //
 //   bench_kernels [--iters N]
+#include "../support/fill.cuh"
+
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/kernels/cuda/adamw.hpp>
 #include <dpml/kernels/cuda/attention.hpp>
@@ -33,25 +35,10 @@ constexpr double kBandwidth = 3.0e12;  // bytes/s, H100 device copy
 constexpr double kTensorPeak = 797e12;  // FLOP/s, H100 bf16 GEMM through cuBLAS
 
 template <class T>
-__global__ void fill_kernel(T* p, std::int64_t n, std::uint32_t seed, float lo, float hi) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 0x9e3779b9u ^ seed;
-    x ^= x >> 16;
-    x *= 0x85ebca6bu;
-    x ^= x >> 13;
-    const float u = lo + (hi - lo) * static_cast<float>(x & 0xffffff) / 16777216.f;
-    if constexpr (std::is_same_v<T, std::int32_t>) p[i] = static_cast<std::int32_t>(u);
-    else p[i] = T(u);
-  }
-}
-
-template <class T>
 T* device(std::int64_t n, std::uint32_t seed, float lo = -1.f, float hi = 1.f) {
   T* p = nullptr;
   DPML_CHECK_CUDA(cudaMalloc(&p, static_cast<std::size_t>(n) * sizeof(T)));
-  fill_kernel<<<1024, 256>>>(p, n, seed, lo, hi);
-  DPML_CHECK_LAUNCH();
+  dpml::bench::fill_uniform(p, n, seed, lo, hi);
   return p;
 }
 

@@ -13,6 +13,7 @@
 #include <dpml/core/cuda_error.hpp>
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/models/cuda/resnet.hpp>
+#include <dpml/train/args.hpp>
 #ifndef DPML_HAS_CUDNN
 #define DPML_HAS_CUDNN 0
 #endif
@@ -41,63 +42,41 @@ struct Options {
   int warmup = 10, steps = 30;
   double lr = 0.1;
   optim::SgdOptions sgd{.momentum = 0.9, .weight_decay = 1e-4};
-  std::string conv = "own";
+  std::string conv = DPML_HAS_CUDNN ? "cudnn" : "own";
 };
 
-void usage(const char* argv0) {
-  std::printf(
-      "usage: %s [options]\n"
-      "  --batch B           images per step (256)\n"
-      "  --image S           image side in pixels (224)\n"
-      "  --classes K         classifier outputs (1000)\n"
-      "  --width W           stem channels and stage 1 bottleneck width (64)\n"
-      "  --blocks a,b,c,d    bottleneck blocks per stage (3,4,6,3: ResNet-50)\n"
-      "  --warmup N          untimed steps first (10)\n"
-      "  --steps N           timed steps (30)\n"
-      "  --lr X              SGD learning rate (0.1)\n"
-      "  --momentum X        SGD momentum (0.9)\n"
-      "  --weight-decay X    SGD L2 weight decay (1e-4)\n"
-      "  --conv own|cudnn    convolutions: dpml's implicit GEMM, or cuDNN (builds with cuDNN only) (own)\n"
-      "Prints JSON lines (bench resnet_train, resnet_train_family) and a table.\n",
-      argv0);
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      usage(argv[0]);
-      std::exit(0);
-    }
-    DPML_REQUIRE(i + 1 < argc, "resnet_train: option " << a << " needs a value (see --help)");
-    const char* v = argv[++i];
-    if (a == "--batch") o.batch = std::atoll(v);
-    else if (a == "--image") o.image = std::atoll(v);
-    else if (a == "--classes") o.model.classes = std::atoll(v);
-    else if (a == "--width") o.model.width = std::atoll(v);
-    else if (a == "--blocks") {
-      std::istringstream in(v);
-      std::string part;
-      int k = 0;
-      while (std::getline(in, part, ',')) {
-        DPML_REQUIRE(k < 4, "resnet_train: --blocks " << v << " has more than four stages");
-        o.model.blocks[static_cast<std::size_t>(k++)] = std::atoll(part.c_str());
-      }
-      DPML_REQUIRE(k == 4, "resnet_train: --blocks " << v << " needs four counts, like 3,4,6,3");
-    } else if (a == "--warmup") o.warmup = std::atoi(v);
-    else if (a == "--steps") o.steps = std::atoi(v);
-    else if (a == "--lr") o.lr = std::atof(v);
-    else if (a == "--momentum") o.sgd.momentum = std::atof(v);
-    else if (a == "--weight-decay") o.sgd.weight_decay = std::atof(v);
-    else if (a == "--conv") o.conv = v;
-    else DPML_REQUIRE(false, "resnet_train: unknown option " << a << " (see --help)");
+// Flags, parsed by train::Args (--help lists them with their defaults); false after --help.
+bool parse(int argc, char** argv, Options& o) {
+  std::string blocks = "3,4,6,3";
+  train::Args args("resnet_train", "ResNet training throughput on one GPU (bench/RESULTS.md); prints JSON lines "
+                                   "(bench resnet_train, resnet_train_family) and a table.");
+  args.flag("--batch", o.batch, "images per step")
+      .flag("--image", o.image, "image side in pixels")
+      .flag("--classes", o.model.classes, "classifier outputs")
+      .flag("--width", o.model.width, "stem channels and stage 1's bottleneck width")
+      .flag("--blocks", blocks, "bottleneck blocks per stage (3,4,6,3: ResNet-50)")
+      .flag("--warmup", o.warmup, "untimed steps first")
+      .flag("--steps", o.steps, "timed steps")
+      .flag("--lr", o.lr, "SGD learning rate")
+      .flag("--momentum", o.sgd.momentum, "SGD momentum")
+      .flag("--weight-decay", o.sgd.weight_decay, "SGD L2 weight decay")
+      .flag("--conv", o.conv, DPML_HAS_CUDNN ? "convolutions: own (dpml's implicit GEMM) | cudnn"
+                                             : "convolutions: own (dpml's implicit GEMM; built without cuDNN)");
+  if (!args.parse(argc, argv)) return false;
+  std::istringstream in(blocks);
+  std::string part;
+  int k = 0;
+  while (std::getline(in, part, ',')) {
+    DPML_REQUIRE(k < 4 && !part.empty() && part.find_first_not_of("0123456789") == std::string::npos,
+                 "resnet_train: --blocks " << blocks << " is not four counts like 3,4,6,3");
+    o.model.blocks[static_cast<std::size_t>(k++)] = std::stoll(part);
   }
+  DPML_REQUIRE(k == 4, "resnet_train: --blocks " << blocks << " is not four counts like 3,4,6,3");
   DPML_REQUIRE(o.batch > 1 && o.image > 0 && o.steps > 0 && o.warmup >= 0,
                "resnet_train: --batch must be > 1, --image and --steps positive, --warmup non-negative");
   DPML_REQUIRE(o.conv == "own" || (o.conv == "cudnn" && DPML_HAS_CUDNN),
                "resnet_train: --conv " << o.conv << " is not own" << (DPML_HAS_CUDNN ? " or cudnn" : " (built without cuDNN)"));
-  return o;
+  return true;
 }
 
 }  // namespace
@@ -193,7 +172,8 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   try {
-    const Options o = parse(argc, argv);
+    Options o;
+    if (!parse(argc, argv, o)) return 0;
     DPML_REQUIRE(cuda_device_count() > 0, "resnet_train: no CUDA device");
 #if DPML_HAS_CUDNN
     if (o.conv == "cudnn") return run<kernels::cuda::CudnnConv>(o);

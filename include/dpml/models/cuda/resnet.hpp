@@ -37,6 +37,7 @@
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/cuda_error.hpp"
 #include "dpml/core/error.hpp"
+#include "dpml/core/philox.hpp"
 #include "dpml/kernels/cuda/conv/batch_norm.hpp"
 #include "dpml/kernels/cuda/conv/conv2d.hpp"
 #include "dpml/kernels/cuda/conv/pool.hpp"
@@ -179,26 +180,21 @@ class ResNet {
     to_host_layout(slots_[i], g, out.data());
     return out;
   }
-  // He (Kaiming normal, fan_out) convolutions as torchvision, unit BatchNorm, U(±1/√in) classifier.
+  // He (Kaiming normal, fan_out) convolutions as torchvision, unit BatchNorm, U(±1/√in) classifier
+  // (weight and bias, as nn.Linear); Philox stream `seed`, one counter per host element.
   void init_random(std::uint64_t seed) {
     std::vector<float> master(static_cast<std::size_t>(n_params_), 0.f);
-    std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    auto uniform = [&] {  // splitmix64 → (0, 1)
-      x += 0x9E3779B97F4A7C15ull;
-      std::uint64_t z = x;
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      return (static_cast<double>((z ^ (z >> 31)) >> 11) + 0.5) / 9007199254740992.0;
-    };
+    const PhiloxStream rng(seed);
     for (const auto& s : slots_) {
       std::vector<float> host(static_cast<std::size_t>(s.host_numel));
       const bool fc = s.name.starts_with("fc."), bn = s.k == 0 && !fc, bias = s.name.ends_with(".bias");
-      const double conv_std = std::sqrt(2.0 / static_cast<double>(s.cout * s.k * s.k));
-      const double fc_bound = 1.0 / std::sqrt(static_cast<double>(features_));  // weight and bias, as nn.Linear
-      for (auto& v : host) {
-        if (bn) v = bias ? 0.f : 1.f;
-        else if (fc) v = static_cast<float>(fc_bound * (2.0 * uniform() - 1.0));
-        else v = static_cast<float>(conv_std * std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()));
+      const float conv_std = std::sqrt(2.f / static_cast<float>(s.cout * s.k * s.k));
+      const float fc_bound = 1.f / std::sqrt(static_cast<float>(features_));
+      for (std::size_t i = 0; i < host.size(); ++i) {
+        const auto at = static_cast<std::uint64_t>(s.offset) + i;
+        if (bn) host[i] = bias ? 0.f : 1.f;
+        else if (fc) host[i] = fc_bound * (2.f * rng.uniform(at) - 1.f);
+        else host[i] = conv_std * rng.normal(at);
       }
       to_device_layout(s, host.data(), master);
     }

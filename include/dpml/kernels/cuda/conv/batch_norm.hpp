@@ -80,26 +80,32 @@ __device__ __forceinline__ void store_v(T* p, const float (&v)[V]) {
 }
 
 // ---- statistics (column_sums_v functors, V channels per thread) ----
+// A thread's channels c0 … c0 + V − 1 and one per-channel vector of them, loaded once (the state
+// of the column_sums_v functors below).
+template <int V>
+struct Channels {
+  float v[V];
+  int c0;
+};
+template <int V, class T>
+__device__ __forceinline__ Channels<V> channels(const T* per_channel, int c0) {
+  Channels<V> st;
+  st.c0 = c0;
+  load_v<V>(per_channel + c0, st.v);
+  return st;
+}
+
 template <int V, class T>
 struct ShiftedTerms {  // {x − k, (x − k)²}, k = the channel's value in row 0
   const T* x;
   int C;
-  struct State {
-    float k[V];
-    int c0;
-  };
-  __device__ State setup(int c0) const {
-    State st;
-    st.c0 = c0;
-    load_v<V>(x + c0, st.k);
-    return st;
-  }
-  __device__ void add(const State& st, std::int64_t r, Sums<2> (&acc)[V]) const {
+  __device__ Channels<V> setup(int c0) const { return channels<V>(x, c0); }
+  __device__ void add(const Channels<V>& k, std::int64_t r, Sums<2> (&acc)[V]) const {
     float v[V];
-    load_v<V>(x + r * C + st.c0, v);
+    load_v<V>(x + r * C + k.c0, v);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const float d = v[e] - st.k[e];
+      const float d = v[e] - k.v[e];
       acc[e].v[0] += d;
       acc[e].v[1] += d * d;
     }
@@ -191,25 +197,16 @@ struct GradTerms {  // {g, g·(x − mean)}
   const T* x;
   const float* mean;
   int C;
-  struct State {
-    float m[V];
-    int c0;
-  };
-  __device__ State setup(int c0) const {
-    State st;
-    st.c0 = c0;
-    load_v<V>(mean + c0, st.m);
-    return st;
-  }
-  __device__ void add(const State& st, std::int64_t r, Sums<2> (&acc)[V]) const {
-    const std::int64_t at = r * C + st.c0;
+  __device__ Channels<V> setup(int c0) const { return channels<V>(mean, c0); }
+  __device__ void add(const Channels<V>& m, std::int64_t r, Sums<2> (&acc)[V]) const {
+    const std::int64_t at = r * C + m.c0;
     float g[V], xv[V];
     masked_grad<V>(dy, y, at, g);
     load_v<V>(x + at, xv);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       acc[e].v[0] += g[e];
-      acc[e].v[1] += g[e] * (xv[e] - st.m[e]);
+      acc[e].v[1] += g[e] * (xv[e] - m.v[e]);
     }
   }
 };
