@@ -9,6 +9,8 @@
 //   memory     device memory this process took (cudaMemGetInfo before the model and after the run)
 //   families   one extra step with CUDA events around each kernel family (a little slower than
 //              the timed steps: the events serialise nothing but cost launches)
+#include "../support/train_timing.cuh"
+
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_error.hpp>
 #include <dpml/core/cuda_space.hpp>
@@ -196,25 +198,11 @@ int run(const Options& o) {
     if constexpr (Precision::loss_scaling) skipped += !std::isfinite(model.finish_step());  // the loss scale
   };
   for (int i = 0; i < o.warmup; ++i) train_step();
-  cudaEvent_t t0, t1;
-  DPML_CHECK_CUDA(cudaEventCreate(&t0));
-  DPML_CHECK_CUDA(cudaEventCreate(&t1));
-  DPML_CHECK_CUDA(cudaEventRecord(t0, s));
-  for (int i = 0; i < o.steps; ++i) train_step();
-  DPML_CHECK_CUDA(cudaEventRecord(t1, s));
-  DPML_CHECK_CUDA(cudaEventSynchronize(t1));
-  float ms_total = 0;
-  DPML_CHECK_CUDA(cudaEventElapsedTime(&ms_total, t0, t1));
-
-  models::cuda::Profiler prof;
-  model.set_profiler(&prof);
-  train_step();
-  const auto family_ms = prof.collect();
-  model.set_profiler(nullptr);
+  const double ms_step = dpml::bench::ms_per_step(o.steps, s, train_step);
+  const auto family_ms = dpml::bench::family_ms<models::cuda::Profiler>(model, train_step);
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
 
-  const double ms_step = ms_total / o.steps;
   const double tokens = static_cast<double>(o.batch * o.seq);
   const double tok_s = tokens / (ms_step * 1e-3);
   const double n_params = static_cast<double>(model.real_parameter_count());
@@ -238,12 +226,7 @@ int run(const Options& o) {
               ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib,
               static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
               finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped));
-  double family_total = 0;
-  for (double m : family_ms) family_total += m;
-  for (std::size_t f = 0; f < family_ms.size(); ++f)
-    std::printf("{\"bench\":\"gpt_train_family\",\"impl\":\"%s\",\"family\":\"%.*s\",\"ms\":%.3f,\"share\":%.4f}\n",
-                impl, static_cast<int>(models::cuda::kFamilyNames[f].size()), models::cuda::kFamilyNames[f].data(),
-                family_ms[f], family_total > 0 ? family_ms[f] / family_total : 0.0);
+  dpml::bench::print_families("gpt_train_family", impl, family_ms, models::cuda::kFamilyNames);
 
   std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld T=%lld on %s, %s + fp32 master, AdamW, clip 1.0\n",
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
@@ -253,11 +236,7 @@ int run(const Options& o) {
               peak);
   std::printf("| %.0f | %.2f | %.1f%% | %.2f | %.3f → %.3f |\n\n", tok_s, ms_step, 100 * model_tflops / peak, mem_gib,
               losses.front(), losses.back());
-  std::printf("| kernel family | ms (one profiled step) | share |\n|---|---|---|\n");
-  for (std::size_t f = 0; f < family_ms.size(); ++f)
-    std::printf("| %.*s | %.2f | %.1f%% |\n", static_cast<int>(models::cuda::kFamilyNames[f].size()),
-                models::cuda::kFamilyNames[f].data(), family_ms[f],
-                family_total > 0 ? 100 * family_ms[f] / family_total : 0.0);
+  dpml::bench::print_family_table(family_ms, models::cuda::kFamilyNames);
   if (!finite) {
     std::fprintf(stderr, "gpt_train: a loss was not finite\n");
     return 1;

@@ -10,6 +10,8 @@
 //   TFLOP/s    3 × forward FLOPs (convolutions and classifier, 2 per multiply-add) × img/s
 //   memory     device memory this process took (cudaMemGetInfo before the model and after the run)
 //   families   one extra step with CUDA events around each kernel family
+#include "../support/train_timing.cuh"
+
 #include <dpml/core/cuda_error.hpp>
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/models/cuda/resnet.hpp>
@@ -106,26 +108,11 @@ int run(const Options& o) {
     losses.push_back(model.loss());  // synchronises: the step is done
   };
   for (int i = 0; i < o.warmup; ++i) train_step();
-  const cudaStream_t s = model.stream();
-  cudaEvent_t t0, t1;
-  DPML_CHECK_CUDA(cudaEventCreate(&t0));
-  DPML_CHECK_CUDA(cudaEventCreate(&t1));
-  DPML_CHECK_CUDA(cudaEventRecord(t0, s));
-  for (int i = 0; i < o.steps; ++i) train_step();
-  DPML_CHECK_CUDA(cudaEventRecord(t1, s));
-  DPML_CHECK_CUDA(cudaEventSynchronize(t1));
-  float ms_total = 0;
-  DPML_CHECK_CUDA(cudaEventElapsedTime(&ms_total, t0, t1));
-
-  models::cuda::CnnProfiler prof;
-  model.set_profiler(&prof);
-  train_step();
-  const auto family_ms = prof.collect();
-  model.set_profiler(nullptr);
+  const double ms_step = dpml::bench::ms_per_step(o.steps, model.stream(), train_step);
+  const auto family_ms = dpml::bench::family_ms<models::cuda::CnnProfiler>(model, train_step);
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
 
-  const double ms_step = ms_total / o.steps;
   const double img_s = static_cast<double>(o.batch) / (ms_step * 1e-3);
   const double tflops = 3.0 * model.forward_flops_per_image() * img_s / 1e12;
   const double mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
@@ -144,13 +131,7 @@ int run(const Options& o) {
               static_cast<long long>(model.parameter_count()), o.steps, o.warmup, ms_step, img_s, tflops, mem_gib,
               static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
               finite ? "true" : "false");
-  double family_total = 0;
-  for (double m : family_ms) family_total += m;
-  const auto& names = models::cuda::kCnnFamilyNames;
-  for (std::size_t f = 0; f < family_ms.size(); ++f)
-    std::printf("{\"bench\":\"resnet_train_family\",\"impl\":\"%s\",\"family\":\"%.*s\",\"ms\":%.3f,\"share\":%.4f}\n",
-                impl, static_cast<int>(names[f].size()), names[f].data(), family_ms[f],
-                family_total > 0 ? family_ms[f] / family_total : 0.0);
+  dpml::bench::print_families("resnet_train_family", impl, family_ms, models::cuda::kCnnFamilyNames);
   std::printf("\nResNet (width %lld, blocks %lld,%lld,%lld,%lld) B=%lld %lldpx on %s, bf16 + fp32 master, SGD, %s\n",
               static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
               static_cast<long long>(o.model.blocks[1]), static_cast<long long>(o.model.blocks[2]),
@@ -159,10 +140,7 @@ int run(const Options& o) {
   std::printf("| img/s | ms/step | model TFLOP/s | memory GiB | loss first → last |\n|---|---|---|---|---|\n");
   std::printf("| %.0f | %.2f | %.1f | %.2f | %.3f → %.3f |\n\n", img_s, ms_step, tflops, mem_gib, losses.front(),
               losses.back());
-  std::printf("| kernel family | ms (one profiled step) | share |\n|---|---|---|\n");
-  for (std::size_t f = 0; f < family_ms.size(); ++f)
-    std::printf("| %.*s | %.2f | %.1f%% |\n", static_cast<int>(names[f].size()), names[f].data(), family_ms[f],
-                family_total > 0 ? 100 * family_ms[f] / family_total : 0.0);
+  dpml::bench::print_family_table(family_ms, models::cuda::kCnnFamilyNames);
   if (!finite) {
     std::fprintf(stderr, "resnet_train: a loss was not finite\n");
     return 1;
