@@ -235,6 +235,14 @@ struct StageRing {
   __device__ std::uint32_t full(int s) const { return word(s); }
   __device__ std::uint32_t empty(int s) const { return word(Stages + s); }
   __device__ std::uint32_t extra(int i) const { return word(2 * Stages + i); }
+  // Every stage's full barrier for the producer's one arrive_expect_tx (+ the copies' bytes), its
+  // empty barrier for `empty_arrivals` releases (one thread, before the fences).
+  __device__ void init_barriers(std::uint32_t empty_arrivals) const {
+    for (int s = 0; s < Stages; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), empty_arrivals);
+    }
+  }
 
  private:
   __device__ std::uint32_t word(int i) const {
@@ -284,10 +292,7 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
   if (threadIdx.x == 0) {
     tma_prefetch(&map_a);
     tma_prefetch(&map_b);
-    for (int s = 0; s < S; ++s) {
-      mbar_init(ring.full(s), 1);               // the producer's arrive_expect_tx (+ the copies' bytes)
-      mbar_init(ring.empty(s), Kn::Consumers);  // one arrive per consumer warpgroup
-    }
+    ring.init_barriers(Kn::Consumers);  // empty: one arrive per consumer warpgroup
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
@@ -412,10 +417,7 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
   if (threadIdx.x == 0) {
     tma_prefetch(&map_a);
     tma_prefetch(&map_b);
-    for (int s = 0; s < S; ++s) {
-      mbar_init(ring.full(s), 1);   // the producer's arrive_expect_tx (+ the copies' bytes)
-      mbar_init(ring.empty(s), 1);  // the consuming warpgroup's release
-    }
+    ring.init_barriers(1);  // empty: the consuming warpgroup's release
     mbar_init(order(0), 1);
     mbar_init(order(1), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
