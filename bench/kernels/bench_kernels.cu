@@ -6,6 +6,7 @@
 //
 //   bench_kernels [--iters N]
 #include "../support/fill.cuh"
+#include "../support/train_timing.cuh"
 
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/kernels/cuda/adamw.hpp>
@@ -67,20 +68,11 @@ int main(int argc, char** argv) {
     constexpr std::int64_t P = 124475904;  // GPT-2 124M parameters with the padded vocabulary
     cudaStream_t s;
     DPML_CHECK_CUDA(cudaStreamCreate(&s));
-    cudaEvent_t t0, t1;
-    DPML_CHECK_CUDA(cudaEventCreate(&t0));
-    DPML_CHECK_CUDA(cudaEventCreate(&t1));
     std::vector<Row> rows;
     auto time = [&](std::string name, double bytes, double flops, const std::function<void()>& f) {
       f();
       f();
-      DPML_CHECK_CUDA(cudaEventRecord(t0, s));
-      for (int i = 0; i < iters; ++i) f();
-      DPML_CHECK_CUDA(cudaEventRecord(t1, s));
-      DPML_CHECK_CUDA(cudaEventSynchronize(t1));
-      float ms = 0;
-      DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, t0, t1));
-      ms /= static_cast<float>(iters);
+      const double ms = dpml::bench::ms_per_step(iters, s, f);
       const double floor_ms = std::max(bytes / kBandwidth, flops / kTensorPeak) * 1e3;
       std::printf("{\"bench\":\"kernels\",\"kernel\":\"%s\",\"ms\":%.4f,\"gb_per_s\":%.1f,\"tflops\":%.2f,"
                   "\"floor_ms\":%.4f}\n",

@@ -1,7 +1,8 @@
 #pragma once
-// What the training benches (bench/gpt_train, bench/resnet_train) share: timing a run of steps
-// with CUDA events, one more step under a per-family kernel profiler, and printing that breakdown
-// as JSON lines and a Markdown table (included by relative path; this folder is not a program).
+// What the GPU benches share for timing: a run of steps timed with CUDA events (bench/gpt_train,
+// bench/resnet_train, bench/kernels), and for the training benches one more step under a
+// per-family kernel profiler, printed as JSON lines and a Markdown table (included by relative
+// path; this folder is not a program).
 #include <dpml/core/cuda_error.hpp>
 
 #include <cuda_runtime.h>
@@ -13,8 +14,8 @@
 
 namespace dpml::bench {
 
-// Milliseconds per step of `steps` calls of step(), timed by events on `stream` (each step is
-// expected to end with its loss read back, as a training loop that prints it does).
+// Milliseconds per call of `steps` calls of step(), timed by events on `stream` (a training step
+// is expected to end with its loss read back, as a training loop that prints it does).
 template <class Step>
 double ms_per_step(int steps, cudaStream_t stream, Step&& step) {
   cudaEvent_t t0, t1;

@@ -376,7 +376,7 @@ class ResNet {
     };
     stats(stem_bn_);
     const Act* in = pooled_;
-    std::int64_t bn_scratch = batch_norm_scratch_of(stem_bn_, stem_.rows());
+    std::int64_t bn_scratch = kernels::cuda::batch_norm_scratch(stem_.rows(), stem_bn_.C);
     std::array<std::int64_t, 4> need{};      // elements of one gradient buffer, per stage
     std::array<std::size_t, 5> region{};    // byte offset where each stage's activations begin (and end)
     need[0] = stem_.rows() * w;              // the stem's gradient (with layer1's set)
@@ -395,7 +395,8 @@ class ResNet {
       auto& n = need[static_cast<std::size_t>(b.stage)];
       n = std::max({n, r1 * b.b1.C, r2 * b.b3.C, r1 * b.c1.shape.in.C});  // d ar, d out / d shortcut, d in
       if (b.projected) temporaries = std::max(temporaries, r2 * b.b3.C);
-      bn_scratch = std::max({bn_scratch, batch_norm_scratch_of(b.b1, r1), batch_norm_scratch_of(b.b3, r2)});
+      bn_scratch = std::max({bn_scratch, kernels::cuda::batch_norm_scratch(r1, b.b1.C),
+                             kernels::cuda::batch_norm_scratch(r2, b.b3.C)});
       in = b.out;
     }
     region[4] = carver_.bytes();
@@ -404,7 +405,7 @@ class ResNet {
     colsum_scratch_ = carver_.take<float>(std::max(bn_scratch, kernels::cuda::column_sums_scratch(N_, Vp_, 1)));
     // Stages 3 and 4 (and the classifier's dfeat): a set of their own, also the forward's temporaries.
     const std::int64_t late = std::max({need[2], need[3], N_ * features_, (temporaries + 2) / 3});
-    Act* own = carver_.take<Act>(3 * (late + kAlignElems));
+    Act* own = carver_.take<Act>(3 * detail::align_up(late));
     stem_relu_ = own;
     for (auto& b : blocks_) b.pn = b.projected ? own : nullptr;
     place_set(sets_[2], own, late);
@@ -413,18 +414,14 @@ class ResNet {
     for (std::size_t st = 0; st < 2; ++st) {
       const std::int64_t n = need[st];
       const std::size_t begin = (region[st + 1] + 255) / 256 * 256, end = region[st + 2];
-      const std::size_t bytes = static_cast<std::size_t>(3 * (n + kAlignElems)) * sizeof(Act);
+      const std::size_t bytes = static_cast<std::size_t>(3 * detail::align_up(n)) * sizeof(Act);
       if (begin < end && bytes <= end - begin) place_set(sets_[st], reinterpret_cast<Act*>(acts_ + begin), n);
-      else place_set(sets_[st], carver_.take<Act>(3 * (n + kAlignElems)), n);  // a short next stage: own memory
+      else place_set(sets_[st], carver_.take<Act>(3 * detail::align_up(n)), n);  // a short next stage: own memory
     }
   }
-  static constexpr std::int64_t kAlignElems = 128;  // 256 bytes of bf16 between the buffers of a set
+  // Three buffers of n elements from base, each starting on a 128-byte boundary (align_up).
   static void place_set(std::array<Act*, 3>& set, Act* base, std::int64_t n) {
-    const std::int64_t stride = (n + kAlignElems - 1) / kAlignElems * kAlignElems;
-    for (int i = 0; i < 3; ++i) set[static_cast<std::size_t>(i)] = base + i * stride;
-  }
-  static std::int64_t batch_norm_scratch_of(const BnLayer& b, std::int64_t rows) {
-    return kernels::cuda::batch_norm_scratch(rows, b.C);
+    for (int i = 0; i < 3; ++i) set[static_cast<std::size_t>(i)] = base + i * detail::align_up(n);
   }
 
   // ---- host ↔ device layouts ----
