@@ -1,5 +1,10 @@
-// All-reduce bus bandwidth of dpml's path (comm::Nccl::allreduce on a device buffer) against a
-// raw ncclAllReduce on the same communicator and stream, for fp32 and bf16, 1 MB – 1 GB.
+// All-reduce bus bandwidth of dpml's paths against a raw ncclAllReduce on the same stream, for
+// fp32 and bf16, 1 MB – 1 GB:
+//   dpml      comm::Nccl::allreduce on the whole buffer (the communicator's own overhead)
+//   bucketed  parallel::cuda::GradientSync over the buffer (ncclAvg in --bucket-mb buckets cut from
+//             its end, as a model's gradients are reduced; its own communicator on the same stream):
+//             what bucketing for overlap costs when nothing overlaps
+//   nccl      one raw ncclAllReduce (sum)
 //
 // One GPU per rank (comm::select_device); run under mpirun -n <GPUs> (scripts/launch.sh). Each
 // (dtype, size) gets `--warmup` calls of each path, then `--repeats` timed batches of `--iters`
@@ -9,7 +14,7 @@
 // per link of a ring all-reduce, comparable across rank counts, as in nccl-tests).
 //
 // Prints one JSON object per (dtype, size, path) — {"bench":"allreduce","dtype":..,"bytes":..,
-// "path":"dpml"|"nccl","ranks":..,"us":..,"algbw_GBps":..,"busbw_GBps":..} — then a Markdown table
+// "path":"dpml"|"bucketed"|"nccl","ranks":..,"us":..,"algbw_GBps":..,"busbw_GBps":..} — then a Markdown table
 // with dpml / raw NCCL busbw (the Step 5 target is ≥ 0.95 at ≥ 100 MB).
 
 #include <dpml/comm/launch.hpp>
@@ -17,6 +22,7 @@
 #include <dpml/comm/nccl.hpp>
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_error.hpp>
+#include <dpml/parallel/cuda/gradient_sync.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -34,15 +40,18 @@ namespace {
 struct Options {
   std::size_t min_bytes = std::size_t{1} << 20, max_bytes = std::size_t{1} << 30;
   int factor = 4, warmup = 5, iters = 20, repeats = 7;
+  double bucket_mb = 25;
   bool help = false;
 };
 
 struct Row {
   std::string dtype;
   std::size_t bytes;
-  double us[2];     // dpml, nccl
-  double busbw[2];
+  double us[3];     // Path order
+  double busbw[3];
 };
+enum Path { dpml_path, bucketed_path, nccl_path, path_count };
+constexpr const char* kPathNames[path_count] = {"dpml", "bucketed", "nccl"};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -50,29 +59,33 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-// Microseconds per call of `path` (0 = dpml, 1 = raw NCCL) for `n` elements of T, slowest rank.
+// Microseconds per call of each Path for `n` elements of T, slowest rank.
 template <class T>
-void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, const Options& o, double us[2]) {
+void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, const Options& o, double us[path_count]) {
   T *send = nullptr, *recv = nullptr;
   DPML_CHECK_CUDA(cudaMalloc(&send, n * sizeof(T)));
   DPML_CHECK_CUDA(cudaMalloc(&recv, n * sizeof(T)));
   DPML_CHECK_CUDA(cudaMemset(send, 0, n * sizeof(T)));
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  parallel::cuda::GradientSync<T> buckets(comm::Nccl::from(world, nccl.stream()), recv, n, nccl.stream(),
+                                          {.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))});
   auto call = [&](int path) {
-    if (path == 0)
+    if (path == dpml_path)
       nccl.allreduce(send, recv, n, comm::ReduceOp::sum);
+    else if (path == bucketed_path)
+      buckets.finish();
     else
       DPML_CHECK_NCCL(ncclAllReduce(send, recv, n, comm::NcclType<T>::value, ncclSum, nccl.native(), nccl.stream()));
   };
   cudaEvent_t start, stop;
   DPML_CHECK_CUDA(cudaEventCreate(&start));
   DPML_CHECK_CUDA(cudaEventCreate(&stop));
-  for (int path = 0; path < 2; ++path)
+  for (int path = 0; path < path_count; ++path)
     for (int i = 0; i < o.warmup; ++i) call(path);
   nccl.request().wait();
-  std::vector<double> batches[2];
+  std::vector<double> batches[path_count];
   for (int r = 0; r < o.repeats; ++r)
-    for (int path = 0; path < 2; ++path) {
+    for (int path = 0; path < path_count; ++path) {
       DPML_CHECK_CUDA(cudaEventRecord(start, nccl.stream()));
       for (int i = 0; i < o.iters; ++i) call(path);
       DPML_CHECK_CUDA(cudaEventRecord(stop, nccl.stream()));
@@ -81,7 +94,7 @@ void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, c
       DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
       batches[path].push_back(1e3 * ms / o.iters);
     }
-  for (int path = 0; path < 2; ++path) us[path] = world.allreduce(median(batches[path]), comm::ReduceOp::max);
+  for (int path = 0; path < path_count; ++path) us[path] = world.allreduce(median(batches[path]), comm::ReduceOp::max);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaFree(send);
@@ -122,6 +135,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--warmup") o.warmup = parse_int("--warmup", v, 0);
     else if (a == "--iters") o.iters = parse_int("--iters", v, 1);
     else if (a == "--repeats") o.repeats = parse_int("--repeats", v, 1);
+    else if (a == "--bucket-mb") {
+      o.bucket_mb = std::atof(v);
+      DPML_REQUIRE_EVERYWHERE(o.bucket_mb > 0, "--bucket-mb '" << v << "': expected a positive number of MB");
+    }
     else DPML_REQUIRE_EVERYWHERE(false, "unknown flag " << a << " (see --help)");
   }
   DPML_REQUIRE_EVERYWHERE(o.min_bytes <= o.max_bytes,
@@ -137,9 +154,9 @@ int main(int argc, char** argv) {
       if (world.rank() == 0)
         std::printf(
             "usage: mpirun -n <GPUs> %s [--min-bytes 1M] [--max-bytes 1G] [--factor 4] [--warmup 5]\n"
-            "           [--iters 20] [--repeats 7]\n"
-            "All-reduce busbw of comm::Nccl::allreduce vs raw ncclAllReduce (fp32, bf16): JSON lines,\n"
-            "then a Markdown table. One GPU per rank.\n",
+            "           [--iters 20] [--repeats 7] [--bucket-mb 25]\n"
+            "All-reduce busbw of comm::Nccl::allreduce and of GradientSync's buckets vs raw ncclAllReduce\n"
+            "(fp32, bf16): JSON lines, then a Markdown table. One GPU per rank.\n",
             argv[0]);
       return 0;
     }
@@ -163,24 +180,24 @@ int main(int argc, char** argv) {
           time_paths<float>(world, nccl, bytes / sizeof(float), o, row.us);
         else
           time_paths<bf16>(world, nccl, bytes / sizeof(bf16), o, row.us);
-        for (int path = 0; path < 2; ++path) {
+        for (int path = 0; path < path_count; ++path) {
           const double algbw = static_cast<double>(bytes) / (row.us[path] * 1e-6) / 1e9;
           row.busbw[path] = algbw * bus_factor;
           if (world.rank() == 0)
             std::printf("{\"bench\":\"allreduce\",\"dtype\":\"%s\",\"bytes\":%zu,\"path\":\"%s\",\"ranks\":%d,"
                         "\"us\":%.2f,\"algbw_GBps\":%.2f,\"busbw_GBps\":%.2f}\n",
-                        dtype.c_str(), bytes, path == 0 ? "dpml" : "nccl", p, row.us[path], algbw, row.busbw[path]);
+                        dtype.c_str(), bytes, kPathNames[path], p, row.us[path], algbw, row.busbw[path]);
         }
         std::fflush(stdout);
         rows.push_back(row);
       }
     if (world.rank() == 0) {
-      std::printf("\n| dtype | size | dpml µs | NCCL µs | dpml busbw GB/s | NCCL busbw GB/s | dpml / NCCL |\n"
-                  "|---|---|---|---|---|---|---|\n");
+      std::printf("\n| dtype | size | busbw GB/s: dpml | bucketed (%.0f MB) | NCCL | dpml / NCCL | bucketed / NCCL |\n"
+                  "|---|---|---|---|---|---|---|\n", o.bucket_mb);
       for (const Row& r : rows)
-        std::printf("| %s | %.0f MiB | %.1f | %.1f | %.1f | %.1f | %.3f |\n", r.dtype.c_str(),
-                    static_cast<double>(r.bytes) / (1 << 20), r.us[0], r.us[1], r.busbw[0], r.busbw[1],
-                    r.us[1] / r.us[0]);
+        std::printf("| %s | %.0f MiB | %.1f | %.1f | %.1f | %.3f | %.3f |\n", r.dtype.c_str(),
+                    static_cast<double>(r.bytes) / (1 << 20), r.busbw[dpml_path], r.busbw[bucketed_path],
+                    r.busbw[nccl_path], r.us[nccl_path] / r.us[dpml_path], r.us[nccl_path] / r.us[bucketed_path]);
     }
     return 0;
   });

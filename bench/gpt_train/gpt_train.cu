@@ -1,4 +1,4 @@
-// gpt_train: GPT-2 training throughput on one GPU (models/cuda/gpt.hpp), bf16 (or --precision
+// gpt_train: GPT-2 training throughput on one GPU or data parallel on several (models/cuda/gpt.hpp), bf16 (or --precision
 // fp16, with dynamic loss scaling) with fp32 master weights, AdamW (β = 0.9, 0.95, weight decay 0.1), global-norm clipping at 1.0 — the setup of
 // bench/reference/torch_gpt.py, so the two print comparable JSON lines.
 //
@@ -7,25 +7,37 @@
 //   MFU        (6·N + 12·L·T·d) FLOPs per token × tokens/s / peak, N the unpadded parameter count;
 //              peak = a bf16 8192³ cuBLASLt GEMM measured in the same run
 //   memory     device memory this process took (cudaMemGetInfo before the model and after the run)
+//   ranks      under mpirun/srun (scripts/launch.sh -n K), one GPU per rank, each on its own batch
+//              of B sequences, gradients averaged by parallel/cuda/gradient_sync.hpp while the
+//              backward runs; tokens/s counts all ranks (K·B·T per step over the slowest rank's
+//              step time) and MFU is per GPU; exposed_comm_ms: how long the last timed step's
+//              compute stream waited for its all-reduces
 //   families   one extra step with CUDA events around each kernel family (a little slower than
 //              the timed steps: the events serialise nothing but cost launches)
 #include "../support/train_timing.cuh"
 
+#include <dpml/comm/launch.hpp>
+#include <dpml/comm/local_rank.hpp>
+#include <dpml/comm/nccl.hpp>
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_error.hpp>
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/data/token_shards.hpp>
 #include <dpml/kernels/cuda/gemm/dispatch.hpp>
 #include <dpml/models/cuda/gpt.hpp>
+#include <dpml/parallel/cuda/gradient_sync.hpp>
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +53,8 @@ struct Options {
   double lr = 6e-4;
   std::string data;  // llm.c token shards (file or glob); empty: random tokens
   std::string precision = "bf16";
+  double bucket_mb = 25;             // data parallel: all-reduce bucket size
+  std::string grad_reduce = "bf16";  // data parallel: the type the gradients are averaged in
 };
 
 void usage(const char* argv0) {
@@ -55,8 +69,11 @@ void usage(const char* argv0) {
       "  --data PATTERN   llm.c token shards (uint16 .bin, glob allowed); default: random tokens\n"
       "  --recompute-gelu 0|1   recompute the GELU output in the backward instead of saving it per block (1)\n"
       "  --precision bf16|fp16  storage of weights, activations, gradients (fp16: dynamic loss scaling) (bf16)\n"
+      "  --bucket-mb X    data parallel (several ranks): MB per gradient all-reduce bucket (25)\n"
+      "  --grad-reduce bf16|fp32  data parallel: average the gradients in their own 16-bit type or in fp32 (bf16)\n"
+      "Data parallel: scripts/launch.sh -n K %s ... (one GPU per rank, each on its own batch of B).\n"
       "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
-      argv0);
+      argv0, argv0);
 }
 
 Options parse(int argc, char** argv) {
@@ -67,7 +84,7 @@ Options parse(int argc, char** argv) {
       usage(argv[0]);
       std::exit(0);
     }
-    DPML_REQUIRE(i + 1 < argc, "gpt_train: option " << a << " needs a value (see --help)");
+    DPML_REQUIRE_EVERYWHERE(i + 1 < argc, "gpt_train: option " << a << " needs a value (see --help)");
     const char* v = argv[++i];
     if (a == "--batch") o.batch = std::atoll(v);
     else if (a == "--seq") o.seq = std::atoll(v);
@@ -81,11 +98,16 @@ Options parse(int argc, char** argv) {
     else if (a == "--data") o.data = v;
     else if (a == "--recompute-gelu") o.model.recompute_gelu = std::atoi(v) != 0;
     else if (a == "--precision") o.precision = v;
-    else DPML_REQUIRE(false, "gpt_train: unknown option " << a << " (see --help)");
+    else if (a == "--bucket-mb") o.bucket_mb = std::atof(v);
+    else if (a == "--grad-reduce") o.grad_reduce = v;
+
+    else DPML_REQUIRE_EVERYWHERE(false, "gpt_train: unknown option " << a << " (see --help)");
   }
-  DPML_REQUIRE(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.warmup >= 0,
+  DPML_REQUIRE_EVERYWHERE(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.warmup >= 0,
                "gpt_train: --batch, --seq, --steps must be positive and --warmup non-negative");
-  DPML_REQUIRE(o.precision == "bf16" || o.precision == "fp16", "gpt_train: --precision " << o.precision << " is not bf16 or fp16");
+  DPML_REQUIRE_EVERYWHERE(o.precision == "bf16" || o.precision == "fp16", "gpt_train: --precision " << o.precision << " is not bf16 or fp16");
+  DPML_REQUIRE_EVERYWHERE(o.grad_reduce == "bf16" || o.grad_reduce == "fp32", "gpt_train: --grad-reduce " << o.grad_reduce << " is not bf16 or fp32");
+  DPML_REQUIRE_EVERYWHERE(o.bucket_mb > 0, "gpt_train: --bucket-mb " << o.bucket_mb << " must be positive");
   o.model.max_seq = std::max(o.model.max_seq, o.seq);
   return o;
 }
@@ -124,7 +146,8 @@ double measure_peak_tflops(std::int64_t n) {
 // Inputs and targets of one step, (B, T) each, from a token stream or random.
 class Batches {
  public:
-  Batches(const Options& o) : n_(o.batch * o.seq), vocab_(o.model.vocab) {
+  // Rank r of K reads its own batches: another random stream, or every K-th window of the data.
+  Batches(const Options& o, int rank, int ranks) : n_(o.batch * o.seq), vocab_(o.model.vocab), rank_(rank), ranks_(ranks) {
     if (!o.data.empty()) {
       const auto t = data::read_token_shards({o.data});
       DPML_REQUIRE(static_cast<std::int64_t>(t.size()) > n_ + 1,
@@ -142,7 +165,7 @@ class Batches {
   void load(std::int64_t s, cudaStream_t stream) {
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream));  // the host buffer is free again
     if (stream_.empty()) {
-      std::uint64_t x = 0x243F6A8885A308D3ull ^ static_cast<std::uint64_t>(s);
+      std::uint64_t x = 0x243F6A8885A308D3ull ^ static_cast<std::uint64_t>(s) ^ (static_cast<std::uint64_t>(rank_) << 40);
       for (std::int64_t i = 0; i < 2 * n_; ++i) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -151,7 +174,7 @@ class Batches {
       }
     } else {
       const std::int64_t windows = (static_cast<std::int64_t>(stream_.size()) - 1) / n_;
-      const std::int64_t base = (s % windows) * n_;
+      const std::int64_t base = ((s * ranks_ + rank_) % windows) * n_;
       for (std::int64_t i = 0; i < n_; ++i) {
         host_[i] = stream_[base + i];
         host_[n_ + i] = stream_[base + i + 1];
@@ -166,6 +189,7 @@ class Batches {
 
  private:
   std::int64_t n_, vocab_;
+  int rank_, ranks_;
   std::vector<std::int32_t> stream_;
   std::int32_t* host_ = nullptr;
   std::int32_t* device_ = nullptr;
@@ -174,21 +198,44 @@ class Batches {
 }  // namespace
 
 template <class Precision>
-int run(const Options& o) {
+int run(const Options& o, const comm::Mpi& world) {
+  using Act = typename Precision::type;
+  const int ranks = world.size();
   cudaDeviceProp prop{};
-  DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  int device = 0;
+  DPML_CHECK_CUDA(cudaGetDevice(&device));
+  DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   const double peak = measure_peak_tflops(8192);
 
   std::size_t free0 = 0, total = 0, free1 = 0;
   DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
   models::cuda::Gpt<Precision> model(o.model, o.batch, o.seq);
-  model.init_random(1337);
-  Batches batches(o);
+  model.init_random(1337);  // the same on every rank
+  Batches batches(o, world.rank(), ranks);
+  // Data parallel: the gradients averaged in their own type or widened to fp32.
+  std::unique_ptr<parallel::cuda::GradientListener> sync;
+  std::function<double()> exposed_ms = [] { return 0.0; };
+  if (ranks > 1) {
+    const parallel::cuda::GradientSyncOptions sync_opt{.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))};
+    auto nccl = comm::Nccl::from(world);
+    const auto flat = static_cast<std::size_t>(model.parameter_count());
+    if (o.grad_reduce == "fp32") {
+      auto s = std::make_unique<parallel::cuda::GradientSync<Act, float>>(std::move(nccl), model.gradients(), flat, model.stream(), sync_opt);
+      exposed_ms = [p = s.get()] { return p->exposed_ms(); };
+      sync = std::move(s);
+    } else {
+      auto s = std::make_unique<parallel::cuda::GradientSync<Act>>(std::move(nccl), model.gradients(), flat, model.stream(), sync_opt);
+      exposed_ms = [p = s.get()] { return p->exposed_ms(); };
+      sync = std::move(s);
+    }
+    model.set_gradient_sync(sync.get());
+  }
   const optim::AdamWOptions adam{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   const cudaStream_t s = model.stream();
   std::int64_t step = 0, skipped = 0;  // skipped: overflowed fp16 steps (no update)
-  std::vector<double> losses;
+  std::vector<double> losses, step_ms;  // step_ms: host wall time of each step (each ends synchronised)
   auto train_step = [&] {
+    const auto start = std::chrono::steady_clock::now();
     ++step;
     batches.load(step, s);
     model.forward_backward(batches.inputs(), batches.targets());
@@ -196,42 +243,55 @@ int run(const Options& o) {
     model.update(lr, step - skipped, adam, 1.0);
     losses.push_back(model.loss());  // synchronises: the step is done
     if constexpr (Precision::loss_scaling) skipped += !std::isfinite(model.finish_step());  // the loss scale
+    step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   };
   for (int i = 0; i < o.warmup; ++i) train_step();
-  const double ms_step = dpml::bench::ms_per_step(o.steps, s, train_step);
+  if (ranks > 1) world.barrier();  // the ranks start the timed steps together
+  const double ms_step = world.allreduce(dpml::bench::ms_per_step(o.steps, s, train_step), comm::ReduceOp::max);
+  const double exposed = world.allreduce(exposed_ms(), comm::ReduceOp::max);
+  // The timed steps' fastest and median host times, the slowest rank's: a DP step slower at its
+  // minimum pays a fixed cost; one slower at the median only, jitter that the other rank waits for.
+  std::vector<double> timed(step_ms.end() - o.steps, step_ms.end());
+  std::sort(timed.begin(), timed.end());
+  const double ms_min = world.allreduce(timed.front(), comm::ReduceOp::max);
+  const double ms_median = world.allreduce(timed[timed.size() / 2], comm::ReduceOp::max);
   const auto family_ms = dpml::bench::family_ms<models::cuda::Profiler>(model, train_step);
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
+  if (world.rank() != 0) return 0;
 
-  const double tokens = static_cast<double>(o.batch * o.seq);
+  const double tokens = static_cast<double>(o.batch * o.seq) * ranks;
   const double tok_s = tokens / (ms_step * 1e-3);
   const double n_params = static_cast<double>(model.real_parameter_count());
   const double flops_per_token = 6.0 * n_params + 12.0 * o.model.layers * o.seq * o.model.dim;
-  const double model_tflops = flops_per_token * tok_s / 1e12;
+  const double model_tflops = flops_per_token * tok_s / ranks / 1e12;  // per GPU
   const double mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
   bool finite = true;
   for (double l : losses) finite = finite && std::isfinite(l);
 
   const std::string name = std::string("dpml") + (o.model.recompute_gelu ? "" : "-saved-gelu") +
-                           (Precision::loss_scaling ? "-fp16" : "");
+                           (Precision::loss_scaling ? "-fp16" : "") + (ranks > 1 ? "-dp" + std::to_string(ranks) : "") +
+                           (ranks > 1 && o.grad_reduce == "fp32" ? "-fp32-reduce" : "");
   const char* impl = name.c_str();
   std::printf("{\"bench\":\"gpt_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
               "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
               "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
-              "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld}\n",
+              "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld,"
+              "\"ranks\":%d,\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f}\n",
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
               o.model.recompute_gelu ? "true" : "false", n_params, o.steps, o.warmup,
               ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib,
               static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
-              finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped));
+              finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped), ranks, o.bucket_mb,
+              o.grad_reduce.c_str(), exposed, ms_min, ms_median);
   dpml::bench::print_families("gpt_train_family", impl, family_ms, models::cuda::kFamilyNames);
 
-  std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld T=%lld on %s, %s + fp32 master, AdamW, clip 1.0\n",
+  std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld T=%lld on %d × %s, %s + fp32 master, AdamW, clip 1.0\n",
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
-              static_cast<long long>(o.batch), static_cast<long long>(o.seq), prop.name, Precision::name.data());
+              static_cast<long long>(o.batch), static_cast<long long>(o.seq), ranks, prop.name, Precision::name.data());
   std::printf("| tokens/s | ms/step | MFU (vs %.0f TFLOP/s measured) | memory GiB | loss first → last |\n|---|---|---|---|---|\n",
               peak);
   std::printf("| %.0f | %.2f | %.1f%% | %.2f | %.3f → %.3f |\n\n", tok_s, ms_step, 100 * model_tflops / peak, mem_gib,
@@ -245,12 +305,10 @@ int run(const Options& o) {
 }
 
 int main(int argc, char** argv) {
-  try {
+  return dpml::run(argc, argv, [&](const comm::Mpi& world) {
     const Options o = parse(argc, argv);
-    DPML_REQUIRE(cuda_device_count() > 0, "gpt_train: no CUDA device");
-    return o.precision == "fp16" ? run<models::cuda::Fp16>(o) : run<models::cuda::Bf16>(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt_train: %s\n", e.what());
-    return 1;
-  }
+    DPML_REQUIRE_EVERYWHERE(cuda_device_count() > 0, "gpt_train: no CUDA device");
+    comm::select_device(world);
+    return o.precision == "fp16" ? run<models::cuda::Fp16>(o, world) : run<models::cuda::Bf16>(o, world);
+  });
 }

@@ -6,6 +6,11 @@ causal scaled_dot_product_attention (flash), bf16 autocast over fp32 parameters,
 (betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every tensor, as gpt_train), clip_grad_norm_ 1.0,
 random tokens. Modes: eager, or torch.compile of the model.
 
+Data parallel: under torchrun (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel
+(bucket_cap_mb 25, gradient_as_bucket_view, NCCL), one GPU per rank (LOCAL_RANK), each rank on its
+own random batch of B sequences; tokens/s counts all ranks over the slowest rank's step time, and
+only rank 0 prints. bench/gpt_train under scripts/launch.sh -n K is the counterpart.
+
 Prints JSON lines: {"bench":"gpt_train","impl":"torch-eager"|"torch-compile",...} with tokens/s,
 ms/step, peak memory (torch.cuda.max_memory_allocated over the timed steps), and
 {"bench":"gpt_train_family",...} from torch.profiler over one step (CUDA kernel time grouped by
@@ -18,7 +23,10 @@ import math
 import re
 import time
 
+import os
+
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -82,6 +90,7 @@ def peak_tflops(n=8192):
 
 
 FAMILIES = [  # first match wins
+    ("communication", r"nccl"),
     ("attention", r"flash|fmha|attention|sdpa|attn"),
     ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|matmul|sm90_|sm80_"),
     ("layer_norm", r"layer_norm|layernorm"),
@@ -101,6 +110,26 @@ def family(name):
     return "other"
 
 
+def profile_families(train_step):
+    """CUDA kernel time (ms) of one profiled step, grouped by kernel name into families."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        train_step()
+        torch.cuda.synchronize()
+    fam = {}
+    for e in prof.key_averages():
+        if e.device_type != DeviceType.CUDA:
+            continue
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = e.self_cuda_time_total
+        if t > 0:
+            fam[family(e.key)] = fam.get(family(e.key), 0.0) + t / 1e3  # µs → ms
+    return fam
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
@@ -115,6 +144,11 @@ def main():
     ap.add_argument("--lr", type=float, default=6e-4)
     a = ap.parse_args()
 
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if ranks > 1:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
     torch.manual_seed(1337)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -124,8 +158,11 @@ def main():
     model = GPT(a.layers, a.dim, a.heads, a.vocab, padded, max(a.seq, 1024)).to(dev)
     n_params = sum(p.numel() for p in model.parameters()) - (padded - a.vocab) * a.dim
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
-    fwd = torch.compile(model) if a.mode == "compile" else model
-    gen = torch.Generator(device=dev).manual_seed(0)
+    fwd = model
+    if ranks > 1:
+        fwd = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25, gradient_as_bucket_view=True)
+    fwd = torch.compile(fwd) if a.mode == "compile" else fwd
+    gen = torch.Generator(device=dev).manual_seed(rank)
     step = 0
 
     def train_step():
@@ -153,35 +190,27 @@ def main():
     torch.cuda.synchronize()
     ms = (time.time() - t0) * 1e3 / a.steps
     mem = torch.cuda.max_memory_allocated() / 2**30
+    if ranks > 1:  # the slowest rank's step time
+        t = torch.tensor([ms], device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        ms = t.item()
 
-    tok_s = a.batch * a.seq / (ms * 1e-3)
+    tok_s = a.batch * a.seq * ranks / (ms * 1e-3)
     fpt = 6 * n_params + 12 * a.layers * a.seq * a.dim
-    tflops = fpt * tok_s / 1e12
-    impl = "torch-" + a.mode
+    tflops = fpt * tok_s / ranks / 1e12  # per GPU
+    impl = "torch-" + a.mode + (f"-ddp{ranks}" if ranks > 1 else "")
+    fam = profile_families(train_step)
+    if ranks > 1:
+        dist.destroy_process_group()
+    if rank != 0:
+        return
     print(json.dumps({"bench": "gpt_train", "impl": impl, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                       "batch": a.batch, "seq": a.seq, "layers": a.layers, "dim": a.dim, "heads": a.heads, "vocab": a.vocab,
                       "params": n_params, "steps": a.steps, "warmup": a.warmup, "warmup_s": round(warm_s, 1),
                       "ms_per_step": round(ms, 3), "tokens_per_s": round(tok_s, 1), "model_tflops": round(tflops, 2),
                       "peak_tflops": round(peak, 1), "mfu": round(tflops / peak, 4), "mem_gib": round(mem, 3),
                       "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
-                      "finite": all(math.isfinite(l) for l in losses)}), flush=True)
-
-    # Kernel families: CUDA kernel events of one profiled step, grouped by name.
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        train_step()
-        torch.cuda.synchronize()
-    fam = {}
-    for e in prof.key_averages():
-        if e.device_type != DeviceType.CUDA:
-            continue
-        t = getattr(e, "self_device_time_total", None)
-        if t is None:
-            t = e.self_cuda_time_total
-        if t > 0:
-            fam[family(e.key)] = fam.get(family(e.key), 0.0) + t / 1e3  # µs → ms
+                      "finite": all(math.isfinite(l) for l in losses), "ranks": ranks}), flush=True)
     total = sum(fam.values()) or 1.0
     for f, t in sorted(fam.items(), key=lambda kv: -kv[1]):
         print(json.dumps({"bench": "gpt_train_family", "impl": impl, "family": f, "ms": round(t, 3),

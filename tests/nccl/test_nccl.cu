@@ -4,6 +4,7 @@
 // timeout message when a peer skips a collective. Run with as many ranks as GPUs (2 in CTest);
 // where a node has fewer GPUs than ranks the program exits 77 (skipped).
 #include "../cuda/device.hpp"
+#include "nccl_fixture.hpp"
 
 #include <dpml/comm/local_rank.hpp>
 #include <dpml/comm/nccl.hpp>
@@ -39,22 +40,13 @@ double dvalue(int r, std::size_t i) { return dbl(value<float>(r, i)); }
 const std::size_t kSizes[] = {1, 7, 1000003};
 int chosen_device = -1;  // by comm::select_device, in nccl()
 
-// One communicator (and GPU) per process, shared by the tests; exits 77 where this node has fewer
-// GPUs than ranks (every rank of the node decides alike). It enqueues on the legacy default
+// One communicator (and GPU) per process, shared by the tests. It enqueues on the legacy default
 // stream (0), so the tests' cudaMemcpy/cudaMemset (DeviceVec) are ordered before the collectives.
 // Never destroyed: a static's destructor would run after the CUDA runtime has shut down.
 const comm::Nccl& nccl() {
   static const comm::Nccl* c = [] {
-    const auto w = test::world();
-    const comm::NodeRank local = comm::node_local_rank(w);
-    const int short_of_gpus = w.allreduce(local.size > cuda_device_count() ? 1 : 0, ReduceOp::max);
-    if (short_of_gpus) {
-      if (w.rank() == 0) std::fprintf(stderr, "fewer GPUs than ranks on a node: test skipped\n");
-      MPI_Finalize();
-      std::exit(77);
-    }
-    chosen_device = comm::select_device(w);
-    return new comm::Nccl(comm::Nccl::from(w, nullptr));
+    chosen_device = test::gpu_per_rank();
+    return new comm::Nccl(comm::Nccl::from(test::world(), nullptr));
   }();
   return *c;
 }

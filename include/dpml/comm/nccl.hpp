@@ -22,6 +22,7 @@
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/cuda_error.hpp"
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <sched.h>
@@ -53,6 +54,7 @@ struct NcclType {
 DPML_NCCL_TYPE(float, ncclFloat32)
 DPML_NCCL_TYPE(double, ncclFloat64)
 DPML_NCCL_TYPE(bf16, ncclBfloat16)
+DPML_NCCL_TYPE(__half, ncclFloat16)
 DPML_NCCL_TYPE(char, ncclChar)
 DPML_NCCL_TYPE(std::int8_t, ncclInt8)
 DPML_NCCL_TYPE(std::uint8_t, ncclUint8)

@@ -23,6 +23,12 @@
 // reads it (a non-finite norm skips the step) → finish_step() (the norm; the loss scale). No host
 // synchronisation except loss(), grad_norm() and finish_step().
 //
+// Data parallel (parallel/cuda/gradient_sync.hpp): with a GradientListener attached, the backward
+// of a step's last micro-batch tells it after each block that the gradients from that block's first
+// tensor to the end of the flat buffer are final (ln_f and the blocks behind it), so their
+// all-reduce overlaps the blocks still to come; the tied wte (first written by the LM head, last by
+// the embedding backward) and wpe go at the end, with finish(), before the norm and the update.
+//
 // Per-family timing: with a Profiler attached, each kernel family is bracketed by CUDA events;
 // Profiler::collect() synchronises and sums the milliseconds per family.
 //
@@ -49,6 +55,7 @@
 #include "dpml/models/cuda/precision.hpp"
 #include "dpml/models/cuda/profiler.hpp"
 #include "dpml/optim/adamw.hpp"
+#include "dpml/parallel/cuda/gradient_sync.hpp"
 
 #include <cuda_runtime.h>
 
@@ -167,6 +174,10 @@ class Gpt {
   }
   std::size_t device_bytes() const noexcept { return carver_.bytes(); }
   void set_profiler(Profiler* p) noexcept { prof_ = p; }
+  // Data parallel: the listener sees the gradients as the backward finishes them (nullptr: none).
+  void set_gradient_sync(parallel::cuda::GradientListener* sync) noexcept { sync_ = sync; }
+  // The flat gradient buffer (parameter_count() elements), for a GradientSync.
+  Act* gradients() noexcept { return grads_; }
 
   // The fp32 state a checkpoint holds, per tensor: master weights and AdamW's two moments (named
   // as the host optimizer's state slots, optim::AdamW::state_names).
@@ -270,6 +281,7 @@ class Gpt {
     }
     accumulate_ = accumulate;
     micro_batches_ = micro_batches;
+    micro_index_ = accumulate ? micro_index_ + 1 : 0;
     forward(tokens, targets);
     backward(tokens);
   }
@@ -519,6 +531,7 @@ class Gpt {
     using detail::kc::Trans;
     namespace epi = detail::kc::epilogue;
     const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
+    parallel::cuda::GradientListener* const sync = micro_index_ + 1 >= micro_batches_ ? sync_ : nullptr;
     // LM head: dlnf = dlogits · wte; dwte = dlogitsᵀ · lnf (first writer of the tied gradient).
     timed(Family::gemm, [&] {
       detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::no, .tb = Trans::no, .M = n, .N = C,
@@ -548,12 +561,14 @@ class Gpt {
       });
       linear_backward(dbig_, a.ln1, p.attn_w, p.attn_b, dsmall_, C, 3 * C);
       layer_norm_backward(dsmall_, a.x, p.ln1_w, p.ln1_b, a.ln1_mean, a.ln1_rstd, dres_, dres_);  // dres_ = d x
+      if (sync) sync->ready(static_cast<std::size_t>(p.ln1_w));  // block i's first tensor .. ln_f
     }
     timed(Family::embedding, [&] {
       detail::kc::embedding_token_backward(tokens, dres_, grads_ + wte_, n, C, 0, cfg_.vocab, cfg_.vocab, emb_ws_,
                                            emb_ws_bytes_, stream_);
       detail::kc::embedding_position_backward(dres_, grads_ + wpe_, B_, T_, C, stream_);
     });
+    if (sync) sync->finish();
   }
 
   struct BlockActs {
@@ -576,6 +591,8 @@ class Gpt {
   double step_scale_ = 1.0;  // the loss scale of the step's forward_backward calls
   bool accumulate_ = false;  // the running micro-batch adds to the gradients
   int micro_batches_ = 1;    // of the running step
+  int micro_index_ = 0;      // the running micro-batch's index in its step
+  parallel::cuda::GradientListener* sync_ = nullptr;
   // GEMM-written gradients (weights, the tied LM head) add to what earlier micro-batches wrote;
   // the other gradient kernels always add (to zeroed buffers at a step's first micro-batch).
   float grad_beta() const noexcept { return accumulate_ ? 1.f : 0.f; }

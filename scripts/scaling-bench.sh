@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Data-parallel scaling on one host with 2 GPUs or more: dpml against PyTorch DDP, in one job.
+#
+#   1. configure the cuda-openmpi preset, build gpt_train, bench_allreduce and the NCCL tests
+#   2. ctest -L nccl: communicator collectives, the data-parallel GPT against a lone GPU
+#   3. GPT-2 124M (B=16 per GPU, T=1024): dpml on 1 GPU and on K (bf16 and fp32 gradient
+#      reduction); PyTorch eager on 1 and DDP on K (torchrun); with --compile also torch.compile
+#   4. bench_allreduce on K ranks: comm::Nccl and GradientSync's buckets against raw NCCL busbw
+#   5. a table: tokens/s, scaling efficiency (K-GPU tokens/s / (K × 1-GPU tokens/s)), exposed
+#      communication, and the all-reduce ratios at ≥ 100 MB
+#
+# Usage: scripts/scaling-bench.sh [--ranks K] [--steps N] [--warmup N] [--compile] [--no-tests]
+# JSON lines land in $RESULTS (default build/cuda-openmpi/scaling-bench), and also in $OUT when set.
+# Exit status: non-zero if the build, a test or a benchmark failed (all of them still run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ranks=2 steps=20 warmup=5 compile=0 tests=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --ranks) ranks=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --compile) compile=1; shift ;;
+    --no-tests) tests=0; shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "scaling-bench.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)
+if [[ "$gpus" -lt "$ranks" ]]; then
+  echo "scaling-bench.sh: $ranks ranks need $ranks GPUs, this host has $gpus" >&2
+  exit 2
+fi
+export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
+
+build=build/cuda-openmpi
+results=${RESULTS:-$build/scaling-bench}
+source scripts/lib/gpu-build.sh
+gpu_build "$build" "$results" gpt_train bench_allreduce test_nccl test_gpt_dp
+
+status=0
+if [[ $tests == 1 ]]; then
+  echo "== ctest -L nccl"
+  ctest --test-dir "$build" -L nccl --output-on-failure || status=1
+fi
+
+common=(--batch 16 --seq 1024 --steps "$steps" --warmup "$warmup")
+run() {  # run NAME COMMAND...: output to $results/NAME.txt, status kept
+  local name=$1
+  shift
+  echo "== $name: $*"
+  "$@" 2>&1 | tee "$results/$name.txt" || status=1
+}
+gpt=$build/bench/gpt_train/gpt_train
+run gpt-dpml-1 "$gpt" "${common[@]}"
+run gpt-dpml-$ranks scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}"
+run gpt-dpml-$ranks-fp32 scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --grad-reduce fp32
+modes=(eager)
+[[ $compile == 1 ]] && modes+=(compile)
+for mode in "${modes[@]}"; do
+  run "gpt-torch-$mode-1" python3 bench/reference/torch_gpt.py --mode "$mode" "${common[@]}"
+  run "gpt-torch-$mode-$ranks" torchrun --standalone --nproc_per_node "$ranks" bench/reference/torch_gpt.py --mode "$mode" "${common[@]}"
+done
+run allreduce scripts/launch.sh -n "$ranks" "$build/bench/allreduce/bench_allreduce" --min-bytes 1M --max-bytes 1G
+
+echo "== summary"
+python3 - "$results" "$ranks" <<'EOF' || status=1
+import json, sys, pathlib
+d, K = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+runs, ar = {}, {}
+for p in sorted(d.glob("*.txt")):
+    for line in p.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        j = json.loads(line)
+        if j["bench"] == "gpt_train":
+            runs[p.stem] = j
+        elif j["bench"] == "allreduce":
+            ar[(j["dtype"], j["bytes"], j["path"])] = j["busbw_GBps"]
+print(f"GPT-2 124M, B=16 per GPU, T=1024, {K} GPUs")
+print("| run | GPUs | tokens/s | ms/step | exposed comm ms | scaling efficiency |")
+print("|---|---|---|---|---|---|")
+for name, r in runs.items():
+    ranks = r.get("ranks", 1)
+    base = runs.get(name.rsplit("-", 2)[0] + "-1" if name.endswith("-fp32") else name.rsplit("-", 1)[0] + "-1")
+    eff = f"{r['tokens_per_s'] / (ranks * base['tokens_per_s']):.3f}" if base and ranks > 1 else ""
+    exposed = f"{r['exposed_comm_ms']:.2f}" if "exposed_comm_ms" in r and ranks > 1 else ""
+    print(f"| {name} | {ranks} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | {exposed} | {eff} |")
+if ar:
+    print()
+    print("| all-reduce | size | dpml busbw GB/s | bucketed | raw NCCL | dpml / NCCL | bucketed / NCCL |")
+    print("|---|---|---|---|---|---|---|")
+    for (dtype, size, path), bw in sorted(ar.items()):
+        if path != "nccl":
+            continue
+        dp, bk = ar.get((dtype, size, "dpml"), 0), ar.get((dtype, size, "bucketed"), 0)
+        print(f"| {dtype} | {size / 2**20:.0f} MiB | {dp:.1f} | {bk:.1f} | {bw:.1f} | {dp / bw:.3f} | {bk / bw:.3f} |")
+EOF
+if [[ -n "${OUT:-}" ]]; then cp "$results"/*.txt "$OUT"/ 2>/dev/null || true; fi
+exit $status
