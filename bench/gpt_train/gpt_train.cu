@@ -233,7 +233,10 @@ int run(const Options& o, const comm::Mpi& world) {
   const optim::AdamWOptions adam{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   const cudaStream_t s = model.stream();
   std::int64_t step = 0, skipped = 0;  // skipped: overflowed fp16 steps (no update)
-  std::vector<double> losses, step_ms;  // step_ms: host wall time of each step (each ends synchronised)
+  // step_ms: host wall time of each step (each ends synchronised); launch_ms: of its launches alone
+  // (until the loss read): near step_ms, the GPU waits for the host.
+  std::vector<double> losses, step_ms, launch_ms;
+  auto since = [](auto start) { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(); };
   auto train_step = [&] {
     const auto start = std::chrono::steady_clock::now();
     ++step;
@@ -241,9 +244,10 @@ int run(const Options& o, const comm::Mpi& world) {
     model.forward_backward(batches.inputs(), batches.targets());
     const double lr = o.lr * std::min(1.0, static_cast<double>(step) / std::max(1, o.warmup));
     model.update(lr, step - skipped, adam, 1.0);
+    launch_ms.push_back(since(start));
     losses.push_back(model.loss());  // synchronises: the step is done
     if constexpr (Precision::loss_scaling) skipped += !std::isfinite(model.finish_step());  // the loss scale
-    step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    step_ms.push_back(since(start));
   };
   for (int i = 0; i < o.warmup; ++i) train_step();
   if (ranks > 1) world.barrier();  // the ranks start the timed steps together
@@ -255,6 +259,9 @@ int run(const Options& o, const comm::Mpi& world) {
   std::sort(timed.begin(), timed.end());
   const double ms_min = world.allreduce(timed.front(), comm::ReduceOp::max);
   const double ms_median = world.allreduce(timed[timed.size() / 2], comm::ReduceOp::max);
+  std::vector<double> launches(launch_ms.end() - o.steps, launch_ms.end());
+  std::sort(launches.begin(), launches.end());
+  const double launch_median = world.allreduce(launches[launches.size() / 2], comm::ReduceOp::max);
   const auto family_ms = dpml::bench::family_ms<models::cuda::Profiler>(model, train_step);
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
@@ -277,7 +284,7 @@ int run(const Options& o, const comm::Mpi& world) {
               "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
               "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
               "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld,"
-              "\"ranks\":%d,\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f}\n",
+              "\"ranks\":%d,\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
@@ -285,7 +292,7 @@ int run(const Options& o, const comm::Mpi& world) {
               ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib,
               static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
               finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped), ranks, o.bucket_mb,
-              o.grad_reduce.c_str(), exposed, ms_min, ms_median);
+              o.grad_reduce.c_str(), exposed, ms_min, ms_median, launch_median);
   dpml::bench::print_families("gpt_train_family", impl, family_ms, models::cuda::kFamilyNames);
 
   std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld T=%lld on %d × %s, %s + fp32 master, AdamW, clip 1.0\n",

@@ -9,6 +9,13 @@ tensor, PyTorch's default foreach implementation), cross-entropy on synthetic da
 images and random labels made on the GPU once and reused every step, as llm.c and our bench do).
 Modes: eager, and with --compile also torch.compile of the model (each on a fresh model).
 
+Data parallel: under torchrun (WORLD_SIZE > 1) each rank takes the GPU LOCAL_RANK, makes its own
+random batch of B images (seeded by its rank), and trains the model wrapped in
+DistributedDataParallel over NCCL (bucket_cap_mb 25, gradient_as_bucket_view, broadcast_buffers
+off: BatchNorm running statistics stay per rank, as in bench/resnet_train under scripts/launch.sh
+-n K); img/s counts all ranks over the slowest rank's step time, "ranks" says how many, and only
+rank 0 prints (memory is rank 0's).
+
 Steps are timed with CUDA events after the warm-up, with no host synchronisation between steps.
 Prints one JSON line per mode, {"bench":"resnet50","impl":"torch-eager"|"torch-compile",...}, with
 img/s, ms/step and peak memory (torch.cuda.max_memory_allocated over the timed steps, GiB), then a
@@ -17,9 +24,11 @@ short table (not with --json-only). Reference figure (H100, eager, B=256, 224 px
 import argparse
 import json
 import math
+import os
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -74,13 +83,17 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))  # (B, classes)
 
 
-def measure(a, mode, images, labels):
+def measure(a, mode, images, labels, ranks):
     """Trains a fresh model for warmup + steps steps; returns the JSON record of the timed steps."""
-    torch.manual_seed(1337)
+    torch.manual_seed(1337)  # the same model on every rank (DDP also broadcasts rank 0's)
     model = ResNet(classes=a.classes).cuda().to(memory_format=torch.channels_last)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay)
-    fwd = torch.compile(model) if mode == "compile" else model
+    fwd = model
+    if ranks > 1:
+        fwd = nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()], bucket_cap_mb=25,
+                                                  gradient_as_bucket_view=True, broadcast_buffers=False)
+    fwd = torch.compile(fwd) if mode == "compile" else fwd
 
     def train_step():
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
@@ -94,6 +107,8 @@ def measure(a, mode, images, labels):
     losses = [train_step() for _ in range(a.warmup)]
     torch.cuda.synchronize()
     warm_s = time.time() - t_warm
+    if ranks > 1:
+        dist.barrier()  # the ranks start the timed steps together
     torch.cuda.reset_peak_memory_stats()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     e0.record()
@@ -101,14 +116,20 @@ def measure(a, mode, images, labels):
     e1.record()
     e1.synchronize()
     ms = e0.elapsed_time(e1) / a.steps
+    if ranks > 1:  # the slowest rank's step time
+        t = torch.tensor([ms], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        ms = t.item()
     mem = torch.cuda.max_memory_allocated() / 2**30
     losses = [l.item() for l in losses]
-    return {"bench": "resnet50", "impl": "torch-" + mode, "device": torch.cuda.get_device_name(),
+    impl = "torch-" + mode + (f"-ddp{ranks}" if ranks > 1 else "")
+    return {"bench": "resnet50", "impl": impl, "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "batch": a.batch, "image": a.image, "classes": a.classes, "params": n_params,
             "dtype": "bf16-autocast", "optimizer": "sgd", "steps": a.steps, "warmup": a.warmup,
-            "warmup_s": round(warm_s, 1), "ms_per_step": round(ms, 3), "images_per_s": round(a.batch / (ms * 1e-3), 1),
-            "mem_gib": round(mem, 3), "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
-            "finite": all(math.isfinite(l) for l in losses)}
+            "warmup_s": round(warm_s, 1), "ms_per_step": round(ms, 3),
+            "images_per_s": round(a.batch * ranks / (ms * 1e-3), 1), "mem_gib": round(mem, 3),
+            "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
+            "finite": all(math.isfinite(l) for l in losses), "ranks": ranks}
 
 
 def main():
@@ -127,21 +148,30 @@ def main():
     if a.steps < 1:
         ap.error("--steps must be at least 1")
 
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if ranks > 1:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device="cuda").manual_seed(rank)  # each rank its own batch
     images = torch.randn(a.batch, 3, a.image, a.image, device="cuda", generator=gen)  # (B, 3, H, W)
     images = images.contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, a.classes, (a.batch,), device="cuda", generator=gen)  # (B,)
 
     records = []
     for mode in ["eager"] + (["compile"] if a.compile else []):
-        records.append(measure(a, mode, images, labels))
-        print(json.dumps(records[-1]), flush=True)
+        records.append(measure(a, mode, images, labels, ranks))
+        if rank == 0:
+            print(json.dumps(records[-1]), flush=True)
         torch.cuda.empty_cache()  # the next mode starts from its own fresh model
-    if not a.json_only:
-        print(f"\nResNet-50, B={a.batch}, {a.image} px, bf16 autocast, SGD, {records[0]['device']}")
+    if ranks > 1:
+        dist.destroy_process_group()
+    if rank == 0 and not a.json_only:
+        on = f"{ranks} x {records[0]['device']} (DDP, B={a.batch} per rank)" if ranks > 1 else records[0]["device"]
+        print(f"\nResNet-50, B={a.batch}, {a.image} px, bf16 autocast, SGD, {on}")
         print(f"{'impl':<15} {'img/s':>9} {'ms/step':>9} {'peak GiB':>9} {'loss':>15}")
         for r in records:
             loss = f"{r['loss_first']} -> {r['loss_last']}"

@@ -1,12 +1,12 @@
 #pragma once
-// A bottleneck ResNet (ResNet-50 by default) trained on one GPU in bf16 over NHWC activations,
-// built from dpml's device kernels: convolutions through a Conv policy (ImplicitGemmConv, our own
-// implicit GEMM, by default; conv/cudnn.hpp's CudnnConv beside it), BatchNorm with the block's
-// residual add and ReLU fused in, max and global-average pooling, the classifier through the GEMM
-// dispatch, the fused softmax cross-entropy, and SGD over one flat buffer. The structure and the
-// parameter order are those of the host models::BottleneckResNet (bottleneck_resnet.hpp), so the
-// two are compared parameter by parameter (copy_from / copy_to / gradient); names are
-// torchvision's ("layer2.0.downsample.0.weight").
+// A bottleneck ResNet (ResNet-50 by default) trained on one GPU (or data parallel, one GPU per
+// rank) in bf16 over NHWC activations, built from dpml's device kernels: convolutions through a
+// Conv policy (ImplicitGemmConv, our own implicit GEMM, by default; conv/cudnn.hpp's CudnnConv
+// beside it), BatchNorm with the block's residual add and ReLU fused in, max and global-average
+// pooling, the classifier through the GEMM dispatch, the fused softmax cross-entropy, and SGD over
+// one flat buffer. The structure and the parameter order are those of the host
+// models::BottleneckResNet (bottleneck_resnet.hpp), so the two are compared parameter by parameter
+// (copy_from / copy_to / gradient); names are torchvision's ("layer2.0.downsample.0.weight").
 //
 // Memory, all allocated at construction for one batch size and image size — a step never reaches
 // cudaMalloc:
@@ -31,6 +31,18 @@
 // convolution's backward_input and backward_weight — then update(lr): one fused SGD pass. No
 // host synchronisation except loss().
 //
+// Data parallel (parallel/cuda/gradient_sync.hpp): with a GradientListener attached
+// (set_gradient_sync), the backward tells it how far the flat gradients are final, so that their
+// all-reduce overlaps the layers still to come. The parameters lie in forward order, so the
+// backward finishes the buffer from its end: the classifier, then per block bn3, conv3, bn2,
+// conv2, bn1, conv1 — except that a projected block's downsample tensors lie after its bn3 but
+// are written last, so its body extends the final range only once they are — then the stem's
+// BatchNorm; the stem's convolution (offset 0) goes with finish(), before update() or gradient()
+// read the buffer. The gradients have an allocation of their own (carve()'s gradient sets lie over
+// activations, never over them), so a range once released is not written again in the step.
+// BatchNorm running statistics stay per rank, as in PyTorch DDP with broadcast_buffers=False: each
+// rank's estimate comes from its own batches. Without a listener nothing changes.
+//
 // Layout of a tensor (rows, C): rows = N·H·W pixels, channels innermost (NHWC). Weights of a
 // convolution (Cout, kh, kw, Cin) on the device, (Cout, Cin, kh, kw) on the host.
 
@@ -47,6 +59,7 @@
 #include "dpml/kernels/cuda/sgd.hpp"
 #include "dpml/models/cuda/profiler.hpp"
 #include "dpml/optim/sgd.hpp"
+#include "dpml/parallel/cuda/gradient_sync.hpp"
 
 #include <cuda_runtime.h>
 
@@ -154,6 +167,12 @@ class ResNet {
            static_cast<std::size_t>(n_running_) * sizeof(float) + carver_.bytes();
   }
   void set_profiler(CnnProfiler* p) noexcept { prof_ = p; }
+  // Data parallel: the listener sees the gradients as the backward finishes them (nullptr: none).
+  void set_gradient_sync(parallel::cuda::GradientListener* sync) noexcept { sync_ = sync; }
+  // The flat fp32 gradient buffer, flat_size() elements on stream(): every slot at its offset,
+  // zeros between slots (alignment) and in the padded channels and classes.
+  float* gradients() noexcept { return grads_; }
+  std::int64_t flat_size() const noexcept { return n_params_; }
 
   // ---- state ----
 
@@ -556,6 +575,7 @@ class ResNet {
                            .ldc = features_};
       kc::gemm<kc::epilogue::None>(gemm_, dx, stream_);
     });
+    gradients_final_from(fc_w_);  // fc.weight, fc.bias
     timed(CnnFamily::pool, [&] {
       kc::global_avg_pool_backward(sets_[3][1], g, N_, final_hw_ * final_hw_, features_, stream_);
     });
@@ -570,7 +590,13 @@ class ResNet {
       kc::max_pool_backward(g, argmax_, d_relu, N_, w, pool_, stream_);
     });
     bn_backward(stem_bn_, d_relu, nullptr, stem_out_, d_relu, nullptr, stem_.rows());
+    gradients_final_from(stem_bn_.gamma);
     conv_backward(stem_, d_relu, input_, nullptr);  // the input needs no gradient
+    if (sync_) sync_->finish();
+  }
+  // Data parallel: the flat gradients [offset, flat_size()) are final on the stream.
+  void gradients_final_from(std::int64_t offset) {
+    if (sync_) sync_->ready(static_cast<std::size_t>(offset));
   }
 
   // gout (the gradient of b.out) → the gradient of b.in, in a buffer of the block's set. gout is
@@ -586,19 +612,32 @@ class ResNet {
     Act* z = spare[1];
     Act* f = k == 3 ? spare[2] : gout;  // gout in the set: reused once dc has been consumed
     const std::int64_t r1 = b.c1.rows(), r2 = b.c2.rows();
+    // The body's gradients lie before the projection's: in a projected block they extend the
+    // final range only once the projection's are written too.
+    auto body_final_from = [&](std::int64_t offset) {
+      if (!b.projected) gradients_final_from(offset);
+    };
     bn_backward(b.b3, x, b.out, b.c, x, y, r2);  // x: dc, y: the shortcut's gradient
+    body_final_from(b.b3.gamma);
     conv_backward(b.c3, x, b.br, z);             // z: d br
+    body_final_from(b.c3.w);
     bn_backward(b.b2, z, b.br, b.b, z, nullptr, r2);
+    body_final_from(b.b2.gamma);
     conv_backward(b.c2, z, b.ar, f);             // f: d ar
+    body_final_from(b.c2.w);
     bn_backward(b.b1, f, b.ar, b.a, f, nullptr, r1);
+    body_final_from(b.b1.gamma);
     conv_backward(b.c1, f, b.in, z);             // z: d in through the body
+    body_final_from(b.c1.w);
     const std::int64_t n_in = r1 * b.c1.shape.in.C;
     if (!b.projected) {
       timed(CnnFamily::elementwise, [&] { kernels::cuda::add(y, z, y, n_in, stream_); });
       return y;
     }
     bn_backward(b.bproj, y, nullptr, b.p, y, nullptr, b.proj.rows());
+    gradients_final_from(b.bproj.gamma);
     conv_backward(b.proj, y, b.in, f);           // f: d in through the projection
+    gradients_final_from(b.c1.w);                // the whole block
     timed(CnnFamily::elementwise, [&] { kernels::cuda::add(f, z, f, n_in, stream_); });
     return f;
   }
@@ -629,6 +668,7 @@ class ResNet {
   Conv conv_;
   kernels::cuda::GemmContext gemm_;
   CnnProfiler* prof_ = nullptr;
+  parallel::cuda::GradientListener* sync_ = nullptr;
 };
 
 }  // namespace dpml::models::cuda
