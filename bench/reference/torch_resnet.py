@@ -14,7 +14,9 @@ random batch of B images (seeded by its rank), and trains the model wrapped in
 DistributedDataParallel over NCCL (bucket_cap_mb 25, gradient_as_bucket_view, broadcast_buffers
 off: BatchNorm running statistics stay per rank, as in bench/resnet_train under scripts/launch.sh
 -n K); img/s counts all ranks over the slowest rank's step time, "ranks" says how many, and only
-rank 0 prints (memory is rank 0's).
+rank 0 prints (memory is rank 0's). --sync-bn converts every BatchNorm2d to nn.SyncBatchNorm
+(statistics over all ranks' batches, as bench/resnet_train --sync-bn); "sync_bn" in the JSON says
+so. On one rank (no process group) SyncBatchNorm runs as plain BatchNorm.
 
 Steps are timed with CUDA events after the warm-up, with no host synchronisation between steps.
 Prints one JSON line per mode, {"bench":"resnet50","impl":"torch-eager"|"torch-compile",...}, with
@@ -87,6 +89,8 @@ def measure(a, mode, images, labels, ranks):
     """Trains a fresh model for warmup + steps steps; returns the JSON record of the timed steps."""
     torch.manual_seed(1337)  # the same model on every rank (DDP also broadcasts rank 0's)
     model = ResNet(classes=a.classes).cuda().to(memory_format=torch.channels_last)
+    if a.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay)
     fwd = model
@@ -122,14 +126,14 @@ def measure(a, mode, images, labels, ranks):
         ms = t.item()
     mem = torch.cuda.max_memory_allocated() / 2**30
     losses = [l.item() for l in losses]
-    impl = "torch-" + mode + (f"-ddp{ranks}" if ranks > 1 else "")
+    impl = "torch-" + mode + (f"-ddp{ranks}" if ranks > 1 else "") + ("-syncbn" if a.sync_bn else "")
     return {"bench": "resnet50", "impl": impl, "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "batch": a.batch, "image": a.image, "classes": a.classes, "params": n_params,
             "dtype": "bf16-autocast", "optimizer": "sgd", "steps": a.steps, "warmup": a.warmup,
             "warmup_s": round(warm_s, 1), "ms_per_step": round(ms, 3),
             "images_per_s": round(a.batch * ranks / (ms * 1e-3), 1), "mem_gib": round(mem, 3),
             "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
-            "finite": all(math.isfinite(l) for l in losses), "ranks": ranks}
+            "finite": all(math.isfinite(l) for l in losses), "ranks": ranks, "sync_bn": a.sync_bn}
 
 
 def main():
@@ -143,6 +147,8 @@ def main():
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--weight-decay", type=float, default=1e-4)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of the model (default: eager only)")
+    ap.add_argument("--sync-bn", action="store_true",
+                    help="synchronised BatchNorm over the ranks (nn.SyncBatchNorm.convert_sync_batchnorm)")
     ap.add_argument("--json-only", action="store_true", help="print the JSON lines only, no table")
     a = ap.parse_args()
     if a.steps < 1:
@@ -171,7 +177,8 @@ def main():
         dist.destroy_process_group()
     if rank == 0 and not a.json_only:
         on = f"{ranks} x {records[0]['device']} (DDP, B={a.batch} per rank)" if ranks > 1 else records[0]["device"]
-        print(f"\nResNet-50, B={a.batch}, {a.image} px, bf16 autocast, SGD, {on}")
+        bn = ", SyncBatchNorm" if a.sync_bn else ""
+        print(f"\nResNet-50, B={a.batch}, {a.image} px, bf16 autocast, SGD{bn}, {on}")
         print(f"{'impl':<15} {'img/s':>9} {'ms/step':>9} {'peak GiB':>9} {'loss':>15}")
         for r in records:
             loss = f"{r['loss_first']} -> {r['loss_last']}"

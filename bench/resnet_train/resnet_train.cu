@@ -14,6 +14,11 @@
 //              parallel/cuda/gradient_sync.hpp in fp32 while the backward runs (--bucket-mb);
 //              exposed_comm_ms: how long the last timed step's compute stream waited for its
 //              all-reduces (the slowest rank; 0 on one rank). Only rank 0 prints.
+//   sync_bn    --sync-bn: BatchNorm statistics synchronised over the ranks (PyTorch's
+//              SyncBatchNorm; the reference's --sync-bn): two all-reduces of 2C floats per
+//              BatchNorm and step on the compute stream, timed within the batch_norm family. Also
+//              on one rank, where it measures the cost of the split passes (PyTorch falls back to
+//              plain BatchNorm there).
 //   families   one extra step with CUDA events around each kernel family
 #include "../support/train_timing.cuh"
 
@@ -56,6 +61,7 @@ struct Options {
   optim::SgdOptions sgd{.momentum = 0.9, .weight_decay = 1e-4};
   std::string conv = DPML_HAS_CUDNN ? "cudnn" : "own";
   double bucket_mb = 25;  // data parallel: gradient all-reduce bucket (PyTorch DDP's default)
+  bool sync_bn = false;   // BatchNorm statistics over all ranks' batches
 };
 
 // Flags, parsed by train::Args (--help lists them with their defaults, printed by rank 0); false
@@ -77,7 +83,8 @@ bool parse(int argc, char** argv, Options& o, int rank) {
       .flag("--weight-decay", o.sgd.weight_decay, "SGD L2 weight decay")
       .flag("--conv", o.conv, DPML_HAS_CUDNN ? "convolutions: own (dpml's implicit GEMM) | cudnn"
                                              : "convolutions: own (dpml's implicit GEMM; built without cuDNN)")
-      .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB of fp32 gradients per all-reduce bucket");
+      .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB of fp32 gradients per all-reduce bucket")
+      .flag("--sync-bn", o.sync_bn, "synchronised BatchNorm: statistics of all ranks' batches (SyncBatchNorm)");
   if (!args.parse(argc, argv, rank)) return false;
   std::istringstream in(blocks);
   std::string part;
@@ -118,6 +125,11 @@ int run(const Options& o, const comm::Mpi& world) {
         comm::Nccl::from(world), model.gradients(), static_cast<std::size_t>(model.flat_size()), model.stream(), opt);
     model.set_gradient_sync(sync.get());
   }
+  std::unique_ptr<comm::Nccl> bn_comm;  // --sync-bn: the BatchNorm sums' all-reduces, on the model's stream
+  if (o.sync_bn) {
+    bn_comm = std::make_unique<comm::Nccl>(comm::Nccl::from(world, model.stream()));
+    model.set_batch_norm_sync(bn_comm.get());
+  }
   {
     const std::int64_t C = o.model.in_channels;
     std::vector<float> images(static_cast<std::size_t>(o.batch * C * o.image * o.image));
@@ -150,21 +162,22 @@ int run(const Options& o, const comm::Mpi& world) {
   const double img_s = static_cast<double>(o.batch * ranks) / (ms_step * 1e-3);
   const double tflops = 3.0 * model.forward_flops_per_image() * img_s / ranks / 1e12;  // per GPU
   const double mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
-  const std::string name = "dpml-" + o.conv + (ranks > 1 ? "-dp" + std::to_string(ranks) : "");
+  const std::string name =
+      "dpml-" + o.conv + (ranks > 1 ? "-dp" + std::to_string(ranks) : "") + (o.sync_bn ? "-syncbn" : "");
   const char* impl = name.c_str();
   const std::string on = ranks > 1 ? std::to_string(ranks) + " × " + prop.name : std::string(prop.name);
   std::printf("{\"bench\":\"resnet_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"image\":%lld,"
               "\"width\":%lld,\"blocks\":[%lld,%lld,%lld,%lld],\"classes\":%lld,\"params\":%lld,\"steps\":%d,"
               "\"warmup\":%d,\"ms_per_step\":%.3f,\"img_per_s\":%.1f,\"model_tflops\":%.2f,\"mem_gib\":%.3f,"
               "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,"
-              "\"ranks\":%d,\"bucket_mb\":%.1f,\"exposed_comm_ms\":%.3f}\n",
+              "\"ranks\":%d,\"bucket_mb\":%.1f,\"exposed_comm_ms\":%.3f,\"sync_bn\":%s}\n",
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.image),
               static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
               static_cast<long long>(o.model.blocks[1]), static_cast<long long>(o.model.blocks[2]),
               static_cast<long long>(o.model.blocks[3]), static_cast<long long>(o.model.classes),
               static_cast<long long>(model.parameter_count()), o.steps, o.warmup, ms_step, img_s, tflops, mem_gib,
               static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
-              finite ? "true" : "false", ranks, o.bucket_mb, exposed_ms);
+              finite ? "true" : "false", ranks, o.bucket_mb, exposed_ms, o.sync_bn ? "true" : "false");
   dpml::bench::print_families("resnet_train_family", impl, family_ms, models::cuda::kCnnFamilyNames);
   std::printf("\nResNet (width %lld, blocks %lld,%lld,%lld,%lld) B=%lld %lldpx on %s, bf16 + fp32 master, SGD, %s\n",
               static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
@@ -176,8 +189,9 @@ int run(const Options& o, const comm::Mpi& world) {
               losses.back());
   if (ranks > 1)
     std::printf("Data parallel: %d ranks of B=%lld, fp32 gradients in %.1f MB buckets; the last step waited %.2f ms "
-                "for its all-reduces; TFLOP/s and memory per GPU, losses rank 0's.\n\n",
-                ranks, static_cast<long long>(o.batch), o.bucket_mb, exposed_ms);
+                "for its all-reduces; BatchNorm statistics %s; TFLOP/s and memory per GPU, losses rank 0's.\n\n",
+                ranks, static_cast<long long>(o.batch), o.bucket_mb, exposed_ms,
+                o.sync_bn ? "synchronised over the ranks" : "per rank");
   dpml::bench::print_family_table(family_ms, models::cuda::kCnnFamilyNames);
   if (!finite) {
     std::fprintf(stderr, "resnet_train: a loss was not finite\n");

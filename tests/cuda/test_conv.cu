@@ -6,6 +6,8 @@
 // counts that are not multiples of the tiles, the RGB stem (Cin = 3: the scalar loaders), batch > 1.
 // Outputs are poisoned (all bytes 0xFF: NaN) before each run. Tolerances: relative L2 ≤ 1e-2 for
 // bf16 outputs, ≤ 1e-5 for fp32 ones. Determinism: each backward pass run twice gives the same bits.
+// BatchNorm's synchronised statistics: two slices of a batch whose sums are exchanged by hand (as
+// an all-reduce would) against the float64 reference on the whole batch.
 #include "device.hpp"
 
 #include <dpml/core/error.hpp>
@@ -14,6 +16,7 @@
 #include <dpml/kernels/cuda/conv/pool.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -284,6 +287,136 @@ TEMPLATE_TEST_CASE("batch_norm: NHWC training/eval, fused residual + ReLU, forwa
                               dbeta.ptr, rows, C, cfg, scratch.ptr, nullptr);
       CHECK(same_bits(dx.download(), got_dx));
       CHECK(same_bits(dgamma.download(), got_dg));
+    }
+  }
+}
+
+namespace {
+
+// Rows [first, first + count) of a (rows, C) host tensor, or of a float64 reference.
+template <class T>
+std::vector<T> row_slice(const std::vector<T>& v, std::int64_t first, std::int64_t count, std::int64_t C) {
+  return {v.begin() + first * C, v.begin() + (first + count) * C};
+}
+
+// One "rank" of a synchronised BatchNorm in one process: rows [first, first + rows) of the batch,
+// with its own copies of γ, β, their gradients and the running statistics (equal on the ranks).
+template <class P>
+struct BnRank {
+  std::int64_t first, rows;
+  test::DeviceVec<bf16> x, res, dy, y, dx, dres;
+  test::DeviceVec<P> gamma, beta, dgamma, dbeta;
+  test::DeviceVec<float> rm, rv, mean, rstd, scratch;
+  std::vector<float> own_sums;  // (2, C): this rank's sums of the current pass, before the exchange
+  BnRank(std::int64_t first_row, std::int64_t count, std::int64_t C, const std::vector<bf16>& hx,
+         const std::vector<bf16>& hres, const std::vector<bf16>& hdy, const std::vector<P>& hgamma,
+         const std::vector<P>& hbeta, const std::vector<P>& hdg, const std::vector<P>& hdb,
+         const std::vector<float>& hrm, const std::vector<float>& hrv)
+      : first(first_row), rows(count), x(row_slice(hx, first, rows, C)), res(row_slice(hres, first, rows, C)),
+        dy(row_slice(hdy, first, rows, C)), y(static_cast<std::size_t>(rows * C)), dx(static_cast<std::size_t>(rows * C)),
+        dres(static_cast<std::size_t>(rows * C)), gamma(hgamma), beta(hbeta), dgamma(hdg), dbeta(hdb), rm(hrm), rv(hrv),
+        mean(static_cast<std::size_t>(C)), rstd(static_cast<std::size_t>(C)),
+        scratch(static_cast<std::size_t>(kc::batch_norm_scratch(rows, C))) {
+    for (auto* v : {&y, &dx, &dres}) v->poison();
+    mean.poison();
+    rstd.poison();
+    scratch.poison();
+  }
+};
+
+}  // namespace
+
+// Synchronised statistics (the `across` argument) without a communicator: two "ranks" hold the
+// two slices of a batch (unequal ones where N is odd). Each pass runs twice per rank: first with an
+// `across` that records the rank's own (2, C) sums and answers its own rows, then — the running
+// statistics and gradients restored — with one that adds the other rank's recorded sums, as an
+// all-reduce would, and answers both ranks' rows. Every rank's mean, rstd, running statistics, y,
+// dx, d_residual (its rows) must then be those of the float64 reference on the whole batch, and
+// dγ, dβ this rank's share: the two ranks' increments add up to the whole batch's. In eval mode
+// `across` must not be called. Tolerances as above.
+TEMPLATE_TEST_CASE("batch_norm: synchronised statistics over two slices of a batch equal float64 on the whole batch",
+                   "[batch_norm][gpu]", float, bf16) {
+  using P = TestType;
+  constexpr double ptol = std::is_same_v<P, float> ? test::kFp32Tol : test::kBf16Tol;
+  const BnMode modes[] = {{true, false, false}, {true, true, true}, {false, true, true}};
+  for (const BnCase cs : {BnCase{2, 5, 7, 16}, BnCase{3, 4, 4, 5}, BnCase{8, 14, 14, 64}, BnCase{3, 3, 3, 200}}) {
+    for (const BnMode& mode : modes) {
+      const std::int64_t rows = cs.N * cs.H * cs.W, C = cs.C, split = cs.N / 2 * cs.H * cs.W;
+      CAPTURE(cs.N, cs.H, cs.W, cs.C, mode.training, mode.relu, mode.residual);
+      auto gen = test::rng(static_cast<std::uint64_t>(rows * 137 + C * 11 + mode.training * 2 + mode.relu));
+      const auto n = static_cast<std::size_t>(rows * C), uc = static_cast<std::size_t>(C);
+      auto hx = test::random_vec<bf16>(n, gen, -1.0, 3.0), hres = test::random_vec<bf16>(n, gen);
+      auto hdy = test::random_vec<bf16>(n, gen);
+      auto hgamma = test::random_vec<P>(uc, gen, 0.5, 1.5), hbeta = test::random_vec<P>(uc, gen, -0.5, 0.5);
+      auto hdg = test::random_vec<P>(uc, gen), hdb = test::random_vec<P>(uc, gen);
+      auto hrm = test::random_vec<float>(uc, gen, -0.5, 0.5), hrv = test::random_vec<float>(uc, gen, 0.5, 2.0);
+      std::array<BnRank<P>, 2> ranks{BnRank<P>(0, split, C, hx, hres, hdy, hgamma, hbeta, hdg, hdb, hrm, hrv),
+                                     BnRank<P>(split, rows - split, C, hx, hres, hdy, hgamma, hbeta, hdg, hdb, hrm, hrv)};
+      const kc::BatchNormConfig cfg{mode.training, mode.relu, 0.1f, 1e-5f};
+      int calls = 0;
+      auto record = [&calls](BnRank<P>* r) {
+        return [&calls, r](float* sums, std::int64_t c, std::int64_t local) -> std::int64_t {
+          ++calls;
+          r->own_sums.resize(static_cast<std::size_t>(2 * c));
+          DPML_CHECK_CUDA(cudaMemcpy(r->own_sums.data(), sums, r->own_sums.size() * sizeof(float), cudaMemcpyDeviceToHost));
+          return local;
+        };
+      };
+      auto exchange = [&calls](const BnRank<P>* r, const BnRank<P>* other) {
+        return [&calls, r, other](float* sums, std::int64_t c, std::int64_t local) -> std::int64_t {
+          ++calls;
+          std::vector<float> total(static_cast<std::size_t>(2 * c));
+          DPML_CHECK_CUDA(cudaMemcpy(total.data(), sums, total.size() * sizeof(float), cudaMemcpyDeviceToHost));
+          CHECK(total == r->own_sums);  // the same sums as the recording pass
+          for (std::size_t i = 0; i < total.size(); ++i) total[i] += other->own_sums[i];
+          DPML_CHECK_CUDA(cudaMemcpy(sums, total.data(), total.size() * sizeof(float), cudaMemcpyHostToDevice));
+          return local + other->rows;
+        };
+      };
+      auto forward = [&](BnRank<P>& r, const auto& across) {
+        kc::batch_norm_forward(r.x.ptr, mode.residual ? r.res.ptr : nullptr, r.gamma.ptr, r.beta.ptr, r.y.ptr,
+                               r.mean.ptr, r.rstd.ptr, r.rm.ptr, r.rv.ptr, r.rows, C, cfg, r.scratch.ptr, nullptr, across);
+      };
+      auto backward = [&](BnRank<P>& r, const auto& across) {
+        kc::batch_norm_backward(r.dy.ptr, r.y.ptr, r.x.ptr, r.mean.ptr, r.rstd.ptr, r.gamma.ptr, r.dx.ptr,
+                                mode.residual ? r.dres.ptr : nullptr, r.dgamma.ptr, r.dbeta.ptr, r.rows, C, cfg,
+                                r.scratch.ptr, nullptr, across);
+      };
+      for (auto& r : ranks) forward(r, record(&r));
+      for (auto& r : ranks) {  // the recording pass moved them
+        r.rm.upload(hrm);
+        r.rv.upload(hrv);
+      }
+      for (std::size_t i = 0; i < 2; ++i) forward(ranks[i], exchange(&ranks[i], &ranks[1 - i]));
+      for (auto& r : ranks) backward(r, record(&r));
+      for (auto& r : ranks) {
+        r.dgamma.upload(hdg);
+        r.dbeta.upload(hdb);
+      }
+      for (std::size_t i = 0; i < 2; ++i) backward(ranks[i], exchange(&ranks[i], &ranks[1 - i]));
+      CHECK(calls == (mode.training ? 8 : 0));
+
+      const auto ref = bn_ref(test::to_double(hx), test::to_double(hres), test::to_double(hgamma), test::to_double(hbeta),
+                              test::to_double(hrm), test::to_double(hrv), test::to_double(hdy), test::to_double(hdg),
+                              test::to_double(hdb), rows, C, mode, cfg);
+      std::vector<double> dgamma_sum = test::to_double(hdg), dbeta_sum = test::to_double(hdb);  // dγ0 + Σ increments
+      for (auto& r : ranks) {
+        CAPTURE(r.first, r.rows);
+        CHECK(test::rel_l2(r.y.download(), row_slice(ref.y, r.first, r.rows, C)) <= test::kBf16Tol);
+        CHECK(test::rel_l2(r.mean.download(), ref.mean) <= test::kFp32Tol);
+        CHECK(test::rel_l2(r.rstd.download(), ref.rstd) <= test::kFp32Tol);
+        CHECK(test::rel_l2(r.rm.download(), ref.running_mean) <= test::kFp32Tol);
+        CHECK(test::rel_l2(r.rv.download(), ref.running_var) <= test::kFp32Tol);
+        CHECK(test::rel_l2(r.dx.download(), row_slice(ref.dx, r.first, r.rows, C)) <= test::kBf16Tol);
+        if (mode.residual) CHECK(test::rel_l2(r.dres.download(), row_slice(ref.dres, r.first, r.rows, C)) <= test::kBf16Tol);
+        const auto dg = test::to_double(r.dgamma.download()), db = test::to_double(r.dbeta.download());
+        for (std::size_t c = 0; c < uc; ++c) {
+          dgamma_sum[c] += dg[c] - test::as_double(hdg[c]);
+          dbeta_sum[c] += db[c] - test::as_double(hdb[c]);
+        }
+      }
+      CHECK(test::rel_l2(dgamma_sum, ref.dgamma) <= ptol);
+      CHECK(test::rel_l2(dbeta_sum, ref.dbeta) <= ptol);
     }
   }
 }

@@ -17,7 +17,9 @@
 //   column_sums_v<K, V>(f, …)  f: `State setup(int c0) const` (per-thread constants of columns c0 …
 //                              c0 + V − 1, loaded once) and `void add(const State&, std::int64_t r,
 //                              Sums<K> (&acc)[V]) const` (adds row r's values of those columns)
-// and out is `void operator()(int c, const Sums<K>&) const`.
+// and out is `void operator()(int c, const Sums<K>&) const`. Sums that must travel before they are
+// used (a synchronised BatchNorm all-reduces them across ranks) are kept with out = StoreSums<K>
+// and handed to an out functor later by apply_column_sums<K>.
 
 #include "dpml/core/error.hpp"
 #include "dpml/kernels/cuda/common.hpp"
@@ -147,6 +149,40 @@ void column_sums_v(F f, Out out, float* scratch, std::int64_t rows, std::int64_t
 template <int K, class F, class Out>
 void column_sums(F f, Out out, float* scratch, std::int64_t rows, std::int64_t C, cudaStream_t stream) {
   column_sums_v<K, 1>(detail::colsum::ElementTerms<K, F>{f}, out, scratch, rows, C, stream);
+}
+
+// An out functor that keeps the sums: sums (K, C), row k holding quantity k of every column.
+template <int K>
+struct StoreSums {
+  float* sums;
+  int C;
+  __device__ void operator()(int c, const Sums<K>& s) const {
+#pragma unroll
+    for (int k = 0; k < K; ++k) sums[static_cast<std::int64_t>(k) * C + c] = s.v[k];
+  }
+};
+
+namespace detail::colsum {
+template <int K, class Out>
+__global__ void apply_kernel(const float* __restrict__ sums, Out out, int C) {
+  const int c = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  Sums<K> s;
+#pragma unroll
+  for (int k = 0; k < K; ++k) s.v[k] = sums[static_cast<std::int64_t>(k) * C + c];
+  out(c, s);
+}
+}  // namespace detail::colsum
+
+// out(c, sums of column c) for every column of sums (K, C) that StoreSums<K> kept.
+template <int K, class Out>
+void apply_column_sums(const float* sums, Out out, std::int64_t C, cudaStream_t stream) {
+  if (C == 0) return;
+  DPML_REQUIRE(C < (std::int64_t{1} << 31), "apply_column_sums: " << C << " columns do not fit an int");
+  constexpr int kThreads = 256;
+  detail::colsum::apply_kernel<K><<<static_cast<unsigned>(ceil_div(C, kThreads)), kThreads, 0, stream>>>(
+      sums, out, static_cast<int>(C));
+  DPML_CHECK_LAUNCH();
 }
 
 }  // namespace dpml::kernels::cuda

@@ -40,12 +40,22 @@
 // BatchNorm; the stem's convolution (offset 0) goes with finish(), before update() or gradient()
 // read the buffer. The gradients have an allocation of their own (carve()'s gradient sets lie over
 // activations, never over them), so a range once released is not written again in the step.
-// BatchNorm running statistics stay per rank, as in PyTorch DDP with broadcast_buffers=False: each
-// rank's estimate comes from its own batches. Without a listener nothing changes.
+// Without a listener nothing changes.
+//
+// BatchNorm statistics are per rank by default (PyTorch DDP's default; running statistics as with
+// broadcast_buffers=False: each rank's estimate comes from its own batches). With
+// set_batch_norm_sync(comm) they are synchronised over the data axis, PyTorch's SyncBatchNorm:
+// every BatchNorm all-reduces its two per-channel sums (2C floats, one collective) through comm on
+// the compute stream in the forward (the statistics and the running statistics become the whole
+// batch's, equal on every rank) and again in the backward (dx sees the whole batch); dγ, dβ stay
+// this rank's, so the listener's average makes them the whole batch's, and K ranks on slices of a
+// batch train what one GPU trains on all of it (kernels/cuda/conv/batch_norm.hpp has the maths).
 //
 // Layout of a tensor (rows, C): rows = N·H·W pixels, channels innermost (NHWC). Weights of a
 // convolution (Cout, kh, kw, Cin) on the device, (Cout, Cin, kh, kw) on the host.
 
+#include "dpml/comm/communicator.hpp"
+#include "dpml/comm/nccl.hpp"
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/cuda_error.hpp"
 #include "dpml/core/error.hpp"
@@ -66,7 +76,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -169,6 +181,34 @@ class ResNet {
   void set_profiler(CnnProfiler* p) noexcept { prof_ = p; }
   // Data parallel: the listener sees the gradients as the backward finishes them (nullptr: none).
   void set_gradient_sync(parallel::cuda::GradientListener* sync) noexcept { sync_ = sync; }
+  // Synchronised BatchNorm over the ranks of `data_comm` (the data axis; see the top of the file).
+  // data_comm enqueues on stream() — comm::Nccl::from(group, model.stream()), or comm::Staged
+  // alike — and outlives the steps that use it. Collective over data_comm: checks that every rank
+  // has the same batch size (the statistics count rows × ranks) and gives every rank rank 0's
+  // running statistics (the forward's sums are shifted by them, so the ranks must agree). A null
+  // data_comm: per-rank statistics again.
+  template <class Comm = comm::Nccl>
+  void set_batch_norm_sync(Comm* data_comm) {
+    if (data_comm == nullptr) return set_batch_norm_sync(nullptr);
+    DPML_REQUIRE(data_comm->stream() == stream_,
+                 "ResNet (cuda): set_batch_norm_sync on rank " << data_comm->rank() << " got a communicator that "
+                     "enqueues on another stream than the model's; make it with comm::Nccl::from(group, model.stream())");
+    float* extremes = colsum_scratch_;  // (2): this batch and minus it, all-reduced by max
+    const float mine[2] = {static_cast<float>(N_), -static_cast<float>(N_)};
+    DPML_CHECK_CUDA(cudaMemcpyAsync(extremes, mine, sizeof mine, cudaMemcpyHostToDevice, stream_));
+    data_comm->allreduce(extremes, 2, comm::ReduceOp::max);
+    data_comm->broadcast(running_, static_cast<std::size_t>(n_running_), 0);
+    const auto batches = download(extremes, 2);
+    DPML_REQUIRE(batches[0] == -batches[1], "ResNet (cuda): synchronised BatchNorm needs the same batch on every rank; "
+                                            "rank " << data_comm->rank() << " has " << N_ << ", the ranks range from "
+                                                    << -batches[1] << " to " << batches[0]);
+    bn_allreduce_ = [data_comm](float* sums, std::size_t n) { data_comm->allreduce(sums, n, comm::ReduceOp::sum); };
+    bn_ranks_ = data_comm->size();
+  }
+  void set_batch_norm_sync(std::nullptr_t) {
+    bn_allreduce_ = nullptr;
+    bn_ranks_ = 1;
+  }
   // The flat fp32 gradient buffer, flat_size() elements on stream(): every slot at its offset,
   // zeros between slots (alignment) and in the padded channels and classes.
   float* gradients() noexcept { return grads_; }
@@ -219,6 +259,9 @@ class ResNet {
     }
     upload_master(master);
   }
+  // BatchNorm running statistics, fp32: per BatchNorm in parameter order (bn1, layer1.0.bn1, …,
+  // layer1.0.downsample.1, …), its mean (C) then its variance (C); synchronises.
+  std::vector<float> running_statistics() const { return download(running_, n_running_); }
   void reset_running_statistics() {
     std::vector<float> r(static_cast<std::size_t>(n_running_), 0.f);
     for (const auto* b : bns_) std::fill_n(r.begin() + b->running + b->C, b->C, 1.f);  // var = 1
@@ -510,19 +553,35 @@ class ResNet {
     timed(CnnFamily::conv_backward_weight,
           [&] { conv_.backward_weight(dy, x, grads_ + c.w, 0.f, c.shape, stream_); });
   }
+  // run(across) with the BatchNorm kernels' source of statistics: this rank's rows, or with
+  // set_batch_norm_sync the sums all-reduced over the data axis (the all-reduce is timed with
+  // the BatchNorm that waits for it).
+  template <class F>
+  void with_statistics(F&& run) {
+    if (!bn_allreduce_) return run(kernels::cuda::LocalStatistics{});
+    run([this](float* sums, std::int64_t C, std::int64_t rows) {
+      bn_allreduce_(sums, static_cast<std::size_t>(2 * C));
+      return rows * bn_ranks_;
+    });
+  }
   void bn_forward(const BnLayer& b, const Act* x, const Act* residual, Act* y, std::int64_t rows, bool relu) {
     timed(CnnFamily::batch_norm, [&] {
-      kernels::cuda::batch_norm_forward(x, residual, master_ + b.gamma, master_ + b.beta, y, b.mean, b.rstd,
-                                        running_ + b.running, running_ + b.running + b.C, rows, b.C, bn_config(relu),
-                                        colsum_scratch_, stream_);
+      with_statistics([&](const auto& across) {
+        kernels::cuda::batch_norm_forward(x, residual, master_ + b.gamma, master_ + b.beta, y, b.mean, b.rstd,
+                                          running_ + b.running, running_ + b.running + b.C, rows, b.C,
+                                          bn_config(relu), colsum_scratch_, stream_, across);
+      });
     });
   }
   // dy → dx (may alias dy), dresidual (nullable); y is the forward's output when it had the ReLU.
   void bn_backward(const BnLayer& b, const Act* dy, const Act* y, const Act* x, Act* dx, Act* dresidual,
                    std::int64_t rows) {
     timed(CnnFamily::batch_norm, [&] {
-      kernels::cuda::batch_norm_backward(dy, y, x, b.mean, b.rstd, master_ + b.gamma, dx, dresidual, grads_ + b.gamma,
-                                         grads_ + b.beta, rows, b.C, bn_config(y != nullptr), colsum_scratch_, stream_);
+      with_statistics([&](const auto& across) {
+        kernels::cuda::batch_norm_backward(dy, y, x, b.mean, b.rstd, master_ + b.gamma, dx, dresidual,
+                                           grads_ + b.gamma, grads_ + b.beta, rows, b.C, bn_config(y != nullptr),
+                                           colsum_scratch_, stream_, across);
+      });
     });
   }
 
@@ -669,6 +728,8 @@ class ResNet {
   kernels::cuda::GemmContext gemm_;
   CnnProfiler* prof_ = nullptr;
   parallel::cuda::GradientListener* sync_ = nullptr;
+  std::function<void(float*, std::size_t)> bn_allreduce_;  // in-place sum over the data axis; empty: per-rank statistics
+  int bn_ranks_ = 1;
 };
 
 }  // namespace dpml::models::cuda

@@ -7,7 +7,7 @@
 //                       mean is large against the spread), then mean = k + Σ(x − k)/M,
 //                       var = Σ(x − k)²/M − (Σ(x − k)/M)², rstd = 1/√(var + eps); running_mean
 //                       and running_var move by `momentum` towards mean and the unbiased
-//                       M/(M−1)·var (PyTorch's rule); M = rows
+//                       M/(M−1)·var (PyTorch's rule); M = rows (all ranks' rows when synchronised)
 //   forward, eval       mean and rstd from the running statistics (written to mean/rstd, so the
 //                       backward reads the same buffers in both modes)
 //   both                y = act(x·a + b + residual) with a = γ·rstd, b = β − mean·a per channel
@@ -25,10 +25,21 @@
 // otherwise. Per step that is 2 reads and 1 write of x's size forward (plus the residual), and
 // 3 reads (dy, y, x) twice and 1–2 writes backward — measured on an H100 in bench/resnet_train.
 //
+// Synchronised statistics (SyncBatchNorm; the last argument, `across`, see LocalStatistics): in
+// training, each pass keeps its two column sums, (2, C) fp32, in scratch instead of using them at
+// once; `across` all-reduces them over the data-parallel ranks (one collective of 2C floats on the
+// stream) and returns the ranks' total rows M; a tiny per-channel kernel then finishes from the
+// totals. Forward: the shift k must be the same on every rank, so it is running_mean — equal on the
+// ranks, since every rank moves it by the same global statistics; near the batch mean once
+// trained; 0 at the start, where the fp32 variance loses about (mean/std)²·10⁻⁶ relative, below
+// bf16's 2⁻⁹ unless a channel's mean exceeds some 40 standard deviations. mean, rstd and the
+// running statistics are then the global batch's. Backward: dβ and dγ
+// take the local sums (before the all-reduce), as PyTorch's SyncBatchNorm does, so that the data-
+// parallel average of the ranks' gradients is the whole batch's; dx takes the totals and M.
+//
 // Types: activations T (bf16, f16 or float), γ, β and their gradients P (float or 16-bit), the
-// statistics mean, rstd and the running statistics fp32 (C). A synchronised variant would
-// all-reduce the two column sums of each pass across the data axis before they are used; that is
-// not wired here. Launchers take the stream and never synchronise.
+// statistics mean, rstd and the running statistics fp32 (C). Launchers take the stream and never
+// synchronise (the local passes; a synchronised pass waits only as long as `across` does).
 
 #include "dpml/core/cuda_error.hpp"
 #include "dpml/core/error.hpp"
@@ -38,8 +49,10 @@
 
 #include <cuda_runtime.h>
 
+#include <concepts>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 namespace dpml::kernels::cuda {
 
@@ -48,6 +61,19 @@ struct BatchNormConfig {
   bool relu = false;     // y = relu(bn(x) + residual)
   float momentum = 0.1f;
   float eps = 1e-5f;
+};
+
+// Where a training pass's two per-channel sums come from. LocalStatistics: this call's rows only,
+// the sums used where they are made (in the column sums' last stage). A synchronised BatchNorm
+// passes instead a callable
+//   std::int64_t across(float* sums, std::int64_t C, std::int64_t rows)
+// that replaces sums — (2, C) fp32 on the device, final on the launch's stream — by their totals
+// over the data-parallel ranks (one all-reduce of 2C floats, ordered on that stream) and returns
+// the rows behind the totals (`rows` summed over the ranks).
+struct LocalStatistics {};
+template <class A>
+concept StatisticsSource = std::same_as<A, LocalStatistics> || requires(const A& a, float* sums, std::int64_t n) {
+  { a(sums, n, n) } -> std::convertible_to<std::int64_t>;
 };
 
 namespace detail::bn {
@@ -95,11 +121,12 @@ __device__ __forceinline__ Channels<V> channels(const T* per_channel, int c0) {
   return st;
 }
 
-template <int V, class T>
-struct ShiftedTerms {  // {x − k, (x − k)²}, k = the channel's value in row 0
+template <int V, class T, class S>
+struct ShiftedTerms {  // {x − k, (x − k)²}, k = shift[c]: x's row 0 (shift = x) or running_mean
   const T* x;
+  const S* shift;  // (C)
   int C;
-  __device__ Channels<V> setup(int c0) const { return channels<V>(x, c0); }
+  __device__ Channels<V> setup(int c0) const { return channels<V>(shift, c0); }
   __device__ void add(const Channels<V>& k, std::int64_t r, Sums<2> (&acc)[V]) const {
     float v[V];
     load_v<V>(x + r * C + k.c0, v);
@@ -111,9 +138,9 @@ struct ShiftedTerms {  // {x − k, (x − k)²}, k = the channel's value in row
     }
   }
 };
-template <class T, class P>
+template <class S, class P>
 struct FinishStatistics {  // mean, rstd, the running statistics (when given), the coefficients a, b
-  const T* x;
+  const S* shift;  // (C), ShiftedTerms' k; may be running_mean (read before it is moved)
   const P* gamma;
   const P* beta;
   float* mean;
@@ -125,7 +152,7 @@ struct FinishStatistics {  // mean, rstd, the running statistics (when given), t
   int C;
   __device__ void operator()(int c, const Sums<2>& s) const {
     const float d = s.v[0] / count;
-    const float m = load_f(x[c]) + d;
+    const float m = load_f(shift[c]) + d;
     const float var = fmaxf(s.v[1] / count - d * d, 0.f);
     const float r = 1.f / sqrtf(var + eps);
     mean[c] = m;
@@ -211,23 +238,38 @@ struct GradTerms {  // {g, g·(x − mean)}
   }
 };
 template <class P>
-struct FinishGrad {  // dβ += Σg, dγ += Σg·x̂; coef (3, C) = A, B, C0 of dx
+struct ParamGrads {  // dβ += Σg, dγ += Σg·x̂
   const float* rstd;
-  const P* gamma;
   P* dgamma;
   P* dbeta;
+  __device__ void operator()(int c, const Sums<2>& s) const {
+    dbeta[c] = from_f<P>(load_f(dbeta[c]) + s.v[0]);
+    dgamma[c] = from_f<P>(load_f(dgamma[c]) + s.v[1] * rstd[c]);
+  }
+};
+template <class P>
+struct InputGradCoefficients {  // coef (3, C) = A, B, C0 of dx, from Σg and Σg·(x − mean) over M rows
+  const float* rstd;
+  const P* gamma;
   float* coef;
-  float inv_m;
+  float inv_m;  // 1/M
   int C;
   bool training;
   __device__ void operator()(int c, const Sums<2>& s) const {
     const float r = rstd[c], sg = s.v[0], sgx = s.v[1] * r;  // Σg, Σg·x̂
-    dbeta[c] = from_f<P>(load_f(dbeta[c]) + sg);
-    dgamma[c] = from_f<P>(load_f(dgamma[c]) + sgx);
     const float A = load_f(gamma[c]) * r;
     coef[c] = A;
     coef[C + c] = training ? -A * r * sgx * inv_m : 0.f;
     coef[2 * C + c] = training ? -A * sg * inv_m : 0.f;
+  }
+};
+template <class First, class Second>
+struct BothOuts {  // two out functors on the same sums
+  First first;
+  Second second;
+  __device__ void operator()(int c, const Sums<2>& s) const {
+    first(c, s);
+    second(c, s);
   }
 };
 
@@ -254,7 +296,6 @@ __global__ void backward_input_kernel(const T* dy, const T* y, const T* x, const
   }
 }
 
-// 8 channels per thread when every tensor allows 16-byte vectors.
 // 8 channels per thread when C % 8 == 0 and every tensor (activations, and the fp32 per-channel
 // vectors) is 16-byte aligned.
 template <class T>
@@ -275,36 +316,88 @@ inline void check(std::int64_t rows, std::int64_t C, const BatchNormConfig& cfg,
                                                        << rows << " (N·H·W)");
 }
 
+// Σ(x − shift), Σ(x − shift)² per channel into `out`, 8 channels per thread when `vec`.
+template <class T, class S, class Out>
+void shifted_sums(const T* x, const S* shift, Out out, bool vec, float* scratch, std::int64_t rows, std::int64_t C,
+                  cudaStream_t stream) {
+  const int c = static_cast<int>(C);
+  if (vec) column_sums_v<2, 8>(ShiftedTerms<8, T, S>{x, shift, c}, out, scratch, rows, C, stream);
+  else column_sums_v<2, 1>(ShiftedTerms<1, T, S>{x, shift, c}, out, scratch, rows, C, stream);
+}
+// Σg, Σg·(x − mean) per channel into `out` (g = dy masked by the ReLU when mask is given).
+template <class T, class Out>
+void grad_sums(const T* dy, const T* mask, const T* x, const float* mean, Out out, bool vec, float* scratch,
+               std::int64_t rows, std::int64_t C, cudaStream_t stream) {
+  const int c = static_cast<int>(C);
+  if (vec) column_sums_v<2, 8>(GradTerms<8, T>{dy, mask, x, mean, c}, out, scratch, rows, C, stream);
+  else column_sums_v<2, 1>(GradTerms<1, T>{dy, mask, x, mean, c}, out, scratch, rows, C, stream);
+}
+
+// Scratch of a pass: the column sums' partials (from scratch), then coef — (2, C) forward, (3, C)
+// backward — then the kept sums (2, C) of a synchronised pass.
+inline float* coefficients(float* scratch, std::int64_t rows, std::int64_t C) {
+  return scratch + column_sums_scratch(rows, C, 2);
+}
+inline float* kept_sums(float* scratch, std::int64_t rows, std::int64_t C) {
+  return coefficients(scratch, rows, C) + 3 * C;
+}
+
+// The ranks' total rows behind a synchronised pass's sums, checked.
+template <class Across>
+std::int64_t total_rows(const Across& across, float* sums, std::int64_t rows, std::int64_t C, const char* pass) {
+  const std::int64_t total = across(sums, C, rows);
+  DPML_REQUIRE(total >= rows && total > 1, "batch_norm " << pass << " (rows=" << rows << ", C=" << C
+                                                         << "), synchronised: the ranks' total rows " << total
+                                                         << " must be at least this rank's and more than one");
+  return total;
+}
+
 }  // namespace detail::bn
 
 // Floats of scratch that batch_norm_forward and batch_norm_backward need: the column sums'
-// partials, then the per-channel coefficients (2, C) forward, (3, C) backward.
+// partials, the per-channel coefficients (2, C) forward, (3, C) backward, and the (2, C) sums
+// that a synchronised pass all-reduces.
 inline std::int64_t batch_norm_scratch(std::int64_t rows, std::int64_t C) {
-  return column_sums_scratch(rows, C, 2) + 3 * C;
+  return column_sums_scratch(rows, C, 2) + 5 * C;
 }
 
 // x, y, residual (rows = N·H·W, C); gamma, beta (C); mean, rstd (C) fp32, written (saved for the
-// backward); running_mean, running_var (C) fp32: updated in training (may be null: no update),
-// read in eval. residual may be null; y may alias x or residual.
-template <class T, class P>
+// backward); running_mean, running_var (C) fp32: updated in training (may be null: no update —
+// not with synchronised statistics, whose shift running_mean is), read in eval. residual may be
+// null; y may alias x or residual. `across`: see LocalStatistics.
+template <class T, class P, StatisticsSource Across = LocalStatistics>
 void batch_norm_forward(const T* x, const T* residual, const P* gamma, const P* beta, T* y, float* mean, float* rstd,
                         float* running_mean, float* running_var, std::int64_t rows, std::int64_t C,
-                        const BatchNormConfig& cfg, float* scratch, cudaStream_t stream) {
+                        const BatchNormConfig& cfg, float* scratch, cudaStream_t stream, const Across& across = {}) {
   static_assert(detail::is_storage_v<T> && detail::is_storage_v<P>);
   using namespace detail::bn;
+  constexpr bool synchronised = !std::is_same_v<Across, LocalStatistics>;
   check(rows, C, cfg, "forward");
   DPML_REQUIRE(cfg.training ? (running_mean == nullptr) == (running_var == nullptr)
                             : running_mean != nullptr && running_var != nullptr,
                "batch_norm forward (rows=" << rows << ", C=" << C << "): running_mean and running_var are both given"
                                            << (cfg.training ? " or both null" : " in eval mode"));
+  DPML_REQUIRE(!synchronised || !cfg.training || running_mean != nullptr,
+               "batch_norm forward (rows=" << rows << ", C=" << C
+                                           << "), synchronised: the running statistics are needed (running_mean is "
+                                              "the shift of the sums that every rank must share)");
   const int c = static_cast<int>(C);
-  float* coef = scratch + column_sums_scratch(rows, C, 2);  // (2, C)
-  const bool vec = vec8<T>(C, {x, residual, y}, {coef});
+  float* coef = coefficients(scratch, rows, C);  // (2, C)
+  const bool vec = vec8<T>(C, {x, residual, y}, {coef, synchronised ? running_mean : nullptr});
   if (cfg.training) {
-    const FinishStatistics<T, P> finish{x,    gamma, beta,          mean,   rstd, running_mean, running_var, coef,
-                                        static_cast<float>(rows), cfg.momentum, cfg.eps, c};
-    if (vec) column_sums_v<2, 8>(ShiftedTerms<8, T>{x, c}, finish, scratch, rows, C, stream);
-    else column_sums_v<2, 1>(ShiftedTerms<1, T>{x, c}, finish, scratch, rows, C, stream);
+    auto finish = [&](const auto* shift, std::int64_t count) {
+      return FinishStatistics<std::remove_cvref_t<decltype(*shift)>, P>{
+          shift, gamma, beta, mean, rstd, running_mean, running_var, coef, static_cast<float>(count), cfg.momentum,
+          cfg.eps, c};
+    };
+    if constexpr (synchronised) {
+      const float* shift = running_mean;
+      float* sums = kept_sums(scratch, rows, C);  // (2, C)
+      shifted_sums(x, shift, StoreSums<2>{sums, c}, vec, scratch, rows, C, stream);
+      apply_column_sums<2>(sums, finish(shift, total_rows(across, sums, rows, C, "forward")), C, stream);
+    } else {
+      shifted_sums(x, x, finish(x, rows), vec, scratch, rows, C, stream);  // k: row 0
+    }
   } else {
     eval_statistics_kernel<P><<<static_cast<unsigned>(ceil_div(C, kThreads)), kThreads, 0, stream>>>(
         running_mean, running_var, gamma, beta, mean, rstd, coef, c, cfg.eps);
@@ -322,11 +415,12 @@ void batch_norm_forward(const T* x, const T* residual, const P* gamma, const P* 
 
 // From dy (rows, C) and what the forward saw and saved (x, y when cfg.relu, mean, rstd, gamma):
 // dx (rows, C), overwritten; dresidual (rows, C), overwritten when non-null (the forward added a
-// residual); dgamma, dbeta (C) += their gradients. dx may alias dy.
-template <class T, class P>
+// residual); dgamma, dbeta (C) += their gradients (this rank's rows only, also when synchronised).
+// dx may alias dy. `across`: see LocalStatistics (eval needs no sums of other ranks).
+template <class T, class P, StatisticsSource Across = LocalStatistics>
 void batch_norm_backward(const T* dy, const T* y, const T* x, const float* mean, const float* rstd, const P* gamma,
                          T* dx, T* dresidual, P* dgamma, P* dbeta, std::int64_t rows, std::int64_t C,
-                         const BatchNormConfig& cfg, float* scratch, cudaStream_t stream) {
+                         const BatchNormConfig& cfg, float* scratch, cudaStream_t stream, const Across& across = {}) {
   static_assert(detail::is_storage_v<T> && detail::is_storage_v<P>);
   using namespace detail::bn;
   check(rows, C, cfg, "backward");
@@ -334,12 +428,27 @@ void batch_norm_backward(const T* dy, const T* y, const T* x, const float* mean,
                "batch_norm backward (rows=" << rows << ", C=" << C << "): the fused ReLU needs the forward's output y");
   const int c = static_cast<int>(C);
   const T* mask = cfg.relu ? y : nullptr;
-  float* coef = scratch + column_sums_scratch(rows, C, 2);  // (3, C)
+  float* coef = coefficients(scratch, rows, C);  // (3, C)
   const bool vec = vec8<T>(C, {dy, mask, x, dx, dresidual}, {mean, coef});
-  const FinishGrad<P> finish{rstd, gamma, dgamma, dbeta, coef, rows > 0 ? 1.f / static_cast<float>(rows) : 0.f, c,
-                             cfg.training};
-  if (vec) column_sums_v<2, 8>(GradTerms<8, T>{dy, mask, x, mean, c}, finish, scratch, rows, C, stream);
-  else column_sums_v<2, 1>(GradTerms<1, T>{dy, mask, x, mean, c}, finish, scratch, rows, C, stream);
+  const ParamGrads<P> param_grads{rstd, dgamma, dbeta};
+  auto input_coefficients = [&](std::int64_t count) {
+    return InputGradCoefficients<P>{rstd, gamma, coef, count > 0 ? 1.f / static_cast<float>(count) : 0.f, c,
+                                    cfg.training};
+  };
+  auto local_pass = [&] {
+    grad_sums(dy, mask, x, mean, BothOuts<ParamGrads<P>, InputGradCoefficients<P>>{param_grads, input_coefficients(rows)},
+              vec, scratch, rows, C, stream);
+  };
+  if constexpr (std::is_same_v<Across, LocalStatistics>) {
+    local_pass();
+  } else if (!cfg.training) {
+    local_pass();  // eval: dx needs no sums
+  } else {
+    float* sums = kept_sums(scratch, rows, C);  // (2, C)
+    grad_sums(dy, mask, x, mean, BothOuts<ParamGrads<P>, StoreSums<2>>{param_grads, {sums, c}}, vec, scratch, rows, C,
+              stream);
+    apply_column_sums<2>(sums, input_coefficients(total_rows(across, sums, rows, C, "backward")), C, stream);
+  }
   if (rows == 0) return;
   if (vec) {
     backward_input_kernel<8><<<grid_for(rows * C / 8, kThreads), kThreads, 0, stream>>>(dy, mask, x, mean, coef, dx,
