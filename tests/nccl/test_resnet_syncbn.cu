@@ -5,34 +5,29 @@
 // BatchNorms see 4 values per channel on a rank and 8 on the whole batch — per-rank statistics
 // differ from the whole batch's by far more than any rounding. Weights from init_random (one seed
 // everywhere), SGD with momentum and weight decay. The gradients are averaged by GradientSync
-// (4 KiB buckets) where every rank has its own GPU and comm::Nccl; where the ranks share one GPU
-// (comm::Staged, test::gpu_comm()) by an all-reduce of the whole buffer at finish().
+// (4 KiB buckets) over comm::Nccl where every rank has its own GPU, over comm::Staged where the
+// ranks share one (test::with_gpu_comm).
 //
-//   equal to one GPU   with sync: the first step's gradients, per tensor, within relative L2
-//                      kGradTol = 5e-2 of the lone model's; the mean of the ranks' losses within
-//                      1e-2 relative of the lone loss at every step; after 3 steps every weight
-//                      tensor within a tenth of the distance it travelled from its initial value,
-//                      and every BatchNorm's running mean and variance within kStatTol = 1e-2
-//                      (the mean's error relative to the running standard deviation, the
-//                      variance's relative L2); the replicas' weights and running statistics equal
-//                      bit for bit on every rank (every rank reduces the same sums).
-//                      Why these bounds: both sides run the same bf16 kernels on the same images;
-//                      they differ by fp32 summation order (the statistics' and the weight
-//                      gradients' sums over 2 slices instead of one pass, the statistics' shift:
-//                      the running mean instead of row 0), i.e. a few fp32 ulps in the BatchNorm
-//                      coefficients, which flip a bf16 rounding in about 1 activation in 10⁴. Even
-//                      a rounding of *every* activation and weight moves this network's gradients
-//                      by 10–70 % (test_resnet_step's measurement), so a few flipped values are
-//                      expected to move them by well under 1 % — 5e-2 leaves room for that
-//                      amplification while a wiring error (a local sum where a global one belongs,
-//                      dγ all-reduced and then averaged again, a missing all-reduce) errs by 10 %
-//                      to 100 % on the tensors of stage 4 and before. The weights use test_gpt_dp's
-//                      rule; the running statistics move by 0.1 of each step's batch statistics,
-//                      which differ by the same small amounts as the activations.
-//   without sync       the same data-parallel run with per-rank statistics must miss the lone
-//                      model: its worst gradient tensor beyond kGradTol, its worst running
-//                      statistic beyond kStatTol, its worst weight tensor beyond a tenth of its
-//                      travel — so the checks above can fail.
+//   equal batches      every rank on the same batch with sync: the totals are K times each
+//                      rank's sums over K times its rows, so statistics, coefficients and dγ, dβ
+//                      (averaged over equal values) are those of one model synchronised over
+//                      itself alone (a communicator of one rank), and 3 SGD steps give its losses,
+//                      master weights and running means bit for bit (not the running variances:
+//                      their unbiasing factor M/(M−1) sees K times the rows). This catches a wrong count or
+//                      scale (a local sum beside the global count, dγ summed and then averaged
+//                      again), not a missing all-reduce: equal batches hide that.
+//   slices             rank r on images [r·B, (r+1)·B) of a batch of K·B: one step with sync
+//                      must land far closer to a lone model on the whole batch than the same run
+//                      with per-rank statistics — the first step's worst relative gradient error
+//                      under a quarter, the worst running-statistic error under a tenth of the
+//                      per-rank run's. Not a fixed tolerance: this tiny network (stage 4 is 1×1,
+//                      so its BatchNorms see 4 values per channel on a rank) moves its gradients by
+//                      10–70 % when every activation is rounded once more (test_resnet_step), so
+//                      two correct runs that only sum in another order already differ by up to
+//                      ~40 % on a few tensors (measured on an H100: worst 0.42 with sync against
+//                      3.4 per rank; after 3 steps the weights drift apart chaotically either way).
+//                      The BatchNorm arithmetic itself is checked against float64 on two slices
+//                      in test_cuda_conv.
 //   running statistics set_batch_norm_sync gives every rank rank 0's (after a step on per-rank
 //                      statistics they differ).
 //   misuse             a communicator on another stream, or batches that differ between the
@@ -70,7 +65,6 @@ constexpr std::array<std::int64_t, 4> kBlocks{1, 2, 1, 1};
 constexpr std::uint64_t kSeed = 1337;
 constexpr double kLr = 0.05;
 const optim::SgdOptions kSgd{.momentum = 0.9, .weight_decay = 1e-4};
-constexpr double kGradTol = 5e-2, kStatTol = 1e-2, kTravelTol = 0.1, kLossTol = 1e-2;
 
 using ResNet = models::cuda::ResNet<>;  // ImplicitGemmConv: deterministic kernels
 
@@ -95,39 +89,20 @@ struct Batch {
   }
 };
 
-// GradientSync's effect without its buckets, on any communicator: the whole flat buffer averaged
-// at finish(), on the model's stream (GradientSync itself speaks comm::Nccl only).
-template <class Comm>
-class AverageAtFinish final : public parallel::cuda::GradientListener {
- public:
-  AverageAtFinish(Comm comm, float* grads, std::size_t n) : comm_(std::move(comm)), grads_(grads), n_(n) {}
-  void ready(std::size_t) override {}
-  void finish() override { comm_.allreduce(grads_, n_, comm::ReduceOp::avg); }
-
- private:
-  Comm comm_;
-  float* grads_;
-  std::size_t n_;
-};
-
 // A data-parallel replica of `batch` images: gradients averaged over the world, BatchNorm
 // statistics synchronised through `bn` when sync_bn.
 template <class Comm>
 struct Replica {
   ResNet model;
   Comm bn;
-  std::unique_ptr<parallel::cuda::GradientListener> averaging;
+  parallel::cuda::GradientSync<float, float, Comm> averaging;
   explicit Replica(bool sync_bn, std::int64_t batch = kBatch)
-      : model(config(), batch, kImage), bn(Comm::from(test::world(), model.stream())) {
+      : model(config(), batch, kImage),
+        bn(Comm::from(test::world(), model.stream())),
+        averaging(Comm::from(test::world()), model.gradients(), static_cast<std::size_t>(model.flat_size()),
+                  model.stream(), {.bucket_bytes = 4 << 10}) {
     model.init_random(kSeed);
-    const auto n = static_cast<std::size_t>(model.flat_size());
-    if constexpr (std::is_same_v<Comm, comm::Nccl>)
-      averaging = std::make_unique<parallel::cuda::GradientSync<float>>(comm::Nccl::from(test::world()), model.gradients(),
-                                                                        n, model.stream(),
-                                                                        parallel::cuda::GradientSyncOptions{4 << 10});
-    else
-      averaging = std::make_unique<AverageAtFinish<Comm>>(Comm::from(test::world(), model.stream()), model.gradients(), n);
-    model.set_gradient_sync(averaging.get());
+    model.set_gradient_sync(&averaging);
     if (sync_bn) model.set_batch_norm_sync(&bn);
   }
 };
@@ -198,50 +173,50 @@ std::vector<float> flatten(const Named& tensors) {
   return v;
 }
 
-// How far a data-parallel run is from the lone model: the worst tensor of each kind, each error as
-// its check measures it.
+// How far a data-parallel run is from the lone model: the worst tensor of each kind (relative L2
+// per gradient tensor; per BatchNorm, the running mean's error relative to the running standard
+// deviation and the running variance's relative L2).
 struct Errors {
-  double grad = 0, travel = 0, stat = 0;
+  double grad = 0, stat = 0;
 };
-
-// The errors of one data-parallel run against the lone one (CHECKed per tensor when `strict`).
-Errors compare(const Named& grads, const Named& lone_grads, const Named& w, const Named& lone_w, const Named& initial,
-               const std::vector<Running>& stats, const std::vector<Running>& lone_stats, bool strict) {
+Errors compare(const Named& grads, const Named& lone_grads, const std::vector<Running>& stats,
+               const std::vector<Running>& lone_stats) {
   Errors e;
-  for (std::size_t i = 0; i < lone_grads.size(); ++i) {
-    const double err = l2(grads[i].second, lone_grads[i].second) / std::max(norm(lone_grads[i].second), 1e-30);
-    e.grad = std::max(e.grad, err);
-    if (strict) {
-      CAPTURE(lone_grads[i].first, err);
-      CHECK(err <= kGradTol);
-    }
-  }
-  for (std::size_t i = 0; i < lone_w.size(); ++i) {
-    const double travelled = l2(lone_w[i].second, initial[i].second);
-    const double ratio = l2(w[i].second, lone_w[i].second) / std::max(travelled, 1e-30);
-    e.travel = std::max(e.travel, ratio);
-    if (strict) {
-      CAPTURE(lone_w[i].first, travelled, ratio);
-      CHECK(ratio <= kTravelTol);
-    }
-  }
+  for (std::size_t i = 0; i < lone_grads.size(); ++i)
+    e.grad = std::max(e.grad, l2(grads[i].second, lone_grads[i].second) / std::max(norm(lone_grads[i].second), 1e-30));
   for (std::size_t i = 0; i < lone_stats.size(); ++i) {
     std::vector<float> std_dev(lone_stats[i].var.size());
     std::transform(lone_stats[i].var.begin(), lone_stats[i].var.end(), std_dev.begin(), [](float v) { return std::sqrt(v); });
-    const double mean_err = l2(stats[i].mean, lone_stats[i].mean) / norm(std_dev);
-    const double var_err = l2(stats[i].var, lone_stats[i].var) / norm(lone_stats[i].var);
-    e.stat = std::max({e.stat, mean_err, var_err});
-    if (strict) {
-      CAPTURE(lone_stats[i].name, mean_err, var_err);
-      CHECK(mean_err <= kStatTol);
-      CHECK(var_err <= kStatTol);
-    }
+    e.stat = std::max({e.stat, l2(stats[i].mean, lone_stats[i].mean) / norm(std_dev),
+                       l2(stats[i].var, lone_stats[i].var) / norm(lone_stats[i].var)});
   }
   return e;
 }
 
 template <class Comm>
-void slices_equal_one_gpu() {
+void equal_batches_match_one_model() {
+  const auto world = test::world();
+  const Batch batch(kBatch, 7);  // the same on every rank
+  Replica<Comm> synced(true);
+  ResNet alone(config(), kBatch, kImage);
+  alone.init_random(kSeed);
+  const comm::Mpi self(MPI_COMM_SELF);
+  Comm only_me = Comm::from(self, alone.stream());
+  alone.set_batch_norm_sync(&only_me);
+  for (int s = 1; s <= 3; ++s) {
+    CAPTURE(s);
+    CHECK(train_step(synced.model, batch) == train_step(alone, batch));
+  }
+  CHECK(flatten(weights(synced.model)) == flatten(weights(alone)));
+  const auto stats = running(synced.model), alone_stats = running(alone);
+  for (std::size_t i = 0; i < stats.size(); ++i) {
+    CAPTURE(stats[i].name);
+    CHECK(stats[i].mean == alone_stats[i].mean);
+  }
+}
+
+template <class Comm>
+void slices_closer_to_one_gpu() {
   const auto world = test::world();
   const std::int64_t K = world.size();
   const Batch whole(K * kBatch, 42);
@@ -249,39 +224,21 @@ void slices_equal_one_gpu() {
   ResNet lone(config(), K * kBatch, kImage);
   lone.init_random(kSeed);
   Replica<Comm> synced(true), per_rank(false);
-  const auto initial = weights(lone);
-
-  Named lone_grads, synced_grads, per_rank_grads;
-  for (int s = 1; s <= 3; ++s) {
-    const double lone_loss = train_step(lone, whole);
-    const double mean_loss = world.allreduce(train_step(synced.model, mine), comm::ReduceOp::sum) / static_cast<double>(K);
-    train_step(per_rank.model, mine);
-    CAPTURE(s, mean_loss, lone_loss);
-    CHECK(std::abs(mean_loss - lone_loss) <= kLossTol * std::abs(lone_loss));
-    if (s == 1) {
-      lone_grads = gradients(lone);
-      synced_grads = gradients(synced.model);
-      per_rank_grads = gradients(per_rank.model);
-    }
-  }
-  const auto lone_w = weights(lone);
+  train_step(lone, whole);
+  train_step(synced.model, mine);
+  train_step(per_rank.model, mine);
+  const auto lone_grads = gradients(lone);
   const auto lone_stats = running(lone);
-  const auto synced_w = weights(synced.model);
-  const auto synced_stats = running(synced.model);
-  const Errors with = compare(synced_grads, lone_grads, synced_w, lone_w, initial, synced_stats, lone_stats, true);
-  const Errors without = compare(per_rank_grads, lone_grads, weights(per_rank.model), lone_w, initial,
-                                 running(per_rank.model), lone_stats, false);
+  const Errors with = compare(gradients(synced.model), lone_grads, running(synced.model), lone_stats);
+  const Errors without = compare(gradients(per_rank.model), lone_grads, running(per_rank.model), lone_stats);
+  CAPTURE(with.grad, without.grad, with.stat, without.stat);
   if (world.rank() == 0)
-    WARN("worst against one GPU — synced: gradient " << with.grad << ", weights/travel " << with.travel
-                                                     << ", running statistics " << with.stat
-                                                     << "; per-rank statistics: " << without.grad << ", "
-                                                     << without.travel << ", " << without.stat);
-  CHECK(same_on_every_rank(flatten(synced_w)));
+    WARN("worst against one GPU after one step — gradient: " << with.grad << " synchronised, " << without.grad
+                                                             << " per rank; running statistics: " << with.stat << ", "
+                                                             << without.stat);
+  CHECK(with.grad < 0.25 * without.grad);
+  CHECK(with.stat < 0.1 * without.stat);
   CHECK(same_on_every_rank(synced.model.running_statistics()));
-  // Per-rank statistics fail the same bounds: the checks above can fail.
-  CHECK(without.grad > kGradTol);
-  CHECK(without.travel > kTravelTol);
-  CHECK(without.stat > kStatTol);
 }
 
 template <class Comm>
@@ -314,25 +271,23 @@ void misuse_is_refused() {
   CHECK(std::isfinite(train_step(uneven.model, Batch(kBatch + 2 * world.rank(), 500))));
 }
 
-// Each case with comm::Nccl when every rank has a GPU of its own, else comm::Staged on a shared GPU.
-template <class F>
-void on_every_comm(F&& run) {
-  if (test::gpu_comm() == test::GpuComm::nccl) run(std::type_identity<comm::Nccl>{});
-  else run(std::type_identity<comm::Staged>{});
-}
-
 }  // namespace
 
-TEST_CASE("GPU synchronised BatchNorm: slices of a batch on the ranks train as one GPU on the whole batch",
+TEST_CASE("GPU synchronised BatchNorm: equal batches on the ranks train as one model bit for bit",
           "[nccl][resnet][syncbn]") {
-  on_every_comm([](auto comm_type) { slices_equal_one_gpu<typename decltype(comm_type)::type>(); });
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) { equal_batches_match_one_model<Comm>(); });
+}
+
+TEST_CASE("GPU synchronised BatchNorm: slices of a batch on the ranks come far closer to one GPU on the whole batch",
+          "[nccl][resnet][syncbn]") {
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) { slices_closer_to_one_gpu<Comm>(); });
 }
 
 TEST_CASE("GPU synchronised BatchNorm: every rank starts from rank 0's running statistics", "[nccl][resnet][syncbn]") {
-  on_every_comm([](auto comm_type) { running_statistics_from_rank_0<typename decltype(comm_type)::type>(); });
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) { running_statistics_from_rank_0<Comm>(); });
 }
 
 TEST_CASE("GPU synchronised BatchNorm: a communicator off the model's stream or unequal batches are refused",
           "[nccl][resnet][syncbn]") {
-  on_every_comm([](auto comm_type) { misuse_is_refused<typename decltype(comm_type)::type>(); });
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) { misuse_is_refused<Comm>(); });
 }
