@@ -2,12 +2,13 @@
 # Data-parallel scaling on one host with 2 GPUs or more: dpml against PyTorch DDP, in one job.
 #
 #   1. configure the cuda-openmpi preset, build gpt_train, bench_allreduce and the NCCL tests
-#   2. ctest -L nccl: communicator collectives, the data-parallel GPT against a lone GPU
+#   2. ctest -L nccl: communicator collectives, the data-parallel GPT against a lone GPU, ZeRO-1
 #   3. GPT-2 124M (B=16 per GPU, T=1024): dpml on 1 GPU and on K (bf16 and fp32 gradient
-#      reduction); PyTorch eager on 1 and DDP on K (torchrun); with --compile also torch.compile
+#      reduction, and ZeRO-1: --use-distributed-optimizer); PyTorch eager on 1 and DDP on K
+#      (torchrun); with --compile also torch.compile
 #   4. bench_allreduce on K ranks: comm::Nccl and GradientSync's buckets against raw NCCL busbw
 #   5. a table: tokens/s, scaling efficiency (K-GPU tokens/s / (K × 1-GPU tokens/s)), exposed
-#      communication, and the all-reduce ratios at ≥ 100 MB
+#      communication, device memory per GPU (ZeRO-1's saving), and the all-reduce ratios at ≥ 100 MB
 #
 # Usage: scripts/scaling-bench.sh [--ranks K] [--steps N] [--warmup N] [--compile] [--no-tests]
 # JSON lines land in $RESULTS (default build/cuda-openmpi/scaling-bench), and also in $OUT when set.
@@ -37,7 +38,7 @@ export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
 build=build/cuda-openmpi
 results=${RESULTS:-$build/scaling-bench}
 source scripts/lib/gpu-build.sh
-gpu_build "$build" "$results" gpt_train bench_allreduce test_nccl test_gpt_dp
+gpu_build "$build" "$results" gpt_train bench_allreduce test_nccl test_gpt_dp test_gpt_zero
 
 status=0
 if [[ $tests == 1 ]]; then
@@ -56,6 +57,7 @@ gpt=$build/bench/gpt_train/gpt_train
 run gpt-dpml-1 "$gpt" "${common[@]}"
 run gpt-dpml-$ranks scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}"
 run gpt-dpml-$ranks-fp32 scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --grad-reduce fp32
+run gpt-dpml-$ranks-zero1 scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --use-distributed-optimizer
 modes=(eager)
 [[ $compile == 1 ]] && modes+=(compile)
 for mode in "${modes[@]}"; do
@@ -66,7 +68,7 @@ run allreduce scripts/launch.sh -n "$ranks" "$build/bench/allreduce/bench_allred
 
 echo "== summary"
 python3 - "$results" "$ranks" <<'EOF' || status=1
-import json, sys, pathlib
+import json, re, sys, pathlib
 d, K = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 runs, ar = {}, {}
 for p in sorted(d.glob("*.txt")):
@@ -79,14 +81,14 @@ for p in sorted(d.glob("*.txt")):
         elif j["bench"] == "allreduce":
             ar[(j["dtype"], j["bytes"], j["path"])] = j["busbw_GBps"]
 print(f"GPT-2 124M, B=16 per GPU, T=1024, {K} GPUs")
-print("| run | GPUs | tokens/s | ms/step | exposed comm ms | scaling efficiency |")
-print("|---|---|---|---|---|---|")
+print("| run | GPUs | tokens/s | ms/step | exposed comm ms | memory GiB per GPU | scaling efficiency |")
+print("|---|---|---|---|---|---|---|")
 for name, r in runs.items():
     ranks = r.get("ranks", 1)
-    base = runs.get(name.rsplit("-", 2)[0] + "-1" if name.endswith("-fp32") else name.rsplit("-", 1)[0] + "-1")
+    base = runs.get(re.sub(r"-\d+(-fp32|-zero1)?$", "-1", name))  # gpt-dpml-2-zero1 → gpt-dpml-1
     eff = f"{r['tokens_per_s'] / (ranks * base['tokens_per_s']):.3f}" if base and ranks > 1 else ""
     exposed = f"{r['exposed_comm_ms']:.2f}" if "exposed_comm_ms" in r and ranks > 1 else ""
-    print(f"| {name} | {ranks} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | {exposed} | {eff} |")
+    print(f"| {name} | {ranks} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | {exposed} | {r['mem_gib']:.2f} | {eff} |")
 if ar:
     print()
     print("| all-reduce | size | dpml busbw GB/s | bucketed | raw NCCL | dpml / NCCL | bucketed / NCCL |")

@@ -12,6 +12,11 @@
 //              backward runs; tokens/s counts all ranks (K·B·T per step over the slowest rank's
 //              step time) and MFU is per GPU; exposed_comm_ms: how long the last timed step's
 //              compute stream waited for its all-reduces
+//   ZeRO-1     --use-distributed-optimizer (Megatron's flag): parallel/cuda/distributed_optimizer.hpp,
+//              each rank holds the fp32 master weights and AdamW moments of its 1/K of the
+//              parameters only (gradients reduce-scattered, weights all-gathered); mem_gib and
+//              model_buffers_gib show the saving (12 bytes per parameter × (1 − 1/K));
+//              exposed_comm_ms adds the norm's all-reduce and the all-gathers' tail
 //   families   one extra step with CUDA events around each kernel family (a little slower than
 //              the timed steps: the events serialise nothing but cost launches)
 #include "../support/train_timing.cuh"
@@ -25,6 +30,7 @@
 #include <dpml/data/token_shards.hpp>
 #include <dpml/kernels/cuda/gemm/dispatch.hpp>
 #include <dpml/models/cuda/gpt.hpp>
+#include <dpml/parallel/cuda/distributed_optimizer.hpp>
 #include <dpml/parallel/cuda/gradient_sync.hpp>
 
 #include <cuda_runtime.h>
@@ -55,6 +61,7 @@ struct Options {
   std::string precision = "bf16";
   double bucket_mb = 25;             // data parallel: all-reduce bucket size
   std::string grad_reduce = "bf16";  // data parallel: the type the gradients are averaged in
+  bool distributed_optimizer = false; // ZeRO-1: optimizer state sharded over the ranks
 };
 
 void usage(const char* argv0) {
@@ -71,6 +78,7 @@ void usage(const char* argv0) {
       "  --precision bf16|fp16  storage of weights, activations, gradients (fp16: dynamic loss scaling) (bf16)\n"
       "  --bucket-mb X    data parallel (several ranks): MB per gradient all-reduce bucket (25)\n"
       "  --grad-reduce bf16|fp32  data parallel: average the gradients in their own 16-bit type or in fp32 (bf16)\n"
+      "  --use-distributed-optimizer  ZeRO-1: shard the fp32 master weights and AdamW moments over the ranks\n"
       "Data parallel: scripts/launch.sh -n K %s ... (one GPU per rank, each on its own batch of B).\n"
       "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
       argv0, argv0);
@@ -83,6 +91,10 @@ Options parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       usage(argv[0]);
       std::exit(0);
+    }
+    if (a == "--use-distributed-optimizer") {  // a switch, as Megatron's
+      o.distributed_optimizer = true;
+      continue;
     }
     DPML_REQUIRE_EVERYWHERE(i + 1 < argc, "gpt_train: option " << a << " needs a value (see --help)");
     const char* v = argv[++i];
@@ -107,6 +119,9 @@ Options parse(int argc, char** argv) {
                "gpt_train: --batch, --seq, --steps must be positive and --warmup non-negative");
   DPML_REQUIRE_EVERYWHERE(o.precision == "bf16" || o.precision == "fp16", "gpt_train: --precision " << o.precision << " is not bf16 or fp16");
   DPML_REQUIRE_EVERYWHERE(o.grad_reduce == "bf16" || o.grad_reduce == "fp32", "gpt_train: --grad-reduce " << o.grad_reduce << " is not bf16 or fp32");
+  DPML_REQUIRE_EVERYWHERE(!o.distributed_optimizer || o.grad_reduce == "bf16",
+                          "gpt_train: --use-distributed-optimizer reduces the gradients in their own type; --grad-reduce "
+                              << o.grad_reduce << " is not supported with it");
   DPML_REQUIRE_EVERYWHERE(o.bucket_mb > 0, "gpt_train: --bucket-mb " << o.bucket_mb << " must be positive");
   o.model.max_seq = std::max(o.model.max_seq, o.seq);
   return o;
@@ -210,15 +225,21 @@ int run(const Options& o, const comm::Mpi& world) {
   std::size_t free0 = 0, total = 0, free1 = 0;
   DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
   models::cuda::Gpt<Precision> model(o.model, o.batch, o.seq);
-  model.init_random(1337);  // the same on every rank
   Batches batches(o, world.rank(), ranks);
-  // Data parallel: the gradients averaged in their own type or widened to fp32.
+  // Data parallel: the gradients averaged in their own type or widened to fp32; or ZeRO-1, attached
+  // before the weights are initialised (the model never allocates the full optimizer state).
   std::unique_ptr<parallel::cuda::GradientListener> sync;
   std::function<double()> exposed_ms = [] { return 0.0; };
-  if (ranks > 1) {
-    const parallel::cuda::GradientSyncOptions sync_opt{.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))};
+  const parallel::cuda::GradientSyncOptions sync_opt{.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))};
+  const auto flat = static_cast<std::size_t>(model.parameter_count());
+  if (o.distributed_optimizer) {
+    auto z = std::make_unique<parallel::cuda::DistributedOptimizer<Act>>(comm::Nccl::from(world), model.weights(),
+                                                                         model.gradients(), flat, model.stream(), sync_opt);
+    exposed_ms = [p = z.get()] { return p->exposed_ms(); };
+    model.set_distributed_optimizer(z.get());
+    sync = std::move(z);
+  } else if (ranks > 1) {
     auto nccl = comm::Nccl::from(world);
-    const auto flat = static_cast<std::size_t>(model.parameter_count());
     if (o.grad_reduce == "fp32") {
       auto s = std::make_unique<parallel::cuda::GradientSync<Act, float>>(std::move(nccl), model.gradients(), flat, model.stream(), sync_opt);
       exposed_ms = [p = s.get()] { return p->exposed_ms(); };
@@ -230,6 +251,7 @@ int run(const Options& o, const comm::Mpi& world) {
     }
     model.set_gradient_sync(sync.get());
   }
+  model.init_random(1337);  // the same on every rank
   const optim::AdamWOptions adam{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   const cudaStream_t s = model.stream();
   std::int64_t step = 0, skipped = 0;  // skipped: overflowed fp16 steps (no update)
@@ -278,13 +300,14 @@ int run(const Options& o, const comm::Mpi& world) {
 
   const std::string name = std::string("dpml") + (o.model.recompute_gelu ? "" : "-saved-gelu") +
                            (Precision::loss_scaling ? "-fp16" : "") + (ranks > 1 ? "-dp" + std::to_string(ranks) : "") +
-                           (ranks > 1 && o.grad_reduce == "fp32" ? "-fp32-reduce" : "");
+                           (ranks > 1 && o.grad_reduce == "fp32" ? "-fp32-reduce" : "") +
+                           (o.distributed_optimizer ? "-zero1" : "");
   const char* impl = name.c_str();
   std::printf("{\"bench\":\"gpt_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
               "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
               "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
               "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld,"
-              "\"ranks\":%d,\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
+              "\"ranks\":%d,\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"distributed_optimizer\":%s,\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
@@ -292,7 +315,7 @@ int run(const Options& o, const comm::Mpi& world) {
               ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib,
               static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
               finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped), ranks, o.bucket_mb,
-              o.grad_reduce.c_str(), exposed, ms_min, ms_median, launch_median);
+              o.grad_reduce.c_str(), o.distributed_optimizer ? "true" : "false", exposed, ms_min, ms_median, launch_median);
   dpml::bench::print_families("gpt_train_family", impl, family_ms, models::cuda::kFamilyNames);
 
   std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld T=%lld on %d × %s, %s + fp32 master, AdamW, clip 1.0\n",

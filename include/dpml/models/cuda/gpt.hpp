@@ -13,7 +13,8 @@
 //            and column sums accumulate in fp32 and round once; the LayerNorm/bias-gradient kernels take the activations' type; and the grad
 //            norm and AdamW read half the bytes. The tied wte gets two contributions (LM head GEMM
 //            first, beta = 0, then the embedding backward adds in bf16).
-//   m, v     AdamW moments, fp32
+//   m, v     AdamW moments, fp32; master, m and v are one allocation of their own, made when first
+//            written (init_random, copy_from, write_state), and never under ZeRO-1 (below)
 //   acts     one buffer for the saved activations of all blocks and the backward scratch; per
 //            block x, ln_1, qkv, attention output, r1 = x + attention, ln_2, pre-GELU (16·B·T·C
 //            bf16 with the GELU output, 12 with recompute_gelu), plus the (B, T, Vp) logits
@@ -28,6 +29,13 @@
 // tensor to the end of the flat buffer are final (ln_f and the blocks behind it), so their
 // all-reduce overlaps the blocks still to come; the tied wte (first written by the LM head, last by
 // the embedding backward) and wpe go at the end, with finish(), before the norm and the update.
+//
+// ZeRO-1 (parallel/cuda/distributed_optimizer.hpp): with a ShardedOptimizer attached instead
+// (set_distributed_optimizer), that listener reduce-scatters the buckets, holds this rank's shard of
+// master, m and v (the model holds none), and does update()'s norm, clipping, AdamW and the
+// all-gather of the weights. read_state (hence copy_to) then gathers from the shards' owners: a
+// collective over the data axis, every rank must call it; write_state, copy_from and init_random
+// hand every rank the whole tensor and it keeps its shards.
 //
 // Per-family timing: with a Profiler attached, each kernel family is bracketed by CUDA events;
 // Profiler::collect() synchronises and sums the milliseconds per family.
@@ -55,6 +63,7 @@
 #include "dpml/models/cuda/precision.hpp"
 #include "dpml/models/cuda/profiler.hpp"
 #include "dpml/optim/adamw.hpp"
+#include "dpml/parallel/cuda/distributed_optimizer.hpp"
 #include "dpml/parallel/cuda/gradient_sync.hpp"
 
 #include <cuda_runtime.h>
@@ -159,6 +168,7 @@ class Gpt {
   Gpt& operator=(const Gpt&) = delete;
   ~Gpt() {
     cudaFreeHost(host_losses_);
+    cudaFree(state_memory_);
     cudaFree(memory_);
     cudaStreamDestroy(stream_);
   }
@@ -172,30 +182,65 @@ class Gpt {
     for (const auto& s : slots_) n += s.host_rows * s.cols;
     return n;
   }
-  std::size_t device_bytes() const noexcept { return carver_.bytes(); }
+  // Device bytes of the buffers and the optimizer state this rank holds (its shard under ZeRO-1).
+  std::size_t device_bytes() const noexcept { return carver_.bytes() + optimizer_state_bytes(); }
+  std::size_t optimizer_state_bytes() const noexcept {
+    return zero_ ? zero_->state_bytes() : state_memory_ ? 3 * static_cast<std::size_t>(n_params_) * sizeof(float) : 0;
+  }
   void set_profiler(Profiler* p) noexcept { prof_ = p; }
   // Data parallel: the listener sees the gradients as the backward finishes them (nullptr: none).
-  void set_gradient_sync(parallel::cuda::GradientListener* sync) noexcept { sync_ = sync; }
+  void set_gradient_sync(parallel::cuda::GradientListener* sync) {
+    DPML_REQUIRE(!zero_, "GPT (cuda): a distributed optimizer is attached; it is the gradient listener");
+    sync_ = sync;
+  }
+  // ZeRO-1: `zero` (built on weights(), gradients(), parameter_count(), stream()) takes the
+  // gradient sync, the update and the optimizer state; attached once, for good. Attach it before
+  // initialising the weights, or the full state already allocated is handed over and freed.
+  void set_distributed_optimizer(parallel::cuda::ShardedOptimizer* zero) {
+    DPML_REQUIRE(zero && !zero_ && !sync_, "GPT (cuda): set_distributed_optimizer needs an optimizer, once, and no "
+                                           "gradient sync attached before it");
+    DPML_REQUIRE(zero->size() == static_cast<std::size_t>(n_params_),
+                 "GPT (cuda): the distributed optimizer serves " << zero->size() << " elements, the model has " << n_params_);
+    if (state_memory_)
+      for (State which : {State::master, State::exp_avg, State::exp_avg_sq})
+        zero->write(which, 0, download(state_(which), n_params_));
+    DPML_CHECK_CUDA(cudaFree(std::exchange(state_memory_, nullptr)));
+    master_ = m_ = v_ = nullptr;
+    sync_ = zero_ = zero;
+  }
   // The flat gradient buffer (parameter_count() elements), for a GradientSync.
   Act* gradients() noexcept { return grads_; }
+  // The flat 16-bit working weights (parameter_count() elements), for a distributed optimizer.
+  Act* weights() noexcept { return params_; }
 
   // The fp32 state a checkpoint holds, per tensor: master weights and AdamW's two moments (named
   // as the host optimizer's state slots, optim::AdamW::state_names).
-  enum class State { master, exp_avg, exp_avg_sq };
+  using State = parallel::cuda::OptimizerState;
 
-  // Host copies of one tensor's state (its host rows: wte without the padding rows). Synchronous.
+  // Host copies of one tensor's state (its host rows: wte without the padding rows); zeros before
+  // any was written. Synchronous; under ZeRO-1 collective over the data axis (every rank calls it).
   void read_state(State which, const std::string& name, std::span<float> dst) const {
     const auto& s = slot(name);
     check_span(s, dst.size());
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
-    DPML_CHECK_CUDA(cudaMemcpy(dst.data(), state_(which) + s.offset, dst.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    if (zero_)
+      zero_->read(which, static_cast<std::size_t>(s.offset), dst);
+    else if (!state_memory_)
+      std::fill(dst.begin(), dst.end(), 0.f);
+    else
+      DPML_CHECK_CUDA(cudaMemcpy(dst.data(), state_(which) + s.offset, dst.size() * sizeof(float), cudaMemcpyDeviceToHost));
   }
   // Writing the master weights also rounds them into the 16-bit working copy the forward pass reads.
   void write_state(State which, const std::string& name, std::span<const float> src) {
     const auto& s = slot(name);
     check_span(s, src.size());
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
-    DPML_CHECK_CUDA(cudaMemcpy(state_(which) + s.offset, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice));
+    if (zero_) {
+      zero_->write(which, static_cast<std::size_t>(s.offset), src);
+    } else {
+      allocate_state();
+      DPML_CHECK_CUDA(cudaMemcpy(state_(which) + s.offset, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
     if (which == State::master) {
       std::vector<Act> rounded(src.begin(), src.end());
       DPML_CHECK_CUDA(cudaMemcpy(params_ + s.offset, rounded.data(), rounded.size() * sizeof(Act), cudaMemcpyHostToDevice));
@@ -249,7 +294,7 @@ class Gpt {
   }
 
   // Gradient of the named tensor (host rows only) of the last forward_backward, as float and
-  // without the loss scale; synchronises.
+  // without the loss scale; synchronises. Under ZeRO-1 only this rank's shards hold the average.
   std::vector<float> gradient(const std::string& name) const {
     const auto& s = slot(name);
     const std::vector<Act> g = download(grads_ + s.offset, s.host_rows * s.cols);
@@ -297,10 +342,14 @@ class Gpt {
   // Global norm → clip → AdamW (step ≥ 1). clip ≤ 0: no clipping. The norm and the clipping are
   // of the unscaled gradients; a non-finite norm (fp16: an overflow) skips the update on the
   // device (AdamW sees a NaN coefficient).
+  // Under ZeRO-1 the distributed optimizer does all of it on this rank's shards (every rank calls it).
   void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double clip) {
+    const double max_norm = clip > 0 ? clip : 1e300, inv_scale = 1.0 / step_scale_;
+    if (zero_) return timed(Family::optimizer, [&] { zero_->update(lr, step, opt, max_norm, inv_scale, norm_sq_, clip_coef_); });
+    allocate_state();
     timed(Family::optimizer, [&] {
       detail::kc::grad_norm_squared(grads_, n_params_, norm_sq_, norm_ws_, norm_ws_bytes_, stream_);
-      detail::kc::clip_coefficient(norm_sq_, clip_coef_, clip > 0 ? clip : 1e300, stream_, 1.0 / step_scale_);
+      detail::kc::clip_coefficient(norm_sq_, clip_coef_, max_norm, stream_, inv_scale);
       detail::kc::adamw_update(master_, params_, grads_, m_, v_, n_params_, opt, lr, step, clip_coef_, stream_);
     });
   }
@@ -376,11 +425,25 @@ class Gpt {
     std::vector<Act> p(master.size());
     for (std::size_t i = 0; i < p.size(); ++i) p[i] = Act(master[i]);
     // All on the model's (non-blocking) stream, which does not wait for the legacy default stream.
-    DPML_CHECK_CUDA(cudaMemcpyAsync(master_, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
     DPML_CHECK_CUDA(cudaMemcpyAsync(params_, p.data(), p.size() * sizeof(Act), cudaMemcpyHostToDevice, stream_));
-    DPML_CHECK_CUDA(cudaMemsetAsync(m_, 0, master.size() * sizeof(float), stream_));
-    DPML_CHECK_CUDA(cudaMemsetAsync(v_, 0, master.size() * sizeof(float), stream_));
+    if (zero_) {
+      zero_->reset(master);  // this rank's shards; moments zeroed
+    } else {
+      allocate_state();
+      DPML_CHECK_CUDA(cudaMemcpyAsync(master_, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+      DPML_CHECK_CUDA(cudaMemsetAsync(m_, 0, 2 * master.size() * sizeof(float), stream_));  // m_, v_ adjacent
+    }
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));  // the host vectors go out of scope
+  }
+  // master, m, v (n_params_ each, zeroed) on first need; not under ZeRO-1.
+  void allocate_state() {
+    if (state_memory_) return;
+    const std::size_t n = static_cast<std::size_t>(n_params_);
+    DPML_CHECK_CUDA(cudaMalloc(&state_memory_, 3 * n * sizeof(float)));
+    DPML_CHECK_CUDA(cudaMemsetAsync(state_memory_, 0, 3 * n * sizeof(float), stream_));
+    master_ = state_memory_;
+    m_ = master_ + n;
+    v_ = m_ + n;
   }
 
   // Every buffer as a slice of one allocation; base == nullptr only measures.
@@ -389,9 +452,6 @@ class Gpt {
     carver_.rebase(base);
     params_ = carver_.take<Act>(n_params_);
     grads_ = carver_.take<Act>(n_params_);
-    master_ = carver_.take<float>(n_params_);
-    m_ = carver_.take<float>(n_params_);
-    v_ = carver_.take<float>(n_params_);
     acts_offset_ = carver_.bytes();  // activations and scratch from here on
     acts_.clear();
     Act* shared_gelu = cfg_.recompute_gelu ? carver_.take<Act>(n * 4 * C) : nullptr;
@@ -593,6 +653,7 @@ class Gpt {
   int micro_batches_ = 1;    // of the running step
   int micro_index_ = 0;      // the running micro-batch's index in its step
   parallel::cuda::GradientListener* sync_ = nullptr;
+  parallel::cuda::ShardedOptimizer* zero_ = nullptr;  // ZeRO-1: also sync_
   // GEMM-written gradients (weights, the tied LM head) add to what earlier micro-batches wrote;
   // the other gradient kernels always add (to zeroed buffers at a step's first micro-batch).
   float grad_beta() const noexcept { return accumulate_ ? 1.f : 0.f; }
@@ -610,7 +671,8 @@ class Gpt {
   float* host_losses_ = nullptr;  // (B·T) pinned
 
   Act *params_ = nullptr, *grads_ = nullptr;  // (n_params) flat
-  float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  float* state_memory_ = nullptr;              // (3, n_params): master, m, v; null until needed, and under ZeRO-1
+  float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // (n_params) each, in state_memory_
   std::vector<BlockActs> acts_;
   Act *x_final_ = nullptr, *lnf_ = nullptr;  // (B, T, C)
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;

@@ -21,15 +21,17 @@
 // the least traffic), or float (each bucket widened into an fp32 staging buffer, reduced, and
 // rounded back once: one rounding instead of one per ring step, at twice the traffic).
 //
+// Comm is the communicator of the data axis (comm::Nccl, or any type with its collectives and
+// stream(), e.g. comm::Staged); its stream is the communication stream. The buckets and their
+// event protocol (detail::BucketQueue) are shared with the ZeRO-1 optimizer
+// (distributed_optimizer.hpp), which reduce-scatters the same buckets instead.
+//
 // Exposed communication: exposed_ms() is the time from the compute stream reaching finish() to
 // the last bucket's completion (0 when the all-reduces ended first), for the last step; it
 // synchronises, so benchmarks read it outside their timed steps.
 //
 //   GradientSync<bf16> sync(comm::Nccl::from(world), model.gradients(), model.flat_size(), model.stream());
 //   model.set_gradient_sync(&sync);
-//
-// Comm is the data axis' communicator type: comm::Nccl, or comm::Staged (comm/staged.hpp) where
-// ranks share a GPU; it needs stream(), size(), rank() and allreduce on device pointers.
 
 #include "dpml/comm/nccl.hpp"
 #include "dpml/core/cuda_error.hpp"
@@ -76,6 +78,94 @@ struct GradientSyncOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;  // per bucket, in the gradients' type (PyTorch DDP: 25 MB)
 };
 
+namespace detail {
+
+struct Bucket {
+  std::size_t begin, end;  // elements [begin, end) of the buffer
+};
+
+// [floor, n) cut into buckets of about `per` elements (a multiple of `align`) from its end, on
+// boundaries floor + k·align; the last bucket cut, at floor, may be shorter. Production order:
+// the bucket at the buffer's end first.
+inline std::vector<Bucket> cut_buckets(std::size_t n, std::size_t floor, std::size_t per, std::size_t align) {
+  std::vector<Bucket> buckets;
+  for (std::size_t end = n; end > floor;) {
+    const std::size_t begin = end - floor > per ? floor + (end - per - floor) / align * align : floor;
+    buckets.push_back({begin, end});
+    end = begin;
+  }
+  return buckets;
+}
+
+// Milliseconds from `from` to `to` (0 when `to` came first); synchronises on `to`.
+inline double waited_ms(cudaEvent_t from, cudaEvent_t to) {
+  DPML_CHECK_CUDA(cudaEventSynchronize(to));
+  float ms = 0;
+  DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, from, to));
+  return std::max(0.f, ms);
+}
+
+// Elements of G per bucket of about `bytes`: a multiple of `align`, at least one `align`.
+template <class G>
+std::size_t bucket_elements(std::size_t bytes, std::size_t align) {
+  return std::max(align, bytes / sizeof(G) / align * align);
+}
+
+// The ready()/finish() protocol over buckets in production order: each bucket is handed to
+// `launch` (which enqueues its collective on the communication stream) once the compute stream
+// has produced it, the communication stream waiting on an event of the compute one; finish()
+// launches the rest and makes the compute stream wait for the communication stream.
+class BucketQueue {
+ public:
+  BucketQueue(std::vector<Bucket> buckets, std::size_t n, cudaStream_t compute, cudaStream_t comm)
+      : buckets_(std::move(buckets)), n_(n), compute_(compute), comm_(comm) {
+    DPML_CHECK_CUDA(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
+    DPML_CHECK_CUDA(cudaEventCreate(&compute_done_));
+    DPML_CHECK_CUDA(cudaEventCreate(&reduced_));
+  }
+  BucketQueue(const BucketQueue&) = delete;
+  BucketQueue& operator=(const BucketQueue&) = delete;
+  ~BucketQueue() {
+    cudaEventDestroy(produced_);
+    cudaEventDestroy(compute_done_);
+    cudaEventDestroy(reduced_);
+  }
+
+  const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
+
+  // [begin, n) is final on the compute stream: launch every bucket inside it.
+  template <class Launch>
+  void ready(std::size_t begin, Launch&& launch) {
+    DPML_REQUIRE(begin <= n_, "gradient buckets: ready(" << begin << ") beyond the buffer's " << n_ << " elements");
+    std::size_t upto = next_;
+    while (upto < buckets_.size() && buckets_[upto].begin >= begin) ++upto;
+    if (upto == next_) return;
+    DPML_CHECK_CUDA(cudaEventRecord(produced_, compute_));
+    DPML_CHECK_CUDA(cudaStreamWaitEvent(comm_, produced_, 0));
+    for (; next_ < upto; ++next_) launch(buckets_[next_]);
+  }
+  // The remaining buckets; then the compute stream waits for all of them.
+  template <class Launch>
+  void finish(Launch&& launch) {
+    DPML_CHECK_CUDA(cudaEventRecord(compute_done_, compute_));
+    ready(0, launch);
+    DPML_CHECK_CUDA(cudaEventRecord(reduced_, comm_));
+    DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, reduced_, 0));
+    next_ = 0;
+  }
+  // Milliseconds the last step's compute stream waited at finish() (synchronises).
+  double exposed_ms() const { return waited_ms(compute_done_, reduced_); }
+
+ private:
+  std::vector<Bucket> buckets_;  // from the buffer's end to its start: the order of production
+  std::size_t n_;
+  cudaStream_t compute_, comm_;
+  std::size_t next_ = 0;  // the first bucket of this step not yet launched
+  cudaEvent_t produced_ = nullptr, compute_done_ = nullptr, reduced_ = nullptr;
+};
+
+}  // namespace detail
+
 template <class G, class Wire = G, class Comm = comm::Nccl>
 class GradientSync final : public GradientListener {
   static_assert(std::is_same_v<Wire, G> || std::is_same_v<Wire, float>,
@@ -84,69 +174,42 @@ class GradientSync final : public GradientListener {
  public:
   // `grads` (n elements) must stay valid; `compute` is the stream the model's backward runs on.
   GradientSync(Comm comm, G* grads, std::size_t n, cudaStream_t compute, GradientSyncOptions opt = {})
-      : comm_(std::move(comm)), grads_(grads), n_(n), compute_(compute) {
+      : comm_(std::move(comm)), grads_(grads),
+        queue_(detail::cut_buckets(n, 0, detail::bucket_elements<G>(opt.bucket_bytes, kAlign), kAlign), n, compute,
+               comm_.stream()) {
     DPML_REQUIRE(n > 0 && grads, "GradientSync: empty gradient buffer");
-    constexpr std::size_t kAlign = 64;
-    const std::size_t per = std::max<std::size_t>(kAlign, opt.bucket_bytes / sizeof(G) / kAlign * kAlign);
-    for (std::size_t end = n; end > 0;) {
-      const std::size_t begin = end > per ? (end - per) / kAlign * kAlign : 0;
-      buckets_.push_back({begin, end});
-      end = begin;
-    }
     if constexpr (!std::is_same_v<Wire, G>) {
       std::size_t largest = 0;
-      for (const Bucket& b : buckets_) largest = std::max(largest, b.end - b.begin);
+      for (const detail::Bucket& b : queue_.buckets()) largest = std::max(largest, b.end - b.begin);
       DPML_CHECK_CUDA(cudaMalloc(&staging_, largest * sizeof(Wire)));
     }
-    DPML_CHECK_CUDA(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
-    DPML_CHECK_CUDA(cudaEventCreate(&compute_done_));
-    DPML_CHECK_CUDA(cudaEventCreate(&reduced_));
   }
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
   ~GradientSync() {
-    cudaEventDestroy(produced_);
-    cudaEventDestroy(compute_done_);
-    cudaEventDestroy(reduced_);
     if (staging_) cudaFree(staging_);
   }
 
   int ranks() const noexcept { return comm_.size(); }
   int rank() const noexcept { return comm_.rank(); }
-  std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  std::size_t bucket_count() const noexcept { return queue_.buckets().size(); }
   const Comm& communicator() const noexcept { return comm_; }
 
   // [begin, n) of the gradients is final on the compute stream: launch every bucket inside it.
   void ready(std::size_t begin) override {
-    DPML_REQUIRE(begin <= n_, "GradientSync::ready(" << begin << ") beyond the buffer's " << n_ << " elements");
-    std::size_t upto = next_;
-    while (upto < buckets_.size() && buckets_[upto].begin >= begin) ++upto;
-    if (upto == next_) return;
-    DPML_CHECK_CUDA(cudaEventRecord(produced_, compute_));
-    DPML_CHECK_CUDA(cudaStreamWaitEvent(comm_.stream(), produced_, 0));
-    for (; next_ < upto; ++next_) reduce(buckets_[next_]);
+    queue_.ready(begin, [this](const detail::Bucket& b) { reduce(b); });
   }
   // The remaining buckets; then the compute stream waits for all of them.
   void finish() override {
-    DPML_CHECK_CUDA(cudaEventRecord(compute_done_, compute_));
-    ready(0);
-    DPML_CHECK_CUDA(cudaEventRecord(reduced_, comm_.stream()));
-    DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, reduced_, 0));
-    next_ = 0;
+    queue_.finish([this](const detail::Bucket& b) { reduce(b); });
   }
   // Milliseconds the last step's compute stream waited for the all-reduces (synchronises).
-  double exposed_ms() const {
-    DPML_CHECK_CUDA(cudaEventSynchronize(reduced_));
-    float ms = 0;
-    DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, compute_done_, reduced_));
-    return std::max(0.f, ms);
-  }
+  double exposed_ms() const { return queue_.exposed_ms(); }
 
  private:
-  struct Bucket {
-    std::size_t begin, end;  // elements [begin, end) of the buffer
-  };
-  void reduce(const Bucket& b) {
+  static constexpr std::size_t kAlign = 64;  // elements: bucket boundaries (128 bytes of bf16)
+
+  void reduce(const detail::Bucket& b) {
     const std::size_t count = b.end - b.begin;
     if constexpr (std::is_same_v<Wire, G>) {
       comm_.allreduce(grads_ + b.begin, count, comm::ReduceOp::avg);
@@ -159,12 +222,8 @@ class GradientSync final : public GradientListener {
 
   Comm comm_;
   G* grads_;
-  std::size_t n_;
-  cudaStream_t compute_;
-  std::vector<Bucket> buckets_;  // from the buffer's end to its start: the order of production
-  std::size_t next_ = 0;         // the first bucket of this step not yet launched
-  Wire* staging_ = nullptr;      // (largest bucket) fp32 wire only
-  cudaEvent_t produced_ = nullptr, compute_done_ = nullptr, reduced_ = nullptr;
+  detail::BucketQueue queue_;
+  Wire* staging_ = nullptr;  // (largest bucket) fp32 wire only
 };
 
 }  // namespace dpml::parallel::cuda
