@@ -1,5 +1,5 @@
 // Data-parallel GPT on GPUs (models/cuda/gpt.hpp + parallel/cuda/gradient_sync.hpp), one GPU per
-// rank, against a lone model on each rank's GPU that sees no other rank. Tiny configuration
+// rank (NCCL; or all ranks on one GPU through comm::Staged, see nccl_fixture.hpp), against a lone model on each rank's GPU that sees no other rank. Tiny configuration
 // (L=2, C=64, H=2, V=67, T=32, per-rank batch 4), weights from init_random (the same seed on every
 // rank), AdamW with clipping; buckets of 8 KiB so that the small model is cut into many of them
 // and most all-reduces run while the backward is still going.
@@ -66,13 +66,13 @@ struct Batch {
 };
 
 // A model whose gradients are averaged over the world (Wire: the reduction's type).
-template <class Wire = bf16>
+template <class Comm, class Wire = bf16>
 struct DataParallelGpt {
   Gpt model;
-  parallel::cuda::GradientSync<bf16, Wire> sync;
+  parallel::cuda::GradientSync<bf16, Wire, Comm> sync;
   DataParallelGpt()
       : model(config(), kBatch, kSeq),
-        sync(comm::Nccl::from(test::world()), model.gradients(), static_cast<std::size_t>(model.parameter_count()),
+        sync(Comm::from(test::world()), model.gradients(), static_cast<std::size_t>(model.parameter_count()),
              model.stream(), {.bucket_bytes = 8 << 10}) {
     model.init_random(11);
     model.set_gradient_sync(&sync);
@@ -120,67 +120,70 @@ double l2(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEMPLATE_TEST_CASE("GPU data parallel GPT: equal batches on every rank give the lone model's weights bit for bit",
                    "[nccl][gpt]", bf16, float) {
-  test::gpu_per_rank();
-  DataParallelGpt<TestType> dp;
-  Gpt lone(config(), kBatch, kSeq);
-  lone.init_random(11);
-  const Batch batch(kBatch, 3);
-  for (std::int64_t s = 1; s <= 3; ++s) {
-    CAPTURE(s);
-    CHECK(train_step(dp.model, batch, s) == train_step(lone, batch, s));
-  }
-  CHECK(dp.sync.bucket_count() > 4);
-  const auto a = weights(dp.model), b = weights(lone);
-  for (const auto& [name, w] : b) {
-    CAPTURE(name);
-    CHECK(std::memcmp(a.at(name).data(), w.data(), w.size() * sizeof(float)) == 0);
-  }
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+    DataParallelGpt<Comm, TestType> dp;
+    Gpt lone(config(), kBatch, kSeq);
+    lone.init_random(11);
+    const Batch batch(kBatch, 3);
+    for (std::int64_t s = 1; s <= 3; ++s) {
+      CAPTURE(s);
+      CHECK(train_step(dp.model, batch, s) == train_step(lone, batch, s));
+    }
+    CHECK(dp.sync.bucket_count() > 4);
+    const auto a = weights(dp.model), b = weights(lone);
+    for (const auto& [name, w] : b) {
+      CAPTURE(name);
+      CHECK(std::memcmp(a.at(name).data(), w.data(), w.size() * sizeof(float)) == 0);
+    }
+  });
 }
 
 TEST_CASE("GPU data parallel GPT: ranks on their own batches keep bit-identical replicas", "[nccl][gpt]") {
-  test::gpu_per_rank();
-  const int rank = test::world().rank();
-  DataParallelGpt<> dp;
-  Gpt lone(config(), kBatch, kSeq);
-  lone.init_random(11);
-  const Batch batch(kBatch, 100 + static_cast<std::uint64_t>(rank));
-  for (std::int64_t s = 1; s <= 3; ++s) {
-    train_step(dp.model, batch, s);
-    train_step(lone, batch, s);
-  }
-  const std::uint64_t replica = fingerprint(weights(dp.model));
-  CHECK(same_on_every_rank(replica));
-  CHECK(replica != fingerprint(weights(lone)));  // the other ranks' batches count
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+    const int rank = test::world().rank();
+    DataParallelGpt<Comm> dp;
+    Gpt lone(config(), kBatch, kSeq);
+    lone.init_random(11);
+    const Batch batch(kBatch, 100 + static_cast<std::uint64_t>(rank));
+    for (std::int64_t s = 1; s <= 3; ++s) {
+      train_step(dp.model, batch, s);
+      train_step(lone, batch, s);
+    }
+    const std::uint64_t replica = fingerprint(weights(dp.model));
+    CHECK(same_on_every_rank(replica));
+    CHECK(replica != fingerprint(weights(lone)));  // the other ranks' batches count
+  });
 }
 
 TEST_CASE("GPU data parallel GPT: slices of a batch on the ranks equal one GPU on the whole batch", "[nccl][gpt]") {
-  test::gpu_per_rank();
-  const auto world = test::world();
-  const std::int64_t K = world.size();
-  DataParallelGpt<> dp;
-  Gpt lone(config(), K * kBatch, kSeq);
-  lone.init_random(11);
-  const auto initial = weights(lone);
-  const Batch whole(K * kBatch, 42);
-  const Batch mine(whole, world.rank() * kBatch, kBatch);
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+    const auto world = test::world();
+    const std::int64_t K = world.size();
+    DataParallelGpt<Comm> dp;
+    Gpt lone(config(), K * kBatch, kSeq);
+    lone.init_random(11);
+    const auto initial = weights(lone);
+    const Batch whole(K * kBatch, 42);
+    const Batch mine(whole, world.rank() * kBatch, kBatch);
 
-  for (std::int64_t s = 1; s <= 10; ++s) {
-    const double mean_loss = world.allreduce(train_step(dp.model, mine, s), comm::ReduceOp::sum) / static_cast<double>(K);
-    const double lone_loss = train_step(lone, whole, s);
-    CAPTURE(s, mean_loss, lone_loss);
-    CHECK(std::abs(mean_loss - lone_loss) <= 2e-2 * std::abs(lone_loss));
-    if (s == 1)
-      for (const auto& name : lone.parameter_names()) {
-        const auto want = lone.gradient(name);
-        const double norm = l2(want, std::vector<float>(want.size(), 0.f));
-        CAPTURE(name);
-        CHECK(l2(dp.model.gradient(name), want) <= 2e-2 * norm + 1e-7);
-      }
-  }
-  const auto got = weights(dp.model), want = weights(lone);
-  for (const auto& [name, w] : want) {
-    const double travelled = l2(w, initial.at(name));
-    CAPTURE(name, travelled);
-    CHECK(l2(got.at(name), w) <= 0.1 * travelled);
-  }
+    for (std::int64_t s = 1; s <= 10; ++s) {
+      const double mean_loss = world.allreduce(train_step(dp.model, mine, s), comm::ReduceOp::sum) / static_cast<double>(K);
+      const double lone_loss = train_step(lone, whole, s);
+      CAPTURE(s, mean_loss, lone_loss);
+      CHECK(std::abs(mean_loss - lone_loss) <= 2e-2 * std::abs(lone_loss));
+      if (s == 1)
+        for (const auto& name : lone.parameter_names()) {
+          const auto want = lone.gradient(name);
+          const double norm = l2(want, std::vector<float>(want.size(), 0.f));
+          CAPTURE(name);
+          CHECK(l2(dp.model.gradient(name), want) <= 2e-2 * norm + 1e-7);
+        }
+    }
+    const auto got = weights(dp.model), want = weights(lone);
+    for (const auto& [name, w] : want) {
+      const double travelled = l2(w, initial.at(name));
+      CAPTURE(name, travelled);
+      CHECK(l2(got.at(name), w) <= 0.1 * travelled);
+    }
+  });
 }

@@ -1,5 +1,5 @@
 // Data-parallel ResNet on GPUs (models/cuda/resnet.hpp + parallel/cuda/gradient_sync.hpp), one GPU
-// per rank, against a lone model on each rank's GPU that sees no other rank. Tiny configuration
+// per rank (NCCL; or all ranks on one GPU through comm::Staged, see nccl_fixture.hpp), against a lone model on each rank's GPU that sees no other rank. Tiny configuration
 // (width 8, blocks {1, 2, 1, 1}: projected blocks and a plain one, whose gradients are released
 // layer by layer; 32×32 images, per-rank batch 4, 10 classes), weights from init_random (the same
 // seed on every rank), SGD with momentum; buckets of 4 KiB, so that the model (140k gradients) is
@@ -80,13 +80,13 @@ template <class Conv>
 using ResNet = models::cuda::ResNet<Conv>;
 
 // A model whose gradients are averaged over the world in buckets of `bucket_bytes`.
-template <class Conv>
+template <class Conv, class Comm>
 struct DataParallelResNet {
   ResNet<Conv> model;
-  parallel::cuda::GradientSync<float> sync;
+  parallel::cuda::GradientSync<float, float, Comm> sync;
   explicit DataParallelResNet(std::size_t bucket_bytes)
       : model(config(), kBatch, kImage),
-        sync(comm::Nccl::from(test::world()), model.gradients(), static_cast<std::size_t>(model.flat_size()),
+        sync(Comm::from(test::world()), model.gradients(), static_cast<std::size_t>(model.flat_size()),
              model.stream(), {.bucket_bytes = bucket_bytes}) {
     model.init_random(1337);
     model.set_gradient_sync(&sync);
@@ -147,69 +147,72 @@ bool same_on_every_rank(const std::vector<float>& v) {
 
 TEST_CASE("GPU data parallel ResNet: equal batches on every rank give the lone model's weights bit for bit",
           "[nccl][resnet]") {
-  test::gpu_per_rank();
-  DataParallelResNet<OwnConv> dp(kSmallBuckets);
-  LoneResNet<OwnConv> lone;
-  const Batch batch(3);  // the same on every rank
-  for (int s = 1; s <= 3; ++s) {
-    CAPTURE(s);
-    CHECK(train_step(dp.model, batch) == train_step(lone.model, batch));
-  }
-  CHECK(dp.sync.bucket_count() > 4);
-  CHECK(bitwise_equal(weights(dp.model), weights(lone.model)));
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+    DataParallelResNet<OwnConv, Comm> dp(kSmallBuckets);
+    LoneResNet<OwnConv> lone;
+    const Batch batch(3);  // the same on every rank
+    for (int s = 1; s <= 3; ++s) {
+      CAPTURE(s);
+      CHECK(train_step(dp.model, batch) == train_step(lone.model, batch));
+    }
+    CHECK(dp.sync.bucket_count() > 4);
+    CHECK(bitwise_equal(weights(dp.model), weights(lone.model)));
+  });
 }
 
 TEMPLATE_LIST_TEST_CASE("GPU data parallel ResNet: ranks on their own batches keep bit-identical replicas",
                         "[nccl][resnet]", ConvPolicies) {
-  test::gpu_per_rank();
-  DataParallelResNet<TestType> dp(kSmallBuckets);
-  LoneResNet<TestType> lone;
-  const Batch batch(100 + static_cast<std::uint64_t>(test::world().rank()));
-  for (int s = 1; s <= 3; ++s) {
-    CAPTURE(s);
-    CHECK(std::isfinite(train_step(dp.model, batch)));
-    train_step(lone.model, batch);
-  }
-  const auto replica = weights(dp.model);
-  CHECK(same_on_every_rank(replica));
-  CHECK_FALSE(bitwise_equal(replica, weights(lone.model)));  // the other ranks' batches count
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+    DataParallelResNet<TestType, Comm> dp(kSmallBuckets);
+    LoneResNet<TestType> lone;
+    const Batch batch(100 + static_cast<std::uint64_t>(test::world().rank()));
+    for (int s = 1; s <= 3; ++s) {
+      CAPTURE(s);
+      CHECK(std::isfinite(train_step(dp.model, batch)));
+      train_step(lone.model, batch);
+    }
+    const auto replica = weights(dp.model);
+    CHECK(same_on_every_rank(replica));
+    CHECK_FALSE(bitwise_equal(replica, weights(lone.model)));  // the other ranks' batches count
+  });
 }
 
 TEST_CASE("GPU data parallel ResNet: the gradients are the mean of the ranks' lone gradients", "[nccl][resnet]") {
-  test::gpu_per_rank();
-  const auto world = test::world();
-  const Batch batch(200 + static_cast<std::uint64_t>(world.rank()));
-  LoneResNet<OwnConv> lone;
-  lone.model.upload_batch(batch.images, batch.labels);
-  lone.model.forward_backward();
-  const auto own = flat_gradients(lone.model);
-  const std::size_t n = own.size(), K = static_cast<std::size_t>(world.size());
-  std::vector<float> every(K * n);  // (ranks, n)
-  world.allgather(own.data(), every.data(), n);
-  std::vector<double> mean(n, 0.0);
-  double largest = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    for (std::size_t r = 0; r < K; ++r) mean[i] += every[r * n + i];
-    mean[i] /= static_cast<double>(K);
-    largest = std::max(largest, std::abs(mean[i]));
-  }
-  REQUIRE(largest > 0);
-
-  for (std::size_t bucket_bytes : {kSmallBuckets, parallel::cuda::GradientSyncOptions{}.bucket_bytes}) {
-    CAPTURE(bucket_bytes);
-    DataParallelResNet<OwnConv> dp(bucket_bytes);
-    dp.model.upload_batch(batch.images, batch.labels);
-    dp.model.forward_backward();
-    const auto got = flat_gradients(dp.model);
-    std::size_t off = 0;
-    double worst = 0;
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+    const auto world = test::world();
+    const Batch batch(200 + static_cast<std::uint64_t>(world.rank()));
+    LoneResNet<OwnConv> lone;
+    lone.model.upload_batch(batch.images, batch.labels);
+    lone.model.forward_backward();
+    const auto own = flat_gradients(lone.model);
+    const std::size_t n = own.size(), K = static_cast<std::size_t>(world.size());
+    std::vector<float> every(K * n);  // (ranks, n)
+    world.allgather(own.data(), every.data(), n);
+    std::vector<double> mean(n, 0.0);
+    double largest = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      const double err = std::abs(static_cast<double>(got[i]) - mean[i]);
-      if (!(err <= 1e-5 * largest)) ++off;  // NaN counts
-      worst = std::max(worst, err);
+      for (std::size_t r = 0; r < K; ++r) mean[i] += every[r * n + i];
+      mean[i] /= static_cast<double>(K);
+      largest = std::max(largest, std::abs(mean[i]));
     }
-    CAPTURE(dp.sync.bucket_count(), off, worst, largest);
-    CHECK(off == 0);
-    CHECK(same_on_every_rank(got));
-  }
+    REQUIRE(largest > 0);
+
+    for (std::size_t bucket_bytes : {kSmallBuckets, parallel::cuda::GradientSyncOptions{}.bucket_bytes}) {
+      CAPTURE(bucket_bytes);
+      DataParallelResNet<OwnConv, Comm> dp(bucket_bytes);
+      dp.model.upload_batch(batch.images, batch.labels);
+      dp.model.forward_backward();
+      const auto got = flat_gradients(dp.model);
+      std::size_t off = 0;
+      double worst = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double err = std::abs(static_cast<double>(got[i]) - mean[i]);
+        if (!(err <= 1e-5 * largest)) ++off;  // NaN counts
+        worst = std::max(worst, err);
+      }
+      CAPTURE(dp.sync.bucket_count(), off, worst, largest);
+      CHECK(off == 0);
+      CHECK(same_on_every_rank(got));
+    }
+  });
 }

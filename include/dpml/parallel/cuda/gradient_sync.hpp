@@ -27,6 +27,9 @@
 //
 //   GradientSync<bf16> sync(comm::Nccl::from(world), model.gradients(), model.flat_size(), model.stream());
 //   model.set_gradient_sync(&sync);
+//
+// Comm is the data axis' communicator type: comm::Nccl, or comm::Staged (comm/staged.hpp) where
+// ranks share a GPU; it needs stream(), size(), rank() and allreduce on device pointers.
 
 #include "dpml/comm/nccl.hpp"
 #include "dpml/core/cuda_error.hpp"
@@ -73,15 +76,15 @@ struct GradientSyncOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;  // per bucket, in the gradients' type (PyTorch DDP: 25 MB)
 };
 
-template <class G, class Wire = G>
+template <class G, class Wire = G, class Comm = comm::Nccl>
 class GradientSync final : public GradientListener {
   static_assert(std::is_same_v<Wire, G> || std::is_same_v<Wire, float>,
                 "GradientSync: the wire type is the gradients' own type or float");
 
  public:
   // `grads` (n elements) must stay valid; `compute` is the stream the model's backward runs on.
-  GradientSync(comm::Nccl nccl, G* grads, std::size_t n, cudaStream_t compute, GradientSyncOptions opt = {})
-      : nccl_(std::move(nccl)), grads_(grads), n_(n), compute_(compute) {
+  GradientSync(Comm comm, G* grads, std::size_t n, cudaStream_t compute, GradientSyncOptions opt = {})
+      : comm_(std::move(comm)), grads_(grads), n_(n), compute_(compute) {
     DPML_REQUIRE(n > 0 && grads, "GradientSync: empty gradient buffer");
     constexpr std::size_t kAlign = 64;
     const std::size_t per = std::max<std::size_t>(kAlign, opt.bucket_bytes / sizeof(G) / kAlign * kAlign);
@@ -108,10 +111,10 @@ class GradientSync final : public GradientListener {
     if (staging_) cudaFree(staging_);
   }
 
-  int ranks() const noexcept { return nccl_.size(); }
-  int rank() const noexcept { return nccl_.rank(); }
+  int ranks() const noexcept { return comm_.size(); }
+  int rank() const noexcept { return comm_.rank(); }
   std::size_t bucket_count() const noexcept { return buckets_.size(); }
-  const comm::Nccl& communicator() const noexcept { return nccl_; }
+  const Comm& communicator() const noexcept { return comm_; }
 
   // [begin, n) of the gradients is final on the compute stream: launch every bucket inside it.
   void ready(std::size_t begin) override {
@@ -120,14 +123,14 @@ class GradientSync final : public GradientListener {
     while (upto < buckets_.size() && buckets_[upto].begin >= begin) ++upto;
     if (upto == next_) return;
     DPML_CHECK_CUDA(cudaEventRecord(produced_, compute_));
-    DPML_CHECK_CUDA(cudaStreamWaitEvent(nccl_.stream(), produced_, 0));
+    DPML_CHECK_CUDA(cudaStreamWaitEvent(comm_.stream(), produced_, 0));
     for (; next_ < upto; ++next_) reduce(buckets_[next_]);
   }
   // The remaining buckets; then the compute stream waits for all of them.
   void finish() override {
     DPML_CHECK_CUDA(cudaEventRecord(compute_done_, compute_));
     ready(0);
-    DPML_CHECK_CUDA(cudaEventRecord(reduced_, nccl_.stream()));
+    DPML_CHECK_CUDA(cudaEventRecord(reduced_, comm_.stream()));
     DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, reduced_, 0));
     next_ = 0;
   }
@@ -146,15 +149,15 @@ class GradientSync final : public GradientListener {
   void reduce(const Bucket& b) {
     const std::size_t count = b.end - b.begin;
     if constexpr (std::is_same_v<Wire, G>) {
-      nccl_.allreduce(grads_ + b.begin, count, comm::ReduceOp::avg);
+      comm_.allreduce(grads_ + b.begin, count, comm::ReduceOp::avg);
     } else {
-      detail::convert(grads_ + b.begin, staging_, count, 1.f, nccl_.stream());
-      nccl_.allreduce(staging_, count, comm::ReduceOp::sum);
-      detail::convert(staging_, grads_ + b.begin, count, 1.f / static_cast<float>(nccl_.size()), nccl_.stream());
+      detail::convert(grads_ + b.begin, staging_, count, 1.f, comm_.stream());
+      comm_.allreduce(staging_, count, comm::ReduceOp::sum);
+      detail::convert(staging_, grads_ + b.begin, count, 1.f / static_cast<float>(comm_.size()), comm_.stream());
     }
   }
 
-  comm::Nccl nccl_;
+  Comm comm_;
   G* grads_;
   std::size_t n_;
   cudaStream_t compute_;
