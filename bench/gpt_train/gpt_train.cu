@@ -19,6 +19,13 @@
 //              exposed_comm_ms adds the norm's all-reduce and the all-gathers' tail
 //   families   one extra step with CUDA events around each kernel family (a little slower than
 //              the timed steps: the events serialise nothing but cost launches)
+//   pipeline   --pp P (Megatron: --pipeline-model-parallel-size) cuts the blocks into P stages, one
+//              per rank (models/cuda/gpt_pipeline.hpp); ranks = P × dp (parallel::ProcessGrid, data
+//              parallel takes the rest). A step is --batch sequences per data-parallel replica, in
+//              micro-batches of --micro-batch run by --pipeline-schedule (gpipe, 1f1b, zb-h1);
+//              tokens/s counts dp · B · T per step, MFU is per GPU, memory the largest rank's, the
+//              families stage 0's. pp = 1 with micro-batches accumulates them on one stage the same
+//              way; pp = 1 with one micro-batch is the plain single-model step.
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -31,7 +38,11 @@
 #include <dpml/kernels/cuda/gemm/dispatch.hpp>
 #include <dpml/models/cuda/gpt.hpp>
 #include <dpml/parallel/cuda/distributed_optimizer.hpp>
+#include <dpml/models/cuda/gpt_pipeline.hpp>
 #include <dpml/parallel/cuda/gradient_sync.hpp>
+#include <dpml/parallel/grid.hpp>
+#include <dpml/parallel/pipeline/schedule.hpp>
+#include <dpml/parallel/strategy.hpp>
 
 #include <cuda_runtime.h>
 
@@ -62,12 +73,19 @@ struct Options {
   double bucket_mb = 25;             // data parallel: all-reduce bucket size
   std::string grad_reduce = "bf16";  // data parallel: the type the gradients are averaged in
   bool distributed_optimizer = false; // ZeRO-1: optimizer state sharded over the ranks
+  int pp = 1;                        // pipeline stages
+  std::int64_t micro_batch = 0;      // sequences per micro-batch (0: --batch, one micro-batch)
+  std::string schedule = "1f1b";     // pipeline schedule
+  int micro_batches() const { return static_cast<int>(batch / micro_batch); }
 };
 
 void usage(const char* argv0) {
   std::printf(
       "usage: %s [options]\n"
-      "  --batch B        sequences per step (16)\n"
+      "  --batch B        sequences per step and data-parallel replica (16)\n"
+      "  --micro-batch B  sequences per micro-batch; --batch / B micro-batches per step (--batch)\n"
+      "  --pp P           pipeline stages, one per rank (1); also --pipeline-model-parallel-size\n"
+      "  --pipeline-schedule gpipe|1f1b|zb-h1   the micro-batches' order on the stages (1f1b)\n"
       "  --seq T          tokens per sequence (1024)\n"
       "  --layers L --heads H --dim C --vocab V   model (GPT-2 124M: 12 12 768 50257; V padded to 128)\n"
       "  --warmup N       untimed steps first (5)\n"
@@ -79,7 +97,8 @@ void usage(const char* argv0) {
       "  --bucket-mb X    data parallel (several ranks): MB per gradient all-reduce bucket (25)\n"
       "  --grad-reduce bf16|fp32  data parallel: average the gradients in their own 16-bit type or in fp32 (bf16)\n"
       "  --use-distributed-optimizer  ZeRO-1: shard the fp32 master weights and AdamW moments over the ranks\n"
-      "Data parallel: scripts/launch.sh -n K %s ... (one GPU per rank, each on its own batch of B).\n"
+      "Data parallel: scripts/launch.sh -n K %s ... (one GPU per rank, each on its own batch of B);\n"
+      "with --pp P, K = P × dp ranks.\n"
       "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
       argv0, argv0);
 }
@@ -112,6 +131,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--precision") o.precision = v;
     else if (a == "--bucket-mb") o.bucket_mb = std::atof(v);
     else if (a == "--grad-reduce") o.grad_reduce = v;
+    else if (a == "--pp" || a == "--pipeline-model-parallel-size") o.pp = std::atoi(v);
+    else if (a == "--micro-batch") o.micro_batch = std::atoll(v);
+    else if (a == "--pipeline-schedule") o.schedule = v;
 
     else DPML_REQUIRE_EVERYWHERE(false, "gpt_train: unknown option " << a << " (see --help)");
   }
@@ -123,6 +145,14 @@ Options parse(int argc, char** argv) {
                           "gpt_train: --use-distributed-optimizer reduces the gradients in their own type; --grad-reduce "
                               << o.grad_reduce << " is not supported with it");
   DPML_REQUIRE_EVERYWHERE(o.bucket_mb > 0, "gpt_train: --bucket-mb " << o.bucket_mb << " must be positive");
+  DPML_REQUIRE_EVERYWHERE(o.pp >= 1, "gpt_train: --pp " << o.pp << " must be positive");
+  if (o.micro_batch == 0) o.micro_batch = o.batch;
+  DPML_REQUIRE_EVERYWHERE(!o.distributed_optimizer || (o.pp == 1 && o.micro_batch == o.batch),
+                          "gpt_train: --use-distributed-optimizer with --pp or --micro-batch is not supported yet");
+  DPML_REQUIRE_EVERYWHERE(o.micro_batch > 0 && o.batch % o.micro_batch == 0,
+                          "gpt_train: --micro-batch " << o.micro_batch << " does not divide --batch " << o.batch);
+  DPML_REQUIRE_EVERYWHERE(o.model.layers >= o.pp, "gpt_train: --layers " << o.model.layers << " cannot fill --pp " << o.pp
+                                                                         << " stages (every stage needs a block)");
   o.model.max_seq = std::max(o.model.max_seq, o.seq);
   return o;
 }
@@ -212,10 +242,51 @@ class Batches {
 
 }  // namespace
 
+// This rank's share of the model: the whole model (pp = 1, one micro-batch: the plain step) or one
+// pipeline stage (models/cuda/gpt_pipeline.hpp; pp = 1 with micro-batches: a one-stage pipeline).
+template <class Precision>
+class StageTrainer {
+ public:
+  using Model = models::cuda::Gpt<Precision>;
+  StageTrainer(const Options& o, const parallel::ProcessGrid& grid) {
+    const int m = o.micro_batches();
+    if (o.pp == 1 && m == 1) {
+      whole_ = std::make_unique<Model>(o.model, o.batch, o.seq);
+    } else {
+      const auto schedule = parallel::with_strategy(o.schedule, false, [&]<class Strategy>() {
+        return parallel::pipeline::make_schedule(typename Strategy::schedule{}, o.pp, m);
+      });
+      stages_ = std::make_unique<models::cuda::GptPipeline<Precision>>(o.model, o.micro_batch, o.seq, schedule, m,
+                                                                       grid.comm(Axis::pipeline));
+    }
+  }
+  Model& model() { return stages_ ? stages_->model() : *whole_; }
+  bool has_loss() const { return !stages_ || stages_->model().is_last_stage(); }
+  void forward_backward(const std::int32_t* tokens, const std::int32_t* targets) {
+    if (stages_) stages_->forward_backward(tokens, targets);
+    else whole_->forward_backward(tokens, targets);
+  }
+  void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double clip) {
+    if (stages_) stages_->update(lr, step, opt, clip);
+    else whole_->update(lr, step, opt, clip);
+  }
+  // The step's mean loss (NaN on a stage without it); synchronises.
+  double loss() {
+    DPML_CHECK_CUDA(cudaStreamSynchronize(model().stream()));
+    return stages_ ? stages_->loss() : whole_->loss();
+  }
+  double finish_step() { return stages_ ? stages_->finish_step() : whole_->finish_step(); }
+
+ private:
+  std::unique_ptr<Model> whole_;
+  std::unique_ptr<models::cuda::GptPipeline<Precision>> stages_;
+};
+
 template <class Precision>
 int run(const Options& o, const comm::Mpi& world) {
   using Act = typename Precision::type;
-  const int ranks = world.size();
+  const auto grid = parallel::ProcessGrid::create(world, {.tp = 1, .pp = o.pp});
+  const int ranks = world.size(), dp = grid.dp();
   cudaDeviceProp prop{};
   int device = 0;
   DPML_CHECK_CUDA(cudaGetDevice(&device));
@@ -224,8 +295,9 @@ int run(const Options& o, const comm::Mpi& world) {
 
   std::size_t free0 = 0, total = 0, free1 = 0;
   DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
-  models::cuda::Gpt<Precision> model(o.model, o.batch, o.seq);
-  Batches batches(o, world.rank(), ranks);
+  StageTrainer<Precision> trainer(o, grid);
+  auto& model = trainer.model();
+  Batches batches(o, grid.coord(Axis::data), dp);  // the stages of a pipeline read the same batch
   // Data parallel: the gradients averaged in their own type or widened to fp32; or ZeRO-1, attached
   // before the weights are initialised (the model never allocates the full optimizer state).
   std::unique_ptr<parallel::cuda::GradientListener> sync;
@@ -233,13 +305,13 @@ int run(const Options& o, const comm::Mpi& world) {
   const parallel::cuda::GradientSyncOptions sync_opt{.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))};
   const auto flat = static_cast<std::size_t>(model.parameter_count());
   if (o.distributed_optimizer) {
-    auto z = std::make_unique<parallel::cuda::DistributedOptimizer<Act>>(comm::Nccl::from(world), model.weights(),
-                                                                         model.gradients(), flat, model.stream(), sync_opt);
+    auto z = std::make_unique<parallel::cuda::DistributedOptimizer<Act>>(
+        comm::Nccl::from(grid.comm(Axis::data)), model.weights(), model.gradients(), flat, model.stream(), sync_opt);
     exposed_ms = [p = z.get()] { return p->exposed_ms(); };
     model.set_distributed_optimizer(z.get());
     sync = std::move(z);
-  } else if (ranks > 1) {
-    auto nccl = comm::Nccl::from(world);
+  } else if (dp > 1) {
+    auto nccl = comm::Nccl::from(grid.comm(Axis::data));
     if (o.grad_reduce == "fp32") {
       auto s = std::make_unique<parallel::cuda::GradientSync<Act, float>>(std::move(nccl), model.gradients(), flat, model.stream(), sync_opt);
       exposed_ms = [p = s.get()] { return p->exposed_ms(); };
@@ -263,12 +335,12 @@ int run(const Options& o, const comm::Mpi& world) {
     const auto start = std::chrono::steady_clock::now();
     ++step;
     batches.load(step, s);
-    model.forward_backward(batches.inputs(), batches.targets());
+    trainer.forward_backward(batches.inputs(), batches.targets());
     const double lr = o.lr * std::min(1.0, static_cast<double>(step) / std::max(1, o.warmup));
-    model.update(lr, step - skipped, adam, 1.0);
+    trainer.update(lr, step - skipped, adam, 1.0);
     launch_ms.push_back(since(start));
-    losses.push_back(model.loss());  // synchronises: the step is done
-    if constexpr (Precision::loss_scaling) skipped += !std::isfinite(model.finish_step());  // the loss scale
+    losses.push_back(trainer.loss());  // synchronises: the step is done
+    if constexpr (Precision::loss_scaling) skipped += !std::isfinite(trainer.finish_step());  // the loss scale
     step_ms.push_back(since(start));
   };
   for (int i = 0; i < o.warmup; ++i) train_step();
@@ -287,41 +359,48 @@ int run(const Options& o, const comm::Mpi& world) {
   const auto family_ms = dpml::bench::family_ms<models::cuda::Profiler>(model, train_step);
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
+  const double mem_gib = world.allreduce(static_cast<double>(free0 - free1) / (1 << 30), comm::ReduceOp::max);
+  const double buffers_gib = world.allreduce(static_cast<double>(model.device_bytes()) / (1 << 30), comm::ReduceOp::max);
+  grid.comm(Axis::pipeline).broadcast(losses.data(), losses.size(), o.pp - 1);  // the last stage has them
   if (world.rank() != 0) return 0;
 
-  const double tokens = static_cast<double>(o.batch * o.seq) * ranks;
+  const double tokens = static_cast<double>(o.batch * o.seq) * dp;
   const double tok_s = tokens / (ms_step * 1e-3);
-  const double n_params = static_cast<double>(model.real_parameter_count());
+  const double n_params = static_cast<double>(o.model.parameter_count());
   const double flops_per_token = 6.0 * n_params + 12.0 * o.model.layers * o.seq * o.model.dim;
   const double model_tflops = flops_per_token * tok_s / ranks / 1e12;  // per GPU
-  const double mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
   bool finite = true;
   for (double l : losses) finite = finite && std::isfinite(l);
 
+  const int m = o.micro_batches();
   const std::string name = std::string("dpml") + (o.model.recompute_gelu ? "" : "-saved-gelu") +
-                           (Precision::loss_scaling ? "-fp16" : "") + (ranks > 1 ? "-dp" + std::to_string(ranks) : "") +
-                           (ranks > 1 && o.grad_reduce == "fp32" ? "-fp32-reduce" : "") +
-                           (o.distributed_optimizer ? "-zero1" : "");
+                           (Precision::loss_scaling ? "-fp16" : "") + (dp > 1 ? "-dp" + std::to_string(dp) : "") +
+                           (dp > 1 && o.grad_reduce == "fp32" ? "-fp32-reduce" : "") +
+                           (o.distributed_optimizer ? "-zero1" : "") +
+                           (o.pp > 1 ? "-pp" + std::to_string(o.pp) + "-" + o.schedule : "") +
+                           (m > 1 ? "-m" + std::to_string(m) : "");
   const char* impl = name.c_str();
   std::printf("{\"bench\":\"gpt_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
               "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
               "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
               "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld,"
-              "\"ranks\":%d,\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"distributed_optimizer\":%s,\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
+              "\"ranks\":%d,\"dp\":%d,\"pp\":%d,\"schedule\":\"%s\",\"micro_batch\":%lld,\"micro_batches\":%d,"
+              "\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"distributed_optimizer\":%s,\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
               o.model.recompute_gelu ? "true" : "false", n_params, o.steps, o.warmup,
-              ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib,
-              static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
-              finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped), ranks, o.bucket_mb,
+              ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib, buffers_gib, losses.front(), losses.back(),
+              finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped), ranks, dp, o.pp,
+              o.pp > 1 || m > 1 ? o.schedule.c_str() : "none", static_cast<long long>(o.micro_batch), m, o.bucket_mb,
               o.grad_reduce.c_str(), o.distributed_optimizer ? "true" : "false", exposed, ms_min, ms_median, launch_median);
   dpml::bench::print_families("gpt_train_family", impl, family_ms, models::cuda::kFamilyNames);
 
-  std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld T=%lld on %d × %s, %s + fp32 master, AdamW, clip 1.0\n",
+  std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld (%d × %lld) T=%lld on %d × %s (dp %d × pp %d), %s + fp32 master, AdamW, clip 1.0\n",
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
-              static_cast<long long>(o.batch), static_cast<long long>(o.seq), ranks, prop.name, Precision::name.data());
+              static_cast<long long>(o.batch), m, static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq), ranks,
+              prop.name, dp, o.pp, Precision::name.data());
   std::printf("| tokens/s | ms/step | MFU (vs %.0f TFLOP/s measured) | memory GiB | loss first → last |\n|---|---|---|---|---|\n",
               peak);
   std::printf("| %.0f | %.2f | %.1f%% | %.2f | %.3f → %.3f |\n\n", tok_s, ms_step, 100 * model_tflops / peak, mem_gib,

@@ -38,7 +38,9 @@
 #include "dpml/parallel/flat_parameters.hpp"
 #include "dpml/parallel/grid.hpp"
 #include "dpml/parallel/pipeline/executor.hpp"
+#include "dpml/parallel/pipeline/partition.hpp"
 #include "dpml/parallel/pipeline/schedule.hpp"
+#include "dpml/parallel/pipeline/transport.hpp"
 #include "dpml/parallel/strategy.hpp"
 #include "dpml/parallel/tensor.hpp"
 
@@ -129,6 +131,7 @@
 #include "dpml/kernels/cuda/reduce.hpp"
 #include "dpml/kernels/cuda/sgd.hpp"
 #include "dpml/models/cuda/gpt.hpp"
+#include "dpml/models/cuda/gpt_pipeline.hpp"
 #include "dpml/models/cuda/precision.hpp"
 #include "dpml/models/cuda/profiler.hpp"
 #include "dpml/models/cuda/resnet.hpp"

@@ -30,6 +30,7 @@
 #include "dpml/layers/transformer_block.hpp"
 #include "dpml/layers/vocab_parallel_cross_entropy.hpp"
 #include "dpml/parallel/grid.hpp"
+#include "dpml/parallel/pipeline/partition.hpp"
 #include "dpml/parallel/tensor.hpp"
 
 #include <cmath>
@@ -57,14 +58,8 @@ struct GptConfig {
   }
 };
 
-// Blocks [first, first + count) of pipeline stage `stage` of `stages`.
-struct StageBlocks {
-  std::int64_t first = 0, count = 0;
-  static StageBlocks of(std::int64_t layers, int stages, int stage) {
-    const std::int64_t base = layers / stages, extra = layers % stages;
-    return {stage * base + std::min<std::int64_t>(stage, extra), base + (stage < extra ? 1 : 0)};
-  }
-};
+// Blocks [first, first + count) of a pipeline stage (shared with the GPU model).
+using parallel::pipeline::StageBlocks;
 
 template <class T = float>
 class Gpt {

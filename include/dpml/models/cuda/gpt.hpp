@@ -24,11 +24,40 @@
 // reads it (a non-finite norm skips the step) → finish_step() (the norm; the loss scale). No host
 // synchronisation except loss(), grad_norm() and finish_step().
 //
+// Pipeline stage (GptStagePlan; models/cuda/gpt_pipeline.hpp runs a schedule over it): the model
+// is stage s of p and holds blocks StageBlocks::of(L, p, s) (contiguous; the first L mod p stages
+// take one more), stage 0 also wte and wpe, stage p − 1 ln_f and the LM head — with a copy of the
+// tied wte (same name, same initial values) when it is not stage 0: GptPipeline sums the two
+// gradients before the update, so the copies stay equal, and the gradient norm leaves the copy
+// out. Names, copy_from / copy_to and init_random speak of the stage's own tensors, with the
+// values a whole model (p = 1) has for them. A micro-batch runs as
+//
+//   forward_micro_batch     F: embedding (stage 0) or the received input, the blocks, and on the
+//                           last stage ln_f, logits, loss and at once the head's backward (so no
+//                           logits are kept per micro-batch): d(final hidden) is kept instead
+//   backward_input_micro_batch   B: the blocks' input gradients, from the received gradient (or the
+//                           head's) to the gradient of the stage input (sent; stage 0: the
+//                           embedding's). With weight_grad_sets = 0 (W right after B: GPipe, 1F1B)
+//                           the weight gradients too, block by block as the unsplit backward does
+//   backward_weight_micro_batch  W (weight_grad_sets > 0, ZB-H1): the weight gradients from the
+//                           activations and the output gradients B kept in a weight-gradient set
+//
+// with its buffers named by Slots: one of `activation_sets` (a block's saved activations, the
+// stage output, d output, d input — kept from F to W: the schedule's peak in flight), one of
+// `input_sets` (the stage input: from its receive to W) and, for a delayed W, one of
+// `weight_grad_sets`. Extra memory of a delayed W, per micro-batch between its B and W: d pre-GELU
+// (4C), d qkv (3C), d ln_2, d r1, d ln_1 and d block input (C each) per block: 11·B·T·C elements
+// (block 0: 10) — about 11/12 of the micro-batch's block activations. A whole model (p = 1)
+// keeps its old buffers: one set, and d output, d input and the output are the backward scratch
+// and the final hidden.
+//
 // Data parallel (parallel/cuda/gradient_sync.hpp): with a GradientListener attached, the backward
-// of a step's last micro-batch tells it after each block that the gradients from that block's first
-// tensor to the end of the flat buffer are final (ln_f and the blocks behind it), so their
-// all-reduce overlaps the blocks still to come; the tied wte (first written by the LM head, last by
-// the embedding backward) and wpe go at the end, with finish(), before the norm and the update.
+// of a step's last micro-batch (its W, where W is delayed) tells it after each block that the
+// gradients from that block's first tensor to the end of the flat buffer are final (ln_f and the
+// blocks behind it), so their all-reduce overlaps the blocks still to come; the tied wte (first
+// written by the LM head, last by the embedding backward) and wpe go at the end, with finish(),
+// before the norm and the update. A pipeline stage's buffer holds its own tensors in the same
+// order, so the same calls serve it.
 //
 // ZeRO-1 (parallel/cuda/distributed_optimizer.hpp): with a ShardedOptimizer attached instead
 // (set_distributed_optimizer), that listener reduce-scatters the buckets, holds this rank's shard of
@@ -65,6 +94,7 @@
 #include "dpml/optim/adamw.hpp"
 #include "dpml/parallel/cuda/distributed_optimizer.hpp"
 #include "dpml/parallel/cuda/gradient_sync.hpp"
+#include "dpml/parallel/pipeline/partition.hpp"
 
 #include <cuda_runtime.h>
 
@@ -93,6 +123,20 @@ struct GptCudaConfig {
                                 // B=16, T=1024; one extra element-wise pass per block)
   LossScaleOptions loss_scale;  // the Fp16 policy's dynamic loss scale (unused by Bf16)
   std::int64_t padded_vocab() const { return (vocab + 127) / 128 * 128; }
+  // Parameters of the whole unpadded model (what FLOP counts use), whatever the layout.
+  std::int64_t parameter_count() const {
+    return vocab * dim + max_seq * dim + layers * (12 * dim * dim + 13 * dim) + 2 * dim;
+  }
+};
+
+// Where a model sits in a pipeline and how many micro-batches it keeps at once (the defaults: a
+// whole model, one micro-batch at a time). GptPipeline reads the counts off the schedule
+// (parallel/pipeline/partition.hpp: plan_buffers, weight_follows_input).
+struct GptStagePlan {
+  int stage = 0, stages = 1;  // this model is pipeline stage `stage` of `stages`
+  int activation_sets = 1;    // micro-batches between their F and their W at once
+  int input_sets = 1;         // stage inputs held at once (from their receive to W)
+  int weight_grad_sets = 0;   // micro-batches between their B and a delayed W (0: each W right after its B)
 };
 
 // Kernel families of the per-family time breakdown.
@@ -125,18 +169,26 @@ class Gpt {
     std::int64_t ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
   };
 
-  Gpt(const GptCudaConfig& cfg, std::int64_t batch, std::int64_t seq) : cfg_(cfg), B_(batch), T_(seq) {
-    const std::int64_t C = cfg.dim, L = cfg.layers;
+  // The buffers of one micro-batch of a pipeline step: indices into the plan's sets; weight_grads
+  // −1 when the plan has no weight-gradient sets (W right after B).
+  struct Slots {
+    int set = 0, input = 0, weight_grads = -1;
+  };
+
+  Gpt(const GptCudaConfig& cfg, std::int64_t batch, std::int64_t seq, const GptStagePlan& plan = {})
+      : cfg_(cfg), B_(batch), T_(seq), plan_(checked(plan, cfg)), first_(plan.stage == 0),
+        last_(plan.stage == plan.stages - 1), range_(parallel::pipeline::StageBlocks::of(cfg.layers, plan.stages, plan.stage)) {
+    const std::int64_t C = cfg.dim;
     DPML_REQUIRE(C % cfg.heads == 0, "GPT (cuda): dim " << C << " is not divisible by heads " << cfg.heads);
     const std::int64_t D = C / cfg.heads;
     DPML_REQUIRE(D == 32 || D == 64 || D == 128, "GPT (cuda): head dim " << D << " must be 32, 64 or 128 (attention kernels)");
     DPML_REQUIRE(seq >= 1 && seq <= cfg.max_seq, "GPT (cuda): sequence length " << seq << " outside [1, max_seq " << cfg.max_seq << "]");
     DPML_REQUIRE(batch >= 1, "GPT (cuda): batch " << batch << " must be positive");
     Vp_ = cfg.padded_vocab();
-    // Parameter layout, in the host model's order.
-    wte_ = add("wte.weight", Vp_, C, cfg.vocab);
-    wpe_ = add("wpe.weight", cfg.max_seq, C);
-    for (std::int64_t l = 0; l < L; ++l) {
+    // Parameter layout, in the host model's order: this stage's tensors.
+    if (first_ || last_) wte_ = add("wte.weight", Vp_, C, cfg.vocab);
+    if (first_) wpe_ = add("wpe.weight", cfg.max_seq, C);
+    for (std::int64_t l = range_.first; l < range_.first + range_.count; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
       BlockParams b{};
       b.ln1_w = add(p + "ln_1.weight", C, 1);
@@ -153,9 +205,12 @@ class Gpt {
       b.fcproj_b = add(p + "mlp.c_proj.bias", C, 1);
       blocks_.push_back(b);
     }
-    lnf_w_ = add("ln_f.weight", C, 1);
-    lnf_b_ = add("ln_f.bias", C, 1);
+    if (last_) {
+      lnf_w_ = add("ln_f.weight", C, 1);
+      lnf_b_ = add("ln_f.bias", C, 1);
+    }
     n_params_ = total_;
+    norm_begin_ = last_ && !first_ ? detail::align_up(Vp_ * C) : 0;  // the tied copy: stage 0 counts wte
 
     DPML_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     carve(nullptr);  // sizes only
@@ -212,6 +267,15 @@ class Gpt {
   Act* gradients() noexcept { return grads_; }
   // The flat 16-bit working weights (parameter_count() elements), for a distributed optimizer.
   Act* weights() noexcept { return params_; }
+  const GptStagePlan& plan() const noexcept { return plan_; }
+  bool is_first_stage() const noexcept { return first_; }
+  bool is_last_stage() const noexcept { return last_; }
+  // The gradient of this stage's wte (Vp · C elements; first and last stage only): the tied pair.
+  Act* tied_gradient() {
+    DPML_REQUIRE(first_ || last_, "GPT (cuda): pipeline stage " << plan_.stage << " holds no wte");
+    return grads_ + wte_;
+  }
+  std::int64_t tied_elements() const noexcept { return Vp_ * cfg_.dim; }
 
   // The fp32 state a checkpoint holds, per tensor: master weights and AdamW's two moments (named
   // as the host optimizer's state slots, optim::AdamW::state_names).
@@ -269,20 +333,32 @@ class Gpt {
     }
   }
   // Random initialisation as GPT-2: N(0, 0.02) weights, zero biases, unit LayerNorm gains
-  // (for the benchmark; tests use copy_from).
+  // (for the benchmark; tests use copy_from). Each weight element takes two draws of one
+  // splitmix64 stream that runs over the whole model's tensors in order; splitmix64 is a counter,
+  // so a pipeline stage starts each of its tensors where a whole model would be: the same values.
   void init_random(std::uint64_t seed) {
     std::vector<float> master(static_cast<std::size_t>(n_params_), 0.f);
-    std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    std::uint64_t draws = 0;
     auto uniform = [&] {  // splitmix64 → (0, 1)
-      x += 0x9E3779B97F4A7C15ull;
-      std::uint64_t z = x;
+      std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1 + ++draws * 0x9E3779B97F4A7C15ull;
       z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
       z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
       return (static_cast<double>((z ^ (z >> 31)) >> 11) + 0.5) / 9007199254740992.0;
     };
+    auto is_ln = [](const detail::Slot& s) { return s.name.find("ln_") != std::string::npos; };
+    auto is_bias = [](const detail::Slot& s) { return s.name.ends_with(".bias"); };
+    auto drawn = [&](const detail::Slot& s) { return is_ln(s) || is_bias(s) ? 0 : s.host_rows * s.cols; };
+    std::int64_t per_block = 0;  // elements drawn by one block (all blocks are alike)
+    for (const auto& s : slots_)
+      if (s.name.starts_with("h." + std::to_string(range_.first) + ".")) per_block += drawn(s);
+    const std::int64_t embeddings = (cfg_.vocab + cfg_.max_seq) * cfg_.dim;  // wte, wpe: drawn first
     for (const auto& s : slots_) {
-      const bool ln = s.name.find("ln_") != std::string::npos;
-      const bool bias = s.name.ends_with(".bias");
+      // Where the whole model's stream is at the first tensor of wte, wpe and each block.
+      if (s.name == "wte.weight") draws = 0;
+      else if (s.name == "wpe.weight") draws = 2 * static_cast<std::uint64_t>(cfg_.vocab * cfg_.dim);
+      else if (s.name.starts_with("h.") && s.name.ends_with(".ln_1.weight"))
+        draws = 2 * static_cast<std::uint64_t>(embeddings + block_index(s.name) * per_block);
+      const bool ln = is_ln(s), bias = is_bias(s);
       for (std::int64_t i = 0; i < s.host_rows * s.cols; ++i) {
         float v = 0.f;
         if (ln && !bias) v = 1.f;
@@ -317,21 +393,56 @@ class Gpt {
   // One forward + backward on tokens/targets (B, T) int32 on the device. The first of a step's
   // `micro_batches` (accumulate = false) zeroes the gradients; every one adds the gradient of its
   // mean loss / micro_batches, so that afterwards they hold the gradient of the step's mean loss.
+  // A whole model only (a pipeline stage runs the *_micro_batch members, GptPipeline).
   void forward_backward(const std::int32_t* tokens, const std::int32_t* targets, bool accumulate = false,
                         int micro_batches = 1) {
+    require_whole_model("forward_backward");
     DPML_REQUIRE(micro_batches >= 1, "GPT (cuda): " << micro_batches << " micro-batches");
-    if (!accumulate) {
-      step_scale_ = loss_scale();
-      zero_grads();
-    }
-    accumulate_ = accumulate;
+    if (!accumulate) begin_step(micro_batches);
     micro_batches_ = micro_batches;
     micro_index_ = accumulate ? micro_index_ + 1 : 0;
-    forward(tokens, targets);
-    backward(tokens);
+    forward_micro_batch(micro_index_, Slots{}, tokens, targets);
+    backward_input_micro_batch(micro_index_, Slots{}, tokens);
   }
   // Forward only (validation): loss() afterwards; no gradient is touched.
-  void evaluate(const std::int32_t* tokens, const std::int32_t* targets) { forward(tokens, targets); }
+  void evaluate(const std::int32_t* tokens, const std::int32_t* targets) {
+    require_whole_model("evaluate");
+    forward(bind(Slots{}), tokens, targets, /*train=*/false);
+  }
+
+  // ---- a pipeline stage's step (GptPipeline runs these in its schedule's order) ----------------
+  // Zeroes the gradients; the loss gradient of each micro-batch is its mean over B·T / micro_batches.
+  void begin_step(int micro_batches) {
+    DPML_REQUIRE(micro_batches >= 1, "GPT (cuda): " << micro_batches << " micro-batches");
+    step_scale_ = loss_scale();
+    zero_grads();
+    micro_batches_ = micro_batches;
+  }
+  // F of micro-batch `mb` (0-based in its step): first stage from tokens (B, T), others from
+  // stage_input(s.input); last stage: the loss against targets (B, T) and the head's backward.
+  void forward_micro_batch(int mb, Slots s, const std::int32_t* tokens, const std::int32_t* targets) {
+    accumulate_ = mb > 0;  // the head's wte gradient: micro-batch 0 writes, the others add
+    forward(bind(s), tokens, targets, /*train=*/true);
+  }
+  // B: from output_gradient(s.set) (received, or the head's) to input_gradient(s.set); with no
+  // weight-gradient sets the weight gradients too (stage 0: the embedding's, from tokens (B, T)).
+  void backward_input_micro_batch(int mb, Slots s, const std::int32_t* tokens) {
+    backward(mb, s, fused_ ? Pass::both : Pass::input, tokens);
+  }
+  // W: the weight gradients B left for later (nothing when B formed them).
+  void backward_weight_micro_batch(int mb, Slots s, const std::int32_t* tokens) {
+    if (!fused_) backward(mb, s, Pass::weight, tokens);
+  }
+  // The message buffers, (B, T, C) each: the stage input (stages > 0 receive it), the stage output
+  // (stages < p − 1 send it), the gradient of the output (stages < p − 1 receive it) and of the
+  // input (stages > 0 send it).
+  Act* stage_input(int input) { return inputs_.at(static_cast<std::size_t>(input)); }
+  const Act* stage_output(int set) const { return sets_.at(static_cast<std::size_t>(set)).output; }
+  Act* output_gradient(int set) { return sets_.at(static_cast<std::size_t>(set)).output_grad; }
+  const Act* input_gradient(int set) const { return sets_.at(static_cast<std::size_t>(set)).input_grad; }
+  std::int64_t message_elements() const noexcept { return N() * cfg_.dim; }
+  // The per-token losses of the last forward (B·T floats on the device; last stage).
+  const float* token_losses() const noexcept { return losses_; }
   // Mean loss of the last forward_backward or evaluate; synchronises.
   double loss() const {
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
@@ -344,12 +455,30 @@ class Gpt {
   // device (AdamW sees a NaN coefficient).
   // Under ZeRO-1 the distributed optimizer does all of it on this rank's shards (every rank calls it).
   void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double clip) {
-    const double max_norm = clip > 0 ? clip : 1e300, inv_scale = 1.0 / step_scale_;
-    if (zero_) return timed(Family::optimizer, [&] { zero_->update(lr, step, opt, max_norm, inv_scale, norm_sq_, clip_coef_); });
+    if (zero_) {
+      return timed(Family::optimizer, [&] {
+        zero_->update(lr, step, opt, clip > 0 ? clip : 1e300, 1.0 / step_scale_, norm_sq_, clip_coef_);
+      });
+    }
+    compute_grad_norm();
+    apply_update(lr, step, opt, clip);
+  }
+  // update() in two halves, for a pipeline (GptPipeline::update), which sums grad_norm_squared()
+  // over its stages in between. First: the squared norm of this stage's gradients — without the
+  // tied copy of wte on a last stage that is not also the first — into grad_norm_squared().
+  void compute_grad_norm() {
+    timed(Family::optimizer, [&] {
+      detail::kc::grad_norm_squared(grads_ + norm_begin_, n_params_ - norm_begin_, norm_sq_, norm_ws_, norm_ws_bytes_, stream_);
+    });
+  }
+  double* grad_norm_squared() noexcept { return norm_sq_; }  // (1) on the device
+  // Then: clip coefficient from grad_norm_squared() and AdamW.
+  void apply_update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double clip) {
+    DPML_REQUIRE(!zero_, "GPT (cuda): a pipeline stage with the distributed optimizer (--use-distributed-optimizer "
+                         "with --pp) is not supported yet");
     allocate_state();
     timed(Family::optimizer, [&] {
-      detail::kc::grad_norm_squared(grads_, n_params_, norm_sq_, norm_ws_, norm_ws_bytes_, stream_);
-      detail::kc::clip_coefficient(norm_sq_, clip_coef_, max_norm, stream_, inv_scale);
+      detail::kc::clip_coefficient(norm_sq_, clip_coef_, clip > 0 ? clip : 1e300, stream_, 1.0 / step_scale_);
       detail::kc::adamw_update(master_, params_, grads_, m_, v_, n_params_, opt, lr, step, clip_coef_, stream_);
     });
   }
@@ -378,6 +507,24 @@ class Gpt {
 
  private:
   std::int64_t N() const noexcept { return B_ * T_; }
+
+  static const GptStagePlan& checked(const GptStagePlan& p, const GptCudaConfig& cfg) {
+    DPML_REQUIRE(p.stages >= 1 && p.stage >= 0 && p.stage < p.stages,
+                 "GPT (cuda): pipeline stage " << p.stage << " of " << p.stages << " stages");
+    DPML_REQUIRE(cfg.layers >= p.stages, "GPT (cuda): " << cfg.layers << " layers cannot fill " << p.stages
+                                                        << " pipeline stages (--pp): every stage needs a block");
+    DPML_REQUIRE(p.activation_sets >= 1 && p.input_sets >= 1 && p.weight_grad_sets >= 0,
+                 "GPT (cuda): stage plan with " << p.activation_sets << " activation sets, " << p.input_sets
+                                                << " input sets, " << p.weight_grad_sets << " weight-gradient sets");
+    return p;
+  }
+  void require_whole_model(const char* what) const {
+    DPML_REQUIRE(first_ && last_, "GPT (cuda): " << what << " runs a whole model; this one is pipeline stage " << plan_.stage
+                                                 << " of " << plan_.stages << " (models/cuda/gpt_pipeline.hpp runs a stage)");
+  }
+  static std::int64_t block_index(const std::string& name) {  // "h.<l>.…" → l
+    return std::stoll(name.substr(2, name.find('.', 2) - 2));
+  }
 
   std::int64_t add(const std::string& name, std::int64_t rows, std::int64_t cols, std::int64_t host_rows = -1) {
     const std::int64_t off = total_;
@@ -448,47 +595,79 @@ class Gpt {
 
   // Every buffer as a slice of one allocation; base == nullptr only measures.
   void carve(char* base) {
-    const std::int64_t n = N(), C = cfg_.dim, L = cfg_.layers, H = cfg_.heads;
+    const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
     carver_.rebase(base);
     params_ = carver_.take<Act>(n_params_);
     grads_ = carver_.take<Act>(n_params_);
     acts_offset_ = carver_.bytes();  // activations and scratch from here on
-    acts_.clear();
-    Act* shared_gelu = cfg_.recompute_gelu ? carver_.take<Act>(n * 4 * C) : nullptr;
-    for (std::int64_t l = 0; l < L; ++l) {
-      BlockActs a;
-      a.x = carver_.take<Act>(n * C);
-      a.ln1 = carver_.take<Act>(n * C);
-      a.ln1_mean = carver_.take<float>(n);
-      a.ln1_rstd = carver_.take<float>(n);
-      a.qkv = carver_.take<Act>(n * 3 * C);
-      a.atty = carver_.take<Act>(n * C);
-      a.lse = carver_.take<float>(B_ * H * T_);
-      a.r1 = carver_.take<Act>(n * C);
-      a.ln2 = carver_.take<Act>(n * C);
-      a.ln2_mean = carver_.take<float>(n);
-      a.ln2_rstd = carver_.take<float>(n);
-      a.pre = carver_.take<Act>(n * 4 * C);
-      a.gelu = shared_gelu ? shared_gelu : carver_.take<Act>(n * 4 * C);
-      acts_.push_back(a);
-    }
-    x_final_ = carver_.take<Act>(n * C);
-    lnf_ = carver_.take<Act>(n * C);
-    lnf_mean_ = carver_.take<float>(n);
-    lnf_rstd_ = carver_.take<float>(n);
-    logits_ = carver_.take<Act>(n * Vp_);
-    losses_ = carver_.take<float>(n);
     dres_ = carver_.take<Act>(n * C);
     dtmp_ = carver_.take<Act>(n * C);
     dsmall_ = carver_.take<Act>(n * C);
     dbig_ = carver_.take<Act>(n * 4 * C);
     delta_ = carver_.take<float>(B_ * H * T_);
+    if (last_) {
+      x_final_ = carver_.take<Act>(n * C);
+      lnf_ = carver_.take<Act>(n * C);
+      lnf_mean_ = carver_.take<float>(n);
+      lnf_rstd_ = carver_.take<float>(n);
+      logits_ = carver_.take<Act>(n * Vp_);
+      losses_ = carver_.take<float>(n);
+    }
+    inputs_.clear();
+    for (int i = 0; i < plan_.input_sets; ++i) inputs_.push_back(carver_.take<Act>(n * C));
+    // d output stays in the scratch when it is read right after it is made (F then B, nothing in
+    // between: one set, W inside B) on the last stage; d input when the embedding's backward reads
+    // it inside B on stage 0. So a whole model keeps its old buffers.
+    const bool output_grad_in_scratch = last_ && fused_ && plan_.activation_sets == 1;
+    Act* shared_gelu = cfg_.recompute_gelu ? carver_.take<Act>(n * 4 * C) : nullptr;
+    sets_.clear();
+    for (int i = 0; i < plan_.activation_sets; ++i) {
+      ActivationSet set;
+      for (std::int64_t l = 0; l < range_.count; ++l) {
+        BlockActs a;
+        a.x = l > 0 ? carver_.take<Act>(n * C) : nullptr;  // block 0: the stage input, bound per micro-batch
+        a.ln1 = carver_.take<Act>(n * C);
+        a.ln1_mean = carver_.take<float>(n);
+        a.ln1_rstd = carver_.take<float>(n);
+        a.qkv = carver_.take<Act>(n * 3 * C);
+        a.atty = carver_.take<Act>(n * C);
+        a.lse = carver_.take<float>(B_ * H * T_);
+        a.r1 = carver_.take<Act>(n * C);
+        a.ln2 = carver_.take<Act>(n * C);
+        a.ln2_mean = carver_.take<float>(n);
+        a.ln2_rstd = carver_.take<float>(n);
+        a.pre = carver_.take<Act>(n * 4 * C);
+        a.gelu = shared_gelu ? shared_gelu : carver_.take<Act>(n * 4 * C);
+        set.blocks.push_back(a);
+      }
+      set.output = last_ ? x_final_ : carver_.take<Act>(n * C);
+      set.output_grad = output_grad_in_scratch ? dres_ : carver_.take<Act>(n * C);
+      set.input_grad = first_ && fused_ ? dres_ : carver_.take<Act>(n * C);
+      sets_.push_back(std::move(set));
+    }
+    weight_grad_sets_.clear();
+    for (int i = 0; i < plan_.weight_grad_sets; ++i) {
+      std::vector<BlockGrads> set;
+      for (std::int64_t l = 0; l < range_.count; ++l) {
+        BlockGrads d{};  // .out and .in are the neighbours' (see grads_of)
+        d.pre = carver_.take<Act>(n * 4 * C);
+        d.ln2 = carver_.take<Act>(n * C);
+        d.r1 = carver_.take<Act>(n * C);
+        d.qkv = carver_.take<Act>(n * 3 * C);
+        d.ln1 = carver_.take<Act>(n * C);
+        d.in = l > 0 ? carver_.take<Act>(n * C) : nullptr;  // block 0: the set's input gradient
+        set.push_back(d);
+      }
+      weight_grad_sets_.push_back(std::move(set));
+    }
     const std::int64_t colsum = std::max({detail::kc::layer_norm_weight_scratch(n, C),
                                           detail::kc::column_sums_scratch(n, 4 * C, 1)});
     colsum_ = carver_.take<float>(colsum);
-    emb_ws_bytes_ = detail::kc::embedding_backward_workspace(n, cfg_.vocab);
-    emb_ws_ = carver_.take<char>(static_cast<std::int64_t>(emb_ws_bytes_));
-    norm_ws_bytes_ = detail::kc::grad_norm_workspace<Act>(n_params_);
+    if (first_) {
+      emb_ws_bytes_ = detail::kc::embedding_backward_workspace(n, cfg_.vocab);
+      emb_ws_ = carver_.take<char>(static_cast<std::int64_t>(emb_ws_bytes_));
+    }
+    norm_ws_bytes_ = std::max(detail::kc::grad_norm_workspace<Act>(n_params_), detail::kc::grad_norm_workspace<Act>(n_params_ - norm_begin_));
     norm_ws_ = carver_.take<char>(static_cast<std::int64_t>(norm_ws_bytes_));
     norm_sq_ = carver_.take<double>(1);
     clip_coef_ = carver_.take<float>(1);
@@ -510,9 +689,8 @@ class Gpt {
                                  .pre_gelu = pre_gelu};
     timed(Family::gemm, [&] { detail::kc::gemm<Epi>(gemm_, g, stream_); });
   }
-  // dx (rows, in) = dy (rows, out) · W; dW (out, in) = dyᵀ · x; dbias (out) = Σ_rows dy.
-  void linear_backward(const Act* dy, const Act* x, std::int64_t w, std::int64_t b, Act* dx, std::int64_t in,
-                       std::int64_t out) {
+  // dx (rows, in) = dy (rows, out) · W.
+  void linear_backward_input(const Act* dy, std::int64_t w, Act* dx, std::int64_t in, std::int64_t out) {
     using detail::kc::Trans;
     namespace epi = detail::kc::epilogue;
     timed(Family::gemm, [&] {
@@ -520,6 +698,13 @@ class Gpt {
                                                                     .K = out, .A = dy, .lda = out, .B = params_ + w,
                                                                     .ldb = in, .C = dx, .ldc = in},
                                   stream_);
+    });
+  }
+  // dW (out, in) = dyᵀ · x (micro-batches after the first add); dbias (out) += Σ_rows dy.
+  void linear_backward_weight(const Act* dy, const Act* x, std::int64_t w, std::int64_t b, std::int64_t in, std::int64_t out) {
+    using detail::kc::Trans;
+    namespace epi = detail::kc::epilogue;
+    timed(Family::gemm, [&] {
       detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::yes, .tb = Trans::no, .M = out, .N = in,
                                                                     .K = N(), .A = dy, .lda = out, .B = x, .ldb = in,
                                                                     .C = grads_ + w, .ldc = in, .beta = grad_beta()},
@@ -532,16 +717,22 @@ class Gpt {
       detail::kc::layer_norm_forward(x, params_ + w, params_ + b, y, mean, rstd, N(), cfg_.dim, 1e-5f, stream_);
     });
   }
-  // dx = dres + LN_backward(dy) (the residual branch joins); dw, db accumulate.
-  void layer_norm_backward(const Act* dy, const Act* x, std::int64_t w, std::int64_t b, const float* mean,
-                           const float* rstd, const Act* dres, Act* dx) {
+  // dx = dres + LN_backward(dy) (the residual branch joins; dres null: none).
+  void layer_norm_backward_input(const Act* dy, const Act* x, std::int64_t w, const float* mean, const float* rstd,
+                                 const Act* dres, Act* dx) {
     timed(Family::layer_norm, [&] {
       detail::kc::layer_norm_backward_input(dy, x, params_ + w, mean, rstd, dtmp_, N(), cfg_.dim, stream_);
-      detail::kc::layer_norm_backward_weight(dy, x, mean, rstd, grads_ + w, grads_ + b, colsum_, N(), cfg_.dim, stream_);
     });
     timed(Family::elementwise, [&] {
       if (dres) detail::kc::add(dres, dtmp_, dx, N() * cfg_.dim, stream_);
       else DPML_CHECK_CUDA(cudaMemcpyAsync(dx, dtmp_, N() * cfg_.dim * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
+    });
+  }
+  // dw, db accumulate.
+  void layer_norm_backward_weight(const Act* dy, const Act* x, std::int64_t w, std::int64_t b, const float* mean,
+                                  const float* rstd) {
+    timed(Family::layer_norm, [&] {
+      detail::kc::layer_norm_backward_weight(dy, x, mean, rstd, grads_ + w, grads_ + b, colsum_, N(), cfg_.dim, stream_);
     });
   }
 
@@ -551,88 +742,8 @@ class Gpt {
     });
   }
 
-  void forward(const std::int32_t* tokens, const std::int32_t* targets) {
-    namespace epi = detail::kc::epilogue;
-    const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
-    Act* x0 = acts_[0].x;
-    timed(Family::embedding, [&] {
-      detail::kc::embedding_token_forward(tokens, params_ + wte_, x0, n, C, 0, cfg_.vocab, stream_);
-      detail::kc::embedding_position_forward(params_ + wpe_, x0, B_, T_, C, stream_);
-    });
-    for (std::size_t l = 0; l < acts_.size(); ++l) {
-      const BlockParams& p = blocks_[l];
-      BlockActs& a = acts_[l];
-      Act* out = l + 1 < acts_.size() ? acts_[l + 1].x : x_final_;
-      layer_norm(a.x, p.ln1_w, p.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
-      linear<epi::Bias>(a.ln1, p.attn_w, p.attn_b, a.qkv, C, 3 * C, false);
-      timed(Family::attention, [&] { detail::kc::attention_forward(a.qkv, a.atty, a.lse, B_, T_, H, C / H, stream_); });
-      timed(Family::elementwise, [&] {
-        DPML_CHECK_CUDA(cudaMemcpyAsync(a.r1, a.x, n * C * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
-      });
-      linear<epi::Bias>(a.atty, p.proj_w, p.proj_b, a.r1, C, C, true);
-      layer_norm(a.r1, p.ln2_w, p.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd);
-      linear<epi::BiasGelu>(a.ln2, p.fc_w, p.fc_b, a.gelu, C, 4 * C, false, a.pre);
-      timed(Family::elementwise, [&] {
-        DPML_CHECK_CUDA(cudaMemcpyAsync(out, a.r1, n * C * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
-      });
-      linear<epi::Bias>(a.gelu, p.fcproj_w, p.fcproj_b, out, 4 * C, C, true);
-    }
-    layer_norm(x_final_, lnf_w_, lnf_b_, lnf_, lnf_mean_, lnf_rstd_);
-    linear<epi::None>(lnf_, wte_, -1, logits_, C, Vp_, false);
-    timed(Family::cross_entropy, [&] {
-      detail::kc::softmax_cross_entropy(logits_, targets, losses_,
-                                        static_cast<float>(step_scale_ / (static_cast<double>(n) * micro_batches_)), n, Vp_, cfg_.vocab,
-                                        stream_);
-    });
-    DPML_CHECK_CUDA(cudaMemcpyAsync(host_losses_, losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-  }
-
-  void backward(const std::int32_t* tokens) {
-    using detail::kc::Trans;
-    namespace epi = detail::kc::epilogue;
-    const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
-    parallel::cuda::GradientListener* const sync = micro_index_ + 1 >= micro_batches_ ? sync_ : nullptr;
-    // LM head: dlnf = dlogits · wte; dwte = dlogitsᵀ · lnf (first writer of the tied gradient).
-    timed(Family::gemm, [&] {
-      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::no, .tb = Trans::no, .M = n, .N = C,
-                                                                    .K = Vp_, .A = logits_, .lda = Vp_,
-                                                                    .B = params_ + wte_, .ldb = C, .C = dsmall_, .ldc = C},
-                                  stream_);
-      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::yes, .tb = Trans::no, .M = Vp_, .N = C,
-                                                                    .K = n, .A = logits_, .lda = Vp_, .B = lnf_,
-                                                                    .ldb = C, .C = grads_ + wte_, .ldc = C,
-                                                                    .beta = grad_beta()},
-                                  stream_);
-    });
-    layer_norm_backward(dsmall_, x_final_, lnf_w_, lnf_b_, lnf_mean_, lnf_rstd_, nullptr, dres_);
-    for (std::size_t i = acts_.size(); i-- > 0;) {
-      const BlockParams& p = blocks_[i];
-      BlockActs& a = acts_[i];
-      // dres_ holds d(block output); the MLP branch first.
-      if (cfg_.recompute_gelu)
-        timed(Family::elementwise, [&] { detail::kc::gelu_forward(a.pre, a.gelu, n * 4 * C, stream_); });
-      linear_backward(dres_, a.gelu, p.fcproj_w, p.fcproj_b, dbig_, 4 * C, C);
-      timed(Family::elementwise, [&] { detail::kc::gelu_backward(a.pre, dbig_, dbig_, n * 4 * C, stream_); });
-      linear_backward(dbig_, a.ln2, p.fc_w, p.fc_b, dsmall_, C, 4 * C);
-      layer_norm_backward(dsmall_, a.r1, p.ln2_w, p.ln2_b, a.ln2_mean, a.ln2_rstd, dres_, dres_);  // dres_ = d r1
-      linear_backward(dres_, a.atty, p.proj_w, p.proj_b, dsmall_, C, C);
-      timed(Family::attention, [&] {
-        detail::kc::attention_backward(dsmall_, a.qkv, a.atty, a.lse, delta_, dbig_, B_, T_, H, C / H, stream_);
-      });
-      linear_backward(dbig_, a.ln1, p.attn_w, p.attn_b, dsmall_, C, 3 * C);
-      layer_norm_backward(dsmall_, a.x, p.ln1_w, p.ln1_b, a.ln1_mean, a.ln1_rstd, dres_, dres_);  // dres_ = d x
-      if (sync) sync->ready(static_cast<std::size_t>(p.ln1_w));  // block i's first tensor .. ln_f
-    }
-    timed(Family::embedding, [&] {
-      detail::kc::embedding_token_backward(tokens, dres_, grads_ + wte_, n, C, 0, cfg_.vocab, cfg_.vocab, emb_ws_,
-                                           emb_ws_bytes_, stream_);
-      detail::kc::embedding_position_backward(dres_, grads_ + wpe_, B_, T_, C, stream_);
-    });
-    if (sync) sync->finish();
-  }
-
   struct BlockActs {
-    Act* x;                                   // (B, T, C) block input
+    Act* x;                                   // (B, T, C) block input (block 0: the stage input)
     Act* ln1;                                 // (B, T, C)
     float *ln1_mean, *ln1_rstd;                // (B·T)
     Act* qkv;                                 // (B, T, H, 3, D)
@@ -644,9 +755,173 @@ class Gpt {
     Act* pre;                                 // (B, T, 4C) before GELU
     Act* gelu;                                // (B, T, 4C); shared by all blocks with recompute_gelu
   };
+  // What one micro-batch keeps from its F to its W.
+  struct ActivationSet {
+    std::vector<BlockActs> blocks;  // (this stage's blocks)
+    Act* output;                    // (B, T, C) the last block's output (last stage: x_final_)
+    Act* output_grad;               // (B, T, C) its gradient: received, or from the head
+    Act* input_grad;                // (B, T, C) the gradient of the stage input: sent, or the embedding's
+  };
+  // The gradients of one block's activations: d output → … → d input. In B+W together they are
+  // the backward scratch; a delayed W reads them from a weight-gradient set.
+  struct BlockGrads {
+    Act* out;  // (B, T, C) d block output (read)
+    Act* pre;  // (B, T, 4C) d GELU output, then d pre-GELU
+    Act* ln2;  // (B, T, C)
+    Act* r1;   // (B, T, C)
+    Act* qkv;  // (B, T, 3C)
+    Act* ln1;  // (B, T, C)
+    Act* in;   // (B, T, C) d block input (written)
+  };
+  enum class Pass { input, weight, both };  // B, W, or both interleaved block by block
+
+  ActivationSet& bind(Slots s) {
+    DPML_REQUIRE(s.set >= 0 && s.set < plan_.activation_sets && s.input >= 0 && s.input < plan_.input_sets &&
+                     (fused_ ? s.weight_grads == -1 : s.weight_grads >= 0 && s.weight_grads < plan_.weight_grad_sets),
+                 "GPT (cuda): pipeline stage " << plan_.stage << ": slots (set " << s.set << ", input " << s.input
+                                               << ", weight gradients " << s.weight_grads << ") outside its plan ("
+                                               << plan_.activation_sets << ", " << plan_.input_sets << ", "
+                                               << plan_.weight_grad_sets << ")");
+    ActivationSet& a = sets_[static_cast<std::size_t>(s.set)];
+    a.blocks.front().x = inputs_[static_cast<std::size_t>(s.input)];
+    return a;
+  }
+  // Block l's (local index) gradient buffers for a micro-batch in activation set `a`.
+  BlockGrads grads_of(const ActivationSet& a, Slots s, std::size_t l) const {
+    const std::size_t last = a.blocks.size() - 1;
+    if (s.weight_grads < 0) {  // B and W at once: the scratch, as the unsplit backward
+      return {.out = l == last ? a.output_grad : dres_, .pre = dbig_, .ln2 = dsmall_, .r1 = dres_, .qkv = dbig_,
+              .ln1 = dsmall_, .in = l == 0 ? a.input_grad : dres_};
+    }
+    const auto& set = weight_grad_sets_[static_cast<std::size_t>(s.weight_grads)];
+    BlockGrads d = set[l];
+    d.out = l == last ? a.output_grad : set[l + 1].in;
+    if (l == 0) d.in = a.input_grad;
+    return d;
+  }
+
+  void embed(const std::int32_t* tokens, Act* x0) {
+    timed(Family::embedding, [&] {
+      detail::kc::embedding_token_forward(tokens, params_ + wte_, x0, N(), cfg_.dim, 0, cfg_.vocab, stream_);
+      detail::kc::embedding_position_forward(params_ + wpe_, x0, B_, T_, cfg_.dim, stream_);
+    });
+  }
+  void embedding_backward(const std::int32_t* tokens, const Act* dx0) {
+    timed(Family::embedding, [&] {
+      detail::kc::embedding_token_backward(tokens, dx0, grads_ + wte_, N(), cfg_.dim, 0, cfg_.vocab, cfg_.vocab, emb_ws_,
+                                           emb_ws_bytes_, stream_);
+      detail::kc::embedding_position_backward(dx0, grads_ + wpe_, B_, T_, cfg_.dim, stream_);
+    });
+  }
+
+  // out (B, T, C) = block(a.x), saving what the backward needs in `a`.
+  void forward_block(const BlockParams& p, BlockActs& a, Act* out) {
+    namespace epi = detail::kc::epilogue;
+    const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
+    layer_norm(a.x, p.ln1_w, p.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
+    linear<epi::Bias>(a.ln1, p.attn_w, p.attn_b, a.qkv, C, 3 * C, false);
+    timed(Family::attention, [&] { detail::kc::attention_forward(a.qkv, a.atty, a.lse, B_, T_, H, C / H, stream_); });
+    timed(Family::elementwise, [&] {
+      DPML_CHECK_CUDA(cudaMemcpyAsync(a.r1, a.x, n * C * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
+    });
+    linear<epi::Bias>(a.atty, p.proj_w, p.proj_b, a.r1, C, C, true);
+    layer_norm(a.r1, p.ln2_w, p.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd);
+    linear<epi::BiasGelu>(a.ln2, p.fc_w, p.fc_b, a.gelu, C, 4 * C, false, a.pre);
+    timed(Family::elementwise, [&] {
+      DPML_CHECK_CUDA(cudaMemcpyAsync(out, a.r1, n * C * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
+    });
+    linear<epi::Bias>(a.gelu, p.fcproj_w, p.fcproj_b, out, 4 * C, C, true);
+  }
+
+  // Block backward, from d.out to d.in (Pass::input), the weight gradients from the saved
+  // activations and d's (Pass::weight), or both, each weight gradient right after the input
+  // gradient it shares a dy with (Pass::both: the scratch is reused as soon as it may be).
+  void backward_block(const BlockParams& p, const BlockActs& a, const BlockGrads& d, Pass pass) {
+    const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
+    const bool input = pass != Pass::weight, weight = pass != Pass::input;
+    if (weight && cfg_.recompute_gelu)  // the MLP's weight gradient reads the GELU output
+      timed(Family::elementwise, [&] { detail::kc::gelu_forward(a.pre, a.gelu, n * 4 * C, stream_); });
+    if (input) linear_backward_input(d.out, p.fcproj_w, d.pre, 4 * C, C);
+    if (weight) linear_backward_weight(d.out, a.gelu, p.fcproj_w, p.fcproj_b, 4 * C, C);
+    if (input) timed(Family::elementwise, [&] { detail::kc::gelu_backward(a.pre, d.pre, d.pre, n * 4 * C, stream_); });
+    if (input) linear_backward_input(d.pre, p.fc_w, d.ln2, C, 4 * C);
+    if (weight) linear_backward_weight(d.pre, a.ln2, p.fc_w, p.fc_b, C, 4 * C);
+    if (input) layer_norm_backward_input(d.ln2, a.r1, p.ln2_w, a.ln2_mean, a.ln2_rstd, d.out, d.r1);  // d r1
+    if (weight) layer_norm_backward_weight(d.ln2, a.r1, p.ln2_w, p.ln2_b, a.ln2_mean, a.ln2_rstd);
+    if (input) linear_backward_input(d.r1, p.proj_w, dsmall_, C, C);  // d attention output
+    if (weight) linear_backward_weight(d.r1, a.atty, p.proj_w, p.proj_b, C, C);
+    if (input)
+      timed(Family::attention, [&] {
+        detail::kc::attention_backward(dsmall_, a.qkv, a.atty, a.lse, delta_, d.qkv, B_, T_, H, C / H, stream_);
+      });
+    if (input) linear_backward_input(d.qkv, p.attn_w, d.ln1, C, 3 * C);
+    if (weight) linear_backward_weight(d.qkv, a.ln1, p.attn_w, p.attn_b, C, 3 * C);
+    if (input) layer_norm_backward_input(d.ln1, a.x, p.ln1_w, a.ln1_mean, a.ln1_rstd, d.r1, d.in);  // d x
+    if (weight) layer_norm_backward_weight(d.ln1, a.x, p.ln1_w, p.ln1_b, a.ln1_mean, a.ln1_rstd);
+  }
+
+  // Last stage: ln_f, logits, the loss (targets (B, T); dlogits in place) and, when training, the
+  // head's backward: dout (B, T, C) = d x_final, the gradients of wte (tied) and ln_f.
+  void head(const std::int32_t* targets, Act* dout, bool train) {
+    using detail::kc::Trans;
+    namespace epi = detail::kc::epilogue;
+    const std::int64_t n = N(), C = cfg_.dim;
+    layer_norm(x_final_, lnf_w_, lnf_b_, lnf_, lnf_mean_, lnf_rstd_);
+    linear<epi::None>(lnf_, wte_, -1, logits_, C, Vp_, false);
+    timed(Family::cross_entropy, [&] {
+      detail::kc::softmax_cross_entropy(logits_, targets, losses_,
+                                        static_cast<float>(step_scale_ / (static_cast<double>(n) * micro_batches_)), n, Vp_, cfg_.vocab,
+                                        stream_);
+    });
+    DPML_CHECK_CUDA(cudaMemcpyAsync(host_losses_, losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    if (!train) return;
+    // dlnf = dlogits · wte; dwte = dlogitsᵀ · lnf (in a whole model the first writer of the tied
+    // gradient; the embedding's backward adds to it).
+    timed(Family::gemm, [&] {
+      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::no, .tb = Trans::no, .M = n, .N = C,
+                                                                    .K = Vp_, .A = logits_, .lda = Vp_,
+                                                                    .B = params_ + wte_, .ldb = C, .C = dsmall_, .ldc = C},
+                                  stream_);
+      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::yes, .tb = Trans::no, .M = Vp_, .N = C,
+                                                                    .K = n, .A = logits_, .lda = Vp_, .B = lnf_,
+                                                                    .ldb = C, .C = grads_ + wte_, .ldc = C,
+                                                                    .beta = grad_beta()},
+                                  stream_);
+    });
+    layer_norm_backward_input(dsmall_, x_final_, lnf_w_, lnf_mean_, lnf_rstd_, nullptr, dout);
+    layer_norm_backward_weight(dsmall_, x_final_, lnf_w_, lnf_b_, lnf_mean_, lnf_rstd_);
+  }
+
+  void forward(ActivationSet& a, const std::int32_t* tokens, const std::int32_t* targets, bool train) {
+    if (first_) embed(tokens, a.blocks.front().x);
+    for (std::size_t l = 0; l < a.blocks.size(); ++l)
+      forward_block(blocks_[l], a.blocks[l], l + 1 < a.blocks.size() ? a.blocks[l + 1].x : a.output);
+    if (last_) head(targets, a.output_grad, train);
+  }
+
+  // The blocks' backward pass(es) of micro-batch mb; stage 0 ends with the embedding's weight
+  // gradients in the pass that forms weight gradients. With a GradientListener, the pass that
+  // forms the step's last weight gradients (micro-batch m − 1) tells it after each block that the
+  // gradients from that block's first tensor to the end of the flat buffer are final, and at the
+  // end that all are.
+  void backward(int mb, Slots s, Pass pass, const std::int32_t* tokens) {
+    ActivationSet& a = bind(s);
+    accumulate_ = mb > 0;
+    parallel::cuda::GradientListener* const sync = pass != Pass::input && mb + 1 >= micro_batches_ ? sync_ : nullptr;
+    for (std::size_t i = a.blocks.size(); i-- > 0;) {
+      backward_block(blocks_[i], a.blocks[i], grads_of(a, s, i), pass);
+      if (sync) sync->ready(static_cast<std::size_t>(blocks_[i].ln1_w));  // block i's first tensor .. the end
+    }
+    if (first_ && pass != Pass::input) embedding_backward(tokens, a.input_grad);
+    if (sync) sync->finish();
+  }
 
   GptCudaConfig cfg_;
   std::int64_t B_, T_, Vp_ = 0;
+  GptStagePlan plan_;
+  bool first_, last_;                             // pipeline stage 0 / p − 1 (both: a whole model)
+  parallel::pipeline::StageBlocks range_;         // the global blocks this stage holds
+  bool fused_ = plan_.weight_grad_sets == 0;      // B forms the weight gradients (W right after B)
   DynamicLossScale scaler_{cfg_.loss_scale};
   double step_scale_ = 1.0;  // the loss scale of the step's forward_backward calls
   bool accumulate_ = false;  // the running micro-batch adds to the gradients
@@ -660,7 +935,8 @@ class Gpt {
   std::vector<detail::Slot> slots_;
   std::int64_t total_ = 0, n_params_ = 0;
   std::int64_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
-  std::vector<BlockParams> blocks_;
+  std::int64_t norm_begin_ = 0;  // the gradient norm covers [norm_begin_, n_params_)
+  std::vector<BlockParams> blocks_;  // (this stage's blocks)
 
   cudaStream_t stream_ = nullptr;
   detail::kc::GemmContext gemm_;
@@ -673,8 +949,10 @@ class Gpt {
   Act *params_ = nullptr, *grads_ = nullptr;  // (n_params) flat
   float* state_memory_ = nullptr;              // (3, n_params): master, m, v; null until needed, and under ZeRO-1
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // (n_params) each, in state_memory_
-  std::vector<BlockActs> acts_;
-  Act *x_final_ = nullptr, *lnf_ = nullptr;  // (B, T, C)
+  std::vector<Act*> inputs_;                               // (input_sets) (B, T, C) stage inputs
+  std::vector<ActivationSet> sets_;                        // (activation_sets)
+  std::vector<std::vector<BlockGrads>> weight_grad_sets_;  // (weight_grad_sets, blocks) kept for a delayed W
+  Act *x_final_ = nullptr, *lnf_ = nullptr;  // (B, T, C) last stage
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
   Act* logits_ = nullptr;  // (B, T, Vp), dlogits after the cross-entropy
   float* losses_ = nullptr; // (B·T)

@@ -1,0 +1,229 @@
+#pragma once
+// How the pipeline executor (executor.hpp) moves a stage's messages: a transport policy. The
+// executor walks the table and calls
+//
+//   post_recv(flow, data, n, mb)   RecvForward / RecvBackward: mb's message will land in data (n)
+//   post_send(flow, data, n, mb)   SendForward / SendBackward: data (n) holds mb's message
+//   wait_recv(flow, mb)            before the F / B that reads the message
+//   wait_send(flow, mb)            before the stage may write a sent buffer again (F's output, at B)
+//   finish()                       the step's end: every send complete
+//   abandon()                      a stage threw: let go of what is pending without waiting
+//   pending_receives()             receives posted and not yet waited for
+//
+// Flow::forward carries activations from stage s to s + 1, Flow::backward their gradients from
+// s + 1 to s. Two transports:
+//
+//   MpiTransport<T>            host buffers over comm::Mpi: isend / irecv when posted, waits on
+//                              the host. Every message travels at once, so the transfers overlap
+//                              the compute actions between a post and its wait; a send completes
+//                              at wait_send or finish() — until then the stage leaves the buffer
+//                              alone.
+//   BatchedTransport<T, L>     for communicators whose point-to-point calls rendezvous (NCCL: a
+//                              send waits for its receive; comm::Staged: the call returns once
+//                              done): messages go out in batches (P2pBatcher below) that a
+//                              launcher L runs — cuda::StreamLauncher (parallel/cuda/
+//                              pipeline_transport.hpp) on a communication stream ordered against
+//                              the compute stream by CUDA events, the recording launcher of
+//                              tests/pipeline/test_transport.cpp on paper.
+//
+// P2pBatcher: why and how. A rendezvous transport that posts each message alone, in table order,
+// deadlocks: under 1F1B stage 0 posts "receive the gradient of mb 0" one action before B0, while
+// stage 1, having run F0 B0, posts "receive the activation of mb 1" before it sends that gradient
+// — each waits for the other. The batcher holds sends and receives back and launches them only
+// where the executor waits: wait_recv(mb) launches one batch (one group(): ncclGroupStart/End)
+// of every send still held plus that receive, wait_send launches the held sends, finish() the
+// rest. Where the two directions meet, they are in one group — 1F1B's steady state becomes
+// Megatron's send_forward_recv_backward and send_backward_recv_forward. Messages between two
+// stages still match in posting order (check_schedule: each direction is sent in the order it is
+// received). tests/pipeline/test_transport.cpp replays the batches of GPipe, 1F1B and ZB-H1 on
+// up to 8 stages and 16 micro-batches under rendezvous semantics: none deadlocks (and the
+// one-message-at-a-time transport does).
+//
+// A BatchedTransport send completes before the next action that reads a received message (its
+// batch is launched there, and that action waits for the batch), or at finish().
+
+#include "dpml/comm/mpi.hpp"
+#include "dpml/core/error.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace dpml::parallel::pipeline {
+
+enum class Flow { forward, backward };
+
+inline const char* flow_name(Flow f) { return f == Flow::forward ? "activation" : "gradient"; }
+// The stage a message of `flow` goes to (sending) or comes from (receiving), seen from `stage`.
+inline int peer_of(Flow flow, bool sending, int stage) { return stage + ((flow == Flow::forward) == sending ? 1 : -1); }
+// Tags keep messages of different micro-batches apart where the transport has tags (MPI).
+inline int tag_of(Flow flow, int mb) { return 2 * mb + (flow == Flow::backward ? 1 : 0); }
+
+// ---- host transport ----------------------------------------------------------------------------
+
+template <class T>
+class MpiTransport {
+ public:
+  // `pipe`: the pipeline-axis communicator; its rank is the stage index.
+  explicit MpiTransport(const comm::Mpi& pipe) : pipe_(pipe) {}
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
+
+  int rank() const noexcept { return pipe_.rank(); }
+  int size() const noexcept { return pipe_.size(); }
+
+  void post_recv(Flow f, T* data, std::size_t n, int mb) {
+    recvs_.emplace(Key{f, mb}, pipe_.irecv(data, n, peer_of(f, false, rank()), tag_of(f, mb)));
+  }
+  void post_send(Flow f, const T* data, std::size_t n, int mb) {
+    sends_.emplace(Key{f, mb}, pipe_.isend(data, n, peer_of(f, true, rank()), tag_of(f, mb)));
+  }
+  void wait_recv(Flow f, int mb) {
+    auto it = recvs_.find({f, mb});
+    DPML_REQUIRE(it != recvs_.end(), "pipeline stage " << rank() << ": the " << flow_name(f) << " of micro-batch " << mb
+                                                      << " needed before its receive was posted (schedule not checked?)");
+    it->second.wait();
+    recvs_.erase(it);
+  }
+  void wait_send(Flow f, int mb) {
+    if (auto it = sends_.find({f, mb}); it != sends_.end()) {
+      it->second.wait();
+      sends_.erase(it);
+    }
+  }
+  void finish() {
+    for (auto& [key, r] : sends_) r.wait();
+    sends_.clear();
+  }
+  // A stage that throws leaves receives posted that no neighbour will ever match; comm::Request
+  // waits in its destructor, so unwinding would hang before dpml::run could abort the job. On
+  // that path the pending requests are deliberately leaked (the job is about to end).
+  void abandon() noexcept {
+    auto* leaked = new std::vector<comm::Request>;
+    for (auto* m : {&recvs_, &sends_})
+      for (auto& [key, r] : *m) leaked->push_back(std::move(r));
+    recvs_.clear();
+    sends_.clear();
+  }
+  std::size_t pending_receives() const noexcept { return recvs_.size(); }
+
+ private:
+  using Key = std::pair<Flow, int>;
+  const comm::Mpi& pipe_;
+  std::map<Key, comm::Request> recvs_, sends_;
+};
+
+// ---- batching for rendezvous transports ---------------------------------------------------------
+
+// One message a stage posted; Payload: what the transport needs to launch it (buffer, size, …).
+struct Message {
+  Flow flow;
+  int micro_batch;
+  bool send;
+  friend bool operator==(const Message&, const Message&) = default;
+};
+
+template <class Payload>
+class P2pBatcher {
+ public:
+  struct Entry {
+    Message message;
+    Payload payload;
+  };
+  using Batch = std::vector<Entry>;  // launched together, in this order
+
+  void post(Message m, Payload p) { held_.push_back({m, std::move(p)}); }
+  bool held(Message m) const { return find(m) != held_.end(); }
+  std::size_t held_receives() const {
+    return static_cast<std::size_t>(std::count_if(held_.begin(), held_.end(), [](const Entry& e) { return !e.message.send; }));
+  }
+
+  // Before the compute action that reads received message `m`: every held send, then `m` (empty
+  // when `m` is not held: launched already).
+  Batch for_receive(Message m) {
+    auto it = find(m);
+    if (it == held_.end()) return {};
+    Entry wanted = std::move(*it);
+    held_.erase(it);
+    Batch b = take_sends();
+    b.push_back(std::move(wanted));
+    return b;
+  }
+  // Every held send (before a sent buffer is written again, and at the step's end).
+  Batch take_sends() {
+    Batch sends;
+    std::vector<Entry> receives;
+    for (auto& e : held_) (e.message.send ? sends : receives).push_back(std::move(e));
+    held_ = std::move(receives);
+    return sends;
+  }
+  void clear() noexcept { held_.clear(); }
+
+ private:
+  typename std::vector<Entry>::const_iterator find(Message m) const {
+    return std::find_if(held_.begin(), held_.end(), [&](const Entry& e) { return e.message == m; });
+  }
+  typename std::vector<Entry>::iterator find(Message m) {
+    return std::find_if(held_.begin(), held_.end(), [&](const Entry& e) { return e.message == m; });
+  }
+  std::vector<Entry> held_;  // in posting order
+};
+
+// A transport that launches its messages in P2pBatcher's batches. The Launcher runs them:
+//
+//   using Mark = …;                  what a post remembers of the compute order (e.g. an event)
+//   Mark mark();                     at each post: "the data / the buffer is ready after this"
+//   void launch(const Batch&);       the batch's messages as one group, after the latest mark
+//   bool launched(Message) const;    launched this step
+//   void wait(Message);              the compute order waits for the batch that carried it
+//   void wait_all();                 … for every batch of the step; the step's records end
+//   int rank() const, size() const;  the pipeline-axis communicator's
+template <class T, class Launcher>
+class BatchedTransport {
+ public:
+  struct Payload {
+    const T* send;  // (n) for a send
+    T* recv;        // (n) for a receive
+    std::size_t n;
+    typename Launcher::Mark mark;
+  };
+  using Batch = typename P2pBatcher<Payload>::Batch;
+
+  explicit BatchedTransport(Launcher launcher) : launcher_(std::move(launcher)) {}
+
+  int rank() const noexcept { return launcher_.rank(); }
+  int size() const noexcept { return launcher_.size(); }
+
+  void post_recv(Flow f, T* data, std::size_t n, int mb) { batcher_.post({f, mb, false}, {nullptr, data, n, launcher_.mark()}); }
+  void post_send(Flow f, const T* data, std::size_t n, int mb) { batcher_.post({f, mb, true}, {data, nullptr, n, launcher_.mark()}); }
+  void wait_recv(Flow f, int mb) {
+    const Message m{f, mb, false};
+    DPML_REQUIRE(batcher_.held(m) || launcher_.launched(m), "pipeline stage " << rank() << ": the " << flow_name(f) << " of micro-batch " << mb
+                                                                              << " needed before its receive was posted (schedule not checked?)");
+    launch(batcher_.for_receive(m));
+    launcher_.wait(m);
+  }
+  void wait_send(Flow f, int mb) {
+    const Message m{f, mb, true};
+    if (batcher_.held(m)) launch(batcher_.take_sends());
+    if (launcher_.launched(m)) launcher_.wait(m);
+  }
+  void finish() {
+    launch(batcher_.take_sends());
+    launcher_.wait_all();
+  }
+  void abandon() noexcept { batcher_.clear(); }
+  std::size_t pending_receives() const { return batcher_.held_receives(); }
+  const Launcher& launcher() const noexcept { return launcher_; }
+
+ private:
+  void launch(const Batch& b) {
+    if (!b.empty()) launcher_.launch(b);
+  }
+  Launcher launcher_;
+  P2pBatcher<Payload> batcher_;
+};
+
+}  // namespace dpml::parallel::pipeline
