@@ -14,8 +14,10 @@
 //              wte's two contributions are rounded separately and summed, where the lone model adds
 //              the embedding's into the head's; the blocks' arithmetic is the same), the loss
 //              within 1e-5 relative (the same per-token losses, summed in another order)
-//   each step  the global gradient norm within 1e-2 of the lone model's (the wte copy counted
-//              once: twice would add the tied gradient's share again)
+//   each step  the global gradient norm within 1e-2 of the lone model's at step 1 (the wte copy
+//              counted once: twice would add the tied gradient's share again, ~40 % here), within
+//              5e-2 later, as the two runs' weights drift apart within bf16 tolerance (measured on
+//              an H100: 1.4 % at step 6)
 //   10 steps   every loss within 2e-2 relative, every weight tensor's distance to the lone model's
 //              within a tenth of the distance it travelled from its initial value (the batch-slice
 //              case of test_gpt_dp.cu: bf16 rounding differences grow through AdamW's division by
@@ -156,7 +158,8 @@ void compare_with_lone_model() {
     }
     pp.update(kLr, s, kAdam, kClip);
     lone.update(kLr, s, kAdam, kClip);
-    CHECK(std::abs(pp.grad_norm() - lone.grad_norm()) <= 1e-2 * lone.grad_norm());  // wte counted once
+    // wte counted once; the weights drift apart within bf16 tolerance, the norms with them
+    CHECK(std::abs(pp.grad_norm() - lone.grad_norm()) <= (s == 1 ? 1e-2 : 5e-2) * lone.grad_norm());
   }
   const auto got = weights(mine), final_lone = weights(lone);
   for (const auto& [name, w] : got) {
