@@ -15,7 +15,7 @@
 //              the embedding's into the head's; the blocks' arithmetic is the same), the loss
 //              within 1e-5 relative (the same per-token losses, summed in another order)
 //   each step  the global gradient norm within 1e-2 of the lone model's at step 1 (the wte copy
-//              counted once: twice would add the tied gradient's share again, ~40 % here), within
+//              counted once: twice would add the tied gradient's share again), within
 //              5e-2 later, as the two runs' weights drift apart within bf16 tolerance (measured on
 //              an H100: 1.4 % at step 6)
 //   10 steps   every loss within 2e-2 relative, every weight tensor's distance to the lone model's
