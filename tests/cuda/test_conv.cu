@@ -230,6 +230,21 @@ BnRef bn_ref(const std::vector<double>& x, const std::vector<double>& res, const
   return r;
 }
 
+// Random inputs of one BatchNorm case: activations (n) bf16, per-channel (uc) γ, β, their incoming
+// gradients in P, and fp32 running statistics, drawn in this order from gen.
+template <class P>
+struct BnInputs {
+  std::vector<bf16> x, res, dy;
+  std::vector<P> gamma, beta, dgamma, dbeta;
+  std::vector<float> running_mean, running_var;
+  BnInputs(std::size_t n, std::size_t uc, std::mt19937_64& gen)
+      : x(test::random_vec<bf16>(n, gen, -1.0, 3.0)), res(test::random_vec<bf16>(n, gen)),
+        dy(test::random_vec<bf16>(n, gen)), gamma(test::random_vec<P>(uc, gen, 0.5, 1.5)),
+        beta(test::random_vec<P>(uc, gen, -0.5, 0.5)), dgamma(test::random_vec<P>(uc, gen)),
+        dbeta(test::random_vec<P>(uc, gen)), running_mean(test::random_vec<float>(uc, gen, -0.5, 0.5)),
+        running_var(test::random_vec<float>(uc, gen, 0.5, 2.0)) {}
+};
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("batch_norm: NHWC training/eval, fused residual + ReLU, forward and backward against float64",
@@ -243,11 +258,10 @@ TEMPLATE_TEST_CASE("batch_norm: NHWC training/eval, fused residual + ReLU, forwa
       CAPTURE(cs.N, cs.H, cs.W, cs.C, mode.training, mode.relu, mode.residual);
       auto gen = test::rng(static_cast<std::uint64_t>(rows * 131 + C * 7 + mode.training * 2 + mode.relu));
       const auto n = static_cast<std::size_t>(rows * C), uc = static_cast<std::size_t>(C);
-      auto hx = test::random_vec<bf16>(n, gen, -1.0, 3.0), hres = test::random_vec<bf16>(n, gen);
-      auto hdy = test::random_vec<bf16>(n, gen);
-      auto hgamma = test::random_vec<P>(uc, gen, 0.5, 1.5), hbeta = test::random_vec<P>(uc, gen, -0.5, 0.5);
-      auto hdg = test::random_vec<P>(uc, gen), hdb = test::random_vec<P>(uc, gen);
-      auto hrm = test::random_vec<float>(uc, gen, -0.5, 0.5), hrv = test::random_vec<float>(uc, gen, 0.5, 2.0);
+      const BnInputs<P> in(n, uc, gen);
+      const auto &hx = in.x, &hres = in.res, &hdy = in.dy;
+      const auto &hgamma = in.gamma, &hbeta = in.beta, &hdg = in.dgamma, &hdb = in.dbeta;
+      const auto &hrm = in.running_mean, &hrv = in.running_var;
       test::DeviceVec<bf16> x(hx), res(hres), dy(hdy), y(n), dx(n), dres(n);
       test::DeviceVec<P> gamma(hgamma), beta(hbeta), dgamma(hdg), dbeta(hdb);
       test::DeviceVec<float> rm(hrm), rv(hrv), mean(uc), rstd(uc),
@@ -308,13 +322,11 @@ struct BnRank {
   test::DeviceVec<P> gamma, beta, dgamma, dbeta;
   test::DeviceVec<float> rm, rv, mean, rstd, scratch;
   std::vector<float> own_sums;  // (2, C): this rank's sums of the current pass, before the exchange
-  BnRank(std::int64_t first_row, std::int64_t count, std::int64_t C, const std::vector<bf16>& hx,
-         const std::vector<bf16>& hres, const std::vector<bf16>& hdy, const std::vector<P>& hgamma,
-         const std::vector<P>& hbeta, const std::vector<P>& hdg, const std::vector<P>& hdb,
-         const std::vector<float>& hrm, const std::vector<float>& hrv)
-      : first(first_row), rows(count), x(row_slice(hx, first, rows, C)), res(row_slice(hres, first, rows, C)),
-        dy(row_slice(hdy, first, rows, C)), y(static_cast<std::size_t>(rows * C)), dx(static_cast<std::size_t>(rows * C)),
-        dres(static_cast<std::size_t>(rows * C)), gamma(hgamma), beta(hbeta), dgamma(hdg), dbeta(hdb), rm(hrm), rv(hrv),
+  BnRank(std::int64_t first_row, std::int64_t count, std::int64_t C, const BnInputs<P>& in)
+      : first(first_row), rows(count), x(row_slice(in.x, first, rows, C)), res(row_slice(in.res, first, rows, C)),
+        dy(row_slice(in.dy, first, rows, C)), y(static_cast<std::size_t>(rows * C)), dx(static_cast<std::size_t>(rows * C)),
+        dres(static_cast<std::size_t>(rows * C)), gamma(in.gamma), beta(in.beta), dgamma(in.dgamma), dbeta(in.dbeta),
+        rm(in.running_mean), rv(in.running_var),
         mean(static_cast<std::size_t>(C)), rstd(static_cast<std::size_t>(C)),
         scratch(static_cast<std::size_t>(kc::batch_norm_scratch(rows, C))) {
     for (auto* v : {&y, &dx, &dres}) v->poison();
@@ -345,13 +357,11 @@ TEMPLATE_TEST_CASE("batch_norm: synchronised statistics over two slices of a bat
       CAPTURE(cs.N, cs.H, cs.W, cs.C, mode.training, mode.relu, mode.residual);
       auto gen = test::rng(static_cast<std::uint64_t>(rows * 137 + C * 11 + mode.training * 2 + mode.relu));
       const auto n = static_cast<std::size_t>(rows * C), uc = static_cast<std::size_t>(C);
-      auto hx = test::random_vec<bf16>(n, gen, -1.0, 3.0), hres = test::random_vec<bf16>(n, gen);
-      auto hdy = test::random_vec<bf16>(n, gen);
-      auto hgamma = test::random_vec<P>(uc, gen, 0.5, 1.5), hbeta = test::random_vec<P>(uc, gen, -0.5, 0.5);
-      auto hdg = test::random_vec<P>(uc, gen), hdb = test::random_vec<P>(uc, gen);
-      auto hrm = test::random_vec<float>(uc, gen, -0.5, 0.5), hrv = test::random_vec<float>(uc, gen, 0.5, 2.0);
-      std::array<BnRank<P>, 2> ranks{BnRank<P>(0, split, C, hx, hres, hdy, hgamma, hbeta, hdg, hdb, hrm, hrv),
-                                     BnRank<P>(split, rows - split, C, hx, hres, hdy, hgamma, hbeta, hdg, hdb, hrm, hrv)};
+      const BnInputs<P> in(n, uc, gen);
+      const auto &hx = in.x, &hres = in.res, &hdy = in.dy;
+      const auto &hgamma = in.gamma, &hbeta = in.beta, &hdg = in.dgamma, &hdb = in.dbeta;
+      const auto &hrm = in.running_mean, &hrv = in.running_var;
+      std::array<BnRank<P>, 2> ranks{BnRank<P>(0, split, C, in), BnRank<P>(split, rows - split, C, in)};
       const kc::BatchNormConfig cfg{mode.training, mode.relu, 0.1f, 1e-5f};
       int calls = 0;
       auto record = [&calls](BnRank<P>* r) {

@@ -16,8 +16,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace dpml::test {
 
@@ -61,6 +64,17 @@ inline GpuComm gpu_comm() {
     return GpuComm::staged;
   }();
   return kind;
+}
+
+// Whether `v` holds the same bits on every rank: the elementwise max and min of its bit patterns agree.
+inline bool same_on_every_rank(const std::vector<float>& v) {
+  const auto w = world();
+  std::vector<std::uint32_t> hi(v.size()), lo(v.size());
+  std::memcpy(hi.data(), v.data(), v.size() * sizeof(float));
+  lo = hi;
+  w.allreduce(hi.data(), hi.size(), comm::ReduceOp::max);
+  w.allreduce(lo.data(), lo.size(), comm::ReduceOp::min);
+  return hi == lo;
 }
 
 // body(std::type_identity<Comm>{}) with the communicator type gpu_comm() chose: a test written as

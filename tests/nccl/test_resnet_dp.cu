@@ -132,16 +132,6 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Whether `v` holds the same bits on every rank: the elementwise max and min of its bit patterns agree.
-bool same_on_every_rank(const std::vector<float>& v) {
-  const auto world = test::world();
-  std::vector<std::uint32_t> hi(v.size()), lo(v.size());
-  std::memcpy(hi.data(), v.data(), v.size() * sizeof(float));
-  lo = hi;
-  world.allreduce(hi.data(), hi.size(), comm::ReduceOp::max);
-  world.allreduce(lo.data(), lo.size(), comm::ReduceOp::min);
-  return hi == lo;
-}
 
 }  // namespace
 
@@ -172,7 +162,7 @@ TEMPLATE_LIST_TEST_CASE("GPU data parallel ResNet: ranks on their own batches ke
       train_step(lone.model, batch);
     }
     const auto replica = weights(dp.model);
-    CHECK(same_on_every_rank(replica));
+    CHECK(test::same_on_every_rank(replica));
     CHECK_FALSE(bitwise_equal(replica, weights(lone.model)));  // the other ranks' batches count
   });
 }
@@ -212,7 +202,7 @@ TEST_CASE("GPU data parallel ResNet: the gradients are the mean of the ranks' lo
       }
       CAPTURE(dp.sync.bucket_count(), off, worst, largest);
       CHECK(off == 0);
-      CHECK(same_on_every_rank(got));
+      CHECK(test::same_on_every_rank(got));
     }
   });
 }

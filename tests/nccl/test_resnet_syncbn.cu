@@ -157,16 +157,6 @@ double l2(const std::vector<float>& a, const std::vector<float>& b) {
 }
 double norm(const std::vector<float>& a) { return l2(a, std::vector<float>(a.size(), 0.f)); }
 
-// Whether `v` holds the same bits on every rank.
-bool same_on_every_rank(const std::vector<float>& v) {
-  const auto world = test::world();
-  std::vector<std::uint32_t> hi(v.size()), lo(v.size());
-  std::memcpy(hi.data(), v.data(), v.size() * sizeof(float));
-  lo = hi;
-  world.allreduce(hi.data(), hi.size(), comm::ReduceOp::max);
-  world.allreduce(lo.data(), lo.size(), comm::ReduceOp::min);
-  return hi == lo;
-}
 std::vector<float> flatten(const Named& tensors) {
   std::vector<float> v;
   for (const auto& [name, t] : tensors) v.insert(v.end(), t.begin(), t.end());
@@ -238,7 +228,7 @@ void slices_closer_to_one_gpu() {
                                                              << without.stat);
   CHECK(with.grad < 0.25 * without.grad);
   CHECK(with.stat < 0.1 * without.stat);
-  CHECK(same_on_every_rank(synced.model.running_statistics()));
+  CHECK(test::same_on_every_rank(synced.model.running_statistics()));
 }
 
 template <class Comm>
@@ -247,14 +237,14 @@ void running_statistics_from_rank_0() {
   Replica<Comm> replica(false);
   train_step(replica.model, Batch(kBatch, 300 + static_cast<std::uint64_t>(world.rank())));  // per-rank statistics
   const auto before = replica.model.running_statistics();
-  REQUIRE_FALSE(same_on_every_rank(before));
+  REQUIRE_FALSE(test::same_on_every_rank(before));
   std::vector<float> rank0 = before;
   world.broadcast(rank0.data(), rank0.size(), 0);
   replica.model.set_batch_norm_sync(&replica.bn);
   const auto after = replica.model.running_statistics();
   CHECK(std::memcmp(after.data(), rank0.data(), after.size() * sizeof(float)) == 0);
   CHECK(std::isfinite(train_step(replica.model, Batch(kBatch, 400 + static_cast<std::uint64_t>(world.rank())))));
-  CHECK(same_on_every_rank(replica.model.running_statistics()));
+  CHECK(test::same_on_every_rank(replica.model.running_statistics()));
 }
 
 template <class Comm>
