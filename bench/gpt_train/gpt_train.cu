@@ -1,4 +1,4 @@
-// gpt_train: GPT-2 training throughput on one GPU or data parallel on several (models/cuda/gpt.hpp), bf16 (or --precision
+// gpt_train: GPT-2 training throughput on one GPU or tensor/pipeline/data parallel on several (models/cuda/gpt.hpp), bf16 (or --precision
 // fp16, with dynamic loss scaling) with fp32 master weights, AdamW (β = 0.9, 0.95, weight decay 0.1), global-norm clipping at 1.0 — the setup of
 // bench/reference/torch_gpt.py, so the two print comparable JSON lines.
 //
@@ -26,6 +26,11 @@
 //              tokens/s counts dp · B · T per step, MFU is per GPU, memory the largest rank's, the
 //              families stage 0's. pp = 1 with micro-batches accumulates them on one stage the same
 //              way; pp = 1 with one micro-batch is the plain single-model step.
+//   tensor     --tp N (Megatron: --tensor-model-parallel-size): groups of N consecutive ranks
+//              (parallel::ProcessGrid, tensor axis fastest) split each block's heads and MLP
+//              (models/cuda/gpt.hpp) and see the same tokens; ranks = N × dp. tokens/s counts each
+//              token once (dp · B · T per step), MFU is per GPU. Not with --pp, --micro-batch or
+//              --use-distributed-optimizer (refused).
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -74,6 +79,7 @@ struct Options {
   std::string grad_reduce = "bf16";  // data parallel: the type the gradients are averaged in
   bool distributed_optimizer = false; // ZeRO-1: optimizer state sharded over the ranks
   int pp = 1;                        // pipeline stages
+  int tp = 1;                        // tensor-parallel degree
   std::int64_t micro_batch = 0;      // sequences per micro-batch (0: --batch, one micro-batch)
   std::string schedule = "1f1b";     // pipeline schedule
   int micro_batches() const { return static_cast<int>(batch / micro_batch); }
@@ -85,6 +91,8 @@ void usage(const char* argv0) {
       "  --batch B        sequences per step and data-parallel replica (16)\n"
       "  --micro-batch B  sequences per micro-batch; --batch / B micro-batches per step (--batch)\n"
       "  --pp P           pipeline stages, one per rank (1); also --pipeline-model-parallel-size\n"
+      "  --tp N           tensor-parallel degree: groups of N consecutive ranks split each block's heads and MLP (1);\n"
+      "                   also --tensor-model-parallel-size\n"
       "  --pipeline-schedule gpipe|1f1b|zb-h1   the micro-batches' order on the stages (1f1b)\n"
       "  --seq T          tokens per sequence (1024)\n"
       "  --layers L --heads H --dim C --vocab V   model (GPT-2 124M: 12 12 768 50257; V padded to 128)\n"
@@ -98,7 +106,7 @@ void usage(const char* argv0) {
       "  --grad-reduce bf16|fp32  data parallel: average the gradients in their own 16-bit type or in fp32 (bf16)\n"
       "  --use-distributed-optimizer  ZeRO-1: shard the fp32 master weights and AdamW moments over the ranks\n"
       "Data parallel: scripts/launch.sh -n K %s ... (one GPU per rank, each on its own batch of B);\n"
-      "with --pp P, K = P × dp ranks.\n"
+      "with --pp P, K = P × dp ranks; with --tp N, K = N × dp (a tensor group shares its batch).\n"
       "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
       argv0, argv0);
 }
@@ -132,6 +140,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--bucket-mb") o.bucket_mb = std::atof(v);
     else if (a == "--grad-reduce") o.grad_reduce = v;
     else if (a == "--pp" || a == "--pipeline-model-parallel-size") o.pp = std::atoi(v);
+    else if (a == "--tp" || a == "--tensor-model-parallel-size") o.tp = std::atoi(v);
     else if (a == "--micro-batch") o.micro_batch = std::atoll(v);
     else if (a == "--pipeline-schedule") o.schedule = v;
 
@@ -146,7 +155,11 @@ Options parse(int argc, char** argv) {
                               << o.grad_reduce << " is not supported with it");
   DPML_REQUIRE_EVERYWHERE(o.bucket_mb > 0, "gpt_train: --bucket-mb " << o.bucket_mb << " must be positive");
   DPML_REQUIRE_EVERYWHERE(o.pp >= 1, "gpt_train: --pp " << o.pp << " must be positive");
+  DPML_REQUIRE_EVERYWHERE(o.tp >= 1, "gpt_train: --tp " << o.tp << " must be positive");
   if (o.micro_batch == 0) o.micro_batch = o.batch;
+  DPML_REQUIRE_EVERYWHERE(o.tp == 1 || (o.pp == 1 && o.micro_batch == o.batch && !o.distributed_optimizer),
+                          "gpt_train: --tp " << o.tp << " with --pp, --micro-batch or --use-distributed-optimizer is "
+                                                "not supported yet");
   DPML_REQUIRE_EVERYWHERE(!o.distributed_optimizer || (o.pp == 1 && o.micro_batch == o.batch),
                           "gpt_train: --use-distributed-optimizer with --pp or --micro-batch is not supported yet");
   DPML_REQUIRE_EVERYWHERE(o.micro_batch > 0 && o.batch % o.micro_batch == 0,
@@ -250,8 +263,8 @@ class StageTrainer {
   using Model = models::cuda::Gpt<Precision>;
   StageTrainer(const Options& o, const parallel::ProcessGrid& grid) {
     const int m = o.micro_batches();
-    if (o.pp == 1 && m == 1) {
-      whole_ = std::make_unique<Model>(o.model, o.batch, o.seq);
+    if (o.pp == 1 && m == 1) {  // tensor parallel over the grid's tensor axis (a group of one: tp = 1)
+      whole_ = std::make_unique<Model>(o.model, o.batch, o.seq, models::cuda::GptStagePlan{}, &grid.comm(Axis::tensor));
     } else {
       const auto schedule = parallel::with_strategy(o.schedule, false, [&]<class Strategy>() {
         return parallel::pipeline::make_schedule(typename Strategy::schedule{}, o.pp, m);
@@ -285,7 +298,7 @@ class StageTrainer {
 template <class Precision>
 int run(const Options& o, const comm::Mpi& world) {
   using Act = typename Precision::type;
-  const auto grid = parallel::ProcessGrid::create(world, {.tp = 1, .pp = o.pp});
+  const auto grid = parallel::ProcessGrid::create(world, {.tp = o.tp, .pp = o.pp});
   const int ranks = world.size(), dp = grid.dp();
   cudaDeviceProp prop{};
   int device = 0;
@@ -297,7 +310,7 @@ int run(const Options& o, const comm::Mpi& world) {
   DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
   StageTrainer<Precision> trainer(o, grid);
   auto& model = trainer.model();
-  Batches batches(o, grid.coord(Axis::data), dp);  // the stages of a pipeline read the same batch
+  Batches batches(o, grid.coord(Axis::data), dp);  // a pipeline's stages, a tensor group read the same batch
   // Data parallel: the gradients averaged in their own type or widened to fp32; or ZeRO-1, attached
   // before the weights are initialised (the model never allocates the full optimizer state).
   std::unique_ptr<parallel::cuda::GradientListener> sync;
@@ -374,7 +387,8 @@ int run(const Options& o, const comm::Mpi& world) {
 
   const int m = o.micro_batches();
   const std::string name = std::string("dpml") + (o.model.recompute_gelu ? "" : "-saved-gelu") +
-                           (Precision::loss_scaling ? "-fp16" : "") + (dp > 1 ? "-dp" + std::to_string(dp) : "") +
+                           (Precision::loss_scaling ? "-fp16" : "") + (o.tp > 1 ? "-tp" + std::to_string(o.tp) : "") +
+                           (dp > 1 ? "-dp" + std::to_string(dp) : "") +
                            (dp > 1 && o.grad_reduce == "fp32" ? "-fp32-reduce" : "") +
                            (o.distributed_optimizer ? "-zero1" : "") +
                            (o.pp > 1 ? "-pp" + std::to_string(o.pp) + "-" + o.schedule : "") +
@@ -384,23 +398,23 @@ int run(const Options& o, const comm::Mpi& world) {
               "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
               "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
               "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld,"
-              "\"ranks\":%d,\"dp\":%d,\"pp\":%d,\"schedule\":\"%s\",\"micro_batch\":%lld,\"micro_batches\":%d,"
+              "\"ranks\":%d,\"tp\":%d,\"dp\":%d,\"pp\":%d,\"schedule\":\"%s\",\"micro_batch\":%lld,\"micro_batches\":%d,"
               "\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"distributed_optimizer\":%s,\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
               o.model.recompute_gelu ? "true" : "false", n_params, o.steps, o.warmup,
               ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib, buffers_gib, losses.front(), losses.back(),
-              finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped), ranks, dp, o.pp,
+              finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped), ranks, o.tp, dp, o.pp,
               o.pp > 1 || m > 1 ? o.schedule.c_str() : "none", static_cast<long long>(o.micro_batch), m, o.bucket_mb,
               o.grad_reduce.c_str(), o.distributed_optimizer ? "true" : "false", exposed, ms_min, ms_median, launch_median);
   dpml::bench::print_families("gpt_train_family", impl, family_ms, models::cuda::kFamilyNames);
 
-  std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld (%d × %lld) T=%lld on %d × %s (dp %d × pp %d), %s + fp32 master, AdamW, clip 1.0\n",
+  std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld (%d × %lld) T=%lld on %d × %s (tp %d × dp %d × pp %d), %s + fp32 master, AdamW, clip 1.0\n",
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
               static_cast<long long>(o.batch), m, static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq), ranks,
-              prop.name, dp, o.pp, Precision::name.data());
+              prop.name, o.tp, dp, o.pp, Precision::name.data());
   std::printf("| tokens/s | ms/step | MFU (vs %.0f TFLOP/s measured) | memory GiB | loss first → last |\n|---|---|---|---|---|\n",
               peak);
   std::printf("| %.0f | %.2f | %.1f%% | %.2f | %.3f → %.3f |\n\n", tok_s, ms_step, 100 * model_tflops / peak, mem_gib,

@@ -333,3 +333,33 @@ TEMPLATE_TEST_CASE("grad norm: CUB squared sum and the clipping coefficient", "[
     CHECK(std::abs(coef.download()[0] - want) <= 1e-6 * want);
   }
 }
+
+// Ranges of a flat buffer (a tensor-parallel rank's shards): single elements, a range at the
+// buffer's start and one at its end, a long one; the elements outside hold 1e6 so that counting
+// any of them shows.
+TEMPLATE_TEST_CASE("grad norm: squared sum over ranges of a buffer", "[grad_norm][gpu]", float, bf16) {
+  using G = TestType;
+  const std::int64_t n = (1 << 20) + 77;
+  const std::vector<std::int64_t> begin{0, 5, 6, 1000, n - 3}, length{3, 1, 1, 1 << 19, 3};
+  auto gen = test::rng(21);
+  std::vector<G> hg(static_cast<std::size_t>(n), G(1e6f));
+  std::vector<std::int64_t> before{0};
+  double want = 0;
+  for (std::size_t r = 0; r < begin.size(); ++r) {
+    const auto part = test::random_vec<G>(static_cast<std::size_t>(length[r]), gen);
+    std::copy(part.begin(), part.end(), hg.begin() + begin[r]);
+    for (auto x : part) want += test::as_double(x) * test::as_double(x);
+    before.push_back(before.back() + length[r]);
+  }
+  test::DeviceVec<G> g(hg);
+  test::DeviceVec<std::int64_t> d_begin(begin), d_before(before);
+  test::DeviceVec<double> sq(1);
+  const std::size_t bytes = kc::grad_norm_ranges_workspace<G>(before.back());
+  test::DeviceVec<unsigned char> ws(bytes);
+  sq.poison();
+  kc::grad_norm_squared_ranges(g.ptr, d_begin.ptr, d_before.ptr, static_cast<int>(begin.size()), before.back(), sq.ptr,
+                               ws.ptr, bytes, nullptr);
+  const double got = sq.download()[0];
+  CAPTURE(type_name<G>(), got, want);
+  CHECK(std::abs(got - want) <= 1e-12 * want);
+}

@@ -1,8 +1,10 @@
 #pragma once
-// What the multi-GPU GPT tests share (test_gpt_dp, test_gpt_zero): a tiny configuration (L=2,
-// C=64, H=2, V=67, T=32, per-rank batch 4), batches of random tokens, a data-parallel model
-// (GradientSync in 8 KiB buckets, so the small model is cut into many of them), a training step,
-// the master weights per tensor, and the batch-slices comparison with a lone model.
+// What the multi-GPU GPT tests share (test_gpt_dp, test_gpt_zero, test_gpt_tp): a tiny
+// configuration (L=2, C=64, H=2, V=67, T=32, per-rank batch 4), batches of random tokens, a
+// data-parallel model (GradientSync in 8 KiB buckets, so the small model is cut into many of them),
+// a training step, the master weights per tensor (full tensors: collective for a tensor-parallel
+// model), their hash and its agreement over the ranks, and the batch-slices comparison with a lone
+// model.
 #include "../cuda/device.hpp"
 #include "nccl_fixture.hpp"
 
@@ -98,22 +100,40 @@ inline double l2(const std::vector<float>& a, const std::vector<float>& b) {
 }
 inline double l2(const std::vector<float>& a) { return l2(a, std::vector<float>(a.size(), 0.f)); }
 
-// `distributed` (built with `cfg`, init_random(11), a gradient listener over the world) on rows
-// [r·B, (r+1)·B) of a batch of K·B, a lone model on all of it: after 10 steps every mean loss
-// within 2e-2 relative and every weight tensor's distance to the lone model's within a tenth of the
-// distance that tensor travelled from its initial value; with `gradients`, the first step's
-// gradients per tensor within relative L2 2e-2 (bf16: three roundings instead of one).
-inline void check_batch_slices(Gpt& distributed, const models::cuda::GptCudaConfig& cfg, bool gradients) {
-  const auto w = world();
-  const std::int64_t K = w.size();
+// A 64-bit FNV-1a hash of every weight's bytes: equal on two ranks ⇔ (all but surely) equal weights.
+inline std::uint64_t fingerprint(const std::map<std::string, std::vector<float>>& w) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const auto& [name, v] : w) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+    for (std::size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+// v is the same on every rank of `group`.
+inline bool same_on_every_rank(std::uint64_t v, const comm::Mpi& group = world()) {
+  return group.allreduce(v, comm::ReduceOp::max) == group.allreduce(v, comm::ReduceOp::min);
+}
+
+// `distributed` (built with `cfg`, init_random(11), a gradient listener over `data`, the data axis)
+// on rows [r·B, (r+1)·B) of a batch of K·B, r its coordinate on `data` and K that axis' size (the
+// ranks of a tensor-parallel group share their rows), a lone model on all of it: after 10 steps
+// every mean loss within 2e-2 relative and every weight tensor's distance to the lone model's
+// within a tenth of the distance that tensor travelled from its initial value; with `gradients`,
+// the first step's gradients per tensor within relative L2 2e-2 (bf16: three roundings instead of
+// one). Model: any models::cuda::Gpt<Bf16, Comm>.
+template <class Model>
+void check_batch_slices(Model& distributed, const models::cuda::GptCudaConfig& cfg, bool gradients,
+                        const comm::Mpi& data = world()) {
+  const std::int64_t K = data.size();
   Gpt lone(cfg, K * kBatch, kSeq);
   lone.init_random(11);
   const auto initial = weights(lone);
   const Batch whole(K * kBatch, 42);
-  const Batch mine(whole, w.rank() * kBatch, kBatch);
+  const Batch mine(whole, data.rank() * kBatch, kBatch);
 
   for (std::int64_t s = 1; s <= 10; ++s) {
-    const double mean_loss = w.allreduce(train_step(distributed, mine, s), comm::ReduceOp::sum) / static_cast<double>(K);
+    const double mean_loss = data.allreduce(train_step(distributed, mine, s), comm::ReduceOp::sum) / static_cast<double>(K);
     const double lone_loss = train_step(lone, whole, s);
     CAPTURE(s, mean_loss, lone_loss);
     CHECK(std::abs(mean_loss - lone_loss) <= 2e-2 * std::abs(lone_loss));

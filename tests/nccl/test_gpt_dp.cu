@@ -30,25 +30,6 @@
 using namespace dpml;
 using namespace dpml::test::gpt;
 
-namespace {
-
-// A 64-bit FNV-1a hash of every weight's bytes: equal on two ranks ⇔ (all but surely) equal weights.
-std::uint64_t fingerprint(const std::map<std::string, std::vector<float>>& w) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (const auto& [name, v] : w) {
-    const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
-    for (std::size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
-  }
-  return h;
-}
-
-bool same_on_every_rank(std::uint64_t v) {
-  const auto w = test::world();
-  return w.allreduce(v, comm::ReduceOp::max) == w.allreduce(v, comm::ReduceOp::min);
-}
-
-}  // namespace
-
 TEMPLATE_TEST_CASE("GPU data parallel GPT: equal batches on every rank give the lone model's weights bit for bit",
                    "[nccl][gpt]", bf16, float) {
   test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {

@@ -9,12 +9,18 @@
 // NaN coefficient makes the fused AdamW skip the step. Under tensor or pipeline parallelism the
 // caller all-reduces the squared sum (a device double) between the two calls.
 //
+// grad_norm_squared_ranges sums over some ranges of a flat buffer only (a tensor-parallel rank
+// counting its shards but not the tensors that other ranks hold too): the ranges are seen as one
+// concatenation, index j of which a thread maps back to the buffer by a binary search of the
+// ranges' running lengths (a few dozen ranges: the table stays in L1).
+//
 // Bytes: one read of the gradients (4 or 2 bytes each); the floor is that read.
 
 #include "dpml/kernels/cuda/common.hpp"
 
 #include <cub/device/device_reduce.cuh>
 #include <cuda_runtime.h>
+#include <thrust/iterator/counting_iterator.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +38,24 @@ struct Square {
 };
 struct Plus {
   __device__ double operator()(double a, double b) const { return a + b; }
+};
+// grad[i]² for index j of the concatenated ranges: range r holds j ∈ [before[r], before[r + 1])
+// and starts at begin[r] in the buffer.
+template <class G>
+struct RangeSquare {
+  const G* grad;
+  const std::int64_t* begin;   // (count)
+  const std::int64_t* before;  // (count + 1) running lengths, before[0] = 0
+  int count;
+  __device__ double operator()(std::int64_t j) const {
+    int lo = 0, hi = count - 1;  // the last range with before[r] ≤ j
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (before[mid] <= j) lo = mid;
+      else hi = mid - 1;
+    }
+    return Square{}(grad[begin[lo] + (j - before[lo])]);
+  }
 };
 
 __global__ void clip_kernel(const double* __restrict__ squared_sum, float* __restrict__ coef, double max_norm,
@@ -60,6 +84,34 @@ void grad_norm_squared(const G* grad, std::int64_t n, double* squared_sum, void*
                "grad_norm_squared: workspace of " << workspace_bytes << " bytes, needs " << grad_norm_workspace<G>(n));
   DPML_CHECK_CUDA(cub::DeviceReduce::TransformReduce(workspace, workspace_bytes, grad, squared_sum, n,
                                                      detail::gnorm::Plus{}, detail::gnorm::Square{}, 0.0, stream));
+}
+
+// Bytes of workspace grad_norm_squared_ranges needs for ranges of `total` elements in all.
+template <class G>
+std::size_t grad_norm_ranges_workspace(std::int64_t total) {
+  std::size_t bytes = 0;
+  DPML_CHECK_CUDA(cub::DeviceReduce::TransformReduce(nullptr, bytes, thrust::counting_iterator<std::int64_t>(0),
+                                                     static_cast<double*>(nullptr), total, detail::gnorm::Plus{},
+                                                     detail::gnorm::RangeSquare<G>{}, 0.0));
+  return bytes;
+}
+
+// *squared_sum (device double) = Σ grad[i]² over the `count` ranges [begin[r], begin[r] + length r)
+// of a flat buffer; begin (count) and before (count + 1: before[r] = the lengths of ranges 0..r−1,
+// before[count] = total) are device arrays.
+template <class G>
+void grad_norm_squared_ranges(const G* grad, const std::int64_t* begin, const std::int64_t* before, int count,
+                              std::int64_t total, double* squared_sum, void* workspace, std::size_t workspace_bytes,
+                              cudaStream_t stream) {
+  static_assert(detail::is_storage_v<G>);
+  DPML_REQUIRE(count >= 1 && total >= 1, "grad_norm_squared_ranges: " << count << " ranges of " << total << " elements");
+  DPML_REQUIRE(workspace_bytes >= grad_norm_ranges_workspace<G>(total),
+               "grad_norm_squared_ranges: workspace of " << workspace_bytes << " bytes, needs "
+                                                         << grad_norm_ranges_workspace<G>(total));
+  DPML_CHECK_CUDA(cub::DeviceReduce::TransformReduce(workspace, workspace_bytes, thrust::counting_iterator<std::int64_t>(0),
+                                                     squared_sum, total, detail::gnorm::Plus{},
+                                                     detail::gnorm::RangeSquare<G>{grad, begin, before, count}, 0.0,
+                                                     stream));
 }
 
 // *coef (device float) = the clipping coefficient for max_norm > 0, NaN for a non-finite norm.

@@ -66,6 +66,39 @@
 // collective over the data axis, every rank must call it; write_state, copy_from and init_random
 // hand every rank the whole tensor and it keeps its shards.
 //
+// Tensor parallelism (Megatron-LM, Shoeybi et al. 2019), degree tp = the size of the tensor group
+// given at construction (none, or a group of one: exactly the single-GPU code path and memory):
+//   attention   c_attn column-parallel: tensor rank k holds heads [k·H/tp, (k+1)·H/tp), a contiguous
+//               block of c_attn's (head, {q, k, v}, head_dim) rows and of its bias; attention runs
+//               on those heads; attn.c_proj row-parallel: the input columns of those heads
+//   MLP         c_fc column-parallel (4C/tp rows and bias), GELU local, mlp.c_proj row-parallel
+//   forward     each row-parallel product is all-reduced (sum) over the tensor axis on the model's
+//               stream; tensor rank 0 alone adds the residual and the (replicated) bias into its
+//               partial product, so both count once and cost no extra pass
+//   backward    the input gradients of c_attn and c_fc (partial sums over this rank's heads or
+//               hidden units) are all-reduced in the input-gradient pass (B), before the LayerNorm
+//               backward reads them; the row-parallel layers need none (their output gradient is
+//               whole on every rank). A delayed W reads the reduced ones.
+//   replicated  LayerNorms, wte (and the tied LM head), wpe, ln_f and the c_proj biases: every
+//               tensor rank computes them from the same whole activations and output gradients
+//               (an all-reduce leaves the same bits on every rank), so their gradients and updates
+//               agree on all tensor ranks without communication. Not done yet: a vocab-parallel
+//               embedding + cross-entropy, which would divide by tp the LM head's GEMMs, the
+//               (B, T, Vp) logits and wte's gradient and optimizer state (now on every tensor rank)
+//   grad norm   over the full model, each element once: tensor rank 0 sums its whole buffer, the
+//               others their shards only (kernels/cuda/grad_norm.hpp: grad_norm_squared_ranges),
+//               then one all-reduce (sum) of the device double
+//   host I/O    copy_from / write_state / init_random take FULL host tensors and keep this rank's
+//               part; copy_to / read_state / gradient return full tensors, gathered over the tensor
+//               axis — collectives: every tensor rank calls them for the same tensors in the same
+//               order. init_random draws the full model, so every tp starts from the same weights.
+//   data axis   a GradientSync over the data axis (ranks of equal tensor coordinate: the same
+//               layout) averages each rank's flat buffer as at tp = 1: tp × dp works unchanged.
+//   refused     tp > 1 with pipeline stages (--pp) or with ZeRO-1 (--use-distributed-optimizer):
+//               the stage's tied-copy norm and the sharded optimizer's norm would need the tensor
+//               axis too; the constructor and set_distributed_optimizer say so.
+// Comm is comm::Nccl (one GPU per rank) or a communicator with its interface (comm::Staged).
+//
 // Per-family timing: with a Profiler attached, each kernel family is bracketed by CUDA events;
 // Profiler::collect() synchronises and sums the milliseconds per family.
 //
@@ -78,6 +111,8 @@
 // the update (clip_coefficient's inv_scale), and finish_step() halves S after an overflow (the
 // device AdamW has already skipped that step) or doubles it after a clean window.
 
+#include "dpml/comm/mpi.hpp"
+#include "dpml/comm/nccl.hpp"
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/cuda_error.hpp"
 #include "dpml/kernels/cuda/adamw.hpp"
@@ -103,7 +138,9 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -140,29 +177,61 @@ struct GptStagePlan {
 };
 
 // Kernel families of the per-family time breakdown.
-enum class Family { gemm, attention, layer_norm, elementwise, embedding, cross_entropy, optimizer, count };
+// tp_allreduce: the tensor-parallel all-reduces of the forward and backward (none at tp = 1).
+enum class Family { gemm, attention, layer_norm, elementwise, embedding, cross_entropy, optimizer, tp_allreduce, count };
 inline constexpr std::array<std::string_view, static_cast<int>(Family::count)> kFamilyNames{
-    "gemm", "attention", "layer_norm", "elementwise", "embedding", "cross_entropy", "optimizer"};
+    "gemm", "attention", "layer_norm", "elementwise", "embedding", "cross_entropy", "optimizer", "tp_allreduce"};
 
 using Profiler = KernelProfiler<Family>;
 
 namespace detail {
 namespace kc = dpml::kernels::cuda;
 
-// One tensor of the flat buffers: name, host shape (rows, cols; cols = 1 for vectors), offset.
+// How a tensor is cut over the tensor axis: whole on every rank, or rank k holding the k-th block
+// of its rows (column-parallel layers) or of every row's columns (row-parallel layers).
+enum class Split { none, rows, cols };
+
+// One tensor of the flat buffers: name, this rank's part (rows, cols; cols = 1 for vectors) at
+// offset, and how the full host tensor is made of the parts.
 struct Slot {
   std::string name;
   std::int64_t rows = 0, cols = 1, offset = 0;
-  std::int64_t host_rows = 0;  // rows the host tensor has (wte: V, the device pads to Vp)
+  std::int64_t host_rows = 0;  // rows of the part the host sees (wte: V, the device pads to Vp)
+  Split split = Split::none;
+  int parts = 1;               // tensor ranks sharing the tensor out (tp when split, else 1)
   std::int64_t numel() const { return rows * cols; }
+  std::int64_t part_numel() const { return host_rows * cols; }      // host elements of this rank's part
+  std::int64_t host_numel() const { return part_numel() * parts; }  // of the full host tensor
+  // full host tensor (host_numel) → this rank's part (part_numel), `rank` of `parts`
+  void keep_part(const float* full, float* part, int rank) const {
+    if (split == Split::cols) {
+      const std::int64_t full_cols = cols * parts;
+      for (std::int64_t r = 0; r < host_rows; ++r) std::copy_n(full + r * full_cols + rank * cols, cols, part + r * cols);
+    } else {
+      std::copy_n(full + (split == Split::rows ? rank * part_numel() : 0), part_numel(), part);
+    }
+  }
+  // every rank's part, in tensor-rank order (parts × part_numel) → the full host tensor
+  template <class T>
+  void assemble(const T* all_parts, T* full) const {
+    if (split != Split::cols) {
+      std::copy_n(all_parts, host_numel(), full);
+      return;
+    }
+    const std::int64_t full_cols = cols * parts;
+    for (int k = 0; k < parts; ++k)
+      for (std::int64_t r = 0; r < host_rows; ++r)
+        std::copy_n(all_parts + k * part_numel() + r * cols, cols, full + r * full_cols + k * cols);
+  }
 };
 
 }  // namespace detail
 
-template <class Precision = Bf16>
+template <class Precision = Bf16, class Comm = comm::Nccl>
 class Gpt {
  public:
   using Act = typename Precision::type;  // weights, activations and gradients on the device
+  using Split = detail::Split;
 
   // Offsets (elements into the flat buffers) of one block's tensors.
   struct BlockParams {
@@ -175,33 +244,44 @@ class Gpt {
     int set = 0, input = 0, weight_grads = -1;
   };
 
-  Gpt(const GptCudaConfig& cfg, std::int64_t batch, std::int64_t seq, const GptStagePlan& plan = {})
+  // Tensor parallel over `tensor_group` (tp = its size; read during construction only) when given:
+  // collective over the group (its communicator is made on the model's stream), every rank passing
+  // the same config. nullptr or a group of one: no tensor parallelism.
+  Gpt(const GptCudaConfig& cfg, std::int64_t batch, std::int64_t seq, const GptStagePlan& plan = {},
+      const comm::Mpi* tensor_group = nullptr)
       : cfg_(cfg), B_(batch), T_(seq), plan_(checked(plan, cfg)), first_(plan.stage == 0),
-        last_(plan.stage == plan.stages - 1), range_(parallel::pipeline::StageBlocks::of(cfg.layers, plan.stages, plan.stage)) {
+        last_(plan.stage == plan.stages - 1), range_(parallel::pipeline::StageBlocks::of(cfg.layers, plan.stages, plan.stage)),
+        tp_(tensor_group ? tensor_group->size() : 1), tp_rank_(tensor_group ? tensor_group->rank() : 0) {
     const std::int64_t C = cfg.dim;
     DPML_REQUIRE(C % cfg.heads == 0, "GPT (cuda): dim " << C << " is not divisible by heads " << cfg.heads);
     const std::int64_t D = C / cfg.heads;
     DPML_REQUIRE(D == 32 || D == 64 || D == 128, "GPT (cuda): head dim " << D << " must be 32, 64 or 128 (attention kernels)");
     DPML_REQUIRE(seq >= 1 && seq <= cfg.max_seq, "GPT (cuda): sequence length " << seq << " outside [1, max_seq " << cfg.max_seq << "]");
     DPML_REQUIRE(batch >= 1, "GPT (cuda): batch " << batch << " must be positive");
+    // Whole heads per tensor rank; then C = H·D and the MLP's 4C split into equal parts as well.
+    DPML_REQUIRE_EVERYWHERE(cfg.heads % tp_ == 0, "GPT (cuda): heads " << cfg.heads << " are not divisible by the "
+                                                  << "tensor-parallel degree --tp " << tp_ << " (each tensor rank "
+                                                  << "takes whole attention heads)");
+    DPML_REQUIRE_EVERYWHERE(tp_ == 1 || plan.stages == 1, "GPT (cuda): tensor parallelism (--tp " << tp_ << ") with "
+                                                              << plan.stages << " pipeline stages (--pp) is not supported");
     Vp_ = cfg.padded_vocab();
     // Parameter layout, in the host model's order: this stage's tensors.
-    if (first_ || last_) wte_ = add("wte.weight", Vp_, C, cfg.vocab);
+    if (first_ || last_) wte_ = add("wte.weight", Vp_, C, Split::none, cfg.vocab);
     if (first_) wpe_ = add("wpe.weight", cfg.max_seq, C);
     for (std::int64_t l = range_.first; l < range_.first + range_.count; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
       BlockParams b{};
       b.ln1_w = add(p + "ln_1.weight", C, 1);
       b.ln1_b = add(p + "ln_1.bias", C, 1);
-      b.attn_w = add(p + "attn.c_attn.weight", 3 * C, C);
-      b.attn_b = add(p + "attn.c_attn.bias", 3 * C, 1);
-      b.proj_w = add(p + "attn.c_proj.weight", C, C);
+      b.attn_w = add(p + "attn.c_attn.weight", 3 * C, C, Split::rows);
+      b.attn_b = add(p + "attn.c_attn.bias", 3 * C, 1, Split::rows);
+      b.proj_w = add(p + "attn.c_proj.weight", C, C, Split::cols);
       b.proj_b = add(p + "attn.c_proj.bias", C, 1);
       b.ln2_w = add(p + "ln_2.weight", C, 1);
       b.ln2_b = add(p + "ln_2.bias", C, 1);
-      b.fc_w = add(p + "mlp.c_fc.weight", 4 * C, C);
-      b.fc_b = add(p + "mlp.c_fc.bias", 4 * C, 1);
-      b.fcproj_w = add(p + "mlp.c_proj.weight", C, 4 * C);
+      b.fc_w = add(p + "mlp.c_fc.weight", 4 * C, C, Split::rows);
+      b.fc_b = add(p + "mlp.c_fc.bias", 4 * C, 1, Split::rows);
+      b.fcproj_w = add(p + "mlp.c_proj.weight", C, 4 * C, Split::cols);
       b.fcproj_b = add(p + "mlp.c_proj.bias", C, 1);
       blocks_.push_back(b);
     }
@@ -211,6 +291,7 @@ class Gpt {
     }
     n_params_ = total_;
     norm_begin_ = last_ && !first_ ? detail::align_up(Vp_ * C) : 0;  // the tied copy: stage 0 counts wte
+    if (tp_ > 1) norm_ranges_ = counted_ranges();
 
     DPML_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     carve(nullptr);  // sizes only
@@ -218,10 +299,19 @@ class Gpt {
     DPML_CHECK_CUDA(cudaMemsetAsync(memory_, 0, carver_.bytes(), stream_));
     carve(memory_);
     DPML_CHECK_CUDA(cudaMallocHost(&host_losses_, static_cast<std::size_t>(N()) * sizeof(float)));
+    if (tp_ > 1) {
+      DPML_CHECK_CUDA(cudaMemcpyAsync(norm_range_begin_, norm_ranges_.begin.data(),
+                                      norm_ranges_.begin.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream_));
+      DPML_CHECK_CUDA(cudaMemcpyAsync(norm_range_before_, norm_ranges_.before.data(),
+                                      norm_ranges_.before.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream_));
+      DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
+      tensor_.emplace(Comm::from(*tensor_group, stream_));
+    }
   }
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
   ~Gpt() {
+    tensor_.reset();  // before the stream it enqueues on
     cudaFreeHost(host_losses_);
     cudaFree(state_memory_);
     cudaFree(memory_);
@@ -230,13 +320,16 @@ class Gpt {
 
   const GptCudaConfig& config() const noexcept { return cfg_; }
   cudaStream_t stream() const noexcept { return stream_; }
-  std::int64_t parameter_count() const noexcept { return n_params_; }  // flat elements incl. padding
-  // Parameters of the unpadded model (what FLOP counts use).
+  // Elements of this rank's flat buffers, padding included (under tp: its parts of the model).
+  std::int64_t parameter_count() const noexcept { return n_params_; }
+  // Parameters of the full unpadded tensors this model holds (whatever tp; what FLOP counts use).
   std::int64_t real_parameter_count() const {
     std::int64_t n = 0;
-    for (const auto& s : slots_) n += s.host_rows * s.cols;
+    for (const auto& s : slots_) n += s.host_numel();
     return n;
   }
+  int tensor_parallel() const noexcept { return tp_; }   // tp
+  int tensor_rank() const noexcept { return tp_rank_; }  // this rank's coordinate on the tensor axis
   // Device bytes of the buffers and the optimizer state this rank holds (its shard under ZeRO-1).
   std::size_t device_bytes() const noexcept { return carver_.bytes() + optimizer_state_bytes(); }
   std::size_t optimizer_state_bytes() const noexcept {
@@ -254,6 +347,8 @@ class Gpt {
   void set_distributed_optimizer(parallel::cuda::ShardedOptimizer* zero) {
     DPML_REQUIRE(zero && !zero_ && !sync_, "GPT (cuda): set_distributed_optimizer needs an optimizer, once, and no "
                                            "gradient sync attached before it");
+    DPML_REQUIRE(tp_ == 1, "GPT (cuda): the distributed optimizer (--use-distributed-optimizer) with tensor "
+                           "parallelism (--tp " << tp_ << ") is not supported");
     DPML_REQUIRE(zero->size() == static_cast<std::size_t>(n_params_),
                  "GPT (cuda): the distributed optimizer serves " << zero->size() << " elements, the model has " << n_params_);
     if (state_memory_)
@@ -281,8 +376,9 @@ class Gpt {
   // as the host optimizer's state slots, optim::AdamW::state_names).
   using State = parallel::cuda::OptimizerState;
 
-  // Host copies of one tensor's state (its host rows: wte without the padding rows); zeros before
-  // any was written. Synchronous; under ZeRO-1 collective over the data axis (every rank calls it).
+  // Host copies of one full tensor's state (its host rows: wte without the padding rows); zeros
+  // before any was written. Synchronous; under ZeRO-1 collective over the data axis, under tp over
+  // the tensor axis for a split tensor (gathered): every rank calls it.
   void read_state(State which, const std::string& name, std::span<float> dst) const {
     const auto& s = slot(name);
     check_span(s, dst.size());
@@ -292,38 +388,37 @@ class Gpt {
     else if (!state_memory_)
       std::fill(dst.begin(), dst.end(), 0.f);
     else
-      DPML_CHECK_CUDA(cudaMemcpy(dst.data(), state_(which) + s.offset, dst.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      download_full(state_(which), s, dst.data());
   }
-  // Writing the master weights also rounds them into the 16-bit working copy the forward pass reads.
+  // From the full tensor, this rank keeps its part. Writing the master weights also rounds them
+  // into the 16-bit working copy the forward pass reads.
   void write_state(State which, const std::string& name, std::span<const float> src) {
     const auto& s = slot(name);
     check_span(s, src.size());
+    std::vector<float> part(static_cast<std::size_t>(s.part_numel()));
+    s.keep_part(src.data(), part.data(), tp_rank_);
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
     if (zero_) {
-      zero_->write(which, static_cast<std::size_t>(s.offset), src);
+      zero_->write(which, static_cast<std::size_t>(s.offset), part);
     } else {
       allocate_state();
-      DPML_CHECK_CUDA(cudaMemcpy(state_(which) + s.offset, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice));
+      DPML_CHECK_CUDA(cudaMemcpy(state_(which) + s.offset, part.data(), part.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     if (which == State::master) {
-      std::vector<Act> rounded(src.begin(), src.end());
+      std::vector<Act> rounded(part.begin(), part.end());
       DPML_CHECK_CUDA(cudaMemcpy(params_ + s.offset, rounded.data(), rounded.size() * sizeof(Act), cudaMemcpyHostToDevice));
     }
   }
 
-  // Fill params and master from host float tensors of the same names (host models::Gpt<float>'s
-  // parameters()); zero the optimizer state. Every device tensor must be found.
+  // Fill params and master from full host float tensors of the same names (host
+  // models::Gpt<float>'s parameters()), this rank's parts of them; zero the optimizer state. Every
+  // device tensor must be found.
   template <class ParamPtr>
   void copy_from(const std::vector<ParamPtr>& host) {
     const auto by_name = index(host);
-    std::vector<float> master(static_cast<std::size_t>(n_params_), 0.f);
-    for (const auto& s : slots_) {
-      const auto* p = find(by_name, s);
-      std::copy_n(p->value().data(), s.host_rows * s.cols, master.begin() + s.offset);
-    }
-    upload_master(master);
+    upload_parts([&](const detail::Slot& s) -> const float* { return find(by_name, s)->value().data(); });
   }
-  // Master weights (fp32) into the host tensors of the same names.
+  // Master weights (fp32) into the full host tensors of the same names (collective under tp).
   template <class ParamPtr>
   void copy_to(const std::vector<ParamPtr>& host) const {
     const auto by_name = index(host);
@@ -336,8 +431,8 @@ class Gpt {
   // (for the benchmark; tests use copy_from). Each weight element takes two draws of one
   // splitmix64 stream that runs over the whole model's tensors in order; splitmix64 is a counter,
   // so a pipeline stage starts each of its tensors where a whole model would be: the same values.
+  // Every tensor rank draws the full tensors and keeps its parts: the same model whatever tp.
   void init_random(std::uint64_t seed) {
-    std::vector<float> master(static_cast<std::size_t>(n_params_), 0.f);
     std::uint64_t draws = 0;
     auto uniform = [&] {  // splitmix64 → (0, 1)
       std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1 + ++draws * 0x9E3779B97F4A7C15ull;
@@ -347,33 +442,35 @@ class Gpt {
     };
     auto is_ln = [](const detail::Slot& s) { return s.name.find("ln_") != std::string::npos; };
     auto is_bias = [](const detail::Slot& s) { return s.name.ends_with(".bias"); };
-    auto drawn = [&](const detail::Slot& s) { return is_ln(s) || is_bias(s) ? 0 : s.host_rows * s.cols; };
+    auto drawn = [&](const detail::Slot& s) { return is_ln(s) || is_bias(s) ? 0 : s.host_numel(); };
     std::int64_t per_block = 0;  // elements drawn by one block (all blocks are alike)
     for (const auto& s : slots_)
       if (s.name.starts_with("h." + std::to_string(range_.first) + ".")) per_block += drawn(s);
     const std::int64_t embeddings = (cfg_.vocab + cfg_.max_seq) * cfg_.dim;  // wte, wpe: drawn first
-    for (const auto& s : slots_) {
+    std::vector<float> full;
+    upload_parts([&](const detail::Slot& s) -> const float* {  // called for the slots in order
       // Where the whole model's stream is at the first tensor of wte, wpe and each block.
       if (s.name == "wte.weight") draws = 0;
       else if (s.name == "wpe.weight") draws = 2 * static_cast<std::uint64_t>(cfg_.vocab * cfg_.dim);
       else if (s.name.starts_with("h.") && s.name.ends_with(".ln_1.weight"))
         draws = 2 * static_cast<std::uint64_t>(embeddings + block_index(s.name) * per_block);
       const bool ln = is_ln(s), bias = is_bias(s);
-      for (std::int64_t i = 0; i < s.host_rows * s.cols; ++i) {
-        float v = 0.f;
+      full.assign(static_cast<std::size_t>(s.host_numel()), 0.f);
+      for (float& v : full) {
         if (ln && !bias) v = 1.f;
         else if (!bias) v = static_cast<float>(0.02 * std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()));
-        master[static_cast<std::size_t>(s.offset + i)] = v;
       }
-    }
-    upload_master(master);
+      return full.data();
+    });
   }
 
-  // Gradient of the named tensor (host rows only) of the last forward_backward, as float and
-  // without the loss scale; synchronises. Under ZeRO-1 only this rank's shards hold the average.
+  // Gradient of the named full tensor (host rows only) of the last forward_backward, as float and
+  // without the loss scale; synchronises (under tp a split tensor is gathered: collective). Under
+  // ZeRO-1 only this rank's shards hold the average.
   std::vector<float> gradient(const std::string& name) const {
     const auto& s = slot(name);
-    const std::vector<Act> g = download(grads_ + s.offset, s.host_rows * s.cols);
+    std::vector<Act> g(static_cast<std::size_t>(s.host_numel()));
+    download_full(grads_, s, g.data());
     std::vector<float> out(g.size());
     for (std::size_t i = 0; i < g.size(); ++i) out[i] = static_cast<float>(static_cast<double>(static_cast<float>(g[i])) / step_scale_);
     return out;
@@ -465,10 +562,18 @@ class Gpt {
   }
   // update() in two halves, for a pipeline (GptPipeline::update), which sums grad_norm_squared()
   // over its stages in between. First: the squared norm of this stage's gradients — without the
-  // tied copy of wte on a last stage that is not also the first — into grad_norm_squared().
+  // tied copy of wte on a last stage that is not also the first — into grad_norm_squared(). Under
+  // tp: of the full model, each element once (this rank's counted ranges summed over the tensor axis).
   void compute_grad_norm() {
     timed(Family::optimizer, [&] {
-      detail::kc::grad_norm_squared(grads_ + norm_begin_, n_params_ - norm_begin_, norm_sq_, norm_ws_, norm_ws_bytes_, stream_);
+      if (!tensor_) {
+        detail::kc::grad_norm_squared(grads_ + norm_begin_, n_params_ - norm_begin_, norm_sq_, norm_ws_, norm_ws_bytes_, stream_);
+        return;
+      }
+      detail::kc::grad_norm_squared_ranges(grads_, norm_range_begin_, norm_range_before_,
+                                           static_cast<int>(norm_ranges_.begin.size()), norm_ranges_.before.back(), norm_sq_,
+                                           norm_ws_, norm_ws_bytes_, stream_);
+      tensor_->allreduce(norm_sq_, 1, comm::ReduceOp::sum);
     });
   }
   double* grad_norm_squared() noexcept { return norm_sq_; }  // (1) on the device
@@ -526,11 +631,43 @@ class Gpt {
     return std::stoll(name.substr(2, name.find('.', 2) - 2));
   }
 
-  std::int64_t add(const std::string& name, std::int64_t rows, std::int64_t cols, std::int64_t host_rows = -1) {
+  // A tensor of full shape (rows, cols), of which this rank holds its part (`split`); host_rows:
+  // rows the host tensor has where the device pads them (wte).
+  std::int64_t add(const std::string& name, std::int64_t rows, std::int64_t cols, Split split = Split::none,
+                   std::int64_t host_rows = -1) {
+    const int parts = split == Split::none ? 1 : tp_;
+    if (split == Split::rows) rows /= parts;
+    if (split == Split::cols) cols /= parts;
     const std::int64_t off = total_;
-    slots_.push_back({name, rows, cols, off, host_rows < 0 ? rows : host_rows});
+    slots_.push_back({.name = name, .rows = rows, .cols = cols, .offset = off,
+                      .host_rows = host_rows < 0 ? rows : host_rows, .split = split, .parts = parts});
     total_ = detail::align_up(off + rows * cols);
     return off;
+  }
+  // The ranges of the flat buffer whose squared gradients this rank adds to the global norm (tp > 1):
+  // all of it on tensor rank 0; on the others their split tensors only (consecutive ones, with the
+  // zero padding between them, as one range). Replicated tensors are thus counted once.
+  struct NormRanges {
+    std::vector<std::int64_t> begin, before{0};  // (ranges), (ranges + 1): the running lengths
+  };
+  NormRanges counted_ranges() const {
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;  // [first, end)
+    if (tp_rank_ == 0) {
+      ranges.emplace_back(0, n_params_);
+    } else {
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        const detail::Slot& s = slots_[i];
+        if (s.split == Split::none) continue;
+        if (i > 0 && slots_[i - 1].split != Split::none) ranges.back().second = s.offset + s.numel();
+        else ranges.emplace_back(s.offset, s.offset + s.numel());
+      }
+    }
+    NormRanges r;
+    for (const auto& [first, end] : ranges) {
+      r.begin.push_back(first);
+      r.before.push_back(r.before.back() + end - first);
+    }
+    return r;
   }
   const detail::Slot& slot(const std::string& name) const {
     for (const auto& s : slots_)
@@ -549,17 +686,17 @@ class Gpt {
     const auto it = by_name.find(s.name);
     DPML_REQUIRE(it != by_name.end(), "GPT (cuda): the host model has no parameter " << s.name);
     const ParamPtr p = it->second;
-    DPML_REQUIRE(p->numel() == s.host_rows * s.cols, "GPT (cuda): parameter " << s.name << " has " << p->numel()
-                                                                              << " elements on the host, "
-                                                                              << s.host_rows * s.cols << " here");
+    DPML_REQUIRE(p->numel() == s.host_numel(), "GPT (cuda): parameter " << s.name << " has " << p->numel()
+                                                                       << " elements on the host, " << s.host_numel()
+                                                                       << " here");
     return p;
   }
   float* state_(State which) const {
     return which == State::master ? master_ : which == State::exp_avg ? m_ : v_;
   }
   void check_span(const detail::Slot& s, std::size_t n) const {
-    DPML_REQUIRE(static_cast<std::int64_t>(n) == s.host_rows * s.cols,
-                 "GPT (cuda): tensor " << s.name << " has " << s.host_rows * s.cols << " elements, the host buffer " << n);
+    DPML_REQUIRE(static_cast<std::int64_t>(n) == s.host_numel(),
+                 "GPT (cuda): tensor " << s.name << " has " << s.host_numel() << " elements, the host buffer " << n);
   }
   template <class T>
   std::vector<T> download(const T* src, std::int64_t n) const {
@@ -567,6 +704,37 @@ class Gpt {
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
     DPML_CHECK_CUDA(cudaMemcpy(h.data(), src, h.size() * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
+  }
+  // full (host_numel) = slot s of the flat device buffer `flat` (params, grads, master, m or v):
+  // this rank's part, or for a split tensor every rank's part gathered over the tensor axis through
+  // a temporary device buffer (collective). Synchronises.
+  template <class T>
+  void download_full(const T* flat, const detail::Slot& s, T* full) const {
+    const auto part = static_cast<std::size_t>(s.part_numel());
+    if (!tensor_ || s.split == Split::none) {
+      DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
+      DPML_CHECK_CUDA(cudaMemcpy(full, flat + s.offset, part * sizeof(T), cudaMemcpyDeviceToHost));
+      return;
+    }
+    std::vector<T> parts(part * static_cast<std::size_t>(tp_));  // (tp, part)
+    T* gathered = nullptr;
+    DPML_CHECK_CUDA(cudaMalloc(&gathered, parts.size() * sizeof(T)));
+    const std::unique_ptr<T, DeviceFree> owned(gathered);
+    tensor_->allgather(flat + s.offset, gathered, part);
+    DPML_CHECK_CUDA(cudaMemcpyAsync(parts.data(), gathered, parts.size() * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+    DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    s.assemble(parts.data(), full);
+  }
+  struct DeviceFree {
+    void operator()(void* p) const noexcept { cudaFree(p); }
+  };
+  // Params and master from full host tensors, full_of(slot) → the slot's host_numel floats (called
+  // for the slots in order), of which this rank keeps its part; the optimizer state zeroed.
+  template <class FullOf>
+  void upload_parts(FullOf&& full_of) {
+    std::vector<float> master(static_cast<std::size_t>(n_params_), 0.f);
+    for (const auto& s : slots_) s.keep_part(full_of(s), master.data() + s.offset, tp_rank_);
+    upload_master(master);
   }
   void upload_master(const std::vector<float>& master) {
     std::vector<Act> p(master.size());
@@ -593,9 +761,10 @@ class Gpt {
     v_ = m_ + n;
   }
 
-  // Every buffer as a slice of one allocation; base == nullptr only measures.
+  // Every buffer as a slice of one allocation; base == nullptr only measures. Under tp the
+  // attention and MLP activations are this rank's heads and hidden units: Cp = C/tp, Hp = H/tp.
   void carve(char* base) {
-    const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
+    const std::int64_t n = N(), C = cfg_.dim, Cp = C / tp_, Hp = cfg_.heads / tp_;
     carver_.rebase(base);
     params_ = carver_.take<Act>(n_params_);
     grads_ = carver_.take<Act>(n_params_);
@@ -603,8 +772,8 @@ class Gpt {
     dres_ = carver_.take<Act>(n * C);
     dtmp_ = carver_.take<Act>(n * C);
     dsmall_ = carver_.take<Act>(n * C);
-    dbig_ = carver_.take<Act>(n * 4 * C);
-    delta_ = carver_.take<float>(B_ * H * T_);
+    dbig_ = carver_.take<Act>(n * 4 * Cp);
+    delta_ = carver_.take<float>(B_ * Hp * T_);
     if (last_) {
       x_final_ = carver_.take<Act>(n * C);
       lnf_ = carver_.take<Act>(n * C);
@@ -619,7 +788,7 @@ class Gpt {
     // between: one set, W inside B) on the last stage; d input when the embedding's backward reads
     // it inside B on stage 0. So a whole model keeps its old buffers.
     const bool output_grad_in_scratch = last_ && fused_ && plan_.activation_sets == 1;
-    Act* shared_gelu = cfg_.recompute_gelu ? carver_.take<Act>(n * 4 * C) : nullptr;
+    Act* shared_gelu = cfg_.recompute_gelu ? carver_.take<Act>(n * 4 * Cp) : nullptr;
     sets_.clear();
     for (int i = 0; i < plan_.activation_sets; ++i) {
       ActivationSet set;
@@ -629,15 +798,15 @@ class Gpt {
         a.ln1 = carver_.take<Act>(n * C);
         a.ln1_mean = carver_.take<float>(n);
         a.ln1_rstd = carver_.take<float>(n);
-        a.qkv = carver_.take<Act>(n * 3 * C);
-        a.atty = carver_.take<Act>(n * C);
-        a.lse = carver_.take<float>(B_ * H * T_);
+        a.qkv = carver_.take<Act>(n * 3 * Cp);
+        a.atty = carver_.take<Act>(n * Cp);
+        a.lse = carver_.take<float>(B_ * Hp * T_);
         a.r1 = carver_.take<Act>(n * C);
         a.ln2 = carver_.take<Act>(n * C);
         a.ln2_mean = carver_.take<float>(n);
         a.ln2_rstd = carver_.take<float>(n);
-        a.pre = carver_.take<Act>(n * 4 * C);
-        a.gelu = shared_gelu ? shared_gelu : carver_.take<Act>(n * 4 * C);
+        a.pre = carver_.take<Act>(n * 4 * Cp);
+        a.gelu = shared_gelu ? shared_gelu : carver_.take<Act>(n * 4 * Cp);
         set.blocks.push_back(a);
       }
       set.output = last_ ? x_final_ : carver_.take<Act>(n * C);
@@ -650,10 +819,10 @@ class Gpt {
       std::vector<BlockGrads> set;
       for (std::int64_t l = 0; l < range_.count; ++l) {
         BlockGrads d{};  // .out and .in are the neighbours' (see grads_of)
-        d.pre = carver_.take<Act>(n * 4 * C);
+        d.pre = carver_.take<Act>(n * 4 * Cp);
         d.ln2 = carver_.take<Act>(n * C);
         d.r1 = carver_.take<Act>(n * C);
-        d.qkv = carver_.take<Act>(n * 3 * C);
+        d.qkv = carver_.take<Act>(n * 3 * Cp);
         d.ln1 = carver_.take<Act>(n * C);
         d.in = l > 0 ? carver_.take<Act>(n * C) : nullptr;  // block 0: the set's input gradient
         set.push_back(d);
@@ -667,8 +836,14 @@ class Gpt {
       emb_ws_bytes_ = detail::kc::embedding_backward_workspace(n, cfg_.vocab);
       emb_ws_ = carver_.take<char>(static_cast<std::int64_t>(emb_ws_bytes_));
     }
-    norm_ws_bytes_ = std::max(detail::kc::grad_norm_workspace<Act>(n_params_), detail::kc::grad_norm_workspace<Act>(n_params_ - norm_begin_));
+    norm_ws_bytes_ = tp_ > 1 ? detail::kc::grad_norm_ranges_workspace<Act>(norm_ranges_.before.back())
+                             : std::max(detail::kc::grad_norm_workspace<Act>(n_params_),
+                                        detail::kc::grad_norm_workspace<Act>(n_params_ - norm_begin_));
     norm_ws_ = carver_.take<char>(static_cast<std::int64_t>(norm_ws_bytes_));
+    if (tp_ > 1) {
+      norm_range_begin_ = carver_.take<std::int64_t>(static_cast<std::int64_t>(norm_ranges_.begin.size()));
+      norm_range_before_ = carver_.take<std::int64_t>(static_cast<std::int64_t>(norm_ranges_.before.size()));
+    }
     norm_sq_ = carver_.take<double>(1);
     clip_coef_ = carver_.take<float>(1);
   }
@@ -742,6 +917,30 @@ class Gpt {
     });
   }
 
+  // The tensor-parallel all-reduce (sum) of x (n elements) on the model's stream. Nothing at tp = 1.
+  void tensor_all_reduce(Act* x, std::int64_t n) {
+    if (tensor_) timed(Family::tp_allreduce, [&] { tensor_->allreduce(x, static_cast<std::size_t>(n), comm::ReduceOp::sum); });
+  }
+  // A row-parallel linear joined to the residual stream, y (rows, C) = residual + Σ_k x_k · W_kᵀ + b
+  // over the tensor ranks k, x_k (rows, in_part) and W_k (C, in_part) rank k's input columns.
+  // Tensor rank 0 adds the residual and the (replicated) bias into its partial product, the other
+  // ranks contribute theirs alone, and the all-reduce leaves y whole on every rank. At tp = 1: the
+  // residual copy and one GEMM with the bias and residual epilogue.
+  void row_parallel_residual(const Act* x, const Act* residual, std::int64_t w, std::int64_t b, Act* y,
+                             std::int64_t in_part) {
+    namespace epi = detail::kc::epilogue;
+    const std::int64_t C = cfg_.dim;
+    if (tp_rank_ == 0) {
+      timed(Family::elementwise, [&] {
+        DPML_CHECK_CUDA(cudaMemcpyAsync(y, residual, N() * C * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
+      });
+      linear<epi::Bias>(x, w, b, y, in_part, C, true);
+    } else {
+      linear<epi::None>(x, w, -1, y, in_part, C, false);
+    }
+    tensor_all_reduce(y, N() * C);
+  }
+
   struct BlockActs {
     Act* x;                                   // (B, T, C) block input (block 0: the stage input)
     Act* ln1;                                 // (B, T, C)
@@ -754,7 +953,7 @@ class Gpt {
     float *ln2_mean, *ln2_rstd;                // (B·T)
     Act* pre;                                 // (B, T, 4C) before GELU
     Act* gelu;                                // (B, T, 4C); shared by all blocks with recompute_gelu
-  };
+  };  // under tp: qkv (B, T, H/tp, 3, D), atty (B, T, H/tp, D), lse (B, H/tp, T), pre and gelu (B, T, 4C/tp)
   // What one micro-batch keeps from its F to its W.
   struct ActivationSet {
     std::vector<BlockActs> blocks;  // (this stage's blocks)
@@ -772,7 +971,7 @@ class Gpt {
     Act* qkv;  // (B, T, 3C)
     Act* ln1;  // (B, T, C)
     Act* in;   // (B, T, C) d block input (written)
-  };
+  };  // under tp: pre (B, T, 4C/tp), qkv (B, T, 3C/tp)
   enum class Pass { input, weight, both };  // B, W, or both interleaved block by block
 
   ActivationSet& bind(Slots s) {
@@ -814,48 +1013,52 @@ class Gpt {
     });
   }
 
-  // out (B, T, C) = block(a.x), saving what the backward needs in `a`.
+  // out (B, T, C) = block(a.x), saving what the backward needs in `a`. Under tp the attention runs
+  // on this rank's Hp = H/tp heads and the MLP on its 4·Cp = 4C/tp hidden units.
   void forward_block(const BlockParams& p, BlockActs& a, Act* out) {
     namespace epi = detail::kc::epilogue;
-    const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
+    const std::int64_t C = cfg_.dim, Cp = C / tp_, Hp = cfg_.heads / tp_, D = C / cfg_.heads;
     layer_norm(a.x, p.ln1_w, p.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
-    linear<epi::Bias>(a.ln1, p.attn_w, p.attn_b, a.qkv, C, 3 * C, false);
-    timed(Family::attention, [&] { detail::kc::attention_forward(a.qkv, a.atty, a.lse, B_, T_, H, C / H, stream_); });
-    timed(Family::elementwise, [&] {
-      DPML_CHECK_CUDA(cudaMemcpyAsync(a.r1, a.x, n * C * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
-    });
-    linear<epi::Bias>(a.atty, p.proj_w, p.proj_b, a.r1, C, C, true);
+    linear<epi::Bias>(a.ln1, p.attn_w, p.attn_b, a.qkv, C, 3 * Cp, false);  // column-parallel
+    timed(Family::attention, [&] { detail::kc::attention_forward(a.qkv, a.atty, a.lse, B_, T_, Hp, D, stream_); });
+    row_parallel_residual(a.atty, a.x, p.proj_w, p.proj_b, a.r1, Cp);
     layer_norm(a.r1, p.ln2_w, p.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd);
-    linear<epi::BiasGelu>(a.ln2, p.fc_w, p.fc_b, a.gelu, C, 4 * C, false, a.pre);
-    timed(Family::elementwise, [&] {
-      DPML_CHECK_CUDA(cudaMemcpyAsync(out, a.r1, n * C * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
-    });
-    linear<epi::Bias>(a.gelu, p.fcproj_w, p.fcproj_b, out, 4 * C, C, true);
+    linear<epi::BiasGelu>(a.ln2, p.fc_w, p.fc_b, a.gelu, C, 4 * Cp, false, a.pre);  // column-parallel
+    row_parallel_residual(a.gelu, a.r1, p.fcproj_w, p.fcproj_b, out, 4 * Cp);
   }
 
   // Block backward, from d.out to d.in (Pass::input), the weight gradients from the saved
   // activations and d's (Pass::weight), or both, each weight gradient right after the input
-  // gradient it shares a dy with (Pass::both: the scratch is reused as soon as it may be).
+  // gradient it shares a dy with (Pass::both: the scratch is reused as soon as it may be). Under tp
+  // the row-parallel layers' input gradients are this rank's columns (no communication); the
+  // column-parallel layers' (d ln2, d ln1) are partial sums, all-reduced in the input pass before
+  // the LayerNorm backward (and a delayed W) reads them.
   void backward_block(const BlockParams& p, const BlockActs& a, const BlockGrads& d, Pass pass) {
-    const std::int64_t n = N(), C = cfg_.dim, H = cfg_.heads;
+    const std::int64_t n = N(), C = cfg_.dim, Cp = C / tp_, Hp = cfg_.heads / tp_, D = C / cfg_.heads;
     const bool input = pass != Pass::weight, weight = pass != Pass::input;
     if (weight && cfg_.recompute_gelu)  // the MLP's weight gradient reads the GELU output
-      timed(Family::elementwise, [&] { detail::kc::gelu_forward(a.pre, a.gelu, n * 4 * C, stream_); });
-    if (input) linear_backward_input(d.out, p.fcproj_w, d.pre, 4 * C, C);
-    if (weight) linear_backward_weight(d.out, a.gelu, p.fcproj_w, p.fcproj_b, 4 * C, C);
-    if (input) timed(Family::elementwise, [&] { detail::kc::gelu_backward(a.pre, d.pre, d.pre, n * 4 * C, stream_); });
-    if (input) linear_backward_input(d.pre, p.fc_w, d.ln2, C, 4 * C);
-    if (weight) linear_backward_weight(d.pre, a.ln2, p.fc_w, p.fc_b, C, 4 * C);
+      timed(Family::elementwise, [&] { detail::kc::gelu_forward(a.pre, a.gelu, n * 4 * Cp, stream_); });
+    if (input) linear_backward_input(d.out, p.fcproj_w, d.pre, 4 * Cp, C);
+    if (weight) linear_backward_weight(d.out, a.gelu, p.fcproj_w, p.fcproj_b, 4 * Cp, C);
+    if (input) timed(Family::elementwise, [&] { detail::kc::gelu_backward(a.pre, d.pre, d.pre, n * 4 * Cp, stream_); });
+    if (input) {
+      linear_backward_input(d.pre, p.fc_w, d.ln2, C, 4 * Cp);
+      tensor_all_reduce(d.ln2, n * C);
+    }
+    if (weight) linear_backward_weight(d.pre, a.ln2, p.fc_w, p.fc_b, C, 4 * Cp);
     if (input) layer_norm_backward_input(d.ln2, a.r1, p.ln2_w, a.ln2_mean, a.ln2_rstd, d.out, d.r1);  // d r1
     if (weight) layer_norm_backward_weight(d.ln2, a.r1, p.ln2_w, p.ln2_b, a.ln2_mean, a.ln2_rstd);
-    if (input) linear_backward_input(d.r1, p.proj_w, dsmall_, C, C);  // d attention output
-    if (weight) linear_backward_weight(d.r1, a.atty, p.proj_w, p.proj_b, C, C);
+    if (input) linear_backward_input(d.r1, p.proj_w, dsmall_, Cp, C);  // d attention output (B, T, Cp)
+    if (weight) linear_backward_weight(d.r1, a.atty, p.proj_w, p.proj_b, Cp, C);
     if (input)
       timed(Family::attention, [&] {
-        detail::kc::attention_backward(dsmall_, a.qkv, a.atty, a.lse, delta_, d.qkv, B_, T_, H, C / H, stream_);
+        detail::kc::attention_backward(dsmall_, a.qkv, a.atty, a.lse, delta_, d.qkv, B_, T_, Hp, D, stream_);
       });
-    if (input) linear_backward_input(d.qkv, p.attn_w, d.ln1, C, 3 * C);
-    if (weight) linear_backward_weight(d.qkv, a.ln1, p.attn_w, p.attn_b, C, 3 * C);
+    if (input) {
+      linear_backward_input(d.qkv, p.attn_w, d.ln1, C, 3 * Cp);
+      tensor_all_reduce(d.ln1, n * C);
+    }
+    if (weight) linear_backward_weight(d.qkv, a.ln1, p.attn_w, p.attn_b, C, 3 * Cp);
     if (input) layer_norm_backward_input(d.ln1, a.x, p.ln1_w, a.ln1_mean, a.ln1_rstd, d.r1, d.in);  // d x
     if (weight) layer_norm_backward_weight(d.ln1, a.x, p.ln1_w, p.ln1_b, a.ln1_mean, a.ln1_rstd);
   }
@@ -921,6 +1124,8 @@ class Gpt {
   GptStagePlan plan_;
   bool first_, last_;                             // pipeline stage 0 / p − 1 (both: a whole model)
   parallel::pipeline::StageBlocks range_;         // the global blocks this stage holds
+  int tp_ = 1, tp_rank_ = 0;                      // tensor-parallel degree and this rank's coordinate
+  std::optional<Comm> tensor_;                    // over the tensor axis, on stream_; empty at tp = 1
   bool fused_ = plan_.weight_grad_sets == 0;      // B forms the weight gradients (W right after B)
   DynamicLossScale scaler_{cfg_.loss_scale};
   double step_scale_ = 1.0;  // the loss scale of the step's forward_backward calls
@@ -957,11 +1162,13 @@ class Gpt {
   Act* logits_ = nullptr;  // (B, T, Vp), dlogits after the cross-entropy
   float* losses_ = nullptr; // (B·T)
   Act *dres_ = nullptr, *dtmp_ = nullptr, *dsmall_ = nullptr;  // (B, T, C)
-  Act* dbig_ = nullptr;                                        // (B, T, 4C): d gelu / d pre, then d qkv
-  float* delta_ = nullptr;                                      // (B, H, T)
+  Act* dbig_ = nullptr;                                        // (B, T, 4C/tp): d gelu / d pre, then d qkv
+  float* delta_ = nullptr;                                      // (B, H/tp, T)
   float* colsum_ = nullptr;
   char *emb_ws_ = nullptr, *norm_ws_ = nullptr;
   std::size_t emb_ws_bytes_ = 0, norm_ws_bytes_ = 0;
+  NormRanges norm_ranges_;  // tp > 1: what this rank adds to the global norm (host copy)
+  std::int64_t *norm_range_begin_ = nullptr, *norm_range_before_ = nullptr;  // tp > 1: norm_ranges_ on the device
   double* norm_sq_ = nullptr;
   float* clip_coef_ = nullptr;
 };

@@ -1,0 +1,157 @@
+// Tensor-parallel GPT on GPUs (models/cuda/gpt.hpp at tp = 2: one attention head and half the MLP
+// per rank) against a lone model (tp = 1). The tiny model of gpt_fixture.hpp (L=2, C=64, H=2, V=67,
+// T=32, batch 4 per tensor group), weights from init_random(11), AdamW with clipping at 1.0. On 2
+// ranks tp 2 × dp 1; on 4 ranks tp 2 × dp 2 (parallel::ProcessGrid): each tensor group takes its
+// slice of the batch, its gradients averaged over the data axis by GradientSync beside the
+// tensor-parallel all-reduces. Over comm::Nccl with a GPU per rank, else all ranks on GPU 0 through
+// comm::Staged (nccl_fixture.hpp, with_gpu_comm).
+//
+//   same model    init_random gives the lone model's full weights bit for bit (read_state gathers
+//                 the split tensors), from a smaller flat buffer per rank; write_state then
+//                 read_state of a row-split and a column-split tensor gives it back exactly
+//   one step      the loss bit-identical on the ranks of a tensor group; the global gradient norm
+//                 equal, to 1e-6 relative, to the norm of the gathered gradients (each element of
+//                 the full model counted once: a replicated tensor counted on both tensor ranks, or
+//                 a shard left out, would be off by far more)
+//   batch slices  test::gpt::check_batch_slices over the data axis (one slice at dp = 1): the first
+//                 step's gathered gradients within relative L2 2e-2 per tensor, 10 steps' losses
+//                 within 2e-2, every weight tensor within a tenth of the distance it travelled; then
+//                 the full weights bit-identical on every rank (the replicated tensors — LayerNorms,
+//                 wte, wpe, c_proj biases — agree over the tensor axis without communication)
+//   refused       heads not divisible by tp (naming --tp), tp with pipeline stages (naming --pp),
+//                 tp with the distributed optimizer (naming --use-distributed-optimizer)
+//
+// Tolerances (bf16 activations and gradients): where the lone model rounds the fp32-accumulated
+// output of a row-parallel linear (attn.c_proj, mlp.c_proj) or the input gradient of a
+// column-parallel one (c_attn, c_fc) to bf16 once, the tensor-parallel model rounds each rank's
+// partial sum and then their sum: two or three roundings of ≤ 2^-9 relative instead of one, which
+// compound through the two blocks, the LayerNorms and the attention — the same budget as
+// test_gpt_dp's batch slices (2e-2 per gradient tensor), to which the data-parallel average on 4
+// ranks adds one more rounding. The norm check compares the device's sum with the host's over the
+// very same bf16 gradients, so only the summation order differs (double accumulation): 1e-6 is loose.
+#include "gpt_fixture.hpp"
+
+#include <dpml/models/cuda/gpt.hpp>
+#include <dpml/parallel/cuda/distributed_optimizer.hpp>
+#include <dpml/parallel/cuda/gradient_sync.hpp>
+#include <dpml/parallel/grid.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+using namespace dpml;
+using namespace dpml::test::gpt;
+
+namespace {
+
+template <class Comm>
+using TensorParallel = models::cuda::Gpt<models::cuda::Bf16, Comm>;
+
+// The world as tp 2 × dp: a tensor-parallel model on the tensor axis, init_random(11), its
+// gradients averaged over the data axis when dp > 1.
+template <class Comm>
+struct TensorParallelGpt {
+  const parallel::ProcessGrid grid = parallel::ProcessGrid::create(test::world(), {.tp = 2});
+  TensorParallel<Comm> model{config(), kBatch, kSeq, {}, &grid.comm(Axis::tensor)};
+  std::optional<parallel::cuda::GradientSync<bf16, bf16, Comm>> data_parallel;
+  TensorParallelGpt() {
+    model.init_random(11);
+    if (grid.dp() == 1) return;
+    data_parallel.emplace(Comm::from(grid.comm(Axis::data)), model.gradients(),
+                          static_cast<std::size_t>(model.parameter_count()), model.stream(),
+                          parallel::cuda::GradientSyncOptions{.bucket_bytes = kBucketBytes});
+    model.set_gradient_sync(&*data_parallel);
+  }
+  // This tensor group's rows of a batch of dp · kBatch.
+  Batch slice(const Batch& whole) const { return Batch(whole, grid.coord(Axis::data) * kBatch, kBatch); }
+};
+
+}  // namespace
+
+TEST_CASE("GPU tensor parallel GPT: init_random gives the lone model's full weights", "[nccl][gpt][tp]") {
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+    TensorParallelGpt<Comm> tp;
+    Gpt lone(config(), kBatch, kSeq);
+    lone.init_random(11);
+    CHECK(tp.model.tensor_parallel() == 2);
+    CHECK(tp.model.tensor_rank() == tp.grid.coord(Axis::tensor));
+    CHECK(tp.model.parameter_count() < lone.parameter_count());  // this rank holds parts only
+    CHECK(tp.model.real_parameter_count() == lone.real_parameter_count());
+    const auto got = weights(tp.model), want = weights(lone);
+    for (const auto& [name, w] : want) {
+      CAPTURE(name);
+      REQUIRE(got.at(name).size() == w.size());
+      CHECK(std::memcmp(got.at(name).data(), w.data(), w.size() * sizeof(float)) == 0);
+    }
+    for (const std::string name : {"h.1.attn.c_proj.weight", "h.0.mlp.c_fc.weight"}) {  // split by columns, by rows
+      std::vector<float> v(want.at(name).size()), back(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 1e-3f;
+      tp.model.write_state(State::exp_avg, name, v);
+      tp.model.read_state(State::exp_avg, name, back);
+      CAPTURE(name);
+      CHECK(back == v);
+    }
+  });
+}
+
+TEST_CASE("GPU tensor parallel GPT: one step agrees over the tensor group and counts every gradient once in the norm",
+          "[nccl][gpt][tp]") {
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+    TensorParallelGpt<Comm> tp;
+    const Batch whole(tp.grid.dp() * kBatch, 42);
+    const double loss = train_step(tp.model, tp.slice(whole), 1);
+    CAPTURE(loss);
+    CHECK(std::isfinite(loss));
+    CHECK(same_on_every_rank(std::bit_cast<std::uint64_t>(loss), tp.grid.comm(Axis::tensor)));
+    double squares = 0;
+    for (const auto& name : tp.model.parameter_names())
+      for (const float g : tp.model.gradient(name)) squares += static_cast<double>(g) * g;
+    const double norm = std::sqrt(squares);
+    CAPTURE(norm, tp.model.grad_norm());
+    CHECK(norm > 0);
+    CHECK(std::abs(tp.model.grad_norm() - norm) <= 1e-6 * norm);
+  });
+}
+
+TEST_CASE("GPU tensor parallel GPT: tp = 2 (× dp) trains as one GPU on the whole batch", "[nccl][gpt][tp]") {
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+    TensorParallelGpt<Comm> tp;
+    check_batch_slices(tp.model, config(), /*gradients=*/true, tp.grid.comm(Axis::data));
+    CHECK(same_on_every_rank(fingerprint(weights(tp.model))));
+  });
+}
+
+TEST_CASE("GPU tensor parallel GPT: uneven heads, pipeline stages and the distributed optimizer are refused",
+          "[nccl][gpt][tp]") {
+  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+    const auto grid = parallel::ProcessGrid::create(test::world(), {.tp = 2});
+    const comm::Mpi* tensor = &grid.comm(Axis::tensor);
+    auto uneven = config();
+    uneven.heads = 3;
+    uneven.dim = 96;  // head dim 32
+    const std::string heads = test::error_of([&] { TensorParallel<Comm> m(uneven, kBatch, kSeq, {}, tensor); });
+    CAPTURE(heads);
+    CHECK(heads.find("heads 3") != std::string::npos);
+    CHECK(heads.find("--tp 2") != std::string::npos);
+
+    const models::cuda::GptStagePlan first_of_two{.stage = 0, .stages = 2};
+    const std::string stages = test::error_of([&] { TensorParallel<Comm> m(config(), kBatch, kSeq, first_of_two, tensor); });
+    CAPTURE(stages);
+    CHECK(stages.find("--tp 2") != std::string::npos);
+    CHECK(stages.find("--pp") != std::string::npos);
+
+    TensorParallel<Comm> m(config(), kBatch, kSeq, {}, tensor);
+    parallel::cuda::DistributedOptimizer<bf16, Comm> zero(Comm::from(grid.comm(Axis::data)), m.weights(), m.gradients(),
+                                                          static_cast<std::size_t>(m.parameter_count()), m.stream());
+    const std::string sharded = test::error_of([&] { m.set_distributed_optimizer(&zero); });
+    CAPTURE(sharded);
+    CHECK(sharded.find("--use-distributed-optimizer") != std::string::npos);
+    CHECK(sharded.find("--tp 2") != std::string::npos);
+  });
+}
