@@ -15,7 +15,7 @@
 //                 a shard left out, would be off by far more)
 //   batch slices  test::gpt::check_batch_slices over the data axis (one slice at dp = 1): the first
 //                 step's gathered gradients within relative L2 2e-2 per tensor, 10 steps' losses
-//                 within 2e-2, every weight tensor within a tenth of the distance it travelled; then
+//                 within 2e-2, every weight tensor within 0.2 of the distance it travelled; then
 //                 the full weights bit-identical on every rank (the replicated tensors — LayerNorms,
 //                 wte, wpe, c_proj biases — agree over the tensor axis without communication)
 //   refused       heads not divisible by tp (naming --tp), tp with pipeline stages (naming --pp),
@@ -49,6 +49,11 @@ using namespace dpml;
 using namespace dpml::test::gpt;
 
 namespace {
+
+// The weights' bound: the extra roundings above, repeated over 10 AdamW steps, move the tensors
+// that travel least (the c_attn biases: 0.08 in L2) by up to 0.12 of their travel (measured on an
+// H100 over comm::Staged); the data-parallel tests' 0.1 leaves no room for them.
+constexpr double kTravelTol = 0.2;
 
 template <class Comm>
 using TensorParallel = models::cuda::Gpt<models::cuda::Bf16, Comm>;
@@ -122,7 +127,7 @@ TEST_CASE("GPU tensor parallel GPT: one step agrees over the tensor group and co
 TEST_CASE("GPU tensor parallel GPT: tp = 2 (× dp) trains as one GPU on the whole batch", "[nccl][gpt][tp]") {
   test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
     TensorParallelGpt<Comm> tp;
-    check_batch_slices(tp.model, config(), /*gradients=*/true, tp.grid.comm(Axis::data));
+    check_batch_slices(tp.model, config(), /*gradients=*/true, tp.grid.comm(Axis::data), kTravelTol);
     CHECK(same_on_every_rank(fingerprint(weights(tp.model))));
   });
 }

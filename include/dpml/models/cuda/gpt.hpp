@@ -397,17 +397,23 @@ class Gpt {
     check_span(s, src.size());
     std::vector<float> part(static_cast<std::size_t>(s.part_numel()));
     s.keep_part(src.data(), part.data(), tp_rank_);
-    DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    // On the model's stream: it is non-blocking, and a cudaMemcpy from pageable memory may return
+    // before its DMA lands, so a plain cudaMemcpy would race the stream's later reads.
     if (zero_) {
+      DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
       zero_->write(which, static_cast<std::size_t>(s.offset), part);
     } else {
       allocate_state();
-      DPML_CHECK_CUDA(cudaMemcpy(state_(which) + s.offset, part.data(), part.size() * sizeof(float), cudaMemcpyHostToDevice));
+      DPML_CHECK_CUDA(cudaMemcpyAsync(state_(which) + s.offset, part.data(), part.size() * sizeof(float),
+                                      cudaMemcpyHostToDevice, stream_));
     }
+    std::vector<Act> rounded;
     if (which == State::master) {
-      std::vector<Act> rounded(part.begin(), part.end());
-      DPML_CHECK_CUDA(cudaMemcpy(params_ + s.offset, rounded.data(), rounded.size() * sizeof(Act), cudaMemcpyHostToDevice));
+      rounded = std::vector<Act>(part.begin(), part.end());
+      DPML_CHECK_CUDA(cudaMemcpyAsync(params_ + s.offset, rounded.data(), rounded.size() * sizeof(Act),
+                                      cudaMemcpyHostToDevice, stream_));
     }
+    DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));  // part and rounded go out of scope
   }
 
   // Fill params and master from full host float tensors of the same names (host
