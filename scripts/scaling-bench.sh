@@ -2,7 +2,8 @@
 # Data-parallel scaling on one host with 2 GPUs or more: dpml against PyTorch DDP, in one job.
 #
 #   1. configure the cuda-openmpi preset, build gpt_train, bench_allreduce and the NCCL tests
-#   2. ctest -L nccl: communicator collectives, the data-parallel GPT against a lone GPU, ZeRO-1
+#   2. ctest -L nccl: communicator collectives (NCCL and comm::Staged), the data-parallel GPT and
+#      ResNet, ZeRO-1, synchronised BatchNorm, tensor and pipeline parallel GPT, each against one GPU
 #   3. GPT-2 124M (B=16 per GPU, T=1024): dpml on 1 GPU and on K (bf16 and fp32 gradient
 #      reduction, and ZeRO-1: --use-distributed-optimizer); PyTorch eager on 1 and DDP on K
 #      (torchrun); with --compile also torch.compile
@@ -38,7 +39,8 @@ export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
 build=build/cuda-openmpi
 results=${RESULTS:-$build/scaling-bench}
 source scripts/lib/gpu-build.sh
-gpu_build "$build" "$results" gpt_train bench_allreduce test_nccl test_gpt_dp test_gpt_zero
+gpu_build "$build" "$results" gpt_train bench_allreduce nccl_select_device test_nccl test_staged test_gpt_dp \
+  test_gpt_zero test_gpt_tp test_gpt_pp test_resnet_dp test_resnet_syncbn
 
 status=0
 if [[ $tests == 1 ]]; then
