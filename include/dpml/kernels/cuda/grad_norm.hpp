@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace dpml::kernels::cuda {
 
@@ -85,6 +86,19 @@ void grad_norm_squared(const G* grad, std::int64_t n, double* squared_sum, void*
   DPML_CHECK_CUDA(cub::DeviceReduce::TransformReduce(workspace, workspace_bytes, grad, squared_sum, n,
                                                      detail::gnorm::Plus{}, detail::gnorm::Square{}, 0.0, stream));
 }
+
+// The ranges grad_norm_squared_ranges sums over, as it takes them: each range's first element
+// (begin) and the running lengths (before: before[r] = the lengths of ranges 0..r−1, before[0] = 0,
+// before.back() = the total). Built on the host, copied to device arrays of the same sizes.
+struct NormRanges {
+  std::vector<std::int64_t> begin, before{0};
+  void add(std::int64_t first, std::int64_t count) {
+    begin.push_back(first);
+    before.push_back(before.back() + count);
+  }
+  int count() const noexcept { return static_cast<int>(begin.size()); }
+  std::int64_t total() const noexcept { return before.back(); }
+};
 
 // Bytes of workspace grad_norm_squared_ranges needs for ranges of `total` elements in all.
 template <class G>

@@ -8,7 +8,8 @@
 //             protocol, detail::BucketQueue); each bucket [begin, end) is REDUCE-SCATTERED in place
 //             (ncclAvg) on the communication stream: rank r receives the mean of its shard
 //             [begin + r·c, begin + (r+1)·c), c = (end − begin)/K, where it already lies
-//   norm      Σ g² over this rank's shards (CUB, one partial per shard, summed in a fixed order),
+//   norm      Σ g² over this rank's shards (one CUB reduction over their list of ranges,
+//             kernels/cuda/grad_norm.hpp's grad_norm_squared_ranges),
 //             one all-reduce (sum) of that double over the data axis: the global norm, the same on
 //             every rank, hence the same clip coefficient (kernels/cuda/grad_norm.hpp); a
 //             non-finite norm (an fp16 overflow) makes every rank skip the step alike
@@ -96,13 +97,6 @@ class ShardedOptimizer : public GradientListener {
 
 namespace detail {
 
-// *total = Σ partials[0, n), in index order (deterministic: the same bits every step and rank).
-__global__ void sum_partials_kernel(const double* __restrict__ partials, int n, double* __restrict__ total) {
-  double s = 0;
-  for (int i = 0; i < n; ++i) s += partials[i];
-  *total = s;
-}
-
 // One stretch of the flat buffers whose state this rank holds.
 struct OwnedRange {
   std::size_t flat;    // first element in the flat buffers
@@ -136,17 +130,21 @@ class DistributedOptimizer final : public ShardedOptimizer {
     }
     state_n_ = state;
     for (const detail::OwnedRange& o : owned_)
-      if (o.sharded || r == 0) counted_.push_back(o);  // the remainder's norm: rank 0's alone
-    std::size_t largest = 1;
-    for (const detail::OwnedRange& o : counted_) largest = std::max(largest, o.count);
-    ws_bytes_ = kernels::cuda::grad_norm_workspace<G>(static_cast<std::int64_t>(largest));
+      if (o.sharded || r == 0)  // the remainder's norm: rank 0's alone
+        counted_.add(static_cast<std::int64_t>(o.flat), static_cast<std::int64_t>(o.count));
+    ws_bytes_ = kernels::cuda::grad_norm_ranges_workspace<G>(std::max<std::int64_t>(1, counted_.total()));
 
     DPML_CHECK_CUDA(cudaMalloc(&state_memory_, 3 * state_n_ * sizeof(float)));
     DPML_CHECK_CUDA(cudaMemsetAsync(state_memory_, 0, 3 * state_n_ * sizeof(float), compute_));
     master_ = state_memory_;
     m_ = master_ + state_n_;
     v_ = m_ + state_n_;
-    DPML_CHECK_CUDA(cudaMalloc(&partials_, std::max<std::size_t>(1, counted_.size()) * sizeof(double)));
+    // The counted ranges' table on the device: begin (ranges), then before (ranges + 1).
+    std::vector<std::int64_t> table(counted_.begin);
+    table.insert(table.end(), counted_.before.begin(), counted_.before.end());
+    DPML_CHECK_CUDA(cudaMalloc(&counted_table_, table.size() * sizeof(std::int64_t)));
+    DPML_CHECK_CUDA(cudaMemcpyAsync(counted_table_, table.data(), table.size() * sizeof(std::int64_t),
+                                    cudaMemcpyHostToDevice, compute_));
     DPML_CHECK_CUDA(cudaMalloc(&ws_, ws_bytes_));
     DPML_CHECK_CUDA(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
     for (cudaEvent_t* e : {&norm_sent_, &norm_reduced_, &updated_, &gathered_}) DPML_CHECK_CUDA(cudaEventCreate(e));
@@ -158,7 +156,7 @@ class DistributedOptimizer final : public ShardedOptimizer {
     for (cudaEvent_t e : {handoff_, norm_sent_, norm_reduced_, updated_, gathered_})
       if (e) cudaEventDestroy(e);
     cudaFree(ws_);
-    cudaFree(partials_);
+    cudaFree(counted_table_);
     cudaFree(state_memory_);
   }
 
@@ -182,12 +180,12 @@ class DistributedOptimizer final : public ShardedOptimizer {
   void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double max_norm, double inv_scale,
               double* norm_sq, float* clip_coef) override {
     namespace kc = kernels::cuda;
-    // Global norm: this rank's partials, their sum, the sum over the data axis.
-    for (std::size_t i = 0; i < counted_.size(); ++i)
-      kc::grad_norm_squared(grads_ + counted_[i].flat, static_cast<std::int64_t>(counted_[i].count), partials_ + i, ws_,
-                            ws_bytes_, compute_);
-    detail::sum_partials_kernel<<<1, 1, 0, compute_>>>(partials_, static_cast<int>(counted_.size()), norm_sq);
-    DPML_CHECK_LAUNCH();
+    // Global norm: this rank's counted ranges in one reduction, then the sum over the data axis.
+    if (counted_.count() > 0)
+      kc::grad_norm_squared_ranges(grads_, counted_table_, counted_table_ + counted_.count(), counted_.count(),
+                                   counted_.total(), norm_sq, ws_, ws_bytes_, compute_);
+    else
+      DPML_CHECK_CUDA(cudaMemsetAsync(norm_sq, 0, sizeof(double), compute_));
     DPML_CHECK_CUDA(cudaEventRecord(norm_sent_, compute_));
     DPML_CHECK_CUDA(cudaStreamWaitEvent(comm_.stream(), norm_sent_, 0));
     comm_.allreduce(norm_sq, 1, comm::ReduceOp::sum);
@@ -304,12 +302,12 @@ class DistributedOptimizer final : public ShardedOptimizer {
   std::size_t remainder_;                   // [0, remainder_) replicated, not sharded
   detail::BucketQueue queue_;
   std::vector<detail::OwnedRange> owned_;   // per bucket, production order: this rank's shard or the remainder
-  std::vector<detail::OwnedRange> counted_; // the ranges this rank adds to the norm
+  kernels::cuda::NormRanges counted_;      // the ranges this rank adds to the norm
+  std::int64_t* counted_table_ = nullptr;   // counted_ on the device: begin, then before
   std::size_t state_n_ = 0;                 // elements of each state array
   float* state_memory_ = nullptr;           // (3, state_n_): master, m, v
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // (state_n_) each
-  double* partials_ = nullptr;              // (counted_) Σ g² per range
-  void* ws_ = nullptr;                      // CUB workspace of the largest counted range
+  void* ws_ = nullptr;                      // CUB workspace of the counted ranges' reduction
   std::size_t ws_bytes_ = 0;
   cudaEvent_t handoff_ = nullptr;           // compute → communication ordering, reused
   cudaEvent_t norm_sent_ = nullptr, norm_reduced_ = nullptr, updated_ = nullptr, gathered_ = nullptr;
