@@ -577,7 +577,7 @@ class Gpt {
         return;
       }
       detail::kc::grad_norm_squared_ranges(grads_, norm_range_begin_, norm_range_before_,
-                                           static_cast<int>(norm_ranges_.begin.size()), norm_ranges_.before.back(), norm_sq_,
+                                           norm_ranges_.count(), norm_ranges_.total(), norm_sq_,
                                            norm_ws_, norm_ws_bytes_, stream_);
       tensor_->allreduce(norm_sq_, 1, comm::ReduceOp::sum);
     });
@@ -653,10 +653,7 @@ class Gpt {
   // The ranges of the flat buffer whose squared gradients this rank adds to the global norm (tp > 1):
   // all of it on tensor rank 0; on the others their split tensors only (consecutive ones, with the
   // zero padding between them, as one range). Replicated tensors are thus counted once.
-  struct NormRanges {
-    std::vector<std::int64_t> begin, before{0};  // (ranges), (ranges + 1): the running lengths
-  };
-  NormRanges counted_ranges() const {
+  detail::kc::NormRanges counted_ranges() const {
     std::vector<std::pair<std::int64_t, std::int64_t>> ranges;  // [first, end)
     if (tp_rank_ == 0) {
       ranges.emplace_back(0, n_params_);
@@ -668,11 +665,8 @@ class Gpt {
         else ranges.emplace_back(s.offset, s.offset + s.numel());
       }
     }
-    NormRanges r;
-    for (const auto& [first, end] : ranges) {
-      r.begin.push_back(first);
-      r.before.push_back(r.before.back() + end - first);
-    }
+    detail::kc::NormRanges r;
+    for (const auto& [first, end] : ranges) r.add(first, end - first);
     return r;
   }
   const detail::Slot& slot(const std::string& name) const {
@@ -842,7 +836,7 @@ class Gpt {
       emb_ws_bytes_ = detail::kc::embedding_backward_workspace(n, cfg_.vocab);
       emb_ws_ = carver_.take<char>(static_cast<std::int64_t>(emb_ws_bytes_));
     }
-    norm_ws_bytes_ = tp_ > 1 ? detail::kc::grad_norm_ranges_workspace<Act>(norm_ranges_.before.back())
+    norm_ws_bytes_ = tp_ > 1 ? detail::kc::grad_norm_ranges_workspace<Act>(norm_ranges_.total())
                              : std::max(detail::kc::grad_norm_workspace<Act>(n_params_),
                                         detail::kc::grad_norm_workspace<Act>(n_params_ - norm_begin_));
     norm_ws_ = carver_.take<char>(static_cast<std::int64_t>(norm_ws_bytes_));
@@ -926,6 +920,12 @@ class Gpt {
   // The tensor-parallel all-reduce (sum) of x (n elements) on the model's stream. Nothing at tp = 1.
   void tensor_all_reduce(Act* x, std::int64_t n) {
     if (tensor_) timed(Family::tp_allreduce, [&] { tensor_->allreduce(x, static_cast<std::size_t>(n), comm::ReduceOp::sum); });
+  }
+  // The input gradient of a column-parallel linear (c_attn, c_fc): dx (rows, in) = Σ_k dy_k · W_k
+  // over the tensor ranks k, each rank's partial product all-reduced (Megatron's copy_to backward).
+  void column_parallel_backward_input(const Act* dy, std::int64_t w, Act* dx, std::int64_t in, std::int64_t out_part) {
+    linear_backward_input(dy, w, dx, in, out_part);
+    tensor_all_reduce(dx, N() * in);
   }
   // A row-parallel linear joined to the residual stream, y (rows, C) = residual + Σ_k x_k · W_kᵀ + b
   // over the tensor ranks k, x_k (rows, in_part) and W_k (C, in_part) rank k's input columns.
@@ -1047,10 +1047,7 @@ class Gpt {
     if (input) linear_backward_input(d.out, p.fcproj_w, d.pre, 4 * Cp, C);
     if (weight) linear_backward_weight(d.out, a.gelu, p.fcproj_w, p.fcproj_b, 4 * Cp, C);
     if (input) timed(Family::elementwise, [&] { detail::kc::gelu_backward(a.pre, d.pre, d.pre, n * 4 * Cp, stream_); });
-    if (input) {
-      linear_backward_input(d.pre, p.fc_w, d.ln2, C, 4 * Cp);
-      tensor_all_reduce(d.ln2, n * C);
-    }
+    if (input) column_parallel_backward_input(d.pre, p.fc_w, d.ln2, C, 4 * Cp);
     if (weight) linear_backward_weight(d.pre, a.ln2, p.fc_w, p.fc_b, C, 4 * Cp);
     if (input) layer_norm_backward_input(d.ln2, a.r1, p.ln2_w, a.ln2_mean, a.ln2_rstd, d.out, d.r1);  // d r1
     if (weight) layer_norm_backward_weight(d.ln2, a.r1, p.ln2_w, p.ln2_b, a.ln2_mean, a.ln2_rstd);
@@ -1060,10 +1057,7 @@ class Gpt {
       timed(Family::attention, [&] {
         detail::kc::attention_backward(dsmall_, a.qkv, a.atty, a.lse, delta_, d.qkv, B_, T_, Hp, D, stream_);
       });
-    if (input) {
-      linear_backward_input(d.qkv, p.attn_w, d.ln1, C, 3 * Cp);
-      tensor_all_reduce(d.ln1, n * C);
-    }
+    if (input) column_parallel_backward_input(d.qkv, p.attn_w, d.ln1, C, 3 * Cp);
     if (weight) linear_backward_weight(d.qkv, a.ln1, p.attn_w, p.attn_b, C, 3 * Cp);
     if (input) layer_norm_backward_input(d.ln1, a.x, p.ln1_w, a.ln1_mean, a.ln1_rstd, d.r1, d.in);  // d x
     if (weight) layer_norm_backward_weight(d.ln1, a.x, p.ln1_w, p.ln1_b, a.ln1_mean, a.ln1_rstd);
@@ -1173,7 +1167,7 @@ class Gpt {
   float* colsum_ = nullptr;
   char *emb_ws_ = nullptr, *norm_ws_ = nullptr;
   std::size_t emb_ws_bytes_ = 0, norm_ws_bytes_ = 0;
-  NormRanges norm_ranges_;  // tp > 1: what this rank adds to the global norm (host copy)
+  detail::kc::NormRanges norm_ranges_;  // tp > 1: what this rank adds to the global norm (host copy)
   std::int64_t *norm_range_begin_ = nullptr, *norm_range_before_ = nullptr;  // tp > 1: norm_ranges_ on the device
   double* norm_sq_ = nullptr;
   float* clip_coef_ = nullptr;
