@@ -21,7 +21,7 @@
 // only: its kernels are deterministic (split-K summed in a fixed order), while cuDNN's engines,
 // chosen by its heuristics, need not be, and its bf16 weight gradients would turn a last-bit
 // difference into a bf16 rounding one.
-#include "nccl_fixture.hpp"
+#include "resnet_fixture.hpp"
 
 #include <dpml/comm/nccl.hpp>
 #include <dpml/models/bottleneck_resnet.hpp>
@@ -44,14 +44,11 @@
 #include <vector>
 
 using namespace dpml;
+using namespace dpml::test::resnet;
 
 namespace {
 
-constexpr std::int64_t kBatch = 4, kImage = 32, kClasses = 10;
-constexpr std::array<std::int64_t, 4> kBlocks{1, 2, 1, 1};
 constexpr std::size_t kSmallBuckets = 4 << 10;  // bytes
-constexpr double kLr = 0.05;
-const optim::SgdOptions kSgd{.momentum = 0.9, .weight_decay = 1e-4};
 
 using OwnConv = kernels::cuda::ImplicitGemmConv<>;
 #if DPML_HAS_CUDNN
@@ -59,22 +56,6 @@ using ConvPolicies = std::tuple<OwnConv, kernels::cuda::CudnnConv>;
 #else
 using ConvPolicies = std::tuple<OwnConv>;
 #endif
-
-models::cuda::ResNetCudaConfig config() {
-  return {.in_channels = 3, .width = 8, .blocks = kBlocks, .classes = kClasses};
-}
-
-// A batch: images (N, 3, S, S) NCHW, normal; labels in [0, classes); `salt` picks it.
-struct Batch {
-  std::vector<float> images;
-  std::vector<std::int32_t> labels;
-  explicit Batch(std::uint64_t salt) : images(static_cast<std::size_t>(kBatch * 3 * kImage * kImage)), labels(kBatch) {
-    auto gen = test::rng(salt);
-    std::normal_distribution<float> normal;
-    for (auto& v : images) v = normal(gen);
-    for (auto& l : labels) l = static_cast<std::int32_t>(gen() % kClasses);
-  }
-};
 
 template <class Conv>
 using ResNet = models::cuda::ResNet<Conv>;
@@ -88,7 +69,7 @@ struct DataParallelResNet {
       : model(config(), kBatch, kImage),
         sync(Comm::from(test::world()), model.gradients(), static_cast<std::size_t>(model.flat_size()),
              model.stream(), {.bucket_bytes = bucket_bytes}) {
-    model.init_random(1337);
+    model.init_random(kSeed);
     model.set_gradient_sync(&sync);
   }
 };
@@ -97,27 +78,8 @@ struct DataParallelResNet {
 template <class Conv>
 struct LoneResNet {
   ResNet<Conv> model;
-  LoneResNet() : model(config(), kBatch, kImage) { model.init_random(1337); }
+  LoneResNet() : model(config(), kBatch, kImage) { model.init_random(kSeed); }
 };
-
-template <class Conv>
-double train_step(ResNet<Conv>& m, const Batch& b) {
-  m.upload_batch(b.images, b.labels);
-  m.forward_backward();
-  m.update(kLr, kSgd);
-  return m.loss();
-}
-
-// Master weights, every tensor in the host layout (through a host model of the same shape), in order.
-template <class Conv>
-std::vector<float> weights(const ResNet<Conv>& m) {
-  auto host = models::BottleneckResNet<float>::make(
-      {.in_channels = 3, .width = 8, .blocks = kBlocks, .classes = kClasses});
-  m.copy_to(host.parameters());
-  std::vector<float> w;
-  for (auto* p : host.parameters()) w.insert(w.end(), p->value().data(), p->value().data() + p->numel());
-  return w;
-}
 
 // The flat gradient buffer of the last forward_backward (padding included); synchronises.
 template <class Conv>
@@ -140,13 +102,13 @@ TEST_CASE("GPU data parallel ResNet: equal batches on every rank give the lone m
   test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
     DataParallelResNet<OwnConv, Comm> dp(kSmallBuckets);
     LoneResNet<OwnConv> lone;
-    const Batch batch(3);  // the same on every rank
+    const Batch batch(kBatch, 3);  // the same on every rank
     for (int s = 1; s <= 3; ++s) {
       CAPTURE(s);
       CHECK(train_step(dp.model, batch) == train_step(lone.model, batch));
     }
     CHECK(dp.sync.bucket_count() > 4);
-    CHECK(bitwise_equal(weights(dp.model), weights(lone.model)));
+    CHECK(bitwise_equal(flatten(weights(dp.model)), flatten(weights(lone.model))));
   });
 }
 
@@ -155,22 +117,22 @@ TEMPLATE_LIST_TEST_CASE("GPU data parallel ResNet: ranks on their own batches ke
   test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
     DataParallelResNet<TestType, Comm> dp(kSmallBuckets);
     LoneResNet<TestType> lone;
-    const Batch batch(100 + static_cast<std::uint64_t>(test::world().rank()));
+    const Batch batch(kBatch, 100 + static_cast<std::uint64_t>(test::world().rank()));
     for (int s = 1; s <= 3; ++s) {
       CAPTURE(s);
       CHECK(std::isfinite(train_step(dp.model, batch)));
       train_step(lone.model, batch);
     }
-    const auto replica = weights(dp.model);
+    const auto replica = flatten(weights(dp.model));
     CHECK(test::same_on_every_rank(replica));
-    CHECK_FALSE(bitwise_equal(replica, weights(lone.model)));  // the other ranks' batches count
+    CHECK_FALSE(bitwise_equal(replica, flatten(weights(lone.model))));  // the other ranks' batches count
   });
 }
 
 TEST_CASE("GPU data parallel ResNet: the gradients are the mean of the ranks' lone gradients", "[nccl][resnet]") {
   test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
     const auto world = test::world();
-    const Batch batch(200 + static_cast<std::uint64_t>(world.rank()));
+    const Batch batch(kBatch, 200 + static_cast<std::uint64_t>(world.rank()));
     LoneResNet<OwnConv> lone;
     lone.model.upload_batch(batch.images, batch.labels);
     lone.model.forward_backward();

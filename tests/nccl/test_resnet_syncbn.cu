@@ -33,7 +33,7 @@
 //   misuse             a communicator on another stream, or batches that differ between the
 //                      ranks, are refused with an Error on every rank (no hang).
 // The measured worst errors are printed (WARN, rank 0), to see the margins.
-#include "nccl_fixture.hpp"
+#include "resnet_fixture.hpp"
 
 #include <dpml/comm/nccl.hpp>
 #include <dpml/comm/staged.hpp>
@@ -57,37 +57,11 @@
 #include <vector>
 
 using namespace dpml;
+using namespace dpml::test::resnet;
 
 namespace {
 
-constexpr std::int64_t kBatch = 4, kImage = 32, kClasses = 10;  // kBatch: per rank
-constexpr std::array<std::int64_t, 4> kBlocks{1, 2, 1, 1};
-constexpr std::uint64_t kSeed = 1337;
-constexpr double kLr = 0.05;
-const optim::SgdOptions kSgd{.momentum = 0.9, .weight_decay = 1e-4};
-
 using ResNet = models::cuda::ResNet<>;  // ImplicitGemmConv: deterministic kernels
-
-models::cuda::ResNetCudaConfig config() { return {.in_channels = 3, .width = 8, .blocks = kBlocks, .classes = kClasses}; }
-
-// Images (N, 3, S, S) NCHW, normal, and labels in [0, classes); `salt` picks them.
-struct Batch {
-  std::vector<float> images;
-  std::vector<std::int32_t> labels;
-  Batch(std::int64_t n, std::uint64_t salt)
-      : images(static_cast<std::size_t>(n * 3 * kImage * kImage)), labels(static_cast<std::size_t>(n)) {
-    auto gen = test::rng(salt);
-    std::normal_distribution<float> normal;
-    for (auto& v : images) v = normal(gen);
-    for (auto& l : labels) l = static_cast<std::int32_t>(gen() % kClasses);
-  }
-  // Images [first, first + n) of another batch.
-  Batch(const Batch& whole, std::int64_t first, std::int64_t n) {
-    const std::int64_t per = 3 * kImage * kImage;
-    images.assign(whole.images.begin() + first * per, whole.images.begin() + (first + n) * per);
-    labels.assign(whole.labels.begin() + first, whole.labels.begin() + first + n);
-  }
-};
 
 // A data-parallel replica of `batch` images: gradients averaged over the world, BatchNorm
 // statistics synchronised through `bn` when sync_bn.
@@ -107,23 +81,6 @@ struct Replica {
   }
 };
 
-double train_step(ResNet& m, const Batch& b) {
-  m.upload_batch(b.images, b.labels);
-  m.forward_backward();
-  m.update(kLr, kSgd);
-  return m.loss();
-}
-
-using Named = std::vector<std::pair<std::string, std::vector<float>>>;  // tensors in parameter order
-
-// Master weights in the host layout (through a host model of the same shape).
-Named weights(const ResNet& m) {
-  auto host = models::BottleneckResNet<float>::make({.in_channels = 3, .width = 8, .blocks = kBlocks, .classes = kClasses});
-  m.copy_to(host.parameters());
-  Named w;
-  for (auto* p : host.parameters()) w.emplace_back(p->name(), std::vector<float>(p->value().data(), p->value().data() + p->numel()));
-  return w;
-}
 // Gradients of the last forward_backward, host layout.
 Named gradients(const ResNet& m) {
   Named g;
@@ -157,11 +114,6 @@ double l2(const std::vector<float>& a, const std::vector<float>& b) {
 }
 double norm(const std::vector<float>& a) { return l2(a, std::vector<float>(a.size(), 0.f)); }
 
-std::vector<float> flatten(const Named& tensors) {
-  std::vector<float> v;
-  for (const auto& [name, t] : tensors) v.insert(v.end(), t.begin(), t.end());
-  return v;
-}
 
 // How far a data-parallel run is from the lone model: the worst tensor of each kind (relative L2
 // per gradient tensor; per BatchNorm, the running mean's error relative to the running standard
