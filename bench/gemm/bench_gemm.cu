@@ -4,7 +4,10 @@
 // for sm_90a (bench/gemm/CMakeLists.txt) so that the wgmma columns run; a policy whose supports()
 // is false (wgmma off a compute capability 9.0 device) is left out of its row (0.0 in the table).
 //
-//   bench_gemm [--iters N] [--warmup N]
+//   bench_gemm [--iters N] [--warmup N] [--shape TEXT] [--policy TEXT]
+//
+// --shape / --policy keep only the shapes / policies whose label contains TEXT (cuBLASLt, the
+// reference, always runs): one kernel under a profiler (ncu --kernel-name) without the others.
 //
 // Prints one JSON object per (shape, policy) — {"bench":"gemm","shape":..,"policy":..,"ms":..,
 // "tflops":..,"rel_err_vs_cublaslt":..} — then a table with TFLOP/s per policy and the ratio of
@@ -64,11 +67,14 @@ double rel_err(const std::vector<std::uint16_t>& a, const std::vector<std::uint1
 
 int main(int argc, char** argv) {
   int iters = 20, warmup = 3;
+  std::string shape_filter, policy_filter;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) shape_filter = argv[++i];
+    else if (!std::strcmp(argv[i], "--policy") && i + 1 < argc) policy_filter = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--warmup N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--shape TEXT] [--policy TEXT]\n", argv[0]);
       return 2;
     }
   }
@@ -82,6 +88,7 @@ int main(int argc, char** argv) {
       shapes.push_back(Shape3{e.M, e.N, e.K, e.ta, e.tb, std::string(e.source.substr(0, e.source.find(':')))});
     shapes.push_back({4096, 4096, 4096, Trans::no, Trans::yes, "4096^3 (NT)"});
     shapes.push_back({4096, 4096, 4096, Trans::no, Trans::no, "4096^3 (NN)"});
+    std::erase_if(shapes, [&](const Shape3& s) { return s.label.find(shape_filter) == std::string::npos; });
 
     const std::vector<Policy> policies{
         policy<CublasLt>("cublaslt"),
@@ -91,6 +98,8 @@ int main(int argc, char** argv) {
         policy<TiledGemm<TileShape<256, 128, 32>, 3, WarpTile<64, 64>>>("tiled 256x128x32 s3 w64x64"),
         policy<WgmmaGemm<TileShape<128, 128, 64>, 6, wgmma_schedule::Cooperative>>("wgmma coop 128x128x64 s6"),
         policy<WgmmaGemm<TileShape<128, 256, 64>, 4, wgmma_schedule::Cooperative>>("wgmma coop 128x256x64 s4"),
+        policy<WgmmaGemm<TileShape<128, 128, 64>, 6, wgmma_schedule::CooperativeMulticast>>("wgmma coop-mc 128x128x64 s6"),
+        policy<WgmmaGemm<TileShape<128, 256, 64>, 4, wgmma_schedule::CooperativeMulticast>>("wgmma coop-mc 128x256x64 s4"),
         policy<WgmmaGemm<TileShape<128, 128, 64>, 6>>("wgmma pingpong 128x128x64 s6"),
         policy<WgmmaGemm<TileShape<128, 128, 64>, 4>>("wgmma pingpong 128x128x64 s4"),
         policy<WgmmaGemm<TileShape<64, 256, 64>, 5>>("wgmma pingpong 64x256x64 s5"),
@@ -121,7 +130,7 @@ int main(int argc, char** argv) {
       std::vector<std::uint16_t> ref_host(static_cast<std::size_t>(sh.M * sh.N)), got(ref_host.size());
       for (std::size_t pi = 0; pi < policies.size(); ++pi) {
         const auto& p = policies[pi];
-        if (!p.supports(g)) continue;
+        if (!p.supports(g) || (pi > 0 && p.name.find(policy_filter) == std::string::npos)) continue;
         DPML_CHECK_CUDA(cudaMemsetAsync(C, 0xFF, sh.M * sh.N * sizeof(bf16), stream));  // NaN until written
         for (int i = 0; i < warmup; ++i) p.run(ctx, g, stream);
         DPML_CHECK_CUDA(cudaEventRecord(t0, stream));

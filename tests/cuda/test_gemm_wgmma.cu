@@ -37,6 +37,8 @@ const bool hopper_present = [] {
 
 using Coop128 = WgmmaGemm<TileShape<128, 128, 64>, 4, wgmma_schedule::Cooperative>;
 using Coop256 = WgmmaGemm<TileShape<128, 256, 64>, 3, wgmma_schedule::Cooperative>;
+using CoopMulticast128 = WgmmaGemm<TileShape<128, 128, 64>, 6, wgmma_schedule::CooperativeMulticast>;
+using CoopMulticast256 = WgmmaGemm<TileShape<128, 256, 64>, 4, wgmma_schedule::CooperativeMulticast>;
 using Pingpong128 = WgmmaGemm<TileShape<128, 128, 64>, 6>;
 using Pingpong64x256 = WgmmaGemm<TileShape<64, 256, 64>, 4>;
 
@@ -166,6 +168,15 @@ TEST_CASE("gemm wgmma: cooperative 128x128x64, 4 stages, against float64", "[gem
 TEST_CASE("gemm wgmma: cooperative 128x256x64, 3 stages, against float64", "[gemm][gpu][wgmma]") {
   GemmContext ctx;
   check_policy<Coop256>(ctx, kShapes, 2000);
+}
+
+// Pairs of blocks sharing B through TMA multicast: odd tile-row counts (a block past M that only
+// shares), one tile row, K = 0, and both B layouts (K-major: half a box each; MN-major: half the boxes).
+TEST_CASE("gemm wgmma: cooperative with 2x1 cluster multicast, 128x128 and 128x256, against float64",
+          "[gemm][gpu][wgmma]") {
+  GemmContext ctx;
+  check_policy<CoopMulticast128>(ctx, kShapes, 6000);
+  check_policy<CoopMulticast256>(ctx, kShapes, 7000);
 }
 
 TEST_CASE("gemm wgmma: persistent ping-pong 128x128x64 and 64x256x64 against float64", "[gemm][gpu][wgmma]") {

@@ -3,8 +3,11 @@
 // tensor-core instructions fed by the TMA copy engine, warp-specialised. Same interface and
 // epilogues as TiledGemm (gemm.hpp); all four (ta, tb) layouts; sm_90a only. Two schedules (types
 // in wgmma_schedule): Cooperative, one tile per block with its two consumer warpgroups splitting
-// the rows (the kernel described next), and Pingpong, persistent blocks whose consumer warpgroups
-// take whole tiles in turn, with split K for few tiles (PingpongKernel below).
+// the rows (the kernel described next); CooperativeMulticast, the same kernel with blocks paired in
+// 2×1 thread-block clusters over vertically adjacent tiles, each block copying half of the pair's
+// shared B slab into both (TMA .multicast::cluster; consumers release a stage in both blocks); and
+// Pingpong, persistent blocks whose consumer warpgroups take whole tiles in turn, with split K for
+// few tiles (PingpongKernel below).
 //
 // The trick, in four parts:
 //  * TMA loads. Two CUtensorMaps (built on the host per call by cuTensorMapEncodeTiled, a driver
@@ -84,6 +87,36 @@ __device__ __forceinline__ void tma_load(const CUtensorMap* map, std::uint32_t d
           dst),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
+}
+// The multicast form: the box lands at offset dst of the shared memory of every block of this
+// cluster named in `ctas` (one bit per rank) and completes on the mbarrier at offset bar in each.
+__device__ __forceinline__ void tma_load_multicast(const CUtensorMap* map, std::uint32_t dst, std::uint32_t bar, int c0,
+                                                   int c1, std::uint16_t ctas) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+      "%3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(ctas)
+      : "memory");
+}
+// Arrives on the mbarrier at offset bar of block `cta` of this cluster (this block included).
+// CTA-scope release, as for a local arrive: the operand reads it orders are the wgmmas' already
+// retired ones. A `.release.cluster` arrive compiles to a GPU-wide memory fence, which cost ~1 µs
+// per slab on the consumer's critical path (the kernel ran at half speed).
+__device__ __forceinline__ void mbar_arrive_cluster(std::uint32_t bar, std::uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+// Every thread of every block of the cluster: what was written before is seen after.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ std::uint32_t cluster_rank() {
+  std::uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
 }
 __device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
@@ -190,17 +223,31 @@ inline constexpr int kAtom = 64 * 64 * 2;  // one 64×64 box of bf16: 8 KiB
 // Issues the copies of one stage — A's (BM, 64) slab at a, B's (BN, 64) slab at b, from rows m0,
 // n0 and column k0 — completing on bar. A stored (K, M): BM/64 boxes of (64 k, 64 m), MN-major;
 // stored (M, K): one box of (BM m, 64 k), K-major. B stored (N, K): one box of (BN n, 64 k),
-// K-major; stored (K, N): BN/64 boxes of (64 k, 64 n), MN-major.
-template <int BM, int BN, bool TransA, bool TransB>
+// K-major; stored (K, N): BN/64 boxes of (64 k, 64 n), MN-major. In a cluster of `Cluster` blocks
+// that share B (same n0), block `rank` copies only part `rank` of B's slab — rows [rank·BN/Cluster,
+// (rank + 1)·BN/Cluster) — into every block of the cluster (the B tensor map's boxes are then
+// BN/Cluster rows when K-major), and each block's bar counts the whole stage.
+template <int BM, int BN, bool TransA, bool TransB, int Cluster = 1>
 __device__ __forceinline__ void load_stage(const CUtensorMap* map_a, const CUtensorMap* map_b, std::uint32_t a,
-                                           std::uint32_t b, std::uint32_t bar, int m0, int n0, int k0) {
+                                           std::uint32_t b, std::uint32_t bar, int m0, int n0, int k0, int rank = 0) {
+  static_assert(BN % (64 * Cluster) == 0, "B splits into 64-wide boxes per block of the cluster");
   if constexpr (TransA) {
 #pragma unroll
     for (int i = 0; i < BM / 64; ++i) tma_load(map_a, a + i * kAtom, bar, m0 + 64 * i, k0);
   } else {
     tma_load(map_a, a, bar, k0, m0);
   }
-  if constexpr (TransB) {
+  if constexpr (Cluster > 1) {
+    constexpr auto all = static_cast<std::uint16_t>((1u << Cluster) - 1);
+    constexpr int rows = BN / Cluster;  // of B's slab, per block
+    if constexpr (TransB) {
+      tma_load_multicast(map_b, b + rank * rows * 128, bar, k0, n0 + rank * rows, all);
+    } else {
+#pragma unroll
+      for (int i = rank * rows / 64; i < (rank + 1) * rows / 64; ++i)
+        tma_load_multicast(map_b, b + i * kAtom, bar, n0 + 64 * i, k0, all);
+    }
+  } else if constexpr (TransB) {
     tma_load(map_b, b, bar, k0, n0);
   } else {
 #pragma unroll
@@ -252,7 +299,7 @@ struct StageRing {
 
 // ---- the kernel ----
 
-template <class Tile, int Stages, bool TransA, bool TransB>
+template <class Tile, int Stages, bool TransA, bool TransB, int Cluster>
 struct Kernel {
   static constexpr int BM = Tile::M, BN = Tile::N, BK = Tile::K;
   static_assert(BK == 64, "a slab row is one 128-byte swizzle row: BK = 64 bf16");
@@ -265,6 +312,8 @@ struct Kernel {
   static constexpr int Threads = 128 * (Consumers + 1);  // warpgroup 0 produces
   using Ring = StageRing<BM, BN, Stages, 0>;
   static constexpr int kStages = Stages;
+  static_assert(Cluster == 1 || Cluster == 2, "blocks pair up in clusters of 2 or run alone");
+  static constexpr int kCluster = Cluster;
   // Registers per thread: the launch gives every thread the cap of __launch_bounds__(Threads, 1)
   // (64 Ki / Threads, in steps of 8); setmaxnreg then moves the producer down to 40 and the
   // consumers up to what that frees (at most 256). Asking for more than the block holds would stall.
@@ -279,24 +328,31 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                       std::int64_t M, std::int64_t N, std::int64_t K, EpilogueParams<TC, Epi> ep) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BM = Kn::BM, BN = Kn::BN, BK = Kn::BK, S = Kn::kStages;
+  constexpr int BM = Kn::BM, BN = Kn::BN, BK = Kn::BK, S = Kn::kStages, CL = Kn::kCluster;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const typename Kn::Ring ring(smem_raw);
 
-  const TileCoord tile =
-      grouped_tile(static_cast<int>(blockIdx.x), static_cast<int>(ceil_div(M, BM)), static_cast<int>(ceil_div(N, BN)));
-  const int m0 = tile.m * BM, n0 = tile.n * BN;  // < 2^31: supports()
+  // A cluster of CL blocks computes CL vertically adjacent tiles (one column of tiles): rank r the
+  // r-th. Past M (an odd tile count) a block still loads and shares its part of B and stores nothing.
+  const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
+  const TileCoord column = grouped_tile(static_cast<int>(blockIdx.x) / CL, static_cast<int>(ceil_div(M, CL * BM)),
+                                        static_cast<int>(ceil_div(N, BN)));  // in (CL·BM, BN) tiles
+  const int m0 = (column.m * CL + rank) * BM, n0 = column.n * BN;  // < 2^31: supports()
   const int k_tiles = static_cast<int>(ceil_div(K, BK));
   const int wg = static_cast<int>(threadIdx.x) / 128;
 
   if (threadIdx.x == 0) {
     tma_prefetch(&map_a);
     tma_prefetch(&map_b);
-    ring.init_barriers(Kn::Consumers);  // empty: one arrive per consumer warpgroup
+    ring.init_barriers(Kn::Consumers * CL);  // empty: one arrive per consumer warpgroup of the cluster
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (CL > 1) {
+    cluster_sync();  // the other blocks' barriers exist before anything lands on them
+  } else {
+    __syncthreads();
+  }
 
   if (wg == 0) {
     // Producer: one thread walks K, refilling each stage once its consumers have released it.
@@ -306,7 +362,7 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
         const int s = kt % S, k0 = kt * BK;
         if (kt >= S) mbar_wait(ring.empty(s), static_cast<std::uint32_t>((kt / S - 1) & 1));
         mbar_expect_tx(ring.full(s), Kn::Ring::stage_bytes);  // boxes past the edges still count in full
-        load_stage<BM, BN, TransA, TransB>(&map_a, &map_b, ring.a(s), ring.b(s), ring.full(s), m0, n0, k0);
+        load_stage<BM, BN, TransA, TransB, CL>(&map_a, &map_b, ring.a(s), ring.b(s), ring.full(s), m0, n0, k0, rank);
       }
     }
   } else {
@@ -330,7 +386,15 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
       wgmma_commit();
       wgmma_wait<1>();  // the previous slab's wgmmas have retired: release it
       fence_operands(acc);
-      if (kt > 0 && threadIdx.x % 128 == 0) mbar_arrive(ring.empty((kt - 1) % S));
+      if (kt > 0 && threadIdx.x % 128 == 0) {
+        // Released in every block of the cluster: each block's producer refills B in all of them.
+        if constexpr (CL > 1) {
+#pragma unroll
+          for (int r = 0; r < CL; ++r) mbar_arrive_cluster(ring.empty((kt - 1) % S), static_cast<std::uint32_t>(r));
+        } else {
+          mbar_arrive(ring.empty((kt - 1) % S));
+        }
+      }
     }
     wgmma_wait<0>();
     fence_operands(acc);
@@ -348,6 +412,7 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
                       acc[4 * j + 2 * half + 1]);
     }
   }
+  if constexpr (CL > 1) cluster_sync();  // no block leaves while another may still arrive on its barriers
 #endif
 }
 
@@ -609,11 +674,20 @@ namespace wgmma_schedule {
 // One (BM, BN) tile per block, its two consumer warpgroups splitting the rows (BM = 128).
 struct Cooperative {
   static constexpr std::string_view name = "cooperative";
+  static constexpr int cluster = 1;
+};
+// Cooperative, with blocks paired in 2×1 thread-block clusters over vertically adjacent tiles: the
+// pair shares its B slabs, each block copying half of every slab into both (TMA multicast), so a
+// block reads (BM + BN/2)·64 elements per slab from L2 instead of (BM + BN)·64.
+struct CooperativeMulticast {
+  static constexpr std::string_view name = "cooperative-multicast";
+  static constexpr int cluster = 2;
 };
 // A persistent block per SM; each consumer warpgroup computes whole (BM, BN) tiles, in turn with
 // the other, and small tile counts are split along K (PingpongKernel above).
 struct Pingpong {
   static constexpr std::string_view name = "pingpong";
+  static constexpr int cluster = 1;
 };
 }  // namespace wgmma_schedule
 
@@ -673,17 +747,17 @@ struct WgmmaGemm {
   template <bool TA, bool TB, class Epi, class TC>
   static void launch(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream) {
     using Kn = std::conditional_t<persistent, detail::wgmma::PingpongKernel<Tile, Stages>,
-                                  detail::wgmma::Kernel<Tile, Stages, TA, TB>>;
+                                  detail::wgmma::Kernel<Tile, Stages, TA, TB, Schedule::cluster>>;
     using detail::wgmma::tensor_map;
     const detail::EpilogueParams<TC, Epi> ep{g.C, g.ldc, g.alpha, g.beta, g.bias, g.pre_gelu};
     // A stored (K, M) when transposed, else (M, K); B stored (N, K) when transposed, else (K, N).
     // K-major slabs take one box of all their rows; MN-major ones boxes of 64 k-rows.
     const CUtensorMap map_a = TA ? tensor_map(g.A, g.K, g.M, g.lda, Kn::BK, "A")
                                  : tensor_map(g.A, g.M, g.K, g.lda, Kn::BM, "A");
-    const CUtensorMap map_b = TB ? tensor_map(g.B, g.N, g.K, g.ldb, Kn::BN, "B")
+    const CUtensorMap map_b = TB ? tensor_map(g.B, g.N, g.K, g.ldb, Kn::BN / Schedule::cluster, "B")
                                  : tensor_map(g.B, g.K, g.N, g.ldb, Kn::BK, "B");
-    const std::int64_t tiles = ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N);
     if constexpr (persistent) {
+      const std::int64_t tiles = ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N);
       constexpr auto kernel = &detail::wgmma::wgmma_pingpong_kernel<Kn, TA, TB, Epi, TC>;
       opt_in<kernel>(Kn::Ring::smem_bytes);
       const int splits = split_count(g.M, g.N, g.K, ctx.sm_count());
@@ -701,7 +775,24 @@ struct WgmmaGemm {
     } else {
       constexpr auto kernel = &detail::wgmma::wgmma_gemm_kernel<Kn, TA, TB, Epi, TC>;
       opt_in<kernel>(Kn::Ring::smem_bytes);
-      kernel<<<static_cast<unsigned>(tiles), Kn::Threads, Kn::Ring::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep);
+      constexpr int kCluster = Schedule::cluster;
+      const auto blocks = static_cast<unsigned>(kCluster * ceil_div(g.M, kCluster * Tile::M) * ceil_div(g.N, Tile::N));
+      if constexpr (kCluster == 1) {
+        kernel<<<blocks, Kn::Threads, Kn::Ring::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep);
+      } else {
+        cudaLaunchAttribute cluster{};
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = kCluster;
+        cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+        cudaLaunchConfig_t config{};
+        config.gridDim = dim3(blocks);
+        config.blockDim = dim3(Kn::Threads);
+        config.dynamicSmemBytes = Kn::Ring::smem_bytes;
+        config.stream = stream;
+        config.attrs = &cluster;
+        config.numAttrs = 1;
+        DPML_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, map_a, map_b, g.M, g.N, g.K, ep));
+      }
     }
     DPML_CHECK_LAUNCH();
   }
