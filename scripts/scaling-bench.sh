@@ -5,7 +5,8 @@
 #   2. ctest -L nccl: communicator collectives (NCCL and comm::Staged), the data-parallel GPT and
 #      ResNet, ZeRO-1, synchronised BatchNorm, tensor and pipeline parallel GPT, each against one GPU
 #   3. GPT-2 124M (B=16 per GPU, T=1024): dpml on 1 GPU and on K (bf16 and fp32 gradient
-#      reduction, and ZeRO-1: --use-distributed-optimizer); PyTorch eager on 1 and DDP on K
+#      reduction, the tied wte all-reduced whole instead of gathered: --tied-grad allreduce, and
+#      ZeRO-1: --use-distributed-optimizer); PyTorch eager on 1 and DDP on K
 #      (torchrun); with --compile also torch.compile
 #   4. bench_allreduce on K ranks: comm::Nccl and GradientSync's buckets against raw NCCL busbw
 #   5. a table: tokens/s, scaling efficiency (K-GPU tokens/s / (K × 1-GPU tokens/s)), exposed
@@ -59,6 +60,7 @@ gpt=$build/bench/gpt_train/gpt_train
 run gpt-dpml-1 "$gpt" "${common[@]}"
 run gpt-dpml-$ranks scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}"
 run gpt-dpml-$ranks-fp32 scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --grad-reduce fp32
+run gpt-dpml-$ranks-tied-allreduce scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --tied-grad allreduce
 run gpt-dpml-$ranks-zero1 scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --use-distributed-optimizer
 modes=(eager)
 [[ $compile == 1 ]] && modes+=(compile)
@@ -87,7 +89,7 @@ print("| run | GPUs | tokens/s | ms/step | exposed comm ms | memory GiB per GPU 
 print("|---|---|---|---|---|---|---|")
 for name, r in runs.items():
     ranks = r.get("ranks", 1)
-    base = runs.get(re.sub(r"-\d+(-fp32|-zero1)?$", "-1", name))  # gpt-dpml-2-zero1 → gpt-dpml-1
+    base = runs.get(re.sub(r"-\d+(-fp32|-zero1|-tied-allreduce)?$", "-1", name))  # gpt-dpml-2-zero1 → gpt-dpml-1
     eff = f"{r['tokens_per_s'] / (ranks * base['tokens_per_s']):.3f}" if base and ranks > 1 else ""
     exposed = f"{r['exposed_comm_ms']:.2f}" if "exposed_comm_ms" in r and ranks > 1 else ""
     print(f"| {name} | {ranks} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | {exposed} | {r['mem_gib']:.2f} | {eff} |")

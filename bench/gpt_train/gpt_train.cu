@@ -77,6 +77,7 @@ struct Options {
   std::string precision = "bf16";
   double bucket_mb = 25;             // data parallel: all-reduce bucket size
   std::string grad_reduce = "bf16";  // data parallel: the type the gradients are averaged in
+  std::string tied_grad = "auto";     // data parallel: how the tied wte gradient is reduced
   bool distributed_optimizer = false; // ZeRO-1: optimizer state sharded over the ranks
   int pp = 1;                        // pipeline stages
   int tp = 1;                        // tensor-parallel degree
@@ -105,10 +106,18 @@ void usage(const char* argv0) {
       "  --bucket-mb X    data parallel (several ranks): MB per gradient all-reduce bucket (25)\n"
       "  --grad-reduce bf16|fp32  data parallel: average the gradients in their own 16-bit type or in fp32 (bf16)\n"
       "  --use-distributed-optimizer  ZeRO-1: shard the fp32 master weights and AdamW moments over the ranks\n"
+      "  --tied-grad auto|gather|allreduce  data parallel: the tied wte gradient's embedding part from all ranks'\n"
+      "                   token rows gathered (its LM-head part all-reduced during the backward), or wte all-reduced\n"
+      "                   whole after the backward; auto: gather where it moves fewer bytes (auto)\n"
       "Data parallel: scripts/launch.sh -n K %s ... (one GPU per rank, each on its own batch of B);\n"
       "with --pp P, K = P × dp ranks; with --tp N, K = N × dp (a tensor group shares its batch).\n"
       "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
       argv0, argv0);
+}
+
+models::cuda::TiedGradSync tied_grad_sync(const std::string& flag) {
+  using models::cuda::TiedGradSync;
+  return flag == "gather" ? TiedGradSync::gather : flag == "allreduce" ? TiedGradSync::all_reduce : TiedGradSync::automatic;
 }
 
 Options parse(int argc, char** argv) {
@@ -139,6 +148,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--precision") o.precision = v;
     else if (a == "--bucket-mb") o.bucket_mb = std::atof(v);
     else if (a == "--grad-reduce") o.grad_reduce = v;
+    else if (a == "--tied-grad") o.tied_grad = v;
     else if (a == "--pp" || a == "--pipeline-model-parallel-size") o.pp = std::atoi(v);
     else if (a == "--tp" || a == "--tensor-model-parallel-size") o.tp = std::atoi(v);
     else if (a == "--micro-batch") o.micro_batch = std::atoll(v);
@@ -153,6 +163,8 @@ Options parse(int argc, char** argv) {
   DPML_REQUIRE_EVERYWHERE(!o.distributed_optimizer || o.grad_reduce == "bf16",
                           "gpt_train: --use-distributed-optimizer reduces the gradients in their own type; --grad-reduce "
                               << o.grad_reduce << " is not supported with it");
+  DPML_REQUIRE_EVERYWHERE(o.tied_grad == "auto" || o.tied_grad == "gather" || o.tied_grad == "allreduce",
+                          "gpt_train: --tied-grad " << o.tied_grad << " is not auto, gather or allreduce");
   DPML_REQUIRE_EVERYWHERE(o.bucket_mb > 0, "gpt_train: --bucket-mb " << o.bucket_mb << " must be positive");
   DPML_REQUIRE_EVERYWHERE(o.pp >= 1, "gpt_train: --pp " << o.pp << " must be positive");
   DPML_REQUIRE_EVERYWHERE(o.tp >= 1, "gpt_train: --tp " << o.tp << " must be positive");
@@ -321,7 +333,7 @@ int run(const Options& o, const comm::Mpi& world) {
     auto z = std::make_unique<parallel::cuda::DistributedOptimizer<Act>>(
         comm::Nccl::from(grid.comm(Axis::data)), model.weights(), model.gradients(), flat, model.stream(), sync_opt);
     exposed_ms = [p = z.get()] { return p->exposed_ms(); };
-    model.set_distributed_optimizer(z.get());
+    model.set_distributed_optimizer(z.get(), tied_grad_sync(o.tied_grad));
     sync = std::move(z);
   } else if (dp > 1) {
     auto nccl = comm::Nccl::from(grid.comm(Axis::data));
@@ -334,7 +346,7 @@ int run(const Options& o, const comm::Mpi& world) {
       exposed_ms = [p = s.get()] { return p->exposed_ms(); };
       sync = std::move(s);
     }
-    model.set_gradient_sync(sync.get());
+    model.set_gradient_sync(sync.get(), tied_grad_sync(o.tied_grad));
   }
   model.init_random(1337);  // the same on every rank
   const optim::AdamWOptions adam{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};

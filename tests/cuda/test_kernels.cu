@@ -202,10 +202,29 @@ TEMPLATE_TEST_CASE("embedding: forward and deterministic backward against the ho
     kc::embedding_token_backward(tok.ptr, dy.ptr, dW.ptr, N, cs.C, cs.begin, cs.end, cs.vocab, ws.ptr, ws_bytes, nullptr);
     const auto again = dW.download();
     CHECK(std::memcmp(again.data(), got_dW.data(), again.size() * sizeof(T)) == 0);
-    if constexpr (std::is_same_v<T, float>) {  // fp32 adds in the host's order: equal to the host's bits
-      std::vector<float> host_dW(hdW);
-      kh::embedding_token_backward(htok.data(), hdy.data(), host_dW.data(), N, cs.C, cs.begin, cs.end);
-      CHECK(std::memcmp(host_dW.data(), got_dW.data(), host_dW.size() * sizeof(float)) == 0);
+    // Scaled (a data-parallel rank adding every rank's rows, averaged): dW + scale · Σ dy.
+    dW.upload(hdW);
+    constexpr float kScale = 0.375f;
+    kc::embedding_token_backward(tok.ptr, dy.ptr, dW.ptr, N, cs.C, cs.begin, cs.end, cs.vocab, ws.ptr, ws_bytes, nullptr,
+                                 kScale);
+    std::vector<double> scaled = test::to_double(hdW);
+    for (std::size_t i = 0; i < scaled.size(); ++i) scaled[i] += kScale * (rdW[i] - scaled[i]);
+    CHECK(test::rel_l2(dW.download(), scaled) <= tol_for<T>());
+    // Two ranks' equal rows gathered in rank order, blocks of N rows, scale 1/2: one rank's bits.
+    {
+      std::vector<std::int32_t> htok2(htok);
+      htok2.insert(htok2.end(), htok.begin(), htok.end());
+      std::vector<T> hdy2(hdy);
+      hdy2.insert(hdy2.end(), hdy.begin(), hdy.end());
+      test::DeviceVec<std::int32_t> tok2(htok2);
+      test::DeviceVec<T> dy2(hdy2);
+      const std::size_t ws2_bytes = kc::embedding_backward_workspace(2 * N, cs.vocab);
+      test::DeviceVec<unsigned char> ws2(ws2_bytes);
+      dW.upload(hdW);
+      kc::embedding_token_backward(tok2.ptr, dy2.ptr, dW.ptr, 2 * N, cs.C, cs.begin, cs.end, cs.vocab, ws2.ptr, ws2_bytes,
+                                   nullptr, 0.5f, N);
+      const auto pair = dW.download();
+      CHECK(std::memcmp(pair.data(), got_dW.data(), pair.size() * sizeof(T)) == 0);
     }
   }
 }

@@ -55,17 +55,23 @@ struct Batch {
   }
 };
 
+// Both ways of reducing the tied wte's gradient (Gpt::listen()); at K = 2 the tiny configuration's
+// automatic choice is all_reduce (K·B·T = 2·Vp).
+inline constexpr models::cuda::TiedGradSync kTiedGradSyncs[] = {models::cuda::TiedGradSync::gather,
+                                                                 models::cuda::TiedGradSync::all_reduce};
+
 // A model whose gradients are averaged over the world (Wire: the reduction's type).
 template <class Wire = bf16, class Comm = comm::Nccl>
 struct DataParallelGpt {
   Gpt model;
   parallel::cuda::GradientSync<bf16, Wire, Comm> sync;
-  explicit DataParallelGpt(const models::cuda::GptCudaConfig& cfg = config())
+  explicit DataParallelGpt(const models::cuda::GptCudaConfig& cfg = config(),
+                           models::cuda::TiedGradSync tied = models::cuda::TiedGradSync::automatic)
       : model(cfg, kBatch, kSeq),
         sync(Comm::from(world()), model.gradients(), static_cast<std::size_t>(model.parameter_count()), model.stream(),
              {.bucket_bytes = kBucketBytes}) {
     model.init_random(11);
-    model.set_gradient_sync(&sync);
+    model.set_gradient_sync(&sync, tied);
   }
 };
 

@@ -2,7 +2,9 @@
 // rank (NCCL; or all ranks on one GPU through comm::Staged, see nccl_fixture.hpp), against a lone model on each rank's GPU that sees no other rank. Tiny configuration
 // (L=2, C=64, H=2, V=67, T=32, per-rank batch 4), weights from init_random (the same seed on every
 // rank), AdamW with clipping; buckets of 8 KiB so that the small model is cut into many of them
-// and most all-reduces run while the backward is still going.
+// and most all-reduces run while the backward is still going. The tied wte's gradient both ways
+// (Gpt::listen(): every rank's token rows gathered, or wte all-reduced whole) in the equal-batches
+// and batch-slices cases; the gathered rows' sum is formed per rank, so equal batches stay exact.
 //
 //   equal batches   every rank on the same batch: the average of equal gradients is exact (ncclAvg
 //                   of K = 2 equal values), so 3 steps give the lone model's weights bit for bit,
@@ -33,19 +35,22 @@ using namespace dpml::test::gpt;
 TEMPLATE_TEST_CASE("GPU data parallel GPT: equal batches on every rank give the lone model's weights bit for bit",
                    "[nccl][gpt]", bf16, float) {
   test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
-    DataParallelGpt<TestType, Comm> dp;
-    Gpt lone(config(), kBatch, kSeq);
-    lone.init_random(11);
-    const Batch batch(kBatch, 3);
-    for (std::int64_t s = 1; s <= 3; ++s) {
-      CAPTURE(s);
-      CHECK(train_step(dp.model, batch, s) == train_step(lone, batch, s));
-    }
-    CHECK(dp.sync.bucket_count() > 4);
-    const auto a = weights(dp.model), b = weights(lone);
-    for (const auto& [name, w] : b) {
-      CAPTURE(name);
-      CHECK(std::memcmp(a.at(name).data(), w.data(), w.size() * sizeof(float)) == 0);
+    for (const auto tied : kTiedGradSyncs) {
+      CAPTURE(static_cast<int>(tied));
+      DataParallelGpt<TestType, Comm> dp(config(), tied);
+      Gpt lone(config(), kBatch, kSeq);
+      lone.init_random(11);
+      const Batch batch(kBatch, 3);
+      for (std::int64_t s = 1; s <= 3; ++s) {
+        CAPTURE(s);
+        CHECK(train_step(dp.model, batch, s) == train_step(lone, batch, s));
+      }
+      CHECK(dp.sync.bucket_count() > 4);
+      const auto a = weights(dp.model), b = weights(lone);
+      for (const auto& [name, w] : b) {
+        CAPTURE(name);
+        CHECK(std::memcmp(a.at(name).data(), w.data(), w.size() * sizeof(float)) == 0);
+      }
     }
   });
 }
@@ -53,7 +58,7 @@ TEMPLATE_TEST_CASE("GPU data parallel GPT: equal batches on every rank give the 
 TEST_CASE("GPU data parallel GPT: ranks on their own batches keep bit-identical replicas", "[nccl][gpt]") {
   test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
     const int rank = test::world().rank();
-    DataParallelGpt<bf16, Comm> dp;
+    DataParallelGpt<bf16, Comm> dp(config(), models::cuda::TiedGradSync::gather);  // replicas equal: a deterministic gather
     Gpt lone(config(), kBatch, kSeq);
     lone.init_random(11);
     const Batch batch(kBatch, 100 + static_cast<std::uint64_t>(rank));
@@ -69,7 +74,10 @@ TEST_CASE("GPU data parallel GPT: ranks on their own batches keep bit-identical 
 
 TEST_CASE("GPU data parallel GPT: slices of a batch on the ranks equal one GPU on the whole batch", "[nccl][gpt]") {
   test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
-    DataParallelGpt<bf16, Comm> dp;
-    check_batch_slices(dp.model, config(), /*gradients=*/true);
+    for (const auto tied : kTiedGradSyncs) {
+      CAPTURE(static_cast<int>(tied));
+      DataParallelGpt<bf16, Comm> dp(config(), tied);
+      check_batch_slices(dp.model, config(), /*gradients=*/true);
+    }
   });
 }

@@ -2,7 +2,7 @@
 // holding the fp32 master weights and AdamW moments of its 1/K of the flat buffer, against plain
 // data parallelism (GradientSync, every rank holding all of them) and against a lone model.
 // gpt_fixture.hpp's tiny GPT with max_seq = 33 (wpe 33 rows): the flat buffer, 110400 elements,
-// is not a multiple of 64·K, so the replicated remainder (the first 64 elements: wte) is in play;
+// is not a multiple of 64·K, so the replicated remainder (the first 64 elements: wpe) is in play;
 // 8 KiB buckets cut it into some 27 buckets, each split between the ranks.
 //
 //   same as data parallel  ranks on their own batches, 10 AdamW steps with clipping, ZeRO-1 and
@@ -81,11 +81,11 @@ template <class Comm>
 struct ZeroGpt {
   Gpt model;
   parallel::cuda::DistributedOptimizer<bf16, Comm> zero;
-  ZeroGpt()
+  explicit ZeroGpt(models::cuda::TiedGradSync tied = models::cuda::TiedGradSync::automatic)
       : model(config(kMaxSeq), kBatch, kSeq),
         zero(Comm::from(test::world()), model.weights(), model.gradients(),
              static_cast<std::size_t>(model.parameter_count()), model.stream(), {.bucket_bytes = kBucketBytes}) {
-    model.set_distributed_optimizer(&zero);
+    model.set_distributed_optimizer(&zero, tied);
     model.init_random(11);
   }
 };
@@ -101,9 +101,9 @@ void check_close(const std::map<std::string, std::vector<float>>& got, const std
 }
 
 template <class Comm>
-void same_as_data_parallel(std::type_identity<Comm>) {
-  DataParallelGpt<bf16, Comm> dp(config(kMaxSeq));
-  ZeroGpt<Comm> zero;
+void same_as_data_parallel(std::type_identity<Comm>, models::cuda::TiedGradSync tied) {
+  DataParallelGpt<bf16, Comm> dp(config(kMaxSeq), tied);
+  ZeroGpt<Comm> zero(tied);
   CHECK(zero.zero.bucket_count() > 4);
   CHECK(zero.zero.remainder() > 0);
   const auto initial = weights(dp.model);
@@ -120,8 +120,11 @@ void same_as_data_parallel(std::type_identity<Comm>) {
 
 template <class Comm>
 void batch_slices(std::type_identity<Comm>) {
-  ZeroGpt<Comm> zero;
-  check_batch_slices(zero.model, config(kMaxSeq), /*gradients=*/false);
+  for (const auto tied : kTiedGradSyncs) {
+    CAPTURE(static_cast<int>(tied));
+    ZeroGpt<Comm> zero(tied);
+    check_batch_slices(zero.model, config(kMaxSeq), /*gradients=*/false);
+  }
 }
 
 template <class Comm>
@@ -223,7 +226,12 @@ void fp16_loss_scaling(std::type_identity<Comm>) {
 }  // namespace
 
 TEST_CASE("GPU ZeRO-1 GPT: ranks on their own batches train as plain data parallelism", "[nccl][gpt][zero]") {
-  on_gpus([](auto comm) { same_as_data_parallel(comm); });
+  on_gpus([](auto comm) {
+    for (const auto tied : kTiedGradSyncs) {
+      CAPTURE(static_cast<int>(tied));
+      same_as_data_parallel(comm, tied);
+    }
+  });
 }
 
 TEST_CASE("GPU ZeRO-1 GPT: slices of a batch on the ranks equal one GPU on the whole batch", "[nccl][gpt][zero]") {

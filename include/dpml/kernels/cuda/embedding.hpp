@@ -58,7 +58,7 @@ __global__ void iota_kernel(std::int32_t* v, std::int64_t n) {
 template <class T>
 __global__ void token_backward_kernel(const std::int32_t* __restrict__ keys, const std::int32_t* __restrict__ pos,
                                       const T* __restrict__ dy, T* __restrict__ dW, std::int64_t N, int C,
-                                      std::int64_t begin, std::int64_t end) {
+                                      std::int64_t begin, std::int64_t end, float scale, std::int64_t block_rows) {
   const std::int64_t p = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (p >= N) return;
   const std::int32_t tok = keys[p];
@@ -66,9 +66,19 @@ __global__ void token_backward_kernel(const std::int32_t* __restrict__ keys, con
   const int lane = threadIdx.x % 32;
   T* dw = dW + (tok - begin) * C;
   for (int c = lane; c < C; c += 32) {
-    float acc = load_f(dw[c]);
-    for (std::int64_t q = p; q < N && keys[q] == tok; ++q) acc += load_f(dy[static_cast<std::int64_t>(pos[q]) * C + c]);
-    dw[c] = from_f<T>(acc);
+    // The run lists its rows in position order (the sort is stable), so block by block.
+    float total = 0.f, block_sum = 0.f;
+    std::int64_t block = pos[p] / block_rows;
+    for (std::int64_t q = p; q < N && keys[q] == tok; ++q) {
+      const std::int64_t row = pos[q];
+      if (row / block_rows != block) {
+        total += block_sum;
+        block_sum = 0.f;
+        block = row / block_rows;
+      }
+      block_sum += load_f(dy[row * C + c]);
+    }
+    dw[c] = from_f<T>(load_f(dw[c]) + scale * (total + block_sum));
   }
 }
 
@@ -132,12 +142,17 @@ void embedding_position_forward(const T* P, T* y, std::int64_t B, std::int64_t T
   DPML_CHECK_LAUNCH();
 }
 
-// dW (end − begin, C) += the rows of dy (N, C) whose token lies in the shard; deterministic.
-// workspace: embedding_backward_workspace(N, vocab) bytes.
+// dW (end − begin, C) += scale · the sum of the rows of dy (N, C) whose token lies in the shard;
+// deterministic. The sum per token is in fp32, in position order, formed apart for each block of
+// `block_rows` rows (default: one block) and then over the blocks: the rows of K data-parallel
+// ranks gathered in rank order (block_rows = N/K) with scale = 1/K give, when every rank had the
+// same rows, exactly what one rank's rows give with scale 1. workspace:
+// embedding_backward_workspace(N, vocab) bytes.
 template <class T>
 void embedding_token_backward(const std::int32_t* tokens, const T* dy, T* dW, std::int64_t N, std::int64_t C,
                               std::int64_t begin, std::int64_t end, std::int64_t vocab, void* workspace,
-                              std::size_t workspace_bytes, cudaStream_t stream) {
+                              std::size_t workspace_bytes, cudaStream_t stream, float scale = 1.f,
+                              std::int64_t block_rows = 0) {
   static_assert(detail::is_storage_v<T>);
   using namespace detail::emb;
   if (N == 0) return;
@@ -156,7 +171,7 @@ void embedding_token_backward(const std::int32_t* tokens, const T* dy, T* dW, st
                                                   static_cast<int>(N), 0, key_bits(vocab), stream));
   constexpr int kWarps = 8;
   token_backward_kernel<<<static_cast<unsigned>(ceil_div(N, kWarps)), kWarps * 32, 0, stream>>>(
-      keys, pos, dy, dW, N, static_cast<int>(C), begin, end);
+      keys, pos, dy, dW, N, static_cast<int>(C), begin, end, scale, block_rows > 0 ? block_rows : N);
   DPML_CHECK_LAUNCH();
 }
 

@@ -54,10 +54,13 @@
 // Data parallel (parallel/cuda/gradient_sync.hpp): with a GradientListener attached, the backward
 // of a step's last micro-batch (its W, where W is delayed) tells it after each block that the
 // gradients from that block's first tensor to the end of the flat buffer are final (ln_f and the
-// blocks behind it), so their all-reduce overlaps the blocks still to come; the tied wte (first
-// written by the LM head, last by the embedding backward) and wpe go at the end, with finish(),
-// before the norm and the update. A pipeline stage's buffer holds its own tensors in the same
-// order, so the same calls serve it.
+// blocks behind it), so their all-reduce overlaps the blocks still to come; wpe goes at the end,
+// with finish(), before the norm and the update. The tied wte (first written by the LM head, last
+// by the embedding backward) lies at the end of a whole model's buffer: when the data axis is
+// small enough (listen()) its all-reduce starts with the backward, covering the head's part, and
+// the embedding's part comes from every rank's rows all-gathered and added after finish();
+// otherwise it is all-reduced at finish(). A pipeline stage's buffer holds its own tensors in the
+// host model's order (wte first), so the same calls serve it.
 //
 // ZeRO-1 (parallel/cuda/distributed_optimizer.hpp): with a ShardedOptimizer attached instead
 // (set_distributed_optimizer), that listener reduce-scatters the buckets, holds this rank's shard of
@@ -149,6 +152,11 @@
 
 namespace dpml::models::cuda {
 
+// How a data-parallel whole model reduces the tied wte's gradient (Gpt::listen()): by gathering
+// every rank's token rows where that moves fewer bytes than an all-reduce of wte (automatic), or
+// always one way (for comparisons: tests, gpt_train --tied-grad).
+enum class TiedGradSync { automatic, gather, all_reduce };
+
 struct GptCudaConfig {
   std::int64_t vocab = 50257;   // V
   std::int64_t max_seq = 1024;  // rows of wpe
@@ -190,6 +198,7 @@ namespace kc = dpml::kernels::cuda;
 // How a tensor is cut over the tensor axis: whole on every rank, or rank k holding the k-th block
 // of its rows (column-parallel layers) or of every row's columns (row-parallel layers).
 enum class Split { none, rows, cols };
+
 
 // One tensor of the flat buffers: name, this rank's part (rows, cols; cols = 1 for vectors) at
 // offset, and how the full host tensor is made of the parts.
@@ -265,8 +274,11 @@ class Gpt {
     DPML_REQUIRE_EVERYWHERE(tp_ == 1 || plan.stages == 1, "GPT (cuda): tensor parallelism (--tp " << tp_ << ") with "
                                                               << plan.stages << " pipeline stages (--pp) is not supported");
     Vp_ = cfg.padded_vocab();
-    // Parameter layout, in the host model's order: this stage's tensors.
-    if (first_ || last_) wte_ = add("wte.weight", Vp_, C, Split::none, cfg.vocab);
+    // Parameter layout: this stage's tensors in the host model's order, except that a whole model
+    // holds wte last, so that the tied LM head's gradient (written first) is a bucket at the
+    // buffer's end for a data-parallel reduction (set_gradient_sync).
+    const bool whole = first_ && last_;
+    if (first_ != last_) wte_ = add("wte.weight", Vp_, C, Split::none, cfg.vocab);
     if (first_) wpe_ = add("wpe.weight", cfg.max_seq, C);
     for (std::int64_t l = range_.first; l < range_.first + range_.count; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
@@ -289,6 +301,7 @@ class Gpt {
       lnf_w_ = add("ln_f.weight", C, 1);
       lnf_b_ = add("ln_f.bias", C, 1);
     }
+    if (whole) wte_ = add("wte.weight", Vp_, C, Split::none, cfg.vocab);
     n_params_ = total_;
     norm_begin_ = last_ && !first_ ? detail::align_up(Vp_ * C) : 0;  // the tied copy: stage 0 counts wte
     if (tp_ > 1) norm_ranges_ = counted_ranges();
@@ -314,6 +327,7 @@ class Gpt {
     tensor_.reset();  // before the stream it enqueues on
     cudaFreeHost(host_losses_);
     cudaFree(state_memory_);
+    cudaFree(gathered_.memory);
     cudaFree(memory_);
     cudaStreamDestroy(stream_);
   }
@@ -337,14 +351,14 @@ class Gpt {
   }
   void set_profiler(Profiler* p) noexcept { prof_ = p; }
   // Data parallel: the listener sees the gradients as the backward finishes them (nullptr: none).
-  void set_gradient_sync(parallel::cuda::GradientListener* sync) {
+  void set_gradient_sync(parallel::cuda::GradientListener* sync, TiedGradSync tied = TiedGradSync::automatic) {
     DPML_REQUIRE(!zero_, "GPT (cuda): a distributed optimizer is attached; it is the gradient listener");
-    sync_ = sync;
+    listen(sync, tied);
   }
   // ZeRO-1: `zero` (built on weights(), gradients(), parameter_count(), stream()) takes the
   // gradient sync, the update and the optimizer state; attached once, for good. Attach it before
   // initialising the weights, or the full state already allocated is handed over and freed.
-  void set_distributed_optimizer(parallel::cuda::ShardedOptimizer* zero) {
+  void set_distributed_optimizer(parallel::cuda::ShardedOptimizer* zero, TiedGradSync tied = TiedGradSync::automatic) {
     DPML_REQUIRE(zero && !zero_ && !sync_, "GPT (cuda): set_distributed_optimizer needs an optimizer, once, and no "
                                            "gradient sync attached before it");
     DPML_REQUIRE(tp_ == 1, "GPT (cuda): the distributed optimizer (--use-distributed-optimizer) with tensor "
@@ -356,7 +370,8 @@ class Gpt {
         zero->write(which, 0, download(state_(which), n_params_));
     DPML_CHECK_CUDA(cudaFree(std::exchange(state_memory_, nullptr)));
     master_ = m_ = v_ = nullptr;
-    sync_ = zero_ = zero;
+    zero_ = zero;
+    listen(zero, tied);
   }
   // The flat gradient buffer (parameter_count() elements), for a GradientSync.
   Act* gradients() noexcept { return grads_; }
@@ -1011,12 +1026,40 @@ class Gpt {
       detail::kc::embedding_position_forward(params_ + wpe_, x0, B_, T_, cfg_.dim, stream_);
     });
   }
-  void embedding_backward(const std::int32_t* tokens, const Act* dx0) {
+  // wpe's gradient and, with token_rows, this rank's rows of wte's.
+  void embedding_backward(const std::int32_t* tokens, const Act* dx0, bool token_rows) {
     timed(Family::embedding, [&] {
-      detail::kc::embedding_token_backward(tokens, dx0, grads_ + wte_, N(), cfg_.dim, 0, cfg_.vocab, cfg_.vocab, emb_ws_,
-                                           emb_ws_bytes_, stream_);
+      if (token_rows)
+        detail::kc::embedding_token_backward(tokens, dx0, grads_ + wte_, N(), cfg_.dim, 0, cfg_.vocab, cfg_.vocab,
+                                             emb_ws_, emb_ws_bytes_, stream_);
       detail::kc::embedding_position_backward(dx0, grads_ + wpe_, B_, T_, cfg_.dim, stream_);
     });
+  }
+
+  // Attaches the data axis' listener. A whole model whose K ranks' token rows are fewer than twice
+  // wte's rows (K·B·T < 2·Vp: GPT-2 124M at B·T = 16384 up to K = 6), or whose `tied` says so,
+  // gathers every rank's tokens and embedding-output gradient at the end of the backward —
+  // (K − 1)·B·T·C elements received, fewer than the ~2·Vp·C an all-reduce of wte moves — and adds
+  // all their rows, averaged, on each rank after finish(). wte's all-reduce then covers only the
+  // LM head's contribution, final after the forward, so it runs under the blocks' backward
+  // instead of after it. Otherwise wte is all-reduced whole, at finish().
+  void listen(parallel::cuda::GradientListener* sync, TiedGradSync tied) {
+    sync_ = sync;
+    DPML_CHECK_CUDA(cudaFree(std::exchange(gathered_.memory, nullptr)));
+    const std::int64_t K = sync ? sync->ranks() : 1;
+    const bool fewer_bytes = K * N() < 2 * Vp_;
+    if (!(first_ && last_) || K == 1 || tied == TiedGradSync::all_reduce || (tied == TiedGradSync::automatic && !fewer_bytes))
+      return;
+    gathered_.rows = K * N();
+    gathered_.workspace_bytes = detail::kc::embedding_backward_workspace(gathered_.rows, cfg_.vocab);
+    auto aligned = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
+    const std::size_t token_bytes = aligned(static_cast<std::size_t>(gathered_.rows) * sizeof(std::int32_t));
+    const std::size_t dx_bytes = aligned(static_cast<std::size_t>(gathered_.rows * cfg_.dim) * sizeof(Act));
+    DPML_CHECK_CUDA(cudaMalloc(&gathered_.memory, token_bytes + dx_bytes + gathered_.workspace_bytes));
+    auto* base = static_cast<char*>(gathered_.memory);
+    gathered_.tokens = reinterpret_cast<std::int32_t*>(base);
+    gathered_.dx = reinterpret_cast<Act*>(base + token_bytes);
+    gathered_.workspace = base + token_bytes + dx_bytes;
   }
 
   // out (B, T, C) = block(a.x), saving what the backward needs in `a`. Under tp the attention runs
@@ -1111,12 +1154,30 @@ class Gpt {
     ActivationSet& a = bind(s);
     accumulate_ = mb > 0;
     parallel::cuda::GradientListener* const sync = pass != Pass::input && mb + 1 >= micro_batches_ ? sync_ : nullptr;
+    const bool gather = sync && gathered_.memory;
+    // A whole model's wte lies last but takes the embedding's contribution last: it is final with
+    // ln_f only when that contribution is gathered instead (listen()).
+    const auto final_end = static_cast<std::size_t>(first_ && last_ && !gather ? wte_ : n_params_);
+    if (sync && last_) sync->ready(static_cast<std::size_t>(lnf_w_), final_end);  // the head's, from forward
     for (std::size_t i = a.blocks.size(); i-- > 0;) {
       backward_block(blocks_[i], a.blocks[i], grads_of(a, s, i), pass);
-      if (sync) sync->ready(static_cast<std::size_t>(blocks_[i].ln1_w));  // block i's first tensor .. the end
+      if (sync) sync->ready(static_cast<std::size_t>(blocks_[i].ln1_w), final_end);  // block i's first tensor ..
     }
-    if (first_ && pass != Pass::input) embedding_backward(tokens, a.input_grad);
+    if (first_ && pass != Pass::input) {
+      if (gather) {
+        sync->all_gather(tokens, gathered_.tokens, static_cast<std::size_t>(N()) * sizeof(std::int32_t));
+        sync->all_gather(a.input_grad, gathered_.dx, static_cast<std::size_t>(N() * cfg_.dim) * sizeof(Act));
+      }
+      embedding_backward(tokens, a.input_grad, /*token_rows=*/!gather);
+    }
     if (sync) sync->finish();
+    if (gather) {  // every rank's rows, averaged, into the averaged head gradient: the same on every rank
+      timed(Family::embedding, [&] {
+        detail::kc::embedding_token_backward(gathered_.tokens, gathered_.dx, grads_ + wte_, gathered_.rows, cfg_.dim, 0,
+                                             cfg_.vocab, cfg_.vocab, gathered_.workspace, gathered_.workspace_bytes,
+                                             stream_, 1.f / static_cast<float>(sync->ranks()), N());
+      });
+    }
   }
 
   GptCudaConfig cfg_;
@@ -1134,6 +1195,14 @@ class Gpt {
   int micro_index_ = 0;      // the running micro-batch's index in its step
   parallel::cuda::GradientListener* sync_ = nullptr;
   parallel::cuda::ShardedOptimizer* zero_ = nullptr;  // ZeRO-1: also sync_
+  struct GatheredEmbedding {  // the data axis' token rows (listen()); memory null: not gathered
+    void* memory = nullptr;   // one allocation: tokens, dx, workspace
+    std::int64_t rows = 0;    // K·B·T
+    std::int32_t* tokens = nullptr;  // (K, B, T), rank order
+    Act* dx = nullptr;               // (K, B, T, C) embedding-output gradients
+    char* workspace = nullptr;
+    std::size_t workspace_bytes = 0;
+  } gathered_;
   // GEMM-written gradients (weights, the tied LM head) add to what earlier micro-batches wrote;
   // the other gradient kernels always add (to zeroed buffers at a step's first micro-batch).
   float grad_beta() const noexcept { return accumulate_ ? 1.f : 0.f; }

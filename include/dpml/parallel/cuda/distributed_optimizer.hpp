@@ -25,7 +25,7 @@
 //
 // Shards. A bucket splits into K equal shards, each 64-element aligned (NCCL's in-place forms, the
 // vector loads), so buckets are cut on multiples of 64·K elements counted from the buffer's end.
-// The first r = n mod 64·K elements (r < 64·K; in the GPT the start of wte) are not sharded: they
+// The first r = n mod 64·K elements (r < 64·K; in a whole GPT the start of wpe) are not sharded: they
 // are handled redundantly, as plain data parallelism does — all-reduced (avg) in the last bucket,
 // updated by every rank from a full copy of their state, counted in the norm by rank 0 only. That
 // costs under 64·K·12 bytes per rank; padding the flat buffer to a multiple of 64·K instead would
@@ -160,7 +160,7 @@ class DistributedOptimizer final : public ShardedOptimizer {
     cudaFree(state_memory_);
   }
 
-  int ranks() const noexcept { return comm_.size(); }
+  int ranks() const noexcept override { return comm_.size(); }
   int rank() const noexcept { return comm_.rank(); }
   std::size_t bucket_count() const noexcept { return queue_.buckets().size(); }
   std::size_t remainder() const noexcept { return remainder_; }  // leading elements not sharded
@@ -168,9 +168,14 @@ class DistributedOptimizer final : public ShardedOptimizer {
   std::size_t size() const override { return n_; }
   std::size_t state_bytes() const override { return 3 * state_n_ * sizeof(float); }
 
-  // [begin, n) of the gradients is final on the compute stream: reduce-scatter every bucket inside.
-  void ready(std::size_t begin) override {
-    queue_.ready(begin, [this](const detail::Bucket& b) { reduce(b); });
+  // [begin, end) of the gradients is final on the compute stream: reduce-scatter every bucket inside.
+  using GradientListener::ready;
+  void ready(std::size_t begin, std::size_t end) override {
+    queue_.ready(begin, end, [this](const detail::Bucket& b) { reduce(b); });
+  }
+  void all_gather(const void* send, void* recv, std::size_t bytes) override {
+    queue_.order_after_compute();
+    comm_.allgather(static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes);
   }
   // The remaining buckets; then the compute stream waits for all of them.
   void finish() override {

@@ -9,11 +9,17 @@
 // backward pass produces gradients from the end of the buffer towards its start (the last layer's
 // parameters sit last), and tells the sync how far it got:
 //
-//   sync.ready(begin);   // [begin, n) is final on the compute stream: every bucket wholly inside
-//                        //   is all-reduced now (comm stream waits on an event of the compute one)
+//   sync.ready(begin);       // [begin, n) is final on the compute stream: every bucket wholly
+//                            //   inside is all-reduced now (comm stream waits on a compute event)
+//   sync.ready(begin, end);  // the same for [begin, end): a region final before the ones behind it
 //   ...
-//   sync.finish();       // the buckets not yet launched, then the compute stream waits for the
-//                        //   comm stream: what follows (grad norm, optimizer) sees the averages
+//   sync.finish();           // the buckets not yet launched, then the compute stream waits for
+//                            //   the comm stream: what follows (grad norm, optimizer) sees the averages
+//
+// A gradient that every rank can form from all ranks' inputs cheaper than it can be all-reduced
+// (the GPT's tied embedding: a few rows per token) goes through all_gather() instead: the inputs
+// are gathered on the communication stream, and each rank adds the whole axis' contribution after
+// finish().
 //
 // After finish() the buffer holds the mean of the ranks' gradients (ncclAvg: each contribution
 // is scaled by 1/K inside the reduction), so a model's norm, clipping and update need no change.
@@ -42,6 +48,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -69,8 +77,15 @@ void convert(const From* src, To* dst, std::size_t n, float scale, cudaStream_t 
 // What a model calls while its backward pass runs (the model knows no more of the data axis).
 class GradientListener {
  public:
-  virtual void ready(std::size_t begin) = 0;  // gradients [begin, n) are final on the compute stream
-  virtual void finish() = 0;                  // all are; the compute stream must see the result
+  // Gradients [begin, end) are final on the compute stream; ready(begin): [begin, n).
+  virtual void ready(std::size_t begin, std::size_t end) = 0;
+  void ready(std::size_t begin) { ready(begin, std::numeric_limits<std::size_t>::max()); }
+  virtual void finish() = 0;  // all are; the compute stream must see the result
+  // The data axis' size, and an all-gather on the communication stream ordered after the compute
+  // stream's work so far: recv (ranks() blocks of `bytes`, rank order) is seen by the compute
+  // stream after finish().
+  virtual int ranks() const = 0;
+  virtual void all_gather(const void* send, void* recv, std::size_t bytes) = 0;
   virtual ~GradientListener() = default;
 };
 
@@ -133,25 +148,32 @@ class BucketQueue {
 
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
 
-  // [begin, n) is final on the compute stream: launch every bucket inside it.
+  // [begin, end) is final on the compute stream: launch every bucket wholly inside it not yet
+  // launched this step, in production order.
   template <class Launch>
-  void ready(std::size_t begin, Launch&& launch) {
+  void ready(std::size_t begin, std::size_t end, Launch&& launch) {
     DPML_REQUIRE(begin <= n_, "gradient buckets: ready(" << begin << ") beyond the buffer's " << n_ << " elements");
-    std::size_t upto = next_;
-    while (upto < buckets_.size() && buckets_[upto].begin >= begin) ++upto;
-    if (upto == next_) return;
-    DPML_CHECK_CUDA(cudaEventRecord(produced_, compute_));
-    DPML_CHECK_CUDA(cudaStreamWaitEvent(comm_, produced_, 0));
-    for (; next_ < upto; ++next_) launch(buckets_[next_]);
+    bool ordered = false;
+    for (std::size_t i = 0; i < buckets_.size(); ++i) {
+      if (launched_[i] || buckets_[i].begin < begin || buckets_[i].end > end) continue;
+      if (!std::exchange(ordered, true)) order_after_compute();
+      launched_[i] = true;
+      launch(buckets_[i]);
+    }
   }
   // The remaining buckets; then the compute stream waits for all of them.
   template <class Launch>
   void finish(Launch&& launch) {
     DPML_CHECK_CUDA(cudaEventRecord(compute_done_, compute_));
-    ready(0, launch);
+    ready(0, n_, launch);
     DPML_CHECK_CUDA(cudaEventRecord(reduced_, comm_));
     DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, reduced_, 0));
-    next_ = 0;
+    std::fill(launched_.begin(), launched_.end(), false);
+  }
+  // What the communication stream runs next waits for the compute stream's work so far.
+  void order_after_compute() {
+    DPML_CHECK_CUDA(cudaEventRecord(produced_, compute_));
+    DPML_CHECK_CUDA(cudaStreamWaitEvent(comm_, produced_, 0));
   }
   // Milliseconds the last step's compute stream waited at finish() (synchronises).
   double exposed_ms() const { return waited_ms(compute_done_, reduced_); }
@@ -160,7 +182,7 @@ class BucketQueue {
   std::vector<Bucket> buckets_;  // from the buffer's end to its start: the order of production
   std::size_t n_;
   cudaStream_t compute_, comm_;
-  std::size_t next_ = 0;  // the first bucket of this step not yet launched
+  std::vector<bool> launched_ = std::vector<bool>(buckets_.size(), false);  // this step
   cudaEvent_t produced_ = nullptr, compute_done_ = nullptr, reduced_ = nullptr;
 };
 
@@ -190,14 +212,19 @@ class GradientSync final : public GradientListener {
     if (staging_) cudaFree(staging_);
   }
 
-  int ranks() const noexcept { return comm_.size(); }
+  int ranks() const noexcept override { return comm_.size(); }
   int rank() const noexcept { return comm_.rank(); }
   std::size_t bucket_count() const noexcept { return queue_.buckets().size(); }
   const Comm& communicator() const noexcept { return comm_; }
 
-  // [begin, n) of the gradients is final on the compute stream: launch every bucket inside it.
-  void ready(std::size_t begin) override {
-    queue_.ready(begin, [this](const detail::Bucket& b) { reduce(b); });
+  // [begin, end) of the gradients is final on the compute stream: launch every bucket inside it.
+  using GradientListener::ready;
+  void ready(std::size_t begin, std::size_t end) override {
+    queue_.ready(begin, end, [this](const detail::Bucket& b) { reduce(b); });
+  }
+  void all_gather(const void* send, void* recv, std::size_t bytes) override {
+    queue_.order_after_compute();
+    comm_.allgather(static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes);
   }
   // The remaining buckets; then the compute stream waits for all of them.
   void finish() override {
