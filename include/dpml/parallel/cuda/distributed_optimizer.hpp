@@ -108,7 +108,7 @@ struct OwnedRange {
 }  // namespace detail
 
 template <class G, class Comm = comm::Nccl>
-class DistributedOptimizer final : public ShardedOptimizer {
+class DistributedOptimizer final : public detail::BucketListener<DistributedOptimizer<G, Comm>, ShardedOptimizer> {
   static_assert(std::is_same_v<G, bf16> || std::is_same_v<G, kernels::cuda::f16>,
                 "DistributedOptimizer: the working weights and gradients are bf16 or fp16");
 
@@ -160,27 +160,9 @@ class DistributedOptimizer final : public ShardedOptimizer {
     cudaFree(state_memory_);
   }
 
-  int ranks() const noexcept override { return comm_.size(); }
-  int rank() const noexcept { return comm_.rank(); }
-  std::size_t bucket_count() const noexcept { return queue_.buckets().size(); }
   std::size_t remainder() const noexcept { return remainder_; }  // leading elements not sharded
-  const Comm& communicator() const noexcept { return comm_; }
   std::size_t size() const override { return n_; }
   std::size_t state_bytes() const override { return 3 * state_n_ * sizeof(float); }
-
-  // [begin, end) of the gradients is final on the compute stream: reduce-scatter every bucket inside.
-  using GradientListener::ready;
-  void ready(std::size_t begin, std::size_t end) override {
-    queue_.ready(begin, end, [this](const detail::Bucket& b) { reduce(b); });
-  }
-  void all_gather(const void* send, void* recv, std::size_t bytes) override {
-    queue_.order_after_compute();
-    comm_.allgather(static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes);
-  }
-  // The remaining buckets; then the compute stream waits for all of them.
-  void finish() override {
-    queue_.finish([this](const detail::Bucket& b) { reduce(b); });
-  }
 
   void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double max_norm, double inv_scale,
               double* norm_sq, float* clip_coef) override {
@@ -261,6 +243,7 @@ class DistributedOptimizer final : public ShardedOptimizer {
   }
 
  private:
+  friend class detail::BucketListener<DistributedOptimizer, ShardedOptimizer>;
   static constexpr std::size_t kAlign = 64;  // elements: every shard's alignment
 
   std::size_t shard_align() const { return kAlign * static_cast<std::size_t>(comm_.size()); }

@@ -186,10 +186,39 @@ class BucketQueue {
   cudaEvent_t produced_ = nullptr, compute_done_ = nullptr, reduced_ = nullptr;
 };
 
+// The GradientListener calls over a BucketQueue, shared by GradientSync and the ZeRO-1 optimizer
+// (Interface: GradientListener or an interface built on it). Derived holds `comm_` (the data
+// axis) and `queue_`, and enqueues one bucket's collective in reduce(bucket).
+template <class Derived, class Interface>
+class BucketListener : public Interface {
+ public:
+  int ranks() const noexcept override { return self().comm_.size(); }
+  int rank() const noexcept { return self().comm_.rank(); }
+  std::size_t bucket_count() const noexcept { return self().queue_.buckets().size(); }
+  const auto& communicator() const noexcept { return self().comm_; }
+
+  // [begin, end) of the gradients is final on the compute stream: reduce every bucket inside it.
+  using Interface::ready;
+  void ready(std::size_t begin, std::size_t end) override { self().queue_.ready(begin, end, reducer()); }
+  // The remaining buckets; then the compute stream waits for all of them.
+  void finish() override { self().queue_.finish(reducer()); }
+  void all_gather(const void* send, void* recv, std::size_t bytes) override {
+    self().queue_.order_after_compute();
+    self().comm_.allgather(static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes);
+  }
+
+ private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+  const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
+  auto reducer() {
+    return [this](const Bucket& b) { self().reduce(b); };
+  }
+};
+
 }  // namespace detail
 
 template <class G, class Wire = G, class Comm = comm::Nccl>
-class GradientSync final : public GradientListener {
+class GradientSync final : public detail::BucketListener<GradientSync<G, Wire, Comm>, GradientListener> {
   static_assert(std::is_same_v<Wire, G> || std::is_same_v<Wire, float>,
                 "GradientSync: the wire type is the gradients' own type or float");
 
@@ -212,28 +241,11 @@ class GradientSync final : public GradientListener {
     if (staging_) cudaFree(staging_);
   }
 
-  int ranks() const noexcept override { return comm_.size(); }
-  int rank() const noexcept { return comm_.rank(); }
-  std::size_t bucket_count() const noexcept { return queue_.buckets().size(); }
-  const Comm& communicator() const noexcept { return comm_; }
-
-  // [begin, end) of the gradients is final on the compute stream: launch every bucket inside it.
-  using GradientListener::ready;
-  void ready(std::size_t begin, std::size_t end) override {
-    queue_.ready(begin, end, [this](const detail::Bucket& b) { reduce(b); });
-  }
-  void all_gather(const void* send, void* recv, std::size_t bytes) override {
-    queue_.order_after_compute();
-    comm_.allgather(static_cast<const std::uint8_t*>(send), static_cast<std::uint8_t*>(recv), bytes);
-  }
-  // The remaining buckets; then the compute stream waits for all of them.
-  void finish() override {
-    queue_.finish([this](const detail::Bucket& b) { reduce(b); });
-  }
   // Milliseconds the last step's compute stream waited for the all-reduces (synchronises).
   double exposed_ms() const { return queue_.exposed_ms(); }
 
  private:
+  friend class detail::BucketListener<GradientSync, GradientListener>;
   static constexpr std::size_t kAlign = 64;  // elements: bucket boundaries (128 bytes of bf16)
 
   void reduce(const detail::Bucket& b) {
