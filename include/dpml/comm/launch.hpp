@@ -4,7 +4,9 @@
 //   * an Error with Scope::everywhere (every rank found it alone: a bad layout or flag) is printed
 //     once, by world rank 0, and every rank returns 1 after MPI_Finalize;
 //   * any other exception is printed by the rank that caught it, which then calls MPI_Abort, so
-//     ranks waiting for it in a collective do not hang.
+//     ranks waiting for it in a collective do not hang. It waits a moment first: the launcher
+//     (MPICH's hydra) may tear the job down before it has forwarded that rank's last lines, and
+//     the message is the point (seen lost in ~2 % of runs of test_pipeline_executor_failure_np3).
 //
 //   int main(int argc, char** argv) {
 //     return dpml::run(argc, argv, [&](const dpml::comm::Mpi& world) { ...; return 0; });
@@ -13,8 +15,10 @@
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <exception>
+#include <thread>
 
 namespace dpml {
 
@@ -34,6 +38,7 @@ int run(int argc, char** argv, Body&& body) {
     std::fprintf(stderr, "dpml error on rank %d: %s\n", world.rank(), e.what());
   }
   std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   MPI_Abort(MPI_COMM_WORLD, 1);
   return 1;
 }
