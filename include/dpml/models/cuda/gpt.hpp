@@ -278,7 +278,8 @@ class Gpt {
     // holds wte last, so that the tied LM head's gradient (written first) is a bucket at the
     // buffer's end for a data-parallel reduction (set_gradient_sync).
     const bool whole = first_ && last_;
-    if (first_ != last_) wte_ = add("wte.weight", Vp_, C, Split::none, cfg.vocab);
+    auto add_wte = [&] { wte_ = add("wte.weight", Vp_, C, Split::none, cfg.vocab); };
+    if (first_ != last_) add_wte();
     if (first_) wpe_ = add("wpe.weight", cfg.max_seq, C);
     for (std::int64_t l = range_.first; l < range_.first + range_.count; ++l) {
       const std::string p = "h." + std::to_string(l) + ".";
@@ -301,7 +302,7 @@ class Gpt {
       lnf_w_ = add("ln_f.weight", C, 1);
       lnf_b_ = add("ln_f.bias", C, 1);
     }
-    if (whole) wte_ = add("wte.weight", Vp_, C, Split::none, cfg.vocab);
+    if (whole) add_wte();
     n_params_ = total_;
     norm_begin_ = last_ && !first_ ? detail::align_up(Vp_ * C) : 0;  // the tied copy: stage 0 counts wte
     if (tp_ > 1) norm_ranges_ = counted_ranges();
@@ -1052,14 +1053,16 @@ class Gpt {
       return;
     gathered_.rows = K * N();
     gathered_.workspace_bytes = detail::kc::embedding_backward_workspace(gathered_.rows, cfg_.vocab);
-    auto aligned = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
-    const std::size_t token_bytes = aligned(static_cast<std::size_t>(gathered_.rows) * sizeof(std::int32_t));
-    const std::size_t dx_bytes = aligned(static_cast<std::size_t>(gathered_.rows * cfg_.dim) * sizeof(Act));
-    DPML_CHECK_CUDA(cudaMalloc(&gathered_.memory, token_bytes + dx_bytes + gathered_.workspace_bytes));
-    auto* base = static_cast<char*>(gathered_.memory);
-    gathered_.tokens = reinterpret_cast<std::int32_t*>(base);
-    gathered_.dx = reinterpret_cast<Act*>(base + token_bytes);
-    gathered_.workspace = base + token_bytes + dx_bytes;
+    detail::Carver carver;  // sizes first (no base), then the same takes over the allocation
+    auto carve = [&] {
+      gathered_.tokens = carver.take<std::int32_t>(gathered_.rows);
+      gathered_.dx = carver.take<Act>(gathered_.rows * cfg_.dim);
+      gathered_.workspace = carver.take<char>(static_cast<std::int64_t>(gathered_.workspace_bytes));
+    };
+    carve();
+    DPML_CHECK_CUDA(cudaMalloc(&gathered_.memory, carver.bytes()));
+    carver.rebase(static_cast<char*>(gathered_.memory));
+    carve();
   }
 
   // out (B, T, C) = block(a.x), saving what the backward needs in `a`. Under tp the attention runs
