@@ -86,7 +86,10 @@ inline double nccl_timeout_seconds() {
 }
 
 // What a communicator and its pending requests share. A communicator that saw an error or a
-// timeout is aborted (ncclCommAbort) instead of destroyed, which would wait for the lost peer.
+// timeout, or that is released while an exception unwinds (this rank left the step midway, its
+// peers may be inside a collective or a connection with it), is aborted (ncclCommAbort) instead
+// of destroyed: ncclCommDestroy would wait for peers that never come, and the peers' own calls
+// then fail instead of hanging.
 struct NcclState {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
@@ -100,7 +103,7 @@ struct NcclState {
   NcclState(const NcclState&) = delete;
   NcclState& operator=(const NcclState&) = delete;
   ~NcclState() {
-    if (comm) (broken ? ncclCommAbort(comm) : ncclCommDestroy(comm));
+    if (comm) (broken || std::uncaught_exceptions() > 0 ? ncclCommAbort(comm) : ncclCommDestroy(comm));
     if (scratch) cudaFree(scratch);
     if (owns_stream && stream) cudaStreamDestroy(stream);
   }
