@@ -16,6 +16,15 @@
 // Which messages share a batch, and why that cannot deadlock, is BatchedTransport's (transport.hpp):
 // a batch is launched where the executor first needs one of its messages.
 //
+// Construction connects each stage to its neighbours, collectively over the pipeline axis. NCCL
+// sets up a pair's point-to-point channels inside the group where the pair first exchanges a
+// message, and a schedule's first groups differ on the two sides: stage s sends activations and
+// receives a gradient where stage s + 1 only receives. NCCL 2.28.3 fails on that asymmetric setup
+// ("bootstrap: Message truncated: received 16384 bytes instead of 8192", then ncclGroupEnd's
+// "internal error"; seen with GPipe on 2×H100, bench/RESULTS.md 2026-11-26), so the constructor
+// runs one group alike on both sides of every pair — a one-element message each way — before any
+// step (NCCL connects all of a peer's point-to-point channels at once, whatever the message size).
+//
 // Comm: comm::Nccl (one GPU per rank) or comm::Staged (host staging over MPI, GPUs shared) — any
 // type with rank(), size(), stream(), group(), send() and recv() on device pointers, with NCCL's
 // matching rule (messages between two ranks match in posting order). Its stream is the
@@ -76,10 +85,12 @@ class StreamLauncher {
  public:
   using Mark = int;  // an event of the pool, recorded on the compute stream
 
-  // `comm` (the pipeline axis, rank = stage) must outlive the launcher; `compute` is the stage's stream.
+  // `comm` (the pipeline axis, rank = stage) must outlive the launcher; `compute` is the stage's
+  // stream. Collective over `comm`: it connects each stage to its neighbours (see above).
   StreamLauncher(const Comm& comm, cudaStream_t compute)
       : comm_(&comm), compute_(compute), events_(std::make_unique<detail::EventPool>()) {
     DPML_REQUIRE(comm.stream() != compute, "StreamLauncher: the communicator's stream is the compute stream; give it one of its own");
+    connect_neighbours();
   }
 
   int rank() const noexcept { return comm_->rank(); }
@@ -113,6 +124,29 @@ class StreamLauncher {
   }
 
  private:
+  // One group, alike on both sides of each pair: a one-element send and receive with the previous
+  // and the next stage (where they exist); then the communication stream is drained.
+  void connect_neighbours() {
+    const int r = rank(), n = size();
+    if (n == 1) return;
+    T* buf = nullptr;  // [to prev, from prev, to next, from next]
+    DPML_CHECK_CUDA(cudaMalloc(&buf, 4 * sizeof(T)));
+    DPML_CHECK_CUDA(cudaMemsetAsync(buf, 0, 4 * sizeof(T), comm_->stream()));
+    {
+      const auto group = comm_->group();
+      if (r > 0) {
+        comm_->send(buf, 1, r - 1, 0);
+        comm_->recv(buf + 1, 1, r - 1, 0);
+      }
+      if (r + 1 < n) {
+        comm_->send(buf + 2, 1, r + 1, 0);
+        comm_->recv(buf + 3, 1, r + 1, 0);
+      }
+    }
+    DPML_CHECK_CUDA(cudaStreamSynchronize(comm_->stream()));
+    DPML_CHECK_CUDA(cudaFree(buf));
+  }
+
   static std::pair<int, int> key(pipeline::Message m) {
     return {static_cast<int>(m.flow) * 2 + (m.send ? 1 : 0), m.micro_batch};
   }
