@@ -406,12 +406,14 @@ int run(const Options& o, const comm::Mpi& world) {
                            (o.pp > 1 ? "-pp" + std::to_string(o.pp) + "-" + o.schedule : "") +
                            (m > 1 ? "-m" + std::to_string(m) : "");
   const char* impl = name.c_str();
+  // How the tied wte gradient was reduced over the data axis (Gpt::listen chose for --tied-grad auto).
+  const char* tied_grad = dp == 1 ? "none" : model.gathers_tied_gradient() ? "gather" : "allreduce";
   std::printf("{\"bench\":\"gpt_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
               "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
               "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
               "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld,"
               "\"ranks\":%d,\"tp\":%d,\"dp\":%d,\"pp\":%d,\"schedule\":\"%s\",\"micro_batch\":%lld,\"micro_batches\":%d,"
-              "\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"distributed_optimizer\":%s,\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
+              "\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"distributed_optimizer\":%s,\"tied_grad\":\"%s\",\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
@@ -419,7 +421,7 @@ int run(const Options& o, const comm::Mpi& world) {
               ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib, buffers_gib, losses.front(), losses.back(),
               finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped), ranks, o.tp, dp, o.pp,
               o.pp > 1 || m > 1 ? o.schedule.c_str() : "none", static_cast<long long>(o.micro_batch), m, o.bucket_mb,
-              o.grad_reduce.c_str(), o.distributed_optimizer ? "true" : "false", exposed, ms_min, ms_median, launch_median);
+              o.grad_reduce.c_str(), o.distributed_optimizer ? "true" : "false", tied_grad, exposed, ms_min, ms_median, launch_median);
   dpml::bench::print_families("gpt_train_family", impl, family_ms, models::cuda::kFamilyNames);
 
   std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld (%d × %lld) T=%lld on %d × %s (tp %d × dp %d × pp %d), %s + fp32 master, AdamW, clip 1.0\n",

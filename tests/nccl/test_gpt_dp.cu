@@ -40,6 +40,8 @@ TEMPLATE_TEST_CASE("GPU data parallel GPT: equal batches on every rank give the 
       DataParallelGpt<TestType, Comm> dp(config(), tied);
       Gpt lone(config(), kBatch, kSeq);
       lone.init_random(11);
+      CHECK(dp.model.gathers_tied_gradient() == (tied == models::cuda::TiedGradSync::gather));  // the path asked for
+      CHECK_FALSE(lone.gathers_tied_gradient());                                                  // no listener
       const Batch batch(kBatch, 3);
       for (std::int64_t s = 1; s <= 3; ++s) {
         CAPTURE(s);

@@ -374,6 +374,9 @@ class Gpt {
     zero_ = zero;
     listen(zero, tied);
   }
+  // Whether the attached listener's path for the tied wte gradient is the gather (listen() below):
+  // false without a listener, on pipeline stages and where wte is all-reduced whole.
+  bool gathers_tied_gradient() const noexcept { return gathered_.memory != nullptr; }
   // The flat gradient buffer (parameter_count() elements), for a GradientSync.
   Act* gradients() noexcept { return grads_; }
   // The flat 16-bit working weights (parameter_count() elements), for a distributed optimizer.
