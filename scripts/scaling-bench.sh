@@ -8,9 +8,13 @@
 #      reduction, the tied wte all-reduced whole instead of gathered: --tied-grad allreduce, and
 #      ZeRO-1: --use-distributed-optimizer); PyTorch eager on 1 and DDP on K
 #      (torchrun); with --compile also torch.compile
-#   4. bench_allreduce on K ranks: comm::Nccl and GradientSync's buckets against raw NCCL busbw
-#   5. a table: tokens/s, scaling efficiency (K-GPU tokens/s / (K × 1-GPU tokens/s)), exposed
-#      communication, device memory per GPU (ZeRO-1's saving), and the all-reduce ratios at ≥ 100 MB
+#   4. the control for the scaling figure: K lone 1-GPU runs at once, one per GPU, with no
+#      communication — what sharing the host costs by itself (power, clocks, CPU)
+#   5. bench_allreduce on K ranks: comm::Nccl and GradientSync's buckets against raw NCCL busbw
+#   6. tables: tokens/s, scaling efficiency (K-GPU tokens/s / (K × 1-GPU tokens/s)), exposed
+#      communication, device memory per GPU (ZeRO-1's saving); the lone runs at once against the
+#      lone run; each dpml run's SM clock and power (nvidia-smi sampled every 200 ms while it ran,
+#      the busy samples' median); the all-reduce ratios at ≥ 100 MB
 #
 # Usage: scripts/scaling-bench.sh [--ranks K] [--steps N] [--warmup N] [--compile] [--no-tests]
 # JSON lines land in $RESULTS (default build/cuda-openmpi/scaling-bench), and also in $OUT when set.
@@ -50,14 +54,38 @@ if [[ $tests == 1 ]]; then
 fi
 
 common=(--batch 16 --seq 1024 --steps "$steps" --warmup "$warmup")
+# Every GPU's utilisation, SM clock, power, temperature (and the clock-limiting reasons where this
+# nvidia-smi knows them) every 200 ms into $results/NAME.gpu.csv while a run lasts.
+gpu_fields=index,utilization.gpu,clocks.sm,power.draw,temperature.gpu
+nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv,noheader >/dev/null 2>&1 && gpu_fields+=,clocks_event_reasons.active
+sampler=""
+sample_start() {
+  nvidia-smi --query-gpu="$gpu_fields" --format=csv,noheader,nounits -lms 200 >"$results/$1.gpu.csv" 2>/dev/null &
+  sampler=$!
+}
+sample_stop() {
+  kill "$sampler" 2>/dev/null || true
+  wait "$sampler" 2>/dev/null || true
+}
 run() {  # run NAME COMMAND...: output to $results/NAME.txt, status kept
   local name=$1
   shift
   echo "== $name: $*"
+  sample_start "$name"
   "$@" 2>&1 | tee "$results/$name.txt" || status=1
+  sample_stop
 }
 gpt=$build/bench/gpt_train/gpt_train
 run gpt-dpml-1 "$gpt" "${common[@]}"
+echo "== gpt-dpml-1-at-once: $ranks lone 1-GPU runs at the same time, one per GPU"
+sample_start gpt-dpml-1-at-once
+pids=()
+for ((i = 0; i < ranks; ++i)); do
+  CUDA_VISIBLE_DEVICES=$i "$gpt" "${common[@]}" >"$results/gpt-dpml-1-at-once-gpu$i.txt" 2>&1 &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+sample_stop
 run gpt-dpml-$ranks scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}"
 run gpt-dpml-$ranks-fp32 scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --grad-reduce fp32
 run gpt-dpml-$ranks-tied-allreduce scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --tied-grad allreduce
@@ -87,12 +115,46 @@ for p in sorted(d.glob("*.txt")):
 print(f"GPT-2 124M, B=16 per GPU, T=1024, {K} GPUs")
 print("| run | GPUs | tokens/s | ms/step | exposed comm ms | memory GiB per GPU | scaling efficiency |")
 print("|---|---|---|---|---|---|---|")
+at_once = {n: r for n, r in runs.items() if "-at-once-" in n}
 for name, r in runs.items():
+    if name in at_once:
+        continue
     ranks = r.get("ranks", 1)
     base = runs.get(re.sub(r"-\d+(-fp32|-zero1|-tied-allreduce)?$", "-1", name))  # gpt-dpml-2-zero1 → gpt-dpml-1
     eff = f"{r['tokens_per_s'] / (ranks * base['tokens_per_s']):.3f}" if base and ranks > 1 else ""
     exposed = f"{r['exposed_comm_ms']:.2f}" if "exposed_comm_ms" in r and ranks > 1 else ""
     print(f"| {name} | {ranks} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | {exposed} | {r['mem_gib']:.2f} | {eff} |")
+lone = runs.get("gpt-dpml-1")
+if at_once and lone:
+    print()
+    print("| lone 1-GPU runs at the same time (no communication) | tokens/s | ms/step | / the lone run |")
+    print("|---|---|---|---|")
+    for name, r in at_once.items():
+        print(f"| {name} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | {r['tokens_per_s'] / lone['tokens_per_s']:.3f} |")
+# nvidia-smi samples: index, utilization %, SM MHz, power W, temperature C[, clock-limiting reasons]
+clocks = []
+for p in sorted(d.glob("*.gpu.csv")):
+    per_gpu = {}
+    for line in p.read_text().splitlines():
+        f = [x.strip() for x in line.split(",")]
+        try:
+            idx, util, sm, watts, temp = int(f[0]), float(f[1]), float(f[2]), float(f[3]), float(f[4])
+        except (ValueError, IndexError):
+            continue
+        if util >= 50:  # busy: the run's steps, not its start-up
+            per_gpu.setdefault(idx, []).append((sm, watts, temp, f[5] if len(f) > 5 else ""))
+    for idx, xs in sorted(per_gpu.items()):
+        median = lambda v: sorted(v)[len(v) // 2]
+        reasons = [x[3] for x in xs if x[3]]
+        common = max(set(reasons), key=reasons.count) if reasons else ""
+        clocks.append((p.name[:-len(".gpu.csv")], idx, len(xs), median([x[0] for x in xs]), median([x[1] for x in xs]),
+                       max(x[2] for x in xs), common))
+if clocks:
+    print()
+    print("| run | GPU | busy samples | SM MHz (median) | power W (median) | temperature C (max) | clock-limiting reasons (most often) |")
+    print("|---|---|---|---|---|---|---|")
+    for c in clocks:
+        print(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]:.0f} | {c[4]:.0f} | {c[5]:.0f} | {c[6]} |")
 if ar:
     print()
     print("| all-reduce | size | dpml busbw GB/s | bucketed | raw NCCL | dpml / NCCL | bucketed / NCCL |")
