@@ -59,10 +59,12 @@
 
 namespace dpml::kernels::cuda {
 
-// Tiles and pipeline of the convolution kernels, and the split-K targets of backward_weight.
-// Not measured yet (no GPU at the time of writing): TiledGemm's slab depth and warp tile, with
-// BN = 64 because ResNet's narrowest layers have 64 channels; the split count aims at two waves
-// on an H100's 132 SMs while giving each split at least 8 k-tiles (256 pixels) of work.
+// Tiles and pipeline of the convolution kernels, and the split-K targets of backward_weight:
+// TiledGemm's slab depth and warp tile, with BN = 64 because ResNet's narrowest layers have 64
+// channels; the split count aims at two waves on an H100's 132 SMs while giving each split at least
+// 8 k-tiles (256 pixels) of work. Chosen before any GPU run and not tuned since: on an H100 this
+// policy runs ResNet-50's convolutions at 0.34 of cuDNN's speed per step (bench/RESULTS.md,
+// "Convolutions: ours against cuDNN"), so resnet_train defaults to CudnnConv where cuDNN is found.
 template <class Tile_, class Warp_, int Stages_, int WgradTargetBlocks_ = 264, int WgradMinKTiles_ = 8>
 struct ConvPolicy {
   using Tile = Tile_;
