@@ -8,7 +8,7 @@
 //
 // One GPU per rank (comm::select_device); run under mpirun -n <GPUs> (scripts/launch.sh). Each
 // (dtype, size) gets `--warmup` calls of each path, then `--repeats` timed batches of `--iters`
-// back-to-back out-of-place sums per path, the two paths interleaved batch by batch; a batch is
+// back-to-back out-of-place sums per path, the three paths interleaved batch by batch; a batch is
 // timed with CUDA events on the communicator's stream. The time of a call is the median batch
 // time / iters, the slowest rank's. algbw = bytes / time; busbw = algbw · 2(n−1)/n (the traffic
 // per link of a ring all-reduce, comparable across rank counts, as in nccl-tests).

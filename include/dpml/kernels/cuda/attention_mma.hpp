@@ -13,8 +13,9 @@
 //
 // The key/value kernel computes the transposed scores directly (rows = keys), so both of its
 // products take their A operand from registers as well. Causal masking touches only the diagonal
-// tile; query blocks run longest-first. Requirements (checked by the entry point): bf16, head
-// size D ∈ {32, 64, 128}, 16-byte aligned tensors.
+// tile; query blocks run longest-first. Requirements (checked by the entry point, attention.hpp's
+// mma_applies; other cases take the SIMT kernels): bf16 or fp16, head size D ∈ {32, 64}, 16-byte
+// aligned tensors.
 
 #include "dpml/kernels/cuda/common.hpp"
 #include "dpml/kernels/cuda/mma.hpp"
