@@ -100,7 +100,7 @@ run allreduce scripts/launch.sh -n "$ranks" "$build/bench/allreduce/bench_allred
 
 echo "== summary"
 python3 - "$results" "$ranks" <<'EOF' || status=1
-import json, re, sys, pathlib
+import collections, json, re, statistics, sys, pathlib
 d, K = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 runs, ar = {}, {}
 for p in sorted(d.glob("*.txt")):
@@ -144,9 +144,9 @@ for p in sorted(d.glob("*.gpu.csv")):
         if util >= 50:  # busy: the run's steps, not its start-up
             per_gpu.setdefault(idx, []).append((sm, watts, temp, f[5] if len(f) > 5 else ""))
     for idx, xs in sorted(per_gpu.items()):
-        median = lambda v: sorted(v)[len(v) // 2]
-        reasons = [x[3] for x in xs if x[3]]
-        common = max(set(reasons), key=reasons.count) if reasons else ""
+        reasons = collections.Counter(x[3] for x in xs if x[3]).most_common(1)
+        common = reasons[0][0] if reasons else ""
+        median = statistics.median_high
         clocks.append((p.name[:-len(".gpu.csv")], idx, len(xs), median([x[0] for x in xs]), median([x[1] for x in xs]),
                        max(x[2] for x in xs), common))
 if clocks:
