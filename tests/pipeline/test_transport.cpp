@@ -1,21 +1,26 @@
 // The batches of the rendezvous transport (transport.hpp: BatchedTransport, P2pBatcher), on paper:
 // every stage of a schedule runs the real executor with a stage that computes nothing and a
-// launcher that records the batches it is given; then the stages' batch sequences are replayed
-// together under rendezvous semantics (NCCL point-to-point, comm::Staged): a stage runs its
-// batches one after the other, and a batch completes once the peer of each of its messages has
-// posted the matching one (in a batch of its own that has started). GPipe, 1F1B and ZB-H1 on 1 to
-// 8 stages with 1 to 16 micro-batches must all finish. The replay is checked to catch a deadlock:
-// posting every message alone in table order deadlocks 1F1B on two stages.
+// launcher that records the batches it is given (peer_batches.hpp: batches_of); then the stages'
+// batch sequences are replayed together under rendezvous semantics (NCCL point-to-point,
+// comm::Staged): a stage runs its batches one after the other, and a batch completes once the peer
+// of each of its messages has posted the matching one (in a batch of its own that has started).
+// GPipe, 1F1B and ZB-H1 on 1 to 8 stages with 1 to 16 micro-batches must all finish. The replay is
+// checked to catch a deadlock: posting every message alone in table order deadlocks 1F1B on two
+// stages. The groups launched in rounds (peer_batches) must also finish under the strict replay
+// NCCL needs — each group holds, per neighbour, exactly what one group of the neighbour holds —
+// which the plain batches fail (GPipe).
 //
 // Also: plan_buffers and weight_follows_input (partition.hpp) on the three schedules.
 #include "test.hpp"
 
 #include <dpml/parallel/pipeline/executor.hpp>
 #include <dpml/parallel/pipeline/partition.hpp>
+#include <dpml/parallel/pipeline/peer_batches.hpp>
 #include <dpml/parallel/pipeline/schedule.hpp>
 #include <dpml/parallel/pipeline/transport.hpp>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -24,57 +29,19 @@ namespace pl = dpml::parallel::pipeline;
 
 namespace {
 
-using Batches = std::vector<std::vector<pl::Message>>;  // one stage's batches, in launch order
+using pl::Batches;
 
-// Launcher that records; marks are the posting order.
-struct RecordingLauncher {
-  using Mark = int;
-  int stage, stages;
-  Batches* out;
-  std::set<std::pair<int, int>> sent;  // (flow, mb) launched, sends and receives alike
-  int marks = 0;
-
-  Mark mark() { return marks++; }
-  template <class Batch>
-  void launch(const Batch& b) {
-    std::vector<pl::Message> messages;
-    for (const auto& e : b) {
-      messages.push_back(e.message);
-      sent.insert(key(e.message));
-    }
-    out->push_back(std::move(messages));
-  }
-  bool launched(pl::Message m) const { return sent.contains(key(m)); }
-  void wait(pl::Message) {}
-  void wait_all() { sent.clear(); }
-  int rank() const { return stage; }
-  int size() const { return stages; }
-
-  static std::pair<int, int> key(pl::Message m) { return {static_cast<int>(m.flow) * 2 + (m.send ? 1 : 0), m.micro_batch}; }
-};
-
-struct NullStage {
-  using value_type = float;
-  float cell = 0;
-  void forward(int) {}
-  void backward_input(int) {}
-  void backward_weight(int) {}
-  dpml::TensorView<float> recv_forward_buffer(int) { return {&cell, dpml::Shape{1}}; }
-  dpml::TensorView<const float> send_forward_buffer(int) { return {&cell, dpml::Shape{1}}; }
-  dpml::TensorView<float> recv_backward_buffer(int) { return {&cell, dpml::Shape{1}}; }
-  dpml::TensorView<const float> send_backward_buffer(int) { return {&cell, dpml::Shape{1}}; }
-};
-static_assert(pl::Stage<NullStage>);
-
-// The batches each stage's executor launches in one step.
+// The batches each stage's executor launches in one step (one group each, as without PeerBatches).
 std::vector<Batches> batched(const pl::Schedule& schedule) {
-  const int p = static_cast<int>(schedule.size());
-  std::vector<Batches> all(static_cast<std::size_t>(p));
-  for (int s = 0; s < p; ++s) {
-    NullStage stage;
-    pl::BatchedTransport<float, RecordingLauncher> transport(RecordingLauncher{s, p, &all[static_cast<std::size_t>(s)], {}});
-    pl::run_stage(schedule[static_cast<std::size_t>(s)], stage, transport);
-  }
+  std::vector<Batches> all;
+  for (int s = 0; s < static_cast<int>(schedule.size()); ++s) all.push_back(pl::batches_of(schedule, s));
+  return all;
+}
+
+// The groups each stage launches with its PeerBatches: its batches in rounds.
+std::vector<Batches> rounds(const pl::Schedule& schedule) {
+  std::vector<Batches> all;
+  for (int s = 0; s < static_cast<int>(schedule.size()); ++s) all.push_back(pl::batches_of(schedule, s, pl::peer_batches(schedule, s)));
   return all;
 }
 
@@ -124,6 +91,48 @@ bool completes(const std::vector<Batches>& stages) {
   return true;
 }
 
+// The stricter replay NCCL needs (transport.hpp, "Groups alike on both sides"): a group completes
+// once, for each neighbour it talks to, that neighbour has started a group whose messages with this
+// stage are exactly the matches of this group's messages with it. True when every stage finishes.
+bool completes_alike(const std::vector<Batches>& stages) {
+  using Key = std::tuple<int, int, int>;  // (flow, sending stage, micro-batch): the same on both sides
+  using Block = std::tuple<int, int, std::vector<Key>>;  // (from stage, to stage, sorted messages)
+  auto blocks = [](int s, const std::vector<pl::Message>& group) {
+    std::map<int, std::vector<Key>> by_peer;
+    for (const auto& m : group) {
+      const int peer = pl::peer_of(m.flow, m.send, s), sender = m.send ? s : peer;
+      by_peer[peer].push_back({static_cast<int>(m.flow), sender, m.micro_batch});
+    }
+    std::vector<Block> out;
+    for (auto& [peer, keys] : by_peer) {
+      std::sort(keys.begin(), keys.end());
+      out.emplace_back(s, peer, std::move(keys));
+    }
+    return out;
+  };
+  const std::size_t p = stages.size();
+  std::vector<std::size_t> next(p, 0);
+  std::set<Block> started;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (std::size_t s = 0; s < p; ++s) {
+      while (next[s] < stages[s].size()) {
+        const auto mine = blocks(static_cast<int>(s), stages[s][next[s]]);
+        started.insert(mine.begin(), mine.end());
+        const bool matched = std::all_of(mine.begin(), mine.end(), [&](const Block& b) {
+          return started.contains(Block{std::get<1>(b), std::get<0>(b), std::get<2>(b)});
+        });
+        if (!matched) break;
+        ++next[s];
+        progress = true;
+      }
+    }
+  }
+  for (std::size_t s = 0; s < p; ++s)
+    if (next[s] < stages[s].size()) return false;
+  return true;
+}
+
 template <class Tag>
 void check_batches_complete(const char* name) {
   for (int p = 1; p <= 8; ++p)
@@ -131,15 +140,18 @@ void check_batches_complete(const char* name) {
       CAPTURE(name, p, m);
       const auto schedule = pl::make_schedule(Tag{}, p, m);
       REQUIRE(pl::check_schedule(schedule, p, m).ok());
-      const auto stages = batched(schedule);
+      const auto stages = batched(schedule), groups = rounds(schedule);
       CHECK(completes(stages));
-      std::size_t messages = 0;  // every communication action is launched exactly once
-      for (const auto& b : stages)
-        for (const auto& batch : b) messages += batch.size();
+      CHECK(completes_alike(groups));
       std::size_t actions = 0;
       for (const auto& a : schedule)
         actions += static_cast<std::size_t>(std::count_if(a.begin(), a.end(), [](const pl::Action& x) { return !pl::is_compute(x.op); }));
-      CHECK(messages == actions);
+      for (const auto* launched : {&stages, &groups}) {  // every communication action is launched exactly once
+        std::size_t messages = 0;
+        for (const auto& b : *launched)
+          for (const auto& batch : b) messages += batch.size();
+        CHECK(messages == actions);
+      }
     }
 }
 
@@ -158,11 +170,27 @@ TEST_CASE("batched transport: one message at a time deadlocks 1F1B (the replay s
   CHECK_FALSE(completes(one_at_a_time(pl::make_schedule(pl::OneFOneB{}, 2, 4))));
   CHECK(completes(batched(pl::make_schedule(pl::OneFOneB{}, 2, 4))));
 }
+TEST_CASE("batched transport: batches grouped unlike the neighbour's fail the strict replay; rounds pass it", "[pipeline]") {
+  // GPipe, 2 stages: stage 0's first batch holds all four activations and a gradient, stage 1
+  // receives each activation alone — what NCCL leaves undefined (and hung on 2×H200).
+  const auto gpipe = pl::make_schedule(pl::GPipe{}, 2, 4);
+  const auto stages = batched(gpipe), groups = rounds(gpipe);
+  CHECK(stages[0].front().size() == 5);
+  CHECK(completes(stages));
+  CHECK_FALSE(completes_alike(stages));
+  for (std::size_t i = 0; i < 5; ++i) CHECK(groups[0][i].size() == 1);  // the batch in five rounds
+  CHECK(completes_alike(groups));
+}
 TEST_CASE("batched transport: 1F1B's steady state pairs a send with the opposite receive", "[pipeline]") {
   // Stage 0 of 2, m = 4: after F1 it sends activation 1 and receives gradient 0 in one group.
   const auto stages = batched(pl::make_schedule(pl::OneFOneB{}, 2, 4));
   const std::vector<pl::Message> want{{pl::Flow::forward, 0, true}, {pl::Flow::forward, 1, true}, {pl::Flow::backward, 0, false}};
   CHECK(stages[0].front() == want);
+  // In rounds, as stage 1 groups them: activation 0 alone, then activation 1 with gradient 0.
+  const auto groups = rounds(pl::make_schedule(pl::OneFOneB{}, 2, 4));
+  CHECK(groups[0][0] == std::vector<pl::Message>{{pl::Flow::forward, 0, true}});
+  CHECK(groups[0][1] == std::vector<pl::Message>{{pl::Flow::forward, 1, true}, {pl::Flow::backward, 0, false}});
+  CHECK(groups[1][0] == std::vector<pl::Message>{{pl::Flow::forward, 0, false}});
 }
 
 TEST_CASE("plan_buffers: activation sets are the schedule's peak in flight", "[pipeline]") {

@@ -16,7 +16,8 @@
 // A step, forward_backward(tokens, targets): the executor (parallel/pipeline/executor.hpp) runs this
 // stage's row of the table, its messages through a cuda::StreamTransport over Comm on the
 // communication stream (Comm's own), ordered against the model's stream by CUDA events: nothing in
-// the step waits on the host. Then the two copies of the tied wte gradient are summed between the
+// the step waits on the host. The transport launches its groups alike on both sides of each pair
+// of stages (pipeline::peer_batches, from the whole table). Then the two copies of the tied wte gradient are summed between the
 // first and the last stage (a Comm of those two ranks, on the model's stream) — after the
 // data-parallel average, when a GradientSync over the data axis is attached to model() (the step's
 // last W's launch its buckets block by block). update(): every stage's squared gradient norm (the
@@ -43,6 +44,7 @@
 #include "dpml/parallel/cuda/pipeline_transport.hpp"
 #include "dpml/parallel/pipeline/executor.hpp"
 #include "dpml/parallel/pipeline/partition.hpp"
+#include "dpml/parallel/pipeline/peer_batches.hpp"
 #include "dpml/parallel/pipeline/schedule.hpp"
 
 #include <cuda_runtime.h>
@@ -69,7 +71,9 @@ class GptPipeline {
         model_(cfg, micro_batch, seq,
                GptStagePlan{.stage = pipe.rank(), .stages = pipe.size(), .activation_sets = buffers_.sets.count,
                             .input_sets = buffers_.inputs.count, .weight_grad_sets = buffers_.weight_grads.count}),
-        comm_(Comm::from(pipe)), transport_(parallel::cuda::StreamLauncher<Act, Comm>(comm_, model_.stream())), stage_(*this) {
+        comm_(Comm::from(pipe)), transport_(parallel::cuda::StreamLauncher<Act, Comm>(comm_, model_.stream()),
+                   parallel::pipeline::peer_batches(schedule, pipe.rank())),
+        stage_(*this) {
     if (pipe.size() > 1) {  // the tied pair: first and last stage
       const bool member = model_.is_first_stage() || model_.is_last_stage();
       const comm::Mpi pair = pipe.split(member ? 0 : MPI_UNDEFINED, pipe.rank());

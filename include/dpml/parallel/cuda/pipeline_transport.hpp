@@ -14,16 +14,8 @@
 //   wait_all (step's end)     the compute stream waits for the communication stream
 //
 // Which messages share a batch, and why that cannot deadlock, is BatchedTransport's (transport.hpp):
-// a batch is launched where the executor first needs one of its messages.
-//
-// Construction connects each stage to its neighbours, collectively over the pipeline axis. NCCL
-// sets up a pair's point-to-point channels inside the group where the pair first exchanges a
-// message, and a schedule's first groups differ on the two sides: stage s sends activations and
-// receives a gradient where stage s + 1 only receives. NCCL 2.28.3 fails on that asymmetric setup
-// ("bootstrap: Message truncated: received 16384 bytes instead of 8192", then ncclGroupEnd's
-// "internal error"; seen with GPipe on 2×H100, bench/RESULTS.md 2026-11-26), so the constructor
-// runs one group alike on both sides of every pair — a one-element message each way — before any
-// step (NCCL connects all of a peer's point-to-point channels at once, whatever the message size).
+// a batch is launched where the executor first needs one of its messages, in rounds that group
+// the messages of each pair of stages alike on both sides.
 //
 // Comm: comm::Nccl (one GPU per rank) or comm::Staged (host staging over MPI, GPUs shared) — any
 // type with rank(), size(), stream(), group(), send() and recv() on device pointers, with NCCL's
@@ -31,7 +23,8 @@
 // communication stream and must not be the compute stream.
 //
 //   auto pipe = comm::Nccl::from(grid.comm(Axis::pipeline));     // a stream of its own
-//   StreamTransport<bf16> transport(StreamLauncher<bf16>(pipe, model.stream()));
+//   StreamTransport<bf16> transport(StreamLauncher<bf16>(pipe, model.stream()),
+//                                   pipeline::peer_batches(schedule, pipe.rank()));   // groups alike
 //   pipeline::run_stage(actions, stage, transport);
 
 #include "dpml/comm/nccl.hpp"
@@ -85,12 +78,10 @@ class StreamLauncher {
  public:
   using Mark = int;  // an event of the pool, recorded on the compute stream
 
-  // `comm` (the pipeline axis, rank = stage) must outlive the launcher; `compute` is the stage's
-  // stream. Collective over `comm`: it connects each stage to its neighbours (see above).
+  // `comm` (the pipeline axis, rank = stage) must outlive the launcher; `compute` is the stage's stream.
   StreamLauncher(const Comm& comm, cudaStream_t compute)
       : comm_(&comm), compute_(compute), events_(std::make_unique<detail::EventPool>()) {
     DPML_REQUIRE(comm.stream() != compute, "StreamLauncher: the communicator's stream is the compute stream; give it one of its own");
-    connect_neighbours();
   }
 
   int rank() const noexcept { return comm_->rank(); }
@@ -113,10 +104,10 @@ class StreamLauncher {
       }
     }
     const int done = events_->record(comm_->stream());
-    for (const auto& e : batch) done_[key(e.message)] = done;
+    for (const auto& e : batch) done_[pipeline::key_of(e.message)] = done;
   }
-  bool launched(pipeline::Message m) const { return done_.contains(key(m)); }
-  void wait(pipeline::Message m) { DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, (*events_)[done_.at(key(m))], 0)); }
+  bool launched(pipeline::Message m) const { return done_.contains(pipeline::key_of(m)); }
+  void wait(pipeline::Message m) { DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, (*events_)[done_.at(pipeline::key_of(m))], 0)); }
   void wait_all() {
     DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, (*events_)[events_->record(comm_->stream())], 0));
     done_.clear();
@@ -124,36 +115,10 @@ class StreamLauncher {
   }
 
  private:
-  // One group, alike on both sides of each pair: a one-element send and receive with the previous
-  // and the next stage (where they exist); then the communication stream is drained.
-  void connect_neighbours() {
-    const int r = rank(), n = size();
-    if (n == 1) return;
-    T* buf = nullptr;  // [to prev, from prev, to next, from next]
-    DPML_CHECK_CUDA(cudaMalloc(&buf, 4 * sizeof(T)));
-    DPML_CHECK_CUDA(cudaMemsetAsync(buf, 0, 4 * sizeof(T), comm_->stream()));
-    {
-      const auto group = comm_->group();
-      if (r > 0) {
-        comm_->send(buf, 1, r - 1, 0);
-        comm_->recv(buf + 1, 1, r - 1, 0);
-      }
-      if (r + 1 < n) {
-        comm_->send(buf + 2, 1, r + 1, 0);
-        comm_->recv(buf + 3, 1, r + 1, 0);
-      }
-    }
-    DPML_CHECK_CUDA(cudaStreamSynchronize(comm_->stream()));
-    DPML_CHECK_CUDA(cudaFree(buf));
-  }
-
-  static std::pair<int, int> key(pipeline::Message m) {
-    return {static_cast<int>(m.flow) * 2 + (m.send ? 1 : 0), m.micro_batch};
-  }
   const Comm* comm_;
   cudaStream_t compute_;
   std::unique_ptr<detail::EventPool> events_;  // movable launcher
-  std::map<std::pair<int, int>, int> done_;    // (flow and direction, mb) → its batch's done event
+  std::map<pipeline::MessageKey, int> done_;  // message → the done event of the group that carried it
 };
 
 template <class T, class Comm = comm::Nccl>

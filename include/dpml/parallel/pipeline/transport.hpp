@@ -41,6 +41,18 @@
 //
 // A BatchedTransport send completes before the next action that reads a received message (its
 // batch is launched there, and that action waits for the batch), or at finish().
+//
+// Groups alike on both sides. The stages' batches differ — GPipe's stage 0 launches its four
+// activation sends and a gradient receive in one batch, stage 1 receives each activation in a
+// batch of its own — and NCCL leaves undefined what point-to-point calls do where two ranks group
+// them differently (NVIDIA/nccl#1279). With NCCL 2.28.3 on 2×H200 and 2×H100 they failed ("Message
+// truncated", internal error) or hung with both GPUs in ncclDevKernel_SendRecv (bench/RESULTS.md,
+// 2026-11-26). So, given PeerBatches (the neighbours' batch of each message's match: peer_batches()
+// in pipeline/peer_batches.hpp, from the whole table), BatchedTransport launches a batch in rounds:
+// round k holds, for each neighbour, the messages whose matches lie in the k-th of the neighbour's
+// batches this batch meets. The neighbour splits its batch the same way, so every group holds, per
+// neighbour, exactly the messages of one group of that neighbour, in the same order on both sides
+// (peer_batches() checks that such an order exists).
 
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
@@ -48,6 +60,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -125,6 +138,13 @@ struct Message {
   friend bool operator==(const Message&, const Message&) = default;
 };
 
+using MessageKey = std::tuple<int, int, bool>;  // (flow, micro-batch, send)
+inline MessageKey key_of(Message m) { return {static_cast<int>(m.flow), m.micro_batch, m.send}; }
+
+// For each message of a stage: the index (launch order, from 0) of the neighbour's batch that
+// carries its match — the receive of a send, the send of a receive.
+using PeerBatches = std::map<MessageKey, int>;
+
 template <class Payload>
 class P2pBatcher {
  public:
@@ -191,7 +211,9 @@ class BatchedTransport {
   };
   using Batch = typename P2pBatcher<Payload>::Batch;
 
-  explicit BatchedTransport(Launcher launcher) : launcher_(std::move(launcher)) {}
+  // Without PeerBatches each batch is one group (a launcher that records batches, on paper).
+  explicit BatchedTransport(Launcher launcher, PeerBatches peer_batches = {})
+      : launcher_(std::move(launcher)), peer_batches_(std::move(peer_batches)) {}
 
   int rank() const noexcept { return launcher_.rank(); }
   int size() const noexcept { return launcher_.size(); }
@@ -219,10 +241,31 @@ class BatchedTransport {
   const Launcher& launcher() const noexcept { return launcher_; }
 
  private:
-  void launch(const Batch& b) {
-    if (!b.empty()) launcher_.launch(b);
+  // The batch in rounds (see the header comment): entries keyed by (side, the neighbour's batch),
+  // side 0 the previous stage, 1 the next; round k takes the k-th key of each side.
+  void launch(Batch b) {
+    if (b.empty()) return;
+    if (peer_batches_.empty()) return launcher_.launch(b);
+    std::map<int, Batch> sides[2];
+    for (auto& e : b) {
+      const auto at = peer_batches_.find(key_of(e.message));
+      DPML_REQUIRE(at != peer_batches_.end(), "pipeline stage " << rank() << ": no neighbour's batch carries the match of the "
+                                                                << flow_name(e.message.flow) << " of micro-batch " << e.message.micro_batch);
+      sides[peer_of(e.message.flow, e.message.send, rank()) > rank() ? 1 : 0][at->second].push_back(std::move(e));
+    }
+    typename std::map<int, Batch>::iterator next[2] = {sides[0].begin(), sides[1].begin()};
+    while (next[0] != sides[0].end() || next[1] != sides[1].end()) {
+      Batch round;
+      for (const int side : {0, 1})
+        if (next[side] != sides[side].end()) {
+          for (auto& e : next[side]->second) round.push_back(std::move(e));
+          ++next[side];
+        }
+      launcher_.launch(round);
+    }
   }
   Launcher launcher_;
+  PeerBatches peer_batches_;
   P2pBatcher<Payload> batcher_;
 };
 
