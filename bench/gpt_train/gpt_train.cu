@@ -29,8 +29,9 @@
 //   tensor     --tp N (Megatron: --tensor-model-parallel-size): groups of N consecutive ranks
 //              (parallel::ProcessGrid, tensor axis fastest) split each block's heads and MLP
 //              (models/cuda/gpt.hpp) and see the same tokens; ranks = N × dp. tokens/s counts each
-//              token once (dp · B · T per step), MFU is per GPU. Not with --pp, --micro-batch or
-//              --use-distributed-optimizer (refused).
+//              token once (dp · B · T per step), MFU is per GPU. With --use-distributed-optimizer
+//              the optimizer state is sharded over the data axis of each tensor rank. Not with --pp
+//              or --micro-batch (refused).
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -169,9 +170,8 @@ Options parse(int argc, char** argv) {
   DPML_REQUIRE_EVERYWHERE(o.pp >= 1, "gpt_train: --pp " << o.pp << " must be positive");
   DPML_REQUIRE_EVERYWHERE(o.tp >= 1, "gpt_train: --tp " << o.tp << " must be positive");
   if (o.micro_batch == 0) o.micro_batch = o.batch;
-  DPML_REQUIRE_EVERYWHERE(o.tp == 1 || (o.pp == 1 && o.micro_batch == o.batch && !o.distributed_optimizer),
-                          "gpt_train: --tp " << o.tp << " with --pp, --micro-batch or --use-distributed-optimizer is "
-                                                "not supported yet");
+  DPML_REQUIRE_EVERYWHERE(o.tp == 1 || (o.pp == 1 && o.micro_batch == o.batch),
+                          "gpt_train: --tp " << o.tp << " with --pp or --micro-batch is not supported yet");
   DPML_REQUIRE_EVERYWHERE(!o.distributed_optimizer || (o.pp == 1 && o.micro_batch == o.batch),
                           "gpt_train: --use-distributed-optimizer with --pp or --micro-batch is not supported yet");
   DPML_REQUIRE_EVERYWHERE(o.micro_batch > 0 && o.batch % o.micro_batch == 0,

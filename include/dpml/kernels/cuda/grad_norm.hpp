@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -98,7 +99,20 @@ struct NormRanges {
   }
   int count() const noexcept { return static_cast<int>(begin.size()); }
   std::int64_t total() const noexcept { return before.back(); }
+  std::int64_t length(int r) const { return before[static_cast<std::size_t>(r) + 1] - before[static_cast<std::size_t>(r)]; }
 };
+
+// The elements in both a and b (each a list of disjoint ranges, in any order), in a's order.
+inline NormRanges intersect(const NormRanges& a, const NormRanges& b) {
+  NormRanges out;
+  for (int i = 0; i < a.count(); ++i)
+    for (int j = 0; j < b.count(); ++j) {
+      const std::int64_t lo = std::max(a.begin[static_cast<std::size_t>(i)], b.begin[static_cast<std::size_t>(j)]);
+      const std::int64_t hi = std::min(a.begin[static_cast<std::size_t>(i)] + a.length(i), b.begin[static_cast<std::size_t>(j)] + b.length(j));
+      if (lo < hi) out.add(lo, hi - lo);
+    }
+  return out;
+}
 
 // Bytes of workspace grad_norm_squared_ranges needs for ranges of `total` elements in all.
 template <class G>

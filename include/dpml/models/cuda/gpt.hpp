@@ -97,9 +97,11 @@
 //               order. init_random draws the full model, so every tp starts from the same weights.
 //   data axis   a GradientSync over the data axis (ranks of equal tensor coordinate: the same
 //               layout) averages each rank's flat buffer as at tp = 1: tp × dp works unchanged.
-//   refused     tp > 1 with pipeline stages (--pp) or with ZeRO-1 (--use-distributed-optimizer):
-//               the stage's tied-copy norm and the sharded optimizer's norm would need the tensor
-//               axis too; the constructor and set_distributed_optimizer say so.
+//   ZeRO-1      a distributed optimizer over the data axis shards each tensor rank's own buffer;
+//               its norm counts only what this tensor rank counts (above) and is then summed over
+//               the tensor axis (ShardedOptimizer::restrict_norm); read_state gathers the parts.
+//   refused     tp > 1 with pipeline stages (--pp): the stage's tied-copy norm would need the
+//               tensor axis too; the constructor says so.
 // Comm is comm::Nccl (one GPU per rank) or a communicator with its interface (comm::Staged).
 //
 // Per-family timing: with a Profiler attached, each kernel family is bracketed by CUDA events;
@@ -362,8 +364,6 @@ class Gpt {
   void set_distributed_optimizer(parallel::cuda::ShardedOptimizer* zero, TiedGradSync tied = TiedGradSync::automatic) {
     DPML_REQUIRE(zero && !zero_ && !sync_, "GPT (cuda): set_distributed_optimizer needs an optimizer, once, and no "
                                            "gradient sync attached before it");
-    DPML_REQUIRE(tp_ == 1, "GPT (cuda): the distributed optimizer (--use-distributed-optimizer) with tensor "
-                           "parallelism (--tp " << tp_ << ") is not supported");
     DPML_REQUIRE(zero->size() == static_cast<std::size_t>(n_params_),
                  "GPT (cuda): the distributed optimizer serves " << zero->size() << " elements, the model has " << n_params_);
     if (state_memory_)
@@ -373,6 +373,8 @@ class Gpt {
     master_ = m_ = v_ = nullptr;
     zero_ = zero;
     listen(zero, tied);
+    if (tensor_)  // the norm over the full model: this tensor rank's counted ranges, then Σ over the tensor axis
+      zero->restrict_norm(counted_ranges(), [this](double* norm_sq) { tensor_->allreduce(norm_sq, 1, comm::ReduceOp::sum); });
   }
   // Whether the attached listener's path for the tied wte gradient is the gather (listen() below):
   // false without a listener, on pipeline stages and where wte is all-reduced whole.
@@ -402,12 +404,21 @@ class Gpt {
     const auto& s = slot(name);
     check_span(s, dst.size());
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
-    if (zero_)
+    if (zero_ && !tensor_) {
       zero_->read(which, static_cast<std::size_t>(s.offset), dst);
-    else if (!state_memory_)
+    } else if (zero_) {  // this rank's part from its owners over the data axis, then the parts over the tensor axis
+      std::vector<float> part(static_cast<std::size_t>(s.part_numel()));
+      zero_->read(which, static_cast<std::size_t>(s.offset), part);
+      float* staged = nullptr;
+      DPML_CHECK_CUDA(cudaMalloc(&staged, part.size() * sizeof(float)));
+      const std::unique_ptr<float, DeviceFree> owned(staged);
+      DPML_CHECK_CUDA(cudaMemcpy(staged, part.data(), part.size() * sizeof(float), cudaMemcpyHostToDevice));
+      gather_full(staged, s, dst.data());
+    } else if (!state_memory_) {
       std::fill(dst.begin(), dst.end(), 0.f);
-    else
+    } else {
       download_full(state_(which), s, dst.data());
+    }
   }
   // From the full tensor, this rank keeps its part. Writing the master weights also rounds them
   // into the 16-bit working copy the forward pass reads.
@@ -728,18 +739,22 @@ class Gpt {
   // this rank's part, or for a split tensor every rank's part gathered over the tensor axis through
   // a temporary device buffer (collective). Synchronises.
   template <class T>
-  void download_full(const T* flat, const detail::Slot& s, T* full) const {
+  void download_full(const T* flat, const detail::Slot& s, T* full) const { gather_full(flat + s.offset, s, full); }
+  // The full host tensor of slot s from this rank's part at device address `mine`: the tensor
+  // ranks' parts gathered when s is split (a collective over the tensor axis), else a copy.
+  template <class T>
+  void gather_full(const T* mine, const detail::Slot& s, T* full) const {
     const auto part = static_cast<std::size_t>(s.part_numel());
     if (!tensor_ || s.split == Split::none) {
       DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
-      DPML_CHECK_CUDA(cudaMemcpy(full, flat + s.offset, part * sizeof(T), cudaMemcpyDeviceToHost));
+      DPML_CHECK_CUDA(cudaMemcpy(full, mine, part * sizeof(T), cudaMemcpyDeviceToHost));
       return;
     }
     std::vector<T> parts(part * static_cast<std::size_t>(tp_));  // (tp, part)
     T* gathered = nullptr;
     DPML_CHECK_CUDA(cudaMalloc(&gathered, parts.size() * sizeof(T)));
     const std::unique_ptr<T, DeviceFree> owned(gathered);
-    tensor_->allgather(flat + s.offset, gathered, part);
+    tensor_->allgather(mine, gathered, part);
     DPML_CHECK_CUDA(cudaMemcpyAsync(parts.data(), gathered, parts.size() * sizeof(T), cudaMemcpyDeviceToHost, stream_));
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
     s.assemble(parts.data(), full);

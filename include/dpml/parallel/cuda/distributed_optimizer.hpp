@@ -12,7 +12,9 @@
 //             kernels/cuda/grad_norm.hpp's grad_norm_squared_ranges),
 //             one all-reduce (sum) of that double over the data axis: the global norm, the same on
 //             every rank, hence the same clip coefficient (kernels/cuda/grad_norm.hpp); a
-//             non-finite norm (an fp16 overflow) makes every rank skip the step alike
+//             non-finite norm (an fp16 overflow) makes every rank skip the step alike. Under tensor
+//             parallelism (restrict_norm) only the part of the shards the model counts on this
+//             tensor rank, and the model's sum over the tensor axis after the data axis's
 //   update    fused AdamW (kernels/cuda/adamw.hpp) on each shard: its master weights, moments and
 //             16-bit working weights; as soon as a bucket's shard is updated, the bucket's working
 //             weights are ALL-GATHERED in place on the communication stream, overlapping the
@@ -62,6 +64,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -93,6 +96,12 @@ class ShardedOptimizer : public GradientListener {
   virtual void write(OptimizerState which, std::size_t offset, std::span<const float> src) = 0;
   // The master weights of the whole buffer (size() values) from the host, moments zeroed.
   virtual void reset(std::span<const float> master) = 0;
+  // Tensor parallelism: the norm counts only the elements of `model_counted` (ranges of the flat
+  // buffer: what this tensor rank adds to the full model's norm), and `across_tensor_axis(norm_sq)`,
+  // enqueued on the compute stream after the data axis's sum, adds the other tensor ranks' sums.
+  // Once, before the first update.
+  virtual void restrict_norm(const kernels::cuda::NormRanges& model_counted,
+                             std::function<void(double*)> across_tensor_axis) = 0;
 };
 
 namespace detail {
@@ -129,23 +138,17 @@ class DistributedOptimizer final : public detail::BucketListener<DistributedOpti
       state += count;
     }
     state_n_ = state;
+    kernels::cuda::NormRanges counted;
     for (const detail::OwnedRange& o : owned_)
       if (o.sharded || r == 0)  // the remainder's norm: rank 0's alone
-        counted_.add(static_cast<std::int64_t>(o.flat), static_cast<std::int64_t>(o.count));
-    ws_bytes_ = kernels::cuda::grad_norm_ranges_workspace<G>(std::max<std::int64_t>(1, counted_.total()));
+        counted.add(static_cast<std::int64_t>(o.flat), static_cast<std::int64_t>(o.count));
 
     DPML_CHECK_CUDA(cudaMalloc(&state_memory_, 3 * state_n_ * sizeof(float)));
     DPML_CHECK_CUDA(cudaMemsetAsync(state_memory_, 0, 3 * state_n_ * sizeof(float), compute_));
     master_ = state_memory_;
     m_ = master_ + state_n_;
     v_ = m_ + state_n_;
-    // The counted ranges' table on the device: begin (ranges), then before (ranges + 1).
-    std::vector<std::int64_t> table(counted_.begin);
-    table.insert(table.end(), counted_.before.begin(), counted_.before.end());
-    DPML_CHECK_CUDA(cudaMalloc(&counted_table_, table.size() * sizeof(std::int64_t)));
-    DPML_CHECK_CUDA(cudaMemcpyAsync(counted_table_, table.data(), table.size() * sizeof(std::int64_t),
-                                    cudaMemcpyHostToDevice, compute_));
-    DPML_CHECK_CUDA(cudaMalloc(&ws_, ws_bytes_));
+    count_in_norm(std::move(counted));
     DPML_CHECK_CUDA(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
     for (cudaEvent_t* e : {&norm_sent_, &norm_reduced_, &updated_, &gathered_}) DPML_CHECK_CUDA(cudaEventCreate(e));
     DPML_CHECK_CUDA(cudaStreamSynchronize(compute_));
@@ -164,6 +167,13 @@ class DistributedOptimizer final : public detail::BucketListener<DistributedOpti
   std::size_t size() const override { return n_; }
   std::size_t state_bytes() const override { return 3 * state_n_ * sizeof(float); }
 
+  void restrict_norm(const kernels::cuda::NormRanges& model_counted, std::function<void(double*)> across_tensor_axis) override {
+    DPML_CHECK_CUDA(cudaStreamSynchronize(compute_));  // no update in flight reads the old table
+    count_in_norm(kernels::cuda::intersect(counted_, model_counted));
+    across_tensor_axis_ = std::move(across_tensor_axis);
+    DPML_CHECK_CUDA(cudaStreamSynchronize(compute_));
+  }
+
   void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double max_norm, double inv_scale,
               double* norm_sq, float* clip_coef) override {
     namespace kc = kernels::cuda;
@@ -178,6 +188,7 @@ class DistributedOptimizer final : public detail::BucketListener<DistributedOpti
     comm_.allreduce(norm_sq, 1, comm::ReduceOp::sum);
     DPML_CHECK_CUDA(cudaEventRecord(norm_reduced_, comm_.stream()));
     DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, norm_reduced_, 0));
+    if (across_tensor_axis_) across_tensor_axis_(norm_sq);
     kc::clip_coefficient(norm_sq, clip_coef, max_norm, compute_, inv_scale);
     // AdamW per owned range; each updated shard's bucket all-gathered while the next one updates.
     const auto r = static_cast<std::size_t>(comm_.rank());
@@ -247,6 +258,21 @@ class DistributedOptimizer final : public detail::BucketListener<DistributedOpti
   static constexpr std::size_t kAlign = 64;  // elements: every shard's alignment
 
   std::size_t shard_align() const { return kAlign * static_cast<std::size_t>(comm_.size()); }
+  // The ranges this rank adds to the norm, and their table on the device (begin, then before) and
+  // CUB workspace.
+  void count_in_norm(kernels::cuda::NormRanges counted) {
+    counted_ = std::move(counted);
+    std::vector<std::int64_t> table(counted_.begin);
+    table.insert(table.end(), counted_.before.begin(), counted_.before.end());
+    DPML_CHECK_CUDA(cudaFree(std::exchange(counted_table_, nullptr)));
+    DPML_CHECK_CUDA(cudaFree(std::exchange(ws_, nullptr)));
+    DPML_CHECK_CUDA(cudaMalloc(&counted_table_, table.size() * sizeof(std::int64_t)));
+    DPML_CHECK_CUDA(cudaMemcpyAsync(counted_table_, table.data(), table.size() * sizeof(std::int64_t),
+                                    cudaMemcpyHostToDevice, compute_));
+    ws_bytes_ = kernels::cuda::grad_norm_ranges_workspace<G>(std::max<std::int64_t>(1, counted_.total()));
+    DPML_CHECK_CUDA(cudaMalloc(&ws_, ws_bytes_));
+    DPML_CHECK_CUDA(cudaStreamSynchronize(compute_));  // the host table goes out of scope
+  }
   // The buckets, production order: [remainder, n) cut on multiples of 64·K, then the remainder.
   std::vector<detail::Bucket> cut(std::size_t n, std::size_t bucket_bytes) const {
     auto buckets = detail::cut_buckets(n, remainder_, detail::bucket_elements<G>(bucket_bytes, shard_align()), shard_align());
@@ -296,6 +322,7 @@ class DistributedOptimizer final : public detail::BucketListener<DistributedOpti
   float* state_memory_ = nullptr;           // (3, state_n_): master, m, v
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // (state_n_) each
   void* ws_ = nullptr;                      // CUB workspace of the counted ranges' reduction
+  std::function<void(double*)> across_tensor_axis_;  // tp > 1: the norm's sum over the tensor axis
   std::size_t ws_bytes_ = 0;
   cudaEvent_t handoff_ = nullptr;           // compute → communication ordering, reused
   cudaEvent_t norm_sent_ = nullptr, norm_reduced_ = nullptr, updated_ = nullptr, gathered_ = nullptr;
