@@ -98,6 +98,8 @@ int main(int argc, char** argv) {
         policy<TiledGemm<TileShape<256, 128, 32>, 3, WarpTile<64, 64>>>("tiled 256x128x32 s3 w64x64"),
         policy<WgmmaGemm<TileShape<128, 128, 64>, 6, wgmma_schedule::Cooperative>>("wgmma coop 128x128x64 s6"),
         policy<WgmmaGemm<TileShape<128, 256, 64>, 4, wgmma_schedule::Cooperative>>("wgmma coop 128x256x64 s4"),
+        policy<WgmmaGemm<TileShape<128, 128, 64>, 6, wgmma_schedule::CooperativeTmaStore>>("wgmma coop-tma 128x128x64 s6"),
+        policy<WgmmaGemm<TileShape<128, 256, 64>, 4, wgmma_schedule::CooperativeTmaStore>>("wgmma coop-tma 128x256x64 s4"),
         policy<WgmmaGemm<TileShape<128, 128, 64>, 6, wgmma_schedule::CooperativeMulticast>>("wgmma coop-mc 128x128x64 s6"),
         policy<WgmmaGemm<TileShape<128, 256, 64>, 4, wgmma_schedule::CooperativeMulticast>>("wgmma coop-mc 128x256x64 s4"),
         policy<WgmmaGemm<TileShape<128, 128, 64>, 6>>("wgmma pingpong 128x128x64 s6"),

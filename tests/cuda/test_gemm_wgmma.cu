@@ -1,6 +1,6 @@
 // WgmmaGemm (Hopper wgmma + TMA, sm_90a) against a float64 host product of the same bf16 operands:
-// the cooperative schedule (one tile per block) and the persistent ping-pong one (split K
-// included) at two tile shapes each, all four (ta, tb) layouts, every epilogue, bf16 and fp32 outputs, and
+// the cooperative schedule (one tile per block; also with its epilogue stored by TMA, and in 2×1
+// clusters) and the persistent ping-pong one (split K included) at two tile shapes each, all four (ta, tb) layouts, every epilogue, bf16 and fp32 outputs, and
 // shapes that exercise what the kernel does differently from the tiled one — K longer than the
 // pipeline (stages reused, mbarrier phases wrapping), ragged M, N and K zero-filled by the copy
 // engine (K < 64, K = 0, N < 64 boxes), more than 8 tile-rows (grouped block order), row strides
@@ -37,6 +37,8 @@ const bool hopper_present = [] {
 
 using Coop128 = WgmmaGemm<TileShape<128, 128, 64>, 4, wgmma_schedule::Cooperative>;
 using Coop256 = WgmmaGemm<TileShape<128, 256, 64>, 3, wgmma_schedule::Cooperative>;
+using CoopTmaStore128 = WgmmaGemm<TileShape<128, 128, 64>, 4, wgmma_schedule::CooperativeTmaStore>;
+using CoopTmaStore256 = WgmmaGemm<TileShape<128, 256, 64>, 3, wgmma_schedule::CooperativeTmaStore>;
 using CoopMulticast128 = WgmmaGemm<TileShape<128, 128, 64>, 6, wgmma_schedule::CooperativeMulticast>;
 using CoopMulticast256 = WgmmaGemm<TileShape<128, 256, 64>, 4, wgmma_schedule::CooperativeMulticast>;
 using Pingpong128 = WgmmaGemm<TileShape<128, 128, 64>, 6>;
@@ -168,6 +170,15 @@ TEST_CASE("gemm wgmma: cooperative 128x128x64, 4 stages, against float64", "[gem
 TEST_CASE("gemm wgmma: cooperative 128x256x64, 3 stages, against float64", "[gemm][gpu][wgmma]") {
   GemmContext ctx;
   check_policy<Coop256>(ctx, kShapes, 2000);
+}
+
+// The staged epilogue: bf16 outputs go through shared memory and a TMA store, clipped at M and N by
+// the copy engine (the guard rows and the columns past N must stay poisoned); fp32 outputs take
+// the register epilogue of the same kernel.
+TEST_CASE("gemm wgmma: cooperative with a TMA-store epilogue, 128x128 and 128x256, against float64", "[gemm][gpu][wgmma]") {
+  GemmContext ctx;
+  check_policy<CoopTmaStore128>(ctx, kShapes, 8000);
+  check_policy<CoopTmaStore256>(ctx, kShapes, 9000);
 }
 
 // Pairs of blocks sharing B through TMA multicast: odd tile-row counts (a block past M that only

@@ -1,9 +1,10 @@
 #pragma once
 // WgmmaGemm<TileShape<BM, BN, 64>, Stages, Schedule>: dpml's Hopper GEMM policy — wgmma
 // tensor-core instructions fed by the TMA copy engine, warp-specialised. Same interface and
-// epilogues as TiledGemm (gemm.hpp); all four (ta, tb) layouts; sm_90a only. Two schedules (types
-// in wgmma_schedule): Cooperative, one tile per block with its two consumer warpgroups splitting
-// the rows (the kernel described next); CooperativeMulticast, the same kernel with blocks paired in
+// epilogues as TiledGemm (gemm.hpp); all four (ta, tb) layouts; sm_90a only. Schedules (types in
+// wgmma_schedule): Cooperative, one tile per block with its two consumer warpgroups splitting
+// the rows (the kernel described next); CooperativeTmaStore, the same with the epilogue staged in
+// shared memory and stored by TMA (staged_epilogue); CooperativeMulticast, the same kernel with blocks paired in
 // 2×1 thread-block clusters over vertically adjacent tiles, each block copying half of the pair's
 // shared B slab into both (TMA .multicast::cluster; consumers release a stage in both blocks); and
 // Pingpong, persistent blocks whose consumer warpgroups take whole tiles in turn, with split K for
@@ -120,6 +121,30 @@ __device__ __forceinline__ std::uint32_t cluster_rank() {
 }
 __device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
+}
+// The box at shared-memory address src to coordinates (c0 innermost, c1) of the tensor map (the
+// copy engine clips what lies past the tensor's edges), as part of this thread's bulk group.
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, std::uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<std::uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(src)
+               : "memory");
+}
+// Closes this thread's bulk group, then waits until its copies have read their shared memory (the
+// global writes may still be in flight: they complete before the kernel does).
+__device__ __forceinline__ void tma_store_commit_and_wait_read() {
+  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Makes this thread's shared-memory writes visible to the copy engine (the async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void st_shared_u32(std::uint32_t addr, std::uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// Barrier `id` (1–15; 0 is __syncthreads') over `threads` threads, whole warps.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -299,7 +324,7 @@ struct StageRing {
 
 // ---- the kernel ----
 
-template <class Tile, int Stages, bool TransA, bool TransB, int Cluster>
+template <class Tile, int Stages, bool TransA, bool TransB, int Cluster, bool TmaStore = false>
 struct Kernel {
   static constexpr int BM = Tile::M, BN = Tile::N, BK = Tile::K;
   static_assert(BK == 64, "a slab row is one 128-byte swizzle row: BK = 64 bf16");
@@ -314,6 +339,10 @@ struct Kernel {
   static constexpr int kStages = Stages;
   static_assert(Cluster == 1 || Cluster == 2, "blocks pair up in clusters of 2 or run alone");
   static constexpr int kCluster = Cluster;
+  // The staged epilogue writes the tile over the ring: two warpgroups' (64, BN) bf16 parts.
+  static_assert(!TmaStore || (Cluster == 1 && Consumers * 64 * BN * 2 <= Stages * Ring::stage_bytes),
+                "the TMA-store epilogue runs without clusters and stages the tile in the ring");
+  static constexpr bool kTmaStore = TmaStore;
   // Registers per thread: the launch gives every thread the cap of __launch_bounds__(Threads, 1)
   // (64 Ki / Threads, in steps of 8); setmaxnreg then moves the producer down to 40 and the
   // consumers up to what that frees (at most 256). Asking for more than the block holds would stall.
@@ -323,10 +352,50 @@ struct Kernel {
   static constexpr int kConsumerRegs = kFreedRegs > 256 ? 256 : kFreedRegs;
 };
 
+// The staged epilogue of consumer warpgroup c (rows [64c, 64c + 64) of the tile at (m0, n0)): its
+// outputs in bf16 over the ring, as BN/64 boxes of (64 rows, 64 columns) laid out as TMA's 128-byte
+// swizzle expects (16-byte chunk j of row r at chunk j ^ (r % 8)), then one thread stores the boxes
+// with the copy engine, which clips them at M and N. The block can leave as soon as the engine has
+// read them, while the writes drain — the next block's first loads overlap them.
+template <class Kn, class Epi>
+__device__ __forceinline__ void staged_epilogue(const typename Kn::Ring& ring, const CUtensorMap* map_c,
+                                                const EpilogueParams<bf16, Epi>& ep, std::int64_t M, std::int64_t N,
+                                                int m0, int n0, int c, const float (&acc)[Kn::BN / 2]) {
+  constexpr int BN = Kn::BN;
+  // Both warpgroups have retired their last wgmmas (they read every stage) before either writes.
+  named_barrier_sync(1, 128 * Kn::Consumers);
+  const std::uint32_t boxes = ring.a(0) + static_cast<std::uint32_t>(c * (BN / 64) * kAtom);
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
+  const int g = lane / 4, c2 = (lane % 4) * 2;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = warp * 16 + g + half * 8;  // row in the warpgroup's 64
+    const std::int64_t row = static_cast<std::int64_t>(m0) + c * 64 + r;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const std::int64_t col = static_cast<std::int64_t>(n0) + j * 8 + c2;
+      float2 v = make_float2(0.f, 0.f);
+      if (row < M && col < N) v = epilogue_values(ep, N, row, col, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      const std::uint32_t at = boxes + static_cast<std::uint32_t>((j / 8) * kAtom + r * 128 + (((j % 8) ^ (r % 8)) * 16) + c2 * 2);
+      st_shared_u32(at, pack2<bf16>(v.x, v.y));
+    }
+  }
+  fence_proxy_async_shared();
+  named_barrier_sync(2 + c, 128);
+  if (threadIdx.x % 128 == 0) {
+#pragma unroll
+    for (int b = 0; b < BN / 64; ++b) tma_store(map_c, boxes + static_cast<std::uint32_t>(b * kAtom), n0 + 64 * b, m0 + 64 * c);
+    tma_store_commit_and_wait_read();
+  }
+}
+
+// store_tma (Kn::kTmaStore only): C is bf16 and map_c describes it (boxes of (64, 64), 128-byte
+// swizzle); otherwise map_c is unused and the epilogue stores from registers.
 template <class Kn, bool TransA, bool TransB, class Epi, class TC>
 __global__ void __launch_bounds__(Kn::Threads, 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                      std::int64_t M, std::int64_t N, std::int64_t K, EpilogueParams<TC, Epi> ep) {
+                      const __grid_constant__ CUtensorMap map_c, bool store_tma, std::int64_t M, std::int64_t N,
+                      std::int64_t K, EpilogueParams<TC, Epi> ep) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = Kn::BM, BN = Kn::BN, BK = Kn::BK, S = Kn::kStages, CL = Kn::kCluster;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -344,6 +413,7 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
   if (threadIdx.x == 0) {
     tma_prefetch(&map_a);
     tma_prefetch(&map_b);
+    if (Kn::kTmaStore && store_tma) tma_prefetch(&map_c);
     ring.init_barriers(Kn::Consumers * CL);  // empty: one arrive per consumer warpgroup of the cluster
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -399,17 +469,26 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
     wgmma_wait<0>();
     fence_operands(acc);
 
-    // Fragment: acc[4j + e] is row 16·warp + g + 8·(e / 2), column 8j + 2t + e % 2.
-    const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
-    const int g = lane / 4, c2 = (lane % 4) * 2;
+    bool staged = false;
+    if constexpr (Kn::kTmaStore && std::is_same_v<TC, bf16>) {
+      if (store_tma) {
+        staged_epilogue<Kn>(ring, &map_c, ep, M, N, m0, n0, c, acc);
+        staged = true;
+      }
+    }
+    if (!staged) {
+      // Fragment: acc[4j + e] is row 16·warp + g + 8·(e / 2), column 8j + 2t + e % 2.
+      const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
+      const int g = lane / 4, c2 = (lane % 4) * 2;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const std::int64_t row = static_cast<std::int64_t>(m0) + c * 64 + warp * 16 + g + half * 8;
-      if (row >= M) continue;
+      for (int half = 0; half < 2; ++half) {
+        const std::int64_t row = static_cast<std::int64_t>(m0) + c * 64 + warp * 16 + g + half * 8;
+        if (row >= M) continue;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-        epilogue_pair(ep, N, row, static_cast<std::int64_t>(n0) + j * 8 + c2, acc[4 * j + 2 * half],
-                      acc[4 * j + 2 * half + 1]);
+        for (int j = 0; j < BN / 8; ++j)
+          epilogue_pair(ep, N, row, static_cast<std::int64_t>(n0) + j * 8 + c2, acc[4 * j + 2 * half],
+                        acc[4 * j + 2 * half + 1]);
+      }
     }
   }
   if constexpr (CL > 1) cluster_sync();  // no block leaves while another may still arrive on its barriers
@@ -460,9 +539,6 @@ struct SplitK {
   int* arrivals;      // (tiles) counters of finished splits, zero between calls
 };
 
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 template <class Kn, bool TransA, bool TransB, class Epi, class TC>
 __global__ void __launch_bounds__(Kn::Threads, 1)
     wgmma_pingpong_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -675,6 +751,16 @@ namespace wgmma_schedule {
 struct Cooperative {
   static constexpr std::string_view name = "cooperative";
   static constexpr int cluster = 1;
+  static constexpr bool tma_store = false;
+};
+// Cooperative, with the epilogue staged: each consumer warpgroup writes its bf16 outputs into
+// shared memory and the copy engine stores the tile (TMA), so the block leaves once the engine has
+// read it and the writes drain under the next block's first loads (bf16 C with a 16-byte row
+// stride; other outputs take the register epilogue).
+struct CooperativeTmaStore {
+  static constexpr std::string_view name = "cooperative-tma-store";
+  static constexpr int cluster = 1;
+  static constexpr bool tma_store = true;
 };
 // Cooperative, with blocks paired in 2×1 thread-block clusters over vertically adjacent tiles: the
 // pair shares its B slabs, each block copying half of every slab into both (TMA multicast), so a
@@ -682,12 +768,14 @@ struct Cooperative {
 struct CooperativeMulticast {
   static constexpr std::string_view name = "cooperative-multicast";
   static constexpr int cluster = 2;
+  static constexpr bool tma_store = false;
 };
 // A persistent block per SM; each consumer warpgroup computes whole (BM, BN) tiles, in turn with
 // the other, and small tile counts are split along K (PingpongKernel above).
 struct Pingpong {
   static constexpr std::string_view name = "pingpong";
   static constexpr int cluster = 1;
+  static constexpr bool tma_store = false;
 };
 }  // namespace wgmma_schedule
 
@@ -747,7 +835,7 @@ struct WgmmaGemm {
   template <bool TA, bool TB, class Epi, class TC>
   static void launch(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream) {
     using Kn = std::conditional_t<persistent, detail::wgmma::PingpongKernel<Tile, Stages>,
-                                  detail::wgmma::Kernel<Tile, Stages, TA, TB, Schedule::cluster>>;
+                                  detail::wgmma::Kernel<Tile, Stages, TA, TB, Schedule::cluster, Schedule::tma_store>>;
     using detail::wgmma::tensor_map;
     const detail::EpilogueParams<TC, Epi> ep{g.C, g.ldc, g.alpha, g.beta, g.bias, g.pre_gelu};
     // A stored (K, M) when transposed, else (M, K); B stored (N, K) when transposed, else (K, N).
@@ -777,8 +865,15 @@ struct WgmmaGemm {
       opt_in<kernel>(Kn::Ring::smem_bytes);
       constexpr int kCluster = Schedule::cluster;
       const auto blocks = static_cast<unsigned>(kCluster * ceil_div(g.M, kCluster * Tile::M) * ceil_div(g.N, Tile::N));
+      // The staged epilogue's tensor map of C: bf16, 16-byte aligned, rows a multiple of 16 bytes apart.
+      bool store_tma = false;
+      CUtensorMap map_c = map_a;  // unused unless store_tma
+      if constexpr (Schedule::tma_store && std::is_same_v<TC, bf16>) {
+        store_tma = g.ldc % 8 == 0 && reinterpret_cast<std::uintptr_t>(g.C) % 16 == 0;
+        if (store_tma) map_c = tensor_map(g.C, g.M, g.N, g.ldc, 64, "C");
+      }
       if constexpr (kCluster == 1) {
-        kernel<<<blocks, Kn::Threads, Kn::Ring::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep);
+        kernel<<<blocks, Kn::Threads, Kn::Ring::smem_bytes, stream>>>(map_a, map_b, map_c, store_tma, g.M, g.N, g.K, ep);
       } else {
         cudaLaunchAttribute cluster{};
         cluster.id = cudaLaunchAttributeClusterDimension;
@@ -791,7 +886,7 @@ struct WgmmaGemm {
         config.stream = stream;
         config.attrs = &cluster;
         config.numAttrs = 1;
-        DPML_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, map_a, map_b, g.M, g.N, g.K, ep));
+        DPML_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, store_tma, g.M, g.N, g.K, ep));
       }
     }
     DPML_CHECK_LAUNCH();
