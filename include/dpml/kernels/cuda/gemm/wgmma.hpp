@@ -865,11 +865,14 @@ struct WgmmaGemm {
       opt_in<kernel>(Kn::Ring::smem_bytes);
       constexpr int kCluster = Schedule::cluster;
       const auto blocks = static_cast<unsigned>(kCluster * ceil_div(g.M, kCluster * Tile::M) * ceil_div(g.N, Tile::N));
-      // The staged epilogue's tensor map of C: bf16, 16-byte aligned, rows a multiple of 16 bytes apart.
+      // The staged epilogue's tensor map of C: bf16, 16-byte aligned, rows a multiple of 16 bytes
+      // apart, and N a multiple of 8 — the copy engine clips a store at N in 16-byte steps (on an
+      // H200 it wrote columns [N, N rounded up to 8) where N = 75 and 300), so a ragged N takes
+      // the register epilogue.
       bool store_tma = false;
       CUtensorMap map_c = map_a;  // unused unless store_tma
       if constexpr (Schedule::tma_store && std::is_same_v<TC, bf16>) {
-        store_tma = g.ldc % 8 == 0 && reinterpret_cast<std::uintptr_t>(g.C) % 16 == 0;
+        store_tma = g.N % 8 == 0 && g.ldc % 8 == 0 && reinterpret_cast<std::uintptr_t>(g.C) % 16 == 0;
         if (store_tma) map_c = tensor_map(g.C, g.M, g.N, g.ldc, 64, "C");
       }
       if constexpr (kCluster == 1) {
