@@ -1,12 +1,15 @@
 // Pipeline-parallel GPT on GPUs (models/cuda/gpt_pipeline.hpp) on 2 stages, with each schedule
-// (GPipe, 1F1B, ZB-H1) and m = 4 micro-batches of 2 sequences, against a lone model (pp = 1) on each
-// rank that accumulates the same 4 micro-batches: on 2 ranks one stage each, on 4 ranks tp 2 × pp 2
-// (each stage tensor-parallel over a pair of ranks). Tiny configuration (L = 4: two blocks per
-// stage, C = 64, H = 2, V = 67, T = 32), weights from init_random (one seed), AdamW with clipping
-// at 1.0. The ranks talk through comm::Nccl where each has a GPU of its own, else through
+// (GPipe, 1F1B, ZB-H1) and m = 4 micro-batches of 2 sequences, against the same model without
+// stages (pp = 1, the "lone" model) on each rank, accumulating the same 4 micro-batches: on 2 ranks
+// one stage each against a one-GPU model; on 4 ranks tp 2 × pp 2 (each stage tensor-parallel over a
+// pair of ranks) against a tp 2 model over the stage's tensor group — the same tensor split and so
+// the same bf16 roundings, which leaves the pipeline as the only difference and lets both layouts
+// meet the same bounds (against a one-GPU model, tp's extra roundings alone moved the norm by up to
+// 16 % at steps 6–8 on an H100 while losses agreed within 0.2 %). Tiny configuration (L = 4: two
+// blocks per stage, C = 64, H = 2, V = 67, T = 32), weights from init_random (one seed), AdamW with
+// clipping at 1.0. The ranks talk through comm::Nccl where each has a GPU of its own, else through
 // comm::Staged on a shared GPU (tests/nccl/nccl_fixture.hpp: gpu_comm()). Under tp the weights and
-// gradients compared are the full tensors (read_state and gradient gather them over the tensor
-// axis), and the bounds that tp's extra bf16 roundings loosen are test_gpt_tp's (noted below).
+// gradients compared are the full tensors (read_state and gradient gather them over the tensor axis).
 //
 //   start      every stage's tensors hold the lone model's initial values bit for bit (init_random
 //              skips the draws of the tensors a stage lacks)
@@ -27,9 +30,6 @@
 //              √v but stay far below the motion), and the two copies of wte (stage 0, stage 1) equal
 //              bit for bit — the tied gradients were summed to the same value on both and clipped
 //              by the same global norm; under tp also equal on every rank of the world
-//   tp 2        the step-1 loss within 2e-2 and the norm within 2e-2 instead of 1e-5 and 1e-2, the
-//              weights within 0.2 of their travel instead of 0.1 (test_gpt_tp.cu: each row-parallel
-//              sum rounded per rank and then summed)
 #include "../cuda/device.hpp"
 #include "nccl_fixture.hpp"
 
@@ -57,8 +57,9 @@ constexpr std::int64_t kMicro = 2, kSeq = 32, kVocab = 67;
 constexpr int kMicroBatches = 4, kSteps = 10;
 constexpr double kLr = 3e-3, kClip = 1.0;
 const optim::AdamWOptions kAdam{.eps = 1e-6, .weight_decay = 0.1};
-using Gpt = models::cuda::Gpt<models::cuda::Bf16>;
-using State = Gpt::State;
+template <class Comm>
+using Gpt = models::cuda::Gpt<models::cuda::Bf16, Comm>;
+using State = models::cuda::Gpt<models::cuda::Bf16>::State;
 
 models::cuda::GptCudaConfig config() { return {.vocab = kVocab, .max_seq = kSeq, .layers = 4, .heads = 2, .dim = 64}; }
 
@@ -80,7 +81,8 @@ struct Batch {
 };
 
 // The lone model's forward and backward on the same micro-batches, accumulated; their mean loss.
-double lone_forward_backward(Gpt& m, const Batch& b) {
+template <class Comm>
+double lone_forward_backward(Gpt<Comm>& m, const Batch& b) {
   double loss = 0;
   for (int i = 0; i < kMicroBatches; ++i) {
     const std::int64_t at = i * kMicro * kSeq;
@@ -133,10 +135,8 @@ void compare_with_lone_model() {
                                                          kMicroBatches, pipe, &grid.comm(Axis::tensor));
   auto& mine = pp.model();
   CHECK(mine.tensor_parallel() == tp);
-  const double step1_loss_tol = tp > 1 ? 2e-2 : 1e-5, step1_norm_tol = tp > 1 ? 2e-2 : 1e-2,
-               travel_tol = tp > 1 ? 0.2 : 0.1;
   mine.init_random(11);
-  Gpt lone(config(), kMicro, kSeq);
+  Gpt<Comm> lone(config(), kMicro, kSeq, {}, tp > 1 ? &grid.comm(Axis::tensor) : nullptr);
   lone.init_random(11);
   const auto initial = weights(lone);
 
@@ -159,7 +159,7 @@ void compare_with_lone_model() {
     CAPTURE(s, loss, lone_loss, stage);
     CHECK(std::abs(loss - lone_loss) <= 2e-2 * std::abs(lone_loss));
     if (s == 1) {
-      CHECK(std::abs(loss - lone_loss) <= step1_loss_tol * std::abs(lone_loss));
+      CHECK(std::abs(loss - lone_loss) <= 1e-5 * std::abs(lone_loss));
       for (const auto& name : names) {
         const auto want = lone.gradient(name);
         const double norm = l2(want, std::vector<float>(want.size(), 0.f));
@@ -170,14 +170,14 @@ void compare_with_lone_model() {
     pp.update(kLr, s, kAdam, kClip);
     lone.update(kLr, s, kAdam, kClip);
     // wte counted once; the weights drift apart within bf16 tolerance, the norms with them
-    CHECK(std::abs(pp.grad_norm() - lone.grad_norm()) <= (s == 1 ? step1_norm_tol : 5e-2) * lone.grad_norm());
+    CHECK(std::abs(pp.grad_norm() - lone.grad_norm()) <= (s == 1 ? 1e-2 : 5e-2) * lone.grad_norm());
   }
   const auto got = weights(mine), final_lone = weights(lone);
   for (const auto& [name, w] : got) {
     const double travelled = l2(final_lone.at(name), initial.at(name));
     CAPTURE(stage, name, travelled);
     CHECK(travelled > 0);
-    CHECK(l2(w, final_lone.at(name)) <= travel_tol * travelled);
+    CHECK(l2(w, final_lone.at(name)) <= 0.1 * travelled);
   }
   const std::uint64_t wte = fingerprint(got.at("wte.weight"));  // both stages, every tensor rank
   CHECK(world.allreduce(wte, comm::ReduceOp::max) == world.allreduce(wte, comm::ReduceOp::min));
