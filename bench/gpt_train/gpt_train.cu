@@ -28,10 +28,10 @@
 //              way; pp = 1 with one micro-batch is the plain single-model step.
 //   tensor     --tp N (Megatron: --tensor-model-parallel-size): groups of N consecutive ranks
 //              (parallel::ProcessGrid, tensor axis fastest) split each block's heads and MLP
-//              (models/cuda/gpt.hpp) and see the same tokens; ranks = N × dp. tokens/s counts each
-//              token once (dp · B · T per step), MFU is per GPU. With --use-distributed-optimizer
-//              the optimizer state is sharded over the data axis of each tensor rank. Not with --pp
-//              or --micro-batch (refused).
+//              (models/cuda/gpt.hpp) and see the same tokens; ranks = N × P × dp with --pp P (each
+//              stage tensor-parallel). tokens/s counts each token once (dp · B · T per step), MFU is
+//              per GPU. With --use-distributed-optimizer the optimizer state is sharded over the
+//              data axis of each tensor rank (not with --pp: refused).
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -111,7 +111,7 @@ void usage(const char* argv0) {
       "                   token rows gathered (its LM-head part all-reduced during the backward), or wte all-reduced\n"
       "                   whole after the backward; auto: gather where it moves fewer bytes (auto)\n"
       "Data parallel: scripts/launch.sh -n K %s ... (one GPU per rank, each on its own batch of B);\n"
-      "with --pp P, K = P × dp ranks; with --tp N, K = N × dp (a tensor group shares its batch).\n"
+      "with --pp P and --tp N, K = N × P × dp ranks (a tensor group shares its batch).\n"
       "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
       argv0, argv0);
 }
@@ -170,8 +170,6 @@ Options parse(int argc, char** argv) {
   DPML_REQUIRE_EVERYWHERE(o.pp >= 1, "gpt_train: --pp " << o.pp << " must be positive");
   DPML_REQUIRE_EVERYWHERE(o.tp >= 1, "gpt_train: --tp " << o.tp << " must be positive");
   if (o.micro_batch == 0) o.micro_batch = o.batch;
-  DPML_REQUIRE_EVERYWHERE(o.tp == 1 || (o.pp == 1 && o.micro_batch == o.batch),
-                          "gpt_train: --tp " << o.tp << " with --pp or --micro-batch is not supported yet");
   DPML_REQUIRE_EVERYWHERE(!o.distributed_optimizer || (o.pp == 1 && o.micro_batch == o.batch),
                           "gpt_train: --use-distributed-optimizer with --pp or --micro-batch is not supported yet");
   DPML_REQUIRE_EVERYWHERE(o.micro_batch > 0 && o.batch % o.micro_batch == 0,
@@ -282,7 +280,7 @@ class StageTrainer {
         return parallel::pipeline::make_schedule(typename Strategy::schedule{}, o.pp, m);
       });
       stages_ = std::make_unique<models::cuda::GptPipeline<Precision>>(o.model, o.micro_batch, o.seq, schedule, m,
-                                                                       grid.comm(Axis::pipeline));
+                                                                       grid.comm(Axis::pipeline), &grid.comm(Axis::tensor));
     }
   }
   Model& model() { return stages_ ? stages_->model() : *whole_; }

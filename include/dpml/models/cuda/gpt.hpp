@@ -88,9 +88,10 @@
 //               agree on all tensor ranks without communication. Not done yet: a vocab-parallel
 //               embedding + cross-entropy, which would divide by tp the LM head's GEMMs, the
 //               (B, T, Vp) logits and wte's gradient and optimizer state (now on every tensor rank)
-//   grad norm   over the full model, each element once: tensor rank 0 sums its whole buffer, the
-//               others their shards only (kernels/cuda/grad_norm.hpp: grad_norm_squared_ranges),
-//               then one all-reduce (sum) of the device double
+//   grad norm   over the full model, each element once: tensor rank 0 sums its whole buffer (a
+//               last pipeline stage without its tied copy of wte), the others their shards only
+//               (kernels/cuda/grad_norm.hpp: grad_norm_squared_ranges), then one all-reduce (sum)
+//               of the device double
 //   host I/O    copy_from / write_state / init_random take FULL host tensors and keep this rank's
 //               part; copy_to / read_state / gradient return full tensors, gathered over the tensor
 //               axis — collectives: every tensor rank calls them for the same tensors in the same
@@ -100,8 +101,10 @@
 //   ZeRO-1      a distributed optimizer over the data axis shards each tensor rank's own buffer;
 //               its norm counts only what this tensor rank counts (above) and is then summed over
 //               the tensor axis (ShardedOptimizer::restrict_norm); read_state gathers the parts.
-//   refused     tp > 1 with pipeline stages (--pp): the stage's tied-copy norm would need the
-//               tensor axis too; the constructor says so.
+//   pipeline    a stage is tensor-parallel the same way (GptPipeline passes its tensor group): the
+//               messages between stages are whole (B, T, C) activations, equal on the ranks of a
+//               tensor group, each sent to the rank of equal tensor coordinate on the next stage.
+//               (ZeRO-1 with pipeline stages is refused, at any tp: set_distributed_optimizer.)
 // Comm is comm::Nccl (one GPU per rank) or a communicator with its interface (comm::Staged).
 //
 // Per-family timing: with a Profiler attached, each kernel family is bracketed by CUDA events;
@@ -273,8 +276,6 @@ class Gpt {
     DPML_REQUIRE_EVERYWHERE(cfg.heads % tp_ == 0, "GPT (cuda): heads " << cfg.heads << " are not divisible by the "
                                                   << "tensor-parallel degree --tp " << tp_ << " (each tensor rank "
                                                   << "takes whole attention heads)");
-    DPML_REQUIRE_EVERYWHERE(tp_ == 1 || plan.stages == 1, "GPT (cuda): tensor parallelism (--tp " << tp_ << ") with "
-                                                              << plan.stages << " pipeline stages (--pp) is not supported");
     Vp_ = cfg.padded_vocab();
     // Parameter layout: this stage's tensors in the host model's order, except that a whole model
     // holds wte last, so that the tied LM head's gradient (written first) is a bucket at the
@@ -681,12 +682,13 @@ class Gpt {
     return off;
   }
   // The ranges of the flat buffer whose squared gradients this rank adds to the global norm (tp > 1):
-  // all of it on tensor rank 0; on the others their split tensors only (consecutive ones, with the
-  // zero padding between them, as one range). Replicated tensors are thus counted once.
+  // on tensor rank 0 all of it from norm_begin_ (a last stage leaves out its tied copy of wte); on
+  // the others their split tensors only (consecutive ones, with the zero padding between them, as
+  // one range). Replicated tensors are thus counted once.
   detail::kc::NormRanges counted_ranges() const {
     std::vector<std::pair<std::int64_t, std::int64_t>> ranges;  // [first, end)
     if (tp_rank_ == 0) {
-      ranges.emplace_back(0, n_params_);
+      ranges.emplace_back(norm_begin_, n_params_);
     } else {
       for (std::size_t i = 0; i < slots_.size(); ++i) {
         const detail::Slot& s = slots_[i];

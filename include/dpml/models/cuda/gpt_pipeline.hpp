@@ -27,9 +27,16 @@
 // The loss is the mean over all the step's tokens, known on the last stage (loss(); NaN on the
 // others: broadcast it over the pipeline where every stage wants it).
 //
+// Tensor parallelism inside the stages (tp × pp): given the tensor group, each stage is a
+// tensor-parallel Gpt (gpt.hpp), and `pipe` is this rank's pipeline axis — the ranks of equal
+// tensor (and data) coordinate — so each rank sends its stage's whole (B, T, C) activations to the
+// rank of the same tensor coordinate on the next stage, and the tied pair and the norm's sum over
+// the stages run per tensor coordinate too (the norm is already summed over the tensor axis).
+//
 //   const auto grid = ProcessGrid::create(world, {.pp = 2});
 //   const int m = 8;
 //   GptPipeline<> pipe(cfg, micro_batch, seq, make_schedule(OneFOneB{}, 2, m), m, grid.comm(Axis::pipeline));
+//   // tp × pp: ProcessGrid::create(world, {.tp = 2, .pp = 2}), and &grid.comm(Axis::tensor) last
 //   pipe.model().init_random(1337);               // the whole model's values for this stage's tensors
 //   pipe.forward_backward(tokens, targets);       // (m · micro_batch, T) int32 each, on the device
 //   pipe.update(lr, step, adam, 1.0);
@@ -60,17 +67,19 @@ namespace dpml::models::cuda {
 template <class Precision = Bf16, class Comm = comm::Nccl>
 class GptPipeline {
  public:
-  using Model = Gpt<Precision>;
+  using Model = Gpt<Precision, Comm>;
   using Act = typename Model::Act;
 
-  // Collective over `pipe`, the pipeline axis (this rank is stage pipe.rank()). `schedule`: a table
-  // for pipe.size() stages and `micro_batches` micro-batches of `micro_batch` sequences of `seq`.
+  // Collective over `pipe`, the pipeline axis (this rank is stage pipe.rank()), and over
+  // `tensor_group` when given (each stage tensor-parallel over it). `schedule`: a table for
+  // pipe.size() stages and `micro_batches` micro-batches of `micro_batch` sequences of `seq`.
   GptPipeline(const GptCudaConfig& cfg, std::int64_t micro_batch, std::int64_t seq, const parallel::pipeline::Schedule& schedule,
-              int micro_batches, const comm::Mpi& pipe)
+              int micro_batches, const comm::Mpi& pipe, const comm::Mpi* tensor_group = nullptr)
       : m_(micro_batches), actions_(row_of(schedule, micro_batches, pipe)), buffers_(plan(actions_, micro_batches)),
         model_(cfg, micro_batch, seq,
                GptStagePlan{.stage = pipe.rank(), .stages = pipe.size(), .activation_sets = buffers_.sets.count,
-                            .input_sets = buffers_.inputs.count, .weight_grad_sets = buffers_.weight_grads.count}),
+                            .input_sets = buffers_.inputs.count, .weight_grad_sets = buffers_.weight_grads.count},
+               tensor_group),
         comm_(Comm::from(pipe)), transport_(parallel::cuda::StreamLauncher<Act, Comm>(comm_, model_.stream()),
                    parallel::pipeline::peer_batches(schedule, pipe.rank())),
         stage_(*this) {
