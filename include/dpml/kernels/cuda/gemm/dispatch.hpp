@@ -7,11 +7,12 @@
 // Table entries are GPT-2 124M's GEMMs at B·T = 16384 rows (d = 768, V = 50304) in the three
 // passes of a Linear: forward y = x·Wᵀ (ta=no, tb=yes), backward_input dx = dy·W (no, no),
 // backward_weight dW += dyᵀ·x (yes, no). Each entry says where its choice came from: bench/gemm on
-// an H100 (2026-11-23, `build/cuda-openmpi/bench/gemm/bench_gemm --iters 30`, bench/RESULTS.md),
-// cuBLASLt's TFLOP/s beside the best of our configurations (WgmmaGemm's cooperative or ping-pong
-// schedule; the mma.sync TiledGemm reaches about a quarter of cuBLASLt). Ours reaches 0.62–1.00 of
-// cuBLASLt and beats it on no shape, so every entry names cuBLASLt; the table can name the tiled
-// kernel, and a wgmma choice would be added beside it once one wins by a margin.
+// an H100 (2026-11-26, `build/cuda-openmpi/bench/gemm/bench_gemm --iters 20`, bench/RESULTS.md),
+// cuBLASLt's TFLOP/s beside the best of our configurations (WgmmaGemm's cooperative schedule with
+// its TMA-stored epilogue, or ping-pong with split K; the mma.sync TiledGemm reaches about a
+// quarter of cuBLASLt). Ours reaches 0.67–0.98 of cuBLASLt and beats it on no shape, so every
+// entry names cuBLASLt; the table can name the tiled kernel, and a wgmma choice would be added
+// beside it once one wins by a margin.
 
 #include "dpml/kernels/cuda/gemm/cublaslt.hpp"
 #include "dpml/kernels/cuda/gemm/gemm.hpp"
@@ -42,21 +43,21 @@ using enum Trans;
 // clang-format off
 inline constexpr std::array kGemmTable{
     //            M      N      K   ta   tb   choice        source
-    GemmTableEntry{16384,  2304,   768, no,  yes, GemmChoice::cublaslt, "qkv forward: cuBLASLt 671 vs ours 413 (wgmma coop 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768,   768, no,  yes, GemmChoice::cublaslt, "attn proj forward: cuBLASLt 586 vs ours 376 (wgmma ping-pong 128x128) TFLOP/s (H100)"},
-    GemmTableEntry{16384,  3072,   768, no,  yes, GemmChoice::cublaslt, "fc forward: cuBLASLt 685 vs ours 436 (wgmma coop 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768,  3072, no,  yes, GemmChoice::cublaslt, "fc proj forward: cuBLASLt 769 vs ours 634 (wgmma coop 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384, 50304,   768, no,  yes, GemmChoice::cublaslt, "lm head forward: cuBLASLt 685 vs ours 460 (wgmma coop 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768,  2304, no,  no,  GemmChoice::cublaslt, "qkv backward_input: cuBLASLt 748 vs ours 596 (wgmma coop 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768,   768, no,  no,  GemmChoice::cublaslt, "attn proj backward_input: cuBLASLt 590 vs ours 375 (wgmma ping-pong 128x128) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768,  3072, no,  no,  GemmChoice::cublaslt, "fc backward_input: cuBLASLt 767 vs ours 642 (wgmma coop 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,  3072,   768, no,  no,  GemmChoice::cublaslt, "fc proj backward_input: cuBLASLt 663 vs ours 435 (wgmma coop 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768, 50304, no,  no,  GemmChoice::cublaslt, "lm head backward_input: cuBLASLt 804 vs ours 804 (wgmma coop 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{ 2304,   768, 16384, yes, no,  GemmChoice::cublaslt, "qkv backward_weight: cuBLASLt 696 vs ours 606 (wgmma coop 128x128) TFLOP/s (H100)"},
-    GemmTableEntry{  768,   768, 16384, yes, no,  GemmChoice::cublaslt, "attn proj backward_weight: cuBLASLt 527 vs ours 404 (wgmma ping-pong 128x128, split K) TFLOP/s (H100)"},
-    GemmTableEntry{ 3072,   768, 16384, yes, no,  GemmChoice::cublaslt, "fc backward_weight: cuBLASLt 745 vs ours 496 (wgmma coop 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{  768,  3072, 16384, yes, no,  GemmChoice::cublaslt, "fc proj backward_weight: cuBLASLt 745 vs ours 503 (wgmma ping-pong 128x128) TFLOP/s (H100)"},
-    GemmTableEntry{50304,   768, 16384, yes, no,  GemmChoice::cublaslt, "lm head backward_weight: cuBLASLt 797 vs ours 787 (wgmma coop 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,  2304,   768, no,  yes, GemmChoice::cublaslt, "qkv forward: cuBLASLt 669 vs ours 494 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,   768, no,  yes, GemmChoice::cublaslt, "attn proj forward: cuBLASLt 590 vs ours 452 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,  3072,   768, no,  yes, GemmChoice::cublaslt, "fc forward: cuBLASLt 680 vs ours 505 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,  3072, no,  yes, GemmChoice::cublaslt, "fc proj forward: cuBLASLt 762 vs ours 704 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384, 50304,   768, no,  yes, GemmChoice::cublaslt, "lm head forward: cuBLASLt 715 vs ours 533 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,  2304, no,  no,  GemmChoice::cublaslt, "qkv backward_input: cuBLASLt 742 vs ours 670 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,   768, no,  no,  GemmChoice::cublaslt, "attn proj backward_input: cuBLASLt 594 vs ours 453 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,  3072, no,  no,  GemmChoice::cublaslt, "fc backward_input: cuBLASLt 761 vs ours 704 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,  3072,   768, no,  no,  GemmChoice::cublaslt, "fc proj backward_input: cuBLASLt 661 vs ours 507 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768, 50304, no,  no,  GemmChoice::cublaslt, "lm head backward_input: cuBLASLt 823 vs ours 801 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{ 2304,   768, 16384, yes, no,  GemmChoice::cublaslt, "qkv backward_weight: cuBLASLt 645 vs ours 608 (wgmma coop-tma 128x128) TFLOP/s (H100)"},
+    GemmTableEntry{  768,   768, 16384, yes, no,  GemmChoice::cublaslt, "attn proj backward_weight: cuBLASLt 533 vs ours 410 (wgmma ping-pong 128x128, split K) TFLOP/s (H100)"},
+    GemmTableEntry{ 3072,   768, 16384, yes, no,  GemmChoice::cublaslt, "fc backward_weight: cuBLASLt 742 vs ours 500 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{  768,  3072, 16384, yes, no,  GemmChoice::cublaslt, "fc proj backward_weight: cuBLASLt 736 vs ours 506 (wgmma ping-pong 128x128, split K) TFLOP/s (H100)"},
+    GemmTableEntry{50304,   768, 16384, yes, no,  GemmChoice::cublaslt, "lm head backward_weight: cuBLASLt 815 vs ours 802 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
 };
 // clang-format on
 }  // namespace detail
