@@ -61,39 +61,46 @@ std::vector<Batches> one_at_a_time(const pl::Schedule& schedule) {
   return all;
 }
 
-// Replays the stages' batches under rendezvous semantics; true when every stage finishes.
-bool completes(const std::vector<Batches>& stages) {
-  using Key = std::tuple<int, int, int>;  // (flow, sending stage, micro-batch)
-  auto key = [](int stage, const pl::Message& m) {
-    const int sender = m.send ? stage : pl::peer_of(m.flow, false, stage);
-    return Key{static_cast<int>(m.flow), sender, m.micro_batch};
-  };
+// Replays the stages' groups together: a stage runs its groups one after the other, and
+// start(s, group) records stage s's next group as started and says whether it completes now (what
+// it waits for has been posted). Called again for a group that waits. True when every stage finishes.
+template <class Start>
+bool replay(const std::vector<Batches>& stages, Start&& start) {
   const std::size_t p = stages.size();
   std::vector<std::size_t> next(p, 0);
-  std::set<Key> sends_posted, recvs_posted;
   for (bool progress = true; progress;) {
     progress = false;
-    for (std::size_t s = 0; s < p; ++s) {
-      while (next[s] < stages[s].size()) {
-        const auto& batch = stages[s][next[s]];
-        for (const auto& m : batch) (m.send ? sends_posted : recvs_posted).insert(key(static_cast<int>(s), m));
-        const bool matched = std::all_of(batch.begin(), batch.end(), [&](const pl::Message& m) {
-          return (m.send ? recvs_posted : sends_posted).contains(key(static_cast<int>(s), m));
-        });
-        if (!matched) break;
+    for (std::size_t s = 0; s < p; ++s)
+      while (next[s] < stages[s].size() && start(static_cast<int>(s), stages[s][next[s]])) {
         ++next[s];
         progress = true;
       }
-    }
   }
   for (std::size_t s = 0; s < p; ++s)
     if (next[s] < stages[s].size()) return false;
   return true;
 }
 
-// The stricter replay NCCL needs (transport.hpp, "Groups alike on both sides"): a group completes
-// once, for each neighbour it talks to, that neighbour has started a group whose messages with this
-// stage are exactly the matches of this group's messages with it. True when every stage finishes.
+// Rendezvous semantics: a batch completes once the peer of each of its messages has posted the
+// matching one (in a batch of its own that has started).
+bool completes(const std::vector<Batches>& stages) {
+  using Key = std::tuple<int, int, int>;  // (flow, sending stage, micro-batch)
+  auto key = [](int stage, const pl::Message& m) {
+    const int sender = m.send ? stage : pl::peer_of(m.flow, false, stage);
+    return Key{static_cast<int>(m.flow), sender, m.micro_batch};
+  };
+  std::set<Key> sends_posted, recvs_posted;
+  return replay(stages, [&](int s, const std::vector<pl::Message>& batch) {
+    for (const auto& m : batch) (m.send ? sends_posted : recvs_posted).insert(key(s, m));
+    return std::all_of(batch.begin(), batch.end(), [&](const pl::Message& m) {
+      return (m.send ? recvs_posted : sends_posted).contains(key(s, m));
+    });
+  });
+}
+
+// The stricter semantics NCCL needs (transport.hpp, "Groups alike on both sides"): a group
+// completes once, for each neighbour it talks to, that neighbour has started a group whose
+// messages with this stage are exactly the matches of this group's messages with it.
 bool completes_alike(const std::vector<Batches>& stages) {
   using Key = std::tuple<int, int, int>;  // (flow, sending stage, micro-batch): the same on both sides
   using Block = std::tuple<int, int, std::vector<Key>>;  // (from stage, to stage, sorted messages)
@@ -110,27 +117,14 @@ bool completes_alike(const std::vector<Batches>& stages) {
     }
     return out;
   };
-  const std::size_t p = stages.size();
-  std::vector<std::size_t> next(p, 0);
   std::set<Block> started;
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (std::size_t s = 0; s < p; ++s) {
-      while (next[s] < stages[s].size()) {
-        const auto mine = blocks(static_cast<int>(s), stages[s][next[s]]);
-        started.insert(mine.begin(), mine.end());
-        const bool matched = std::all_of(mine.begin(), mine.end(), [&](const Block& b) {
-          return started.contains(Block{std::get<1>(b), std::get<0>(b), std::get<2>(b)});
-        });
-        if (!matched) break;
-        ++next[s];
-        progress = true;
-      }
-    }
-  }
-  for (std::size_t s = 0; s < p; ++s)
-    if (next[s] < stages[s].size()) return false;
-  return true;
+  return replay(stages, [&](int s, const std::vector<pl::Message>& group) {
+    const auto mine = blocks(s, group);
+    started.insert(mine.begin(), mine.end());
+    return std::all_of(mine.begin(), mine.end(), [&](const Block& b) {
+      return started.contains(Block{std::get<1>(b), std::get<0>(b), std::get<2>(b)});
+    });
+  });
 }
 
 template <class Tag>
