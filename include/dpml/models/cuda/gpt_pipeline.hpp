@@ -17,12 +17,13 @@
 // stage's row of the table, its messages through a cuda::StreamTransport over Comm on the
 // communication stream (Comm's own), ordered against the model's stream by CUDA events: nothing in
 // the step waits on the host. The transport launches its groups alike on both sides of each pair
-// of stages (pipeline::peer_batches, from the whole table). Then the two copies of the tied wte gradient are summed between the
-// first and the last stage (a Comm of those two ranks, on the model's stream) — after the
-// data-parallel average, when a GradientSync over the data axis is attached to model() (the step's
-// last W's launch its buckets block by block). update(): every stage's squared gradient norm (the
-// last stage leaves its wte copy out) summed over the pipeline, then clip and AdamW on each stage,
-// identically on both wte copies, which therefore stay equal.
+// of stages (pipeline::peer_batches, from the whole table). Then the two copies of the tied wte
+// gradient are summed between the first and the last stage (a Comm of those two ranks, on the
+// model's stream) — after the data-parallel average, when a GradientSync over the data axis is
+// attached to model() (the step's last W's launch its buckets block by block). update(): every
+// stage's squared gradient norm (the last stage leaves its wte copy out) summed over the
+// pipeline, then clip and AdamW on each stage, identically on both wte copies, which therefore
+// stay equal.
 //
 // The loss is the mean over all the step's tokens, known on the last stage (loss(); NaN on the
 // others: broadcast it over the pipeline where every stage wants it).
