@@ -13,7 +13,8 @@
 #   5. bench_allreduce on K ranks: comm::Nccl and GradientSync's buckets against raw NCCL busbw
 #   6. tables: tokens/s, scaling efficiency (K-GPU tokens/s / (K × 1-GPU tokens/s)), exposed
 #      communication, device memory per GPU (ZeRO-1's saving); the lone runs at once against the
-#      lone run; each dpml run's SM clock and power (nvidia-smi sampled every 200 ms while it ran,
+#      lone run, and each dpml K-GPU run against K × the slowest of them (the host's bound: a
+#      data-parallel step goes at its slowest GPU's pace); each dpml run's SM clock and power (nvidia-smi sampled every 200 ms while it ran,
 #      the busy samples' median); the all-reduce ratios at ≥ 100 MB
 #
 # Usage: scripts/scaling-bench.sh [--ranks K] [--steps N] [--warmup N] [--compile] [--no-tests]
@@ -131,6 +132,15 @@ if at_once and lone:
     print("|---|---|---|---|")
     for name, r in at_once.items():
         print(f"| {name} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | {r['tokens_per_s'] / lone['tokens_per_s']:.3f} |")
+    # A data-parallel step goes at its slowest GPU's pace: K times the slowest lone run is what
+    # perfect communication would reach on this host.
+    slowest = min(r["tokens_per_s"] for r in at_once.values())
+    print()
+    print("| run | scaling against K × the slowest GPU running alone |")
+    print("|---|---|")
+    for name, r in runs.items():
+        if name.startswith("gpt-dpml-") and name not in at_once and r.get("ranks", 1) > 1:
+            print(f"| {name} | {r['tokens_per_s'] / (r['ranks'] * slowest):.3f} |")
 # nvidia-smi samples: index, utilization %, SM MHz, power W, temperature C[, clock-limiting reasons]
 clocks = []
 for p in sorted(d.glob("*.gpu.csv")):
