@@ -168,10 +168,8 @@ class DistributedOptimizer final : public detail::BucketListener<DistributedOpti
   std::size_t state_bytes() const override { return 3 * state_n_ * sizeof(float); }
 
   void restrict_norm(const kernels::cuda::NormRanges& model_counted, std::function<void(double*)> across_tensor_axis) override {
-    DPML_CHECK_CUDA(cudaStreamSynchronize(compute_));  // no update in flight reads the old table
     count_in_norm(kernels::cuda::intersect(counted_, model_counted));
     across_tensor_axis_ = std::move(across_tensor_axis);
-    DPML_CHECK_CUDA(cudaStreamSynchronize(compute_));
   }
 
   void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double max_norm, double inv_scale,
@@ -259,8 +257,9 @@ class DistributedOptimizer final : public detail::BucketListener<DistributedOpti
 
   std::size_t shard_align() const { return kAlign * static_cast<std::size_t>(comm_.size()); }
   // The ranges this rank adds to the norm, and their table on the device (begin, then before) and
-  // CUB workspace.
+  // CUB workspace, replacing any earlier ones.
   void count_in_norm(kernels::cuda::NormRanges counted) {
+    DPML_CHECK_CUDA(cudaStreamSynchronize(compute_));  // no update in flight reads the old table
     counted_ = std::move(counted);
     std::vector<std::int64_t> table(counted_.begin);
     table.insert(table.end(), counted_.before.begin(), counted_.before.end());

@@ -469,26 +469,23 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
     wgmma_wait<0>();
     fence_operands(acc);
 
-    bool staged = false;
     if constexpr (Kn::kTmaStore && std::is_same_v<TC, bf16>) {
-      if (store_tma) {
+      if (store_tma) {  // without clusters (Kernel's static_assert): nothing follows the epilogue
         staged_epilogue<Kn>(ring, &map_c, ep, M, N, m0, n0, c, acc);
-        staged = true;
+        return;
       }
     }
-    if (!staged) {
-      // Fragment: acc[4j + e] is row 16·warp + g + 8·(e / 2), column 8j + 2t + e % 2.
-      const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
-      const int g = lane / 4, c2 = (lane % 4) * 2;
+    // Fragment: acc[4j + e] is row 16·warp + g + 8·(e / 2), column 8j + 2t + e % 2.
+    const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
+    const int g = lane / 4, c2 = (lane % 4) * 2;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const std::int64_t row = static_cast<std::int64_t>(m0) + c * 64 + warp * 16 + g + half * 8;
-        if (row >= M) continue;
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t row = static_cast<std::int64_t>(m0) + c * 64 + warp * 16 + g + half * 8;
+      if (row >= M) continue;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-          epilogue_pair(ep, N, row, static_cast<std::int64_t>(n0) + j * 8 + c2, acc[4 * j + 2 * half],
-                        acc[4 * j + 2 * half + 1]);
-      }
+      for (int j = 0; j < BN / 8; ++j)
+        epilogue_pair(ep, N, row, static_cast<std::int64_t>(n0) + j * 8 + c2, acc[4 * j + 2 * half],
+                      acc[4 * j + 2 * half + 1]);
     }
   }
   if constexpr (CL > 1) cluster_sync();  // no block leaves while another may still arrive on its barriers
