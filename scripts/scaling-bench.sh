@@ -14,8 +14,9 @@
 #   6. tables: tokens/s, scaling efficiency (K-GPU tokens/s / (K × 1-GPU tokens/s)), exposed
 #      communication, device memory per GPU (ZeRO-1's saving); the lone runs at once against the
 #      lone run, and each dpml K-GPU run against K × the slowest of them (the host's bound: a
-#      data-parallel step goes at its slowest GPU's pace); each dpml run's SM clock and power (nvidia-smi sampled every 200 ms while it ran,
-#      the busy samples' median); the all-reduce ratios at ≥ 100 MB
+#      data-parallel step goes at its slowest GPU's pace); each dpml run's SM clock and power
+#      (nvidia-smi sampled every 200 ms while it ran, the busy samples' median); the all-reduce
+#      ratios at ≥ 100 MB
 #
 # Usage: scripts/scaling-bench.sh [--ranks K] [--steps N] [--warmup N] [--compile] [--no-tests]
 # JSON lines land in $RESULTS (default build/cuda-openmpi/scaling-bench), and also in $OUT when set.
