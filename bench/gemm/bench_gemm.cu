@@ -4,13 +4,15 @@
 // for sm_90a (bench/gemm/CMakeLists.txt) so that the wgmma columns run; a policy whose supports()
 // is false (wgmma off a compute capability 9.0 device) is left out of its row (0.0 in the table).
 //
-//   bench_gemm [--iters N] [--warmup N] [--shape TEXT] [--policy TEXT]
+//   bench_gemm [--iters N] [--warmup N] [--shape TEXT] [--policy TEXT] [--splits N]
 //
 // --shape / --policy keep only the shapes / policies whose label contains TEXT (cuBLASLt, the
 // reference, always runs): one kernel under a profiler (ncu --kernel-name) without the others.
+// --splits forces N K-splits per tile on the wgmma policies that split K (default 0: the policy's
+// own split_count) — sweeps that calibrate its cost model.
 //
-// Prints one JSON object per (shape, policy) — {"bench":"gemm","shape":..,"policy":..,"ms":..,
-// "tflops":..,"rel_err_vs_cublaslt":..} — then a table with TFLOP/s per policy and the ratio of
+// Prints one JSON object per (shape, policy) — {"bench":"gemm","shape":..,"policy":..,"splits":..,
+// "ms":..,"tflops":..,"rel_err_vs_cublaslt":..} — then a table with TFLOP/s per policy and the ratio of
 // the best of our configurations (tiled or wgmma) to cuBLASLt. The ratio is what decides the
 // dispatch table (include/dpml/kernels/cuda/gemm/dispatch.hpp); see bench/gemm/README.md.
 // Self-checking: C is poisoned (NaN) before each policy runs, and the program exits 1 if any
@@ -23,6 +25,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -41,16 +44,33 @@ struct Shape3 {
   std::string label;
 };
 
+// run(ctx, g, stream, splits) and the K splits it uses (0: the policy does not split K).
 struct Policy {
   std::string name;
-  void (*run)(GemmContext&, const GemmArgs<bf16>&, cudaStream_t);
+  void (*run)(GemmContext&, const GemmArgs<bf16>&, cudaStream_t, int);
   bool (*supports)(const GemmArgs<bf16>&);
+  int (*splits)(const GemmContext&, const GemmArgs<bf16>&, int);
 };
 
 template <class P>
+constexpr bool splits_k = requires(const GemmArgs<bf16>& g) { P::split_count(g.M, g.N, g.K, 1); };
+
+template <class P>
 Policy policy(std::string name) {
-  return {std::move(name), [](GemmContext& c, const GemmArgs<bf16>& g, cudaStream_t s) { P::template run<epilogue::None>(c, g, s); },
-          [](const GemmArgs<bf16>& g) { return P::supports(g); }};
+  return {std::move(name),
+          [](GemmContext& c, const GemmArgs<bf16>& g, cudaStream_t s, int splits) {
+            if constexpr (splits_k<P>) P::template run<epilogue::None>(c, g, s, splits);
+            else P::template run<epilogue::None>(c, g, s);
+          },
+          [](const GemmArgs<bf16>& g) { return P::supports(g); },
+          [](const GemmContext& c, const GemmArgs<bf16>& g, int forced) {
+            if constexpr (splits_k<P>) {
+              const int s = P::schedule::cluster == 1 && forced > 0 ? forced : P::split_count(g.M, g.N, g.K, c.sm_count());
+              return std::min<int>(s, static_cast<int>(std::max<std::int64_t>((g.K + 63) / 64, 1)));
+            } else {
+              return 0;
+            }
+          }};
 }
 
 double rel_err(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& b) {
@@ -66,15 +86,16 @@ double rel_err(const std::vector<std::uint16_t>& a, const std::vector<std::uint1
 }  // namespace
 
 int main(int argc, char** argv) {
-  int iters = 20, warmup = 3;
+  int iters = 20, warmup = 3, splits = 0;
   std::string shape_filter, policy_filter;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) shape_filter = argv[++i];
     else if (!std::strcmp(argv[i], "--policy") && i + 1 < argc) policy_filter = argv[++i];
+    else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) splits = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--shape TEXT] [--policy TEXT]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--shape TEXT] [--policy TEXT] [--splits N]\n", argv[0]);
       return 2;
     }
   }
@@ -134,9 +155,9 @@ int main(int argc, char** argv) {
         const auto& p = policies[pi];
         if (!p.supports(g) || (pi > 0 && p.name.find(policy_filter) == std::string::npos)) continue;
         DPML_CHECK_CUDA(cudaMemsetAsync(C, 0xFF, sh.M * sh.N * sizeof(bf16), stream));  // NaN until written
-        for (int i = 0; i < warmup; ++i) p.run(ctx, g, stream);
+        for (int i = 0; i < warmup; ++i) p.run(ctx, g, stream, splits);
         DPML_CHECK_CUDA(cudaEventRecord(t0, stream));
-        for (int i = 0; i < iters; ++i) p.run(ctx, g, stream);
+        for (int i = 0; i < iters; ++i) p.run(ctx, g, stream, splits);
         DPML_CHECK_CUDA(cudaEventRecord(t1, stream));
         DPML_CHECK_CUDA(cudaEventSynchronize(t1));
         float ms = 0;
@@ -153,10 +174,10 @@ int main(int argc, char** argv) {
           mismatches += 1;
         }
         std::printf("{\"bench\":\"gemm\",\"shape\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"ta\":%d,\"tb\":%d,"
-                    "\"policy\":\"%s\",\"ms\":%.4f,\"tflops\":%.1f,\"rel_err_vs_cublaslt\":%.2e}\n",
+                    "\"policy\":\"%s\",\"splits\":%d,\"ms\":%.4f,\"tflops\":%.1f,\"rel_err_vs_cublaslt\":%.2e}\n",
                     sh.label.c_str(), static_cast<long long>(sh.M), static_cast<long long>(sh.N),
-                    static_cast<long long>(sh.K), sh.ta == Trans::yes, sh.tb == Trans::yes, p.name.c_str(), ms, tflops,
-                    err);
+                    static_cast<long long>(sh.K), sh.ta == Trans::yes, sh.tb == Trans::yes, p.name.c_str(),
+                    p.splits(ctx, g, splits), ms, tflops, err);
         std::fflush(stdout);
       }
       cudaFree(A);

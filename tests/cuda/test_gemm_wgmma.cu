@@ -1,6 +1,7 @@
 // WgmmaGemm (Hopper wgmma + TMA, sm_90a) against a float64 host product of the same bf16 operands:
 // the cooperative schedule (one tile per block; also with its epilogue stored by TMA, and in 2×1
-// clusters) and the persistent ping-pong one (split K included) at two tile shapes each, all four (ta, tb) layouts, every epilogue, bf16 and fp32 outputs, and
+// clusters) and the persistent ping-pong one at two tile shapes each, split K in both, all four
+// (ta, tb) layouts, every epilogue, bf16 and fp32 outputs, and
 // shapes that exercise what the kernel does differently from the tiled one — K longer than the
 // pipeline (stages reused, mbarrier phases wrapping), ragged M, N and K zero-filled by the copy
 // engine (K < 64, K = 0, N < 64 boxes), more than 8 tile-rows (grouped block order), row strides
@@ -197,30 +198,38 @@ TEST_CASE("gemm wgmma: persistent ping-pong 128x128x64 and 64x256x64 against flo
   check_policy<Pingpong64x256>(ctx, kShapes, 4000);
 }
 
-// Few tiles and a long K: the persistent schedule splits K, and the splits' partial tiles are
-// summed in order (more splits than SMs hold blocks, ragged last split, every epilogue).
-TEST_CASE("gemm wgmma: split K is exact, deterministic and reusable", "[gemm][gpu][wgmma]") {
-  GemmContext ctx;
-  const Dims split_shapes[] = {{200, 136, 3000}, {128, 128, 8192}, {77, 300, 1100}, {400, 264, 4000}};
+// Few tiles and a long K: both schedules split K (the cooperative one per warpgroup's rows, and
+// then from registers even where its epilogue would be TMA-stored), and the splits' partial tiles
+// are summed in order — more splits than SMs hold blocks, a ragged last split, every epilogue — and
+// the same call twice gives the same bits (the first left the arrival counters at zero).
+template <class Policy>
+void check_split_k(GemmContext& ctx, std::uint64_t salt) {
+  const Dims split_shapes[] = {{200, 136, 3000}, {128, 128, 8192}, {77, 300, 4000}, {400, 264, 4000}};
   for (const auto& s : split_shapes) {
-    CAPTURE(s.M, s.N, s.K);
-    CHECK(Pingpong128::split_count(s.M, s.N, s.K, ctx.sm_count()) > 1);
+    CAPTURE(Policy::schedule::name, Policy::tile::N, s.M, s.N, s.K);
+    CHECK(Policy::split_count(s.M, s.N, s.K, ctx.sm_count()) > 1);
   }
-  check_policy<Pingpong128>(ctx, split_shapes, 5000);
+  check_policy<Policy>(ctx, split_shapes, salt);
 
-  // The same call twice gives the same bits (the first left the arrival counters at zero).
-  auto gen = test::rng(6000);
+  auto gen = test::rng(salt + 1000);
   const Operands op(Trans::yes, Trans::no, {300, 264, 8000}, gen);
   test::DeviceVec<float> C(static_cast<std::size_t>(op.M * op.ldc));
   GemmArgs<float> g{op.ta, op.tb, op.M, op.N, op.K, op.A.ptr, op.lda, op.B.ptr, op.ldb, C.ptr, op.ldc};
-  REQUIRE(Pingpong128::split_count(g.M, g.N, g.K, ctx.sm_count()) > 1);
+  REQUIRE(Policy::split_count(g.M, g.N, g.K, ctx.sm_count()) > 1);
   C.poison();  // the padding columns past N stay NaN in both runs: compare bits
-  Pingpong128::run<epilogue::None>(ctx, g, nullptr);
+  Policy::template run<epilogue::None>(ctx, g, nullptr);
   const auto first = C.download();
   C.poison();
-  Pingpong128::run<epilogue::None>(ctx, g, nullptr);
+  Policy::template run<epilogue::None>(ctx, g, nullptr);
   const auto second = C.download();
   CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("gemm wgmma: split K is exact, deterministic and reusable", "[gemm][gpu][wgmma]") {
+  GemmContext ctx;
+  check_split_k<Pingpong128>(ctx, 5000);
+  check_split_k<Coop256>(ctx, 10000);
+  check_split_k<CoopTmaStore128>(ctx, 11000);
 }
 
 TEST_CASE("gemm wgmma: what it cannot take is refused with a message", "[gemm][gpu][wgmma]") {

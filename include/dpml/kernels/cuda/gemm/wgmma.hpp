@@ -7,8 +7,8 @@
 // shared memory and stored by TMA (staged_epilogue); CooperativeMulticast, the same kernel with blocks paired in
 // 2×1 thread-block clusters over vertically adjacent tiles, each block copying half of the pair's
 // shared B slab into both (TMA .multicast::cluster; consumers release a stage in both blocks); and
-// Pingpong, persistent blocks whose consumer warpgroups take whole tiles in turn, with split K for
-// few tiles (PingpongKernel below).
+// Pingpong, persistent blocks whose consumer warpgroups take whole tiles in turn (PingpongKernel
+// below). Without clusters, few tiles over a long K are split along K (split_k_handoff).
 //
 // The trick, in four parts:
 //  * TMA loads. Two CUtensorMaps (built on the host per call by cuTensorMapEncodeTiled, a driver
@@ -322,6 +322,70 @@ struct StageRing {
   }
 };
 
+// ---- split K, shared by both kernels ----
+//
+// With `splits` > 1, a tile's k-slabs are cut into `splits` runs of `k_per_split`, each run its
+// own unit of work. A consumer warpgroup that finished a run stores its fp32 partial tile (each
+// thread its own accumulators: coalesced float4s through L2) and counts itself in on the tile
+// part's counter; the one that completes the count sums the partials in split order — the same
+// bits whichever split finished last — runs the epilogue and resets the counter to 0. Nobody waits
+// on anybody. A "part" is what one warpgroup holds: a whole tile in the ping-pong kernel, its 64
+// rows in the cooperative one.
+struct SplitK {
+  int splits;         // K splits per tile (1: none)
+  int k_per_split;    // k-slabs of 64 per split
+  float* partials;    // (parts, splits, part size) fp32, when splits > 1
+  int* arrivals;      // (parts) counters of finished splits, zero between calls
+};
+
+// The hand-off of one consumer warpgroup's RB m64nBN fragments (frag(r, q): float4 q of row
+// block r) as split `split_index` of part `part`; returns whether this warpgroup was the last
+// split of the part, in which case emit4(r, q, sum) has received every float4 summed over the
+// splits. `barrier` is a named barrier of this warpgroup's 128 threads alone and `last` a word of
+// shared memory of its own.
+template <int RB, int BN, class Frag, class Emit>
+__device__ __forceinline__ bool split_k_handoff(const SplitK& split, int part, int split_index, int barrier, int* last,
+                                                Frag frag, Emit emit4) {
+  // Float4 q of row block r of split s for thread tid: parts[s][(r·BN/8 + q)·128 + tid] —
+  // coalesced, and the same fragment layout in every split.
+  constexpr std::int64_t kPart4 = RB * 64 * BN / 4;
+  const int tid = static_cast<int>(threadIdx.x) % 128;
+  float4* parts = reinterpret_cast<float4*>(split.partials) + static_cast<std::int64_t>(part) * split.splits * kPart4;
+  auto at = [&](int s, int r, int q) { return parts + s * kPart4 + (r * (BN / 8) + q) * 128 + tid; };
+#pragma unroll
+  for (int r = 0; r < RB; ++r)
+#pragma unroll
+    for (int q = 0; q < BN / 8; ++q) __stcg(at(split_index, r, q), frag(r, q));
+  __threadfence();
+  named_barrier_sync(barrier, 128);
+  if (tid == 0) *last = atomicAdd(split.arrivals + part, 1) == split.splits - 1;
+  named_barrier_sync(barrier, 128);
+  if (!*last) return false;
+  __threadfence();
+  if (tid == 0) split.arrivals[part] = 0;  // ready for the next call
+  // In chunks of kChunk float4s (the fragments are dead here: their registers hold the loads).
+  constexpr int kChunk = 8;
+#pragma unroll
+  for (int r = 0; r < RB; ++r)
+#pragma unroll
+    for (int q0 = 0; q0 < BN / 8; q0 += kChunk) {
+      float4 sum[kChunk];
+#pragma unroll
+      for (int q = 0; q < kChunk; ++q) sum[q] = __ldcg(at(0, r, q0 + q));
+      for (int s = 1; s < split.splits; ++s) {
+        float4 v[kChunk];
+#pragma unroll
+        for (int q = 0; q < kChunk; ++q) v[q] = __ldcg(at(s, r, q0 + q));
+#pragma unroll
+        for (int q = 0; q < kChunk; ++q)
+          sum[q] = make_float4(sum[q].x + v[q].x, sum[q].y + v[q].y, sum[q].z + v[q].z, sum[q].w + v[q].w);
+      }
+#pragma unroll
+      for (int q = 0; q < kChunk; ++q) emit4(r, q0 + q, sum[q]);
+    }
+  return true;
+}
+
 // ---- the kernel ----
 
 template <class Tile, int Stages, bool TransA, bool TransB, int Cluster, bool TmaStore = false>
@@ -335,7 +399,7 @@ struct Kernel {
   static_assert(Stages >= 2, "a pipeline needs at least two stages");
   static constexpr int Consumers = BM / 64;
   static constexpr int Threads = 128 * (Consumers + 1);  // warpgroup 0 produces
-  using Ring = StageRing<BM, BN, Stages, 0>;
+  using Ring = StageRing<BM, BN, Stages, 1>;  // extra word: the consumers' two last-split flags
   static constexpr int kStages = Stages;
   static_assert(Cluster == 1 || Cluster == 2, "blocks pair up in clusters of 2 or run alone");
   static constexpr int kCluster = Cluster;
@@ -390,12 +454,14 @@ __device__ __forceinline__ void staged_epilogue(const typename Kn::Ring& ring, c
 }
 
 // store_tma (Kn::kTmaStore only): C is bf16 and map_c describes it (boxes of (64, 64), 128-byte
-// swizzle); otherwise map_c is unused and the epilogue stores from registers.
+// swizzle); otherwise map_c is unused and the epilogue stores from registers. Split K (without
+// clusters): block b computes split b / tiles of tile b % tiles, its warpgroups' rows two parts
+// (split_k_handoff), summed and stored from registers.
 template <class Kn, bool TransA, bool TransB, class Epi, class TC>
 __global__ void __launch_bounds__(Kn::Threads, 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                       const __grid_constant__ CUtensorMap map_c, bool store_tma, std::int64_t M, std::int64_t N,
-                      std::int64_t K, EpilogueParams<TC, Epi> ep) {
+                      std::int64_t K, EpilogueParams<TC, Epi> ep, SplitK split) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BM = Kn::BM, BN = Kn::BN, BK = Kn::BK, S = Kn::kStages, CL = Kn::kCluster;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -404,10 +470,11 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
   // A cluster of CL blocks computes CL vertically adjacent tiles (one column of tiles): rank r the
   // r-th. Past M (an odd tile count) a block still loads and shares its part of B and stores nothing.
   const int rank = CL > 1 ? static_cast<int>(cluster_rank()) : 0;
-  const TileCoord column = grouped_tile(static_cast<int>(blockIdx.x) / CL, static_cast<int>(ceil_div(M, CL * BM)),
-                                        static_cast<int>(ceil_div(N, BN)));  // in (CL·BM, BN) tiles
+  const int columns_m = static_cast<int>(ceil_div(M, CL * BM)), columns = columns_m * static_cast<int>(ceil_div(N, BN));
+  const int unit = static_cast<int>(blockIdx.x) / CL, column_index = unit % columns, split_index = unit / columns;
+  const TileCoord column = grouped_tile(column_index, columns_m, columns / columns_m);  // in (CL·BM, BN) tiles
   const int m0 = (column.m * CL + rank) * BM, n0 = column.n * BN;  // < 2^31: supports()
-  const int k_tiles = static_cast<int>(ceil_div(K, BK));
+  const int kps = split.k_per_split, kt0 = split_index * kps;  // this block's k-slabs (past K: zeros)
   const int wg = static_cast<int>(threadIdx.x) / 128;
 
   if (threadIdx.x == 0) {
@@ -428,8 +495,8 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
     // Producer: one thread walks K, refilling each stage once its consumers have released it.
     setmaxnreg_dec<Kn::kProducerRegs>();
     if (threadIdx.x == 0) {
-      for (int kt = 0; kt < k_tiles; ++kt) {
-        const int s = kt % S, k0 = kt * BK;
+      for (int kt = 0; kt < kps; ++kt) {
+        const int s = kt % S, k0 = (kt0 + kt) * BK;
         if (kt >= S) mbar_wait(ring.empty(s), static_cast<std::uint32_t>((kt / S - 1) & 1));
         mbar_expect_tx(ring.full(s), Kn::Ring::stage_bytes);  // boxes past the edges still count in full
         load_stage<BM, BN, TransA, TransB, CL>(&map_a, &map_b, ring.a(s), ring.b(s), ring.full(s), m0, n0, k0, rank);
@@ -443,7 +510,7 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
 
-    for (int kt = 0; kt < k_tiles; ++kt) {
+    for (int kt = 0; kt < kps; ++kt) {
       const int s = kt % S;
       mbar_wait(ring.full(s), static_cast<std::uint32_t>((kt / S) & 1));
       fence_operands(acc);
@@ -469,15 +536,29 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
     wgmma_wait<0>();
     fence_operands(acc);
 
+    // Fragment: acc[4j + e] is row 16·warp + g + 8·(e / 2), column 8j + 2t + e % 2.
+    const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
+    const int g = lane / 4, c2 = (lane % 4) * 2;
+    if constexpr (CL == 1) {
+      if (split.splits > 1) {
+        int* const last = reinterpret_cast<int*>(smem_raw + (ring.extra(0) - smem_addr(smem_raw))) + c;
+        auto frag = [&](int, int q) { return make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]); };
+        auto emit4 = [&](int, int q, float4 v) {
+          const std::int64_t row = static_cast<std::int64_t>(m0) + c * 64 + warp * 16 + g;
+          const std::int64_t col = static_cast<std::int64_t>(n0) + q * 8 + c2;
+          if (row < M) epilogue_pair(ep, N, row, col, v.x, v.y);
+          if (row + 8 < M) epilogue_pair(ep, N, row + 8, col, v.z, v.w);
+        };
+        split_k_handoff<1, BN>(split, column_index * Kn::Consumers + c, split_index, 2 + c, last, frag, emit4);
+        return;
+      }
+    }
     if constexpr (Kn::kTmaStore && std::is_same_v<TC, bf16>) {
       if (store_tma) {  // without clusters (Kernel's static_assert): nothing follows the epilogue
         staged_epilogue<Kn>(ring, &map_c, ep, M, N, m0, n0, c, acc);
         return;
       }
     }
-    // Fragment: acc[4j + e] is row 16·warp + g + 8·(e / 2), column 8j + 2t + e % 2.
-    const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
-    const int g = lane / 4, c2 = (lane % 4) * 2;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const std::int64_t row = static_cast<std::int64_t>(m0) + c * 64 + warp * 16 + g + half * 8;
@@ -503,11 +584,8 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
 // also keeps every wait on a "full" barrier at most one phase ahead of the barrier (a consumer
 // never waits for a slot's fill n while fill n − 1 is still pending: its parity would alias).
 //
-// Split K: with `splits` > 1, unit u is split s = u / tiles of tile u % tiles, covering k-slabs
-// [s·k_per_split, (s + 1)·k_per_split). Each split stores its fp32 partial tile (each thread its
-// own accumulators: coalesced float4s through L2) and counts itself in on the tile's counter; the
-// one that completes the count sums the partials in split order — the same bits whichever split
-// finished last — runs the epilogue and resets the counter to 0. Nobody waits on anybody.
+// Split K (split_k_handoff): with `splits` > 1, unit u is split s = u / tiles of tile u % tiles,
+// covering k-slabs [s·k_per_split, (s + 1)·k_per_split); a tile is one part.
 
 template <class Tile, int Stages>
 struct PingpongKernel {
@@ -527,13 +605,6 @@ struct PingpongKernel {
   using Ring = StageRing<BM, BN, Stages, 3>;
   static_assert(Ring::smem_bytes <= 227 * 1024, "the stages do not fit in an SM's shared memory");
   static constexpr int kStages = Stages;
-};
-
-struct SplitK {
-  int splits;         // K splits per tile (1: none)
-  int k_per_split;    // k-slabs of 64 per split
-  float* partials;    // (tiles, splits, BM·BN) fp32, when splits > 1
-  int* arrivals;      // (tiles) counters of finished splits, zero between calls
 };
 
 template <class Kn, bool TransA, bool TransB, class Epi, class TC>
@@ -630,53 +701,18 @@ __global__ void __launch_bounds__(Kn::Threads, 1)
       if (row + 8 < M) epilogue_pair(ep, N, row + 8, col, v.z, v.w);
     };
 
+    auto frag = [&](int r, int q) {
+      return make_float4(acc[r][4 * q], acc[r][4 * q + 1], acc[r][4 * q + 2], acc[r][4 * q + 3]);
+    };
     if (split.splits > 1) {
-      // Every split stores its partial tile; the last to finish sums them in split order and runs
-      // the epilogue. Float4 q of row block r of split s for this thread: parts[s][(r·BN/8 + q)·128
-      // + tid] — coalesced, and the same fragment layout in every split.
-      constexpr std::int64_t kTile4 = BM * BN / 4;
-      float4* parts = reinterpret_cast<float4*>(split.partials) + static_cast<std::int64_t>(t) * split.splits * kTile4;
-      auto at = [&](int s, int r, int q) { return parts + s * kTile4 + (r * (BN / 8) + q) * 128 + tid; };
-#pragma unroll
-      for (int r = 0; r < RB; ++r)
-#pragma unroll
-        for (int q = 0; q < BN / 8; ++q)
-          __stcg(at(split_index, r, q), make_float4(acc[r][4 * q], acc[r][4 * q + 1], acc[r][4 * q + 2], acc[r][4 * q + 3]));
-      __threadfence();
-      named_barrier_sync(1 + c, 128);
-      if (tid == 0) last_split[c] = atomicAdd(split.arrivals + t, 1) == split.splits - 1;
-      named_barrier_sync(1 + c, 128);
-      if (!last_split[c]) continue;
-      __threadfence();
-      if (tid == 0) split.arrivals[t] = 0;  // ready for the next call
-      // In chunks of kChunk float4s (acc is dead here: its registers hold the loads in flight).
-      constexpr int kChunk = 8;
-#pragma unroll
-      for (int r = 0; r < RB; ++r)
-#pragma unroll
-        for (int q0 = 0; q0 < BN / 8; q0 += kChunk) {
-          float4 sum[kChunk];
-#pragma unroll
-          for (int q = 0; q < kChunk; ++q) sum[q] = __ldcg(at(0, r, q0 + q));
-          for (int s = 1; s < split.splits; ++s) {
-            float4 v[kChunk];
-#pragma unroll
-            for (int q = 0; q < kChunk; ++q) v[q] = __ldcg(at(s, r, q0 + q));
-#pragma unroll
-            for (int q = 0; q < kChunk; ++q)
-              sum[q] = make_float4(sum[q].x + v[q].x, sum[q].y + v[q].y, sum[q].z + v[q].z, sum[q].w + v[q].w);
-          }
-#pragma unroll
-          for (int q = 0; q < kChunk; ++q) epilogue4(r, q0 + q, sum[q]);
-        }
+      split_k_handoff<RB, BN>(split, t, split_index, 1 + c, last_split + c, frag, epilogue4);
       continue;
     }
 
 #pragma unroll
     for (int r = 0; r < RB; ++r)
 #pragma unroll
-      for (int q = 0; q < BN / 8; ++q)
-        epilogue4(r, q, make_float4(acc[r][4 * q], acc[r][4 * q + 1], acc[r][4 * q + 2], acc[r][4 * q + 3]));
+      for (int q = 0; q < BN / 8; ++q) epilogue4(r, q, frag(r, q));
   }
 #endif
 }
@@ -790,30 +826,43 @@ struct WgmmaGemm {
     return layout_ok(g) && detail::wgmma::wgmma_available();
   }
 
+  // splits: K splits per tile, 0 for split_count's choice (a forced count is for tuning sweeps:
+  // bench_gemm --splits); in clusters always 1, and never more than K's slabs of 64.
   template <GemmEpilogue Epi, class TC>
-  static void run(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream) {
+  static void run(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream, int splits = 0) {
     detail::check_gemm_args<Epi>(g, name);
+    DPML_REQUIRE(splits >= 0, "wgmma GEMM: a split count of " << splits << " (0 picks one)");
     detail::require_vector_rows(layout_ok(g), g, name);
     DPML_REQUIRE(detail::wgmma::wgmma_available(),
                  "wgmma GEMM: this build has no sm_90a image for the device (build with "
                  "CMAKE_CUDA_ARCHITECTURES=90a and run on a compute capability 9.0 GPU)");
     if (g.M == 0 || g.N == 0) return;
-    detail::with_transposes(g, [&]<bool TA, bool TB>() { launch<TA, TB, Epi>(ctx, g, stream); });
+    if (splits == 0 || Schedule::cluster > 1) splits = split_count(g.M, g.N, g.K, ctx.sm_count());
+    splits = static_cast<int>(std::clamp<std::int64_t>(splits, 1, std::max<std::int64_t>(ceil_div(g.K, Tile::K), 1)));
+    detail::with_transposes(g, [&]<bool TA, bool TB>() { launch<TA, TB, Epi>(ctx, g, stream, splits); });
   }
 
-  // K splits per tile of the persistent schedule on a device of `sms` SMs: the count that
-  // minimises the work of the busiest block in slabs of 64, ceil(tiles·splits / sms) ·
-  // (ceil(k_slabs / splits) + 2) + splits — a unit's partial tile costs about 2 slabs to store,
-  // and the last split's sum about one slab per split — with at least 4 slabs a split. 1 for the
-  // cooperative schedule.
+  // K splits per tile on a device of `sms` SMs (one block per SM: the stages fill its shared
+  // memory): the count that minimises a cost in slab times (one slab: BM×BN×64 of wgmma) —
+  //   ceil(tiles·splits / sms) · (ceil(k_slabs / splits) + fill + store) + splits · sum,
+  // store and sum only when split — with at least 4 slabs a split. fill = 10 per block of the
+  // non-persistent grid (pipeline fill and epilogue), 0 for the persistent one; store = 8 (writing
+  // a partial tile) and sum = 1 (reading one back) at 128×128, in proportion to the tile's area.
+  // The constants are a least-squares fit to a sweep of forced splits on an H100 (bench_gemm
+  // --splits, bench/RESULTS.md, 2026-11-26); on the five backward_weight shapes of GPT-2 and three
+  // schedules the count picked ran within 4 % of the best one measured. 1 in clusters (multicast
+  // pairs are not split).
   static int split_count(std::int64_t M, std::int64_t N, std::int64_t K, int sms) {
-    if constexpr (!persistent) {
+    if constexpr (Schedule::cluster > 1) {
       return 1;
     } else {
       const std::int64_t tiles = ceil_div(M, Tile::M) * ceil_div(N, Tile::N), slabs = ceil_div(K, Tile::K);
       if (slabs == 0) return 1;
+      constexpr double area = Tile::M * Tile::N / (128.0 * 128.0);
+      constexpr double fill = persistent ? 0 : 10, store = 8 * area, sum = 1 * area;
       auto cost = [&](std::int64_t s) {
-        return s == 1 ? ceil_div(tiles, sms) * slabs : ceil_div(tiles * s, sms) * (ceil_div(slabs, s) + 2) + s;
+        const double waves = static_cast<double>(ceil_div(tiles * s, sms)), run = static_cast<double>(ceil_div(slabs, s));
+        return s == 1 ? waves * (run + fill) : waves * (run + fill + store) + s * sum;
       };
       std::int64_t best = 1;
       for (std::int64_t s = 2; s <= 16 && slabs / s >= 4; ++s)
@@ -830,7 +879,7 @@ struct WgmmaGemm {
   }
 
   template <bool TA, bool TB, class Epi, class TC>
-  static void launch(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream) {
+  static void launch(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream, int splits) {
     using Kn = std::conditional_t<persistent, detail::wgmma::PingpongKernel<Tile, Stages>,
                                   detail::wgmma::Kernel<Tile, Stages, TA, TB, Schedule::cluster, Schedule::tma_store>>;
     using detail::wgmma::tensor_map;
@@ -841,27 +890,29 @@ struct WgmmaGemm {
                                  : tensor_map(g.A, g.M, g.K, g.lda, Kn::BM, "A");
     const CUtensorMap map_b = TB ? tensor_map(g.B, g.N, g.K, g.ldb, Kn::BN / Schedule::cluster, "B")
                                  : tensor_map(g.B, g.K, g.N, g.ldb, Kn::BK, "B");
+    // Split K's scratch: each tile's splits·BM·BN partial sums, a counter per part (a tile in the
+    // ping-pong kernel, a consumer's 64 rows of it in the cooperative one).
+    const std::int64_t tiles = ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N);
+    DPML_REQUIRE(tiles * splits < (std::int64_t{1} << 31), "wgmma GEMM: too many tiles");
+    detail::wgmma::SplitK split{splits, static_cast<int>(ceil_div(ceil_div(g.K, Tile::K), splits)), nullptr, nullptr};
+    if (splits > 1) {
+      const std::int64_t parts = persistent ? tiles : tiles * (Tile::M / 64);
+      const auto scratch = ctx.split_scratch(static_cast<std::size_t>(tiles * splits * Tile::M * Tile::N),
+                                             static_cast<std::size_t>(parts));
+      split.partials = scratch.partials;
+      split.arrivals = scratch.arrivals;
+    }
     if constexpr (persistent) {
-      const std::int64_t tiles = ceil_div(g.M, Tile::M) * ceil_div(g.N, Tile::N);
       constexpr auto kernel = &detail::wgmma::wgmma_pingpong_kernel<Kn, TA, TB, Epi, TC>;
       opt_in<kernel>(Kn::Ring::smem_bytes);
-      const int splits = split_count(g.M, g.N, g.K, ctx.sm_count());
-      const std::int64_t slabs = ceil_div(g.K, Tile::K);
-      detail::wgmma::SplitK split{splits, static_cast<int>(ceil_div(slabs, splits)), nullptr, nullptr};
-      if (splits > 1) {
-        const auto scratch = ctx.split_scratch(static_cast<std::size_t>(tiles * splits * Tile::M * Tile::N),
-                                               static_cast<std::size_t>(tiles));
-        split.partials = scratch.partials;
-        split.arrivals = scratch.arrivals;
-      }
-      DPML_REQUIRE(tiles * splits < (std::int64_t{1} << 31), "wgmma GEMM: too many tiles");
       const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(tiles * splits, ctx.sm_count()));
       kernel<<<blocks, Kn::Threads, Kn::Ring::smem_bytes, stream>>>(map_a, map_b, g.M, g.N, g.K, ep, split);
     } else {
       constexpr auto kernel = &detail::wgmma::wgmma_gemm_kernel<Kn, TA, TB, Epi, TC>;
       opt_in<kernel>(Kn::Ring::smem_bytes);
       constexpr int kCluster = Schedule::cluster;
-      const auto blocks = static_cast<unsigned>(kCluster * ceil_div(g.M, kCluster * Tile::M) * ceil_div(g.N, Tile::N));
+      const auto blocks =
+          static_cast<unsigned>(kCluster * ceil_div(g.M, kCluster * Tile::M) * ceil_div(g.N, Tile::N) * splits);
       // The staged epilogue's tensor map of C: bf16, 16-byte aligned, rows a multiple of 16 bytes
       // apart, and N a multiple of 8 — the copy engine clips a store at N in 16-byte steps (on an
       // H200 it wrote columns [N, N rounded up to 8) where N = 75 and 300), so a ragged N takes
@@ -873,7 +924,8 @@ struct WgmmaGemm {
         if (store_tma) map_c = tensor_map(g.C, g.M, g.N, g.ldc, 64, "C");
       }
       if constexpr (kCluster == 1) {
-        kernel<<<blocks, Kn::Threads, Kn::Ring::smem_bytes, stream>>>(map_a, map_b, map_c, store_tma, g.M, g.N, g.K, ep);
+        kernel<<<blocks, Kn::Threads, Kn::Ring::smem_bytes, stream>>>(map_a, map_b, map_c, store_tma, g.M, g.N, g.K, ep,
+                                                                      split);
       } else {
         cudaLaunchAttribute cluster{};
         cluster.id = cudaLaunchAttributeClusterDimension;
@@ -886,7 +938,7 @@ struct WgmmaGemm {
         config.stream = stream;
         config.attrs = &cluster;
         config.numAttrs = 1;
-        DPML_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, store_tma, g.M, g.N, g.K, ep));
+        DPML_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, store_tma, g.M, g.N, g.K, ep, split));
       }
     }
     DPML_CHECK_LAUNCH();
