@@ -9,8 +9,8 @@
 // backward_weight dW += dyᵀ·x (yes, no). Each entry says where its choice came from: bench/gemm on
 // an H100 (2026-11-26, `build/cuda-openmpi/bench/gemm/bench_gemm --iters 20`, bench/RESULTS.md),
 // cuBLASLt's TFLOP/s beside the best of our configurations (WgmmaGemm's cooperative schedule with
-// its TMA-stored epilogue, or ping-pong with split K; the mma.sync TiledGemm reaches about a
-// quarter of cuBLASLt). Ours reaches 0.67–0.98 of cuBLASLt and beats it on no shape, so every
+// its TMA-stored epilogue, split K where few tiles; the mma.sync TiledGemm reaches about a
+// quarter of cuBLASLt). Ours reaches 0.74–0.98 of cuBLASLt and beats it on no shape, so every
 // entry names cuBLASLt; the table can name the tiled kernel, and a wgmma choice would be added
 // beside it once one wins by a margin.
 
@@ -43,21 +43,21 @@ using enum Trans;
 // clang-format off
 inline constexpr std::array kGemmTable{
     //            M      N      K   ta   tb   choice        source
-    GemmTableEntry{16384,  2304,   768, no,  yes, GemmChoice::cublaslt, "qkv forward: cuBLASLt 669 vs ours 494 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768,   768, no,  yes, GemmChoice::cublaslt, "attn proj forward: cuBLASLt 590 vs ours 452 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,  3072,   768, no,  yes, GemmChoice::cublaslt, "fc forward: cuBLASLt 680 vs ours 505 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768,  3072, no,  yes, GemmChoice::cublaslt, "fc proj forward: cuBLASLt 762 vs ours 704 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384, 50304,   768, no,  yes, GemmChoice::cublaslt, "lm head forward: cuBLASLt 715 vs ours 533 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768,  2304, no,  no,  GemmChoice::cublaslt, "qkv backward_input: cuBLASLt 742 vs ours 670 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768,   768, no,  no,  GemmChoice::cublaslt, "attn proj backward_input: cuBLASLt 594 vs ours 453 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768,  3072, no,  no,  GemmChoice::cublaslt, "fc backward_input: cuBLASLt 761 vs ours 704 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,  3072,   768, no,  no,  GemmChoice::cublaslt, "fc proj backward_input: cuBLASLt 661 vs ours 507 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{16384,   768, 50304, no,  no,  GemmChoice::cublaslt, "lm head backward_input: cuBLASLt 823 vs ours 801 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{ 2304,   768, 16384, yes, no,  GemmChoice::cublaslt, "qkv backward_weight: cuBLASLt 645 vs ours 608 (wgmma coop-tma 128x128) TFLOP/s (H100)"},
-    GemmTableEntry{  768,   768, 16384, yes, no,  GemmChoice::cublaslt, "attn proj backward_weight: cuBLASLt 533 vs ours 410 (wgmma ping-pong 128x128, split K) TFLOP/s (H100)"},
-    GemmTableEntry{ 3072,   768, 16384, yes, no,  GemmChoice::cublaslt, "fc backward_weight: cuBLASLt 742 vs ours 500 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
-    GemmTableEntry{  768,  3072, 16384, yes, no,  GemmChoice::cublaslt, "fc proj backward_weight: cuBLASLt 736 vs ours 506 (wgmma ping-pong 128x128, split K) TFLOP/s (H100)"},
-    GemmTableEntry{50304,   768, 16384, yes, no,  GemmChoice::cublaslt, "lm head backward_weight: cuBLASLt 815 vs ours 802 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,  2304,   768, no,  yes, GemmChoice::cublaslt, "qkv forward: cuBLASLt 658 vs ours 493 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,   768, no,  yes, GemmChoice::cublaslt, "attn proj forward: cuBLASLt 589 vs ours 454 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,  3072,   768, no,  yes, GemmChoice::cublaslt, "fc forward: cuBLASLt 672 vs ours 501 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,  3072, no,  yes, GemmChoice::cublaslt, "fc proj forward: cuBLASLt 750 vs ours 690 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384, 50304,   768, no,  yes, GemmChoice::cublaslt, "lm head forward: cuBLASLt 699 vs ours 516 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,  2304, no,  no,  GemmChoice::cublaslt, "qkv backward_input: cuBLASLt 729 vs ours 658 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,   768, no,  no,  GemmChoice::cublaslt, "attn proj backward_input: cuBLASLt 591 vs ours 450 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768,  3072, no,  no,  GemmChoice::cublaslt, "fc backward_input: cuBLASLt 748 vs ours 691 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,  3072,   768, no,  no,  GemmChoice::cublaslt, "fc proj backward_input: cuBLASLt 651 vs ours 501 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{16384,   768, 50304, no,  no,  GemmChoice::cublaslt, "lm head backward_input: cuBLASLt 800 vs ours 780 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
+    GemmTableEntry{ 2304,   768, 16384, yes, no,  GemmChoice::cublaslt, "qkv backward_weight: cuBLASLt 685 vs ours 622 (wgmma coop-tma 128x256, split K 2) TFLOP/s (H100)"},
+    GemmTableEntry{  768,   768, 16384, yes, no,  GemmChoice::cublaslt, "attn proj backward_weight: cuBLASLt 518 vs ours 469 (wgmma coop 128x128, split K 3) TFLOP/s (H100)"},
+    GemmTableEntry{ 3072,   768, 16384, yes, no,  GemmChoice::cublaslt, "fc backward_weight: cuBLASLt 727 vs ours 576 (wgmma coop-tma 128x256, split K 3) TFLOP/s (H100)"},
+    GemmTableEntry{  768,  3072, 16384, yes, no,  GemmChoice::cublaslt, "fc proj backward_weight: cuBLASLt 726 vs ours 582 (wgmma coop 128x256, split K 3) TFLOP/s (H100)"},
+    GemmTableEntry{50304,   768, 16384, yes, no,  GemmChoice::cublaslt, "lm head backward_weight: cuBLASLt 795 vs ours 781 (wgmma coop-tma 128x256) TFLOP/s (H100)"},
 };
 // clang-format on
 }  // namespace detail
