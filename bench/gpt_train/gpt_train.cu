@@ -31,7 +31,7 @@
 //              (models/cuda/gpt.hpp) and see the same tokens; ranks = N × P × dp with --pp P (each
 //              stage tensor-parallel). tokens/s counts each token once (dp · B · T per step), MFU is
 //              per GPU. With --use-distributed-optimizer the optimizer state is sharded over the
-//              data axis of each tensor rank (not with --pp: refused).
+//              data axis of each tensor rank and pipeline stage.
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -170,8 +170,6 @@ Options parse(int argc, char** argv) {
   DPML_REQUIRE_EVERYWHERE(o.pp >= 1, "gpt_train: --pp " << o.pp << " must be positive");
   DPML_REQUIRE_EVERYWHERE(o.tp >= 1, "gpt_train: --tp " << o.tp << " must be positive");
   if (o.micro_batch == 0) o.micro_batch = o.batch;
-  DPML_REQUIRE_EVERYWHERE(!o.distributed_optimizer || (o.pp == 1 && o.micro_batch == o.batch),
-                          "gpt_train: --use-distributed-optimizer with --pp or --micro-batch is not supported yet");
   DPML_REQUIRE_EVERYWHERE(o.micro_batch > 0 && o.batch % o.micro_batch == 0,
                           "gpt_train: --micro-batch " << o.micro_batch << " does not divide --batch " << o.batch);
   DPML_REQUIRE_EVERYWHERE(o.model.layers >= o.pp, "gpt_train: --layers " << o.model.layers << " cannot fill --pp " << o.pp

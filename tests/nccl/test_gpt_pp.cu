@@ -5,7 +5,12 @@
 // pair of ranks) against a tp 2 model over the stage's tensor group — the same tensor split and so
 // the same bf16 roundings, which leaves the pipeline as the only difference and lets both layouts
 // meet the same bounds (against a one-GPU model, tp's extra roundings alone moved the norm by up to
-// 16 % at steps 6–8 on an H100 while losses agreed within 0.2 %). Tiny configuration (L = 4: two
+// 16 % at steps 6–8 on an H100 while losses agreed within 0.2 %). ZeRO-1 beside the stages: the
+// rest of the world (1 or 2 ranks) a data axis, each stage's optimizer state sharded over it (a
+// DistributedOptimizer with 8 KiB buckets: many, the tied wte cut between them), every data rank
+// on its own m micro-batches, against a one-GPU model on all of them (loss: the data ranks' mean;
+// gradients not compared: after the reduce-scatter only each rank's shards hold the average).
+// Tiny configuration (L = 4: two
 // blocks per stage, C = 64, H = 2, V = 67, T = 32), weights from init_random (one seed), AdamW with
 // clipping at 1.0. The ranks talk through comm::Nccl where each has a GPU of its own, else through
 // comm::Staged on a shared GPU (tests/nccl/nccl_fixture.hpp: gpu_comm()). Under tp the weights and
@@ -37,6 +42,7 @@
 #include <dpml/comm/staged.hpp>
 #include <dpml/models/cuda/gpt.hpp>
 #include <dpml/models/cuda/gpt_pipeline.hpp>
+#include <dpml/parallel/cuda/distributed_optimizer.hpp>
 #include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/pipeline/schedule.hpp>
 
@@ -44,6 +50,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +61,7 @@ namespace pl = parallel::pipeline;
 namespace {
 
 constexpr std::int64_t kMicro = 2, kSeq = 32, kVocab = 67;
+constexpr std::size_t kBucketBytes = 8 << 10;
 constexpr int kMicroBatches = 4, kSteps = 10;
 constexpr double kLr = 3e-3, kClip = 1.0;
 const optim::AdamWOptions kAdam{.eps = 1e-6, .weight_decay = 0.1};
@@ -80,14 +88,14 @@ struct Batch {
   }
 };
 
-// The lone model's forward and backward on the same micro-batches, accumulated; their mean loss.
+// The lone model's forward and backward on the first `count` micro-batches, accumulated; their mean loss.
 template <class Comm>
-double lone_forward_backward(Gpt<Comm>& m, const Batch& b) {
+double lone_forward_backward(Gpt<Comm>& m, const Batch& b, int count) {
   double loss = 0;
-  for (int i = 0; i < kMicroBatches; ++i) {
+  for (int i = 0; i < count; ++i) {
     const std::int64_t at = i * kMicro * kSeq;
-    m.forward_backward(b.inputs.ptr + at, b.targets.ptr + at, /*accumulate=*/i > 0, kMicroBatches);
-    loss += m.loss() / kMicroBatches;
+    m.forward_backward(b.inputs.ptr + at, b.targets.ptr + at, /*accumulate=*/i > 0, count);
+    loss += m.loss() / count;
   }
   return loss;
 }
@@ -124,10 +132,14 @@ Expected expected(pl::GPipe) { return {{4, 4}, {0, 0}}; }
 Expected expected(pl::OneFOneB) { return {{2, 1}, {0, 0}}; }
 Expected expected(pl::ZeroBubbleH1) { return {{2, 2}, {0, 2}}; }
 
+// What the ranks beside the 2 stages are: a tensor axis (tp = world / 2), or a data axis whose
+// optimizer state is sharded (ZeRO-1, dp = world / 2).
+enum class Beside { tensor, zero };
+
 template <class Tag, class Comm>
-void compare_with_lone_model() {
+void compare_with_lone_model(Beside beside) {
   const auto world = test::world();
-  const int tp = world.size() / 2;
+  const int rest = world.size() / 2, tp = beside == Beside::tensor ? rest : 1, dp = world.size() / (2 * tp);
   const auto grid = parallel::ProcessGrid::create(world, {.tp = tp, .pp = 2});
   const auto& pipe = grid.comm(Axis::pipeline);
   const int stage = pipe.rank();
@@ -135,6 +147,13 @@ void compare_with_lone_model() {
                                                          kMicroBatches, pipe, &grid.comm(Axis::tensor));
   auto& mine = pp.model();
   CHECK(mine.tensor_parallel() == tp);
+  std::optional<parallel::cuda::DistributedOptimizer<bf16, Comm>> zero;
+  if (beside == Beside::zero) {
+    zero.emplace(Comm::from(grid.comm(Axis::data)), mine.weights(), mine.gradients(),
+                 static_cast<std::size_t>(mine.parameter_count()), mine.stream(),
+                 parallel::cuda::GradientSyncOptions{.bucket_bytes = kBucketBytes});
+    mine.set_distributed_optimizer(&*zero);
+  }
   mine.init_random(11);
   Gpt<Comm> lone(config(), kMicro, kSeq, {}, tp > 1 ? &grid.comm(Axis::tensor) : nullptr);
   lone.init_random(11);
@@ -151,16 +170,18 @@ void compare_with_lone_model() {
   }
 
   for (std::int64_t s = 1; s <= kSteps; ++s) {
-    const Batch batch(kMicroBatches * kMicro, 42 + static_cast<std::uint64_t>(s));
-    pp.forward_backward(batch.inputs.ptr, batch.targets.ptr);
-    double loss = pp.loss();  // the last stage's
+    const Batch batch(dp * kMicroBatches * kMicro, 42 + static_cast<std::uint64_t>(s));
+    const std::int64_t mine_at = grid.coord(Axis::data) * kMicroBatches * kMicro * kSeq;  // this data rank's rows
+    pp.forward_backward(batch.inputs.ptr + mine_at, batch.targets.ptr + mine_at);
+    double loss = pp.loss();  // the last stage's, of this data rank's rows
     pipe.broadcast(&loss, 1, 1);
-    const double lone_loss = lone_forward_backward(lone, batch);
+    loss = grid.comm(Axis::data).allreduce(loss, comm::ReduceOp::sum) / dp;
+    const double lone_loss = lone_forward_backward(lone, batch, dp * kMicroBatches);
     CAPTURE(s, loss, lone_loss, stage);
     CHECK(std::abs(loss - lone_loss) <= 2e-2 * std::abs(lone_loss));
     if (s == 1) {
       CHECK(std::abs(loss - lone_loss) <= 1e-5 * std::abs(lone_loss));
-      for (const auto& name : names) {
+      for (const auto& name : zero ? std::vector<std::string>{} : names) {  // ZeRO-1: only the shards hold the average
         const auto want = lone.gradient(name);
         const double norm = l2(want, std::vector<float>(want.size(), 0.f));
         CAPTURE(name);
@@ -184,9 +205,9 @@ void compare_with_lone_model() {
 }
 
 template <class Tag>
-void run_case() {
-  if (test::gpu_comm() == test::GpuComm::nccl) compare_with_lone_model<Tag, comm::Nccl>();
-  else compare_with_lone_model<Tag, comm::Staged>();
+void run_case(Beside beside = Beside::tensor) {
+  if (test::gpu_comm() == test::GpuComm::nccl) compare_with_lone_model<Tag, comm::Nccl>(beside);
+  else compare_with_lone_model<Tag, comm::Staged>(beside);
 }
 
 }  // namespace
@@ -199,4 +220,10 @@ TEST_CASE("GPU pipeline GPT: 1F1B on 2 stages equals one GPU on the same micro-b
 }
 TEST_CASE("GPU pipeline GPT: ZB-H1 on 2 stages equals one GPU on the same micro-batches", "[nccl][gpt][pipeline]") {
   run_case<pl::ZeroBubbleH1>();
+}
+TEST_CASE("GPU pipeline GPT: ZeRO-1 over the data axis of 2 stages equals one GPU on all the micro-batches",
+          "[nccl][gpt][pipeline][zero]") {
+  SECTION("GPipe") { run_case<pl::GPipe>(Beside::zero); }
+  SECTION("1F1B") { run_case<pl::OneFOneB>(Beside::zero); }
+  SECTION("ZB-H1") { run_case<pl::ZeroBubbleH1>(Beside::zero); }
 }

@@ -104,7 +104,6 @@
 //   pipeline    a stage is tensor-parallel the same way (GptPipeline passes its tensor group): the
 //               messages between stages are whole (B, T, C) activations, equal on the ranks of a
 //               tensor group, each sent to the rank of equal tensor coordinate on the next stage.
-//               (ZeRO-1 with pipeline stages is refused, at any tp: set_distributed_optimizer.)
 // Comm is comm::Nccl (one GPU per rank) or a communicator with its interface (comm::Staged).
 //
 // Per-family timing: with a Profiler attached, each kernel family is bracketed by CUDA events;
@@ -145,6 +144,7 @@
 #include <cmath>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -374,8 +374,30 @@ class Gpt {
     master_ = m_ = v_ = nullptr;
     zero_ = zero;
     listen(zero, tied);
-    if (tensor_)  // the norm over the full model: this tensor rank's counted ranges, then Σ over the tensor axis
-      zero->restrict_norm(counted_ranges(), [this](double* norm_sq) { tensor_->allreduce(norm_sq, 1, comm::ReduceOp::sum); });
+    if (tensor_ || sum_over_stages_)  // the full model's norm: this rank's counted ranges, then Σ over the others
+      zero->restrict_norm(counted_ranges(), [this](double* norm_sq) { sum_over_model(norm_sq); });
+  }
+  // A pipeline stage's links to the other stages, set by GptPipeline at construction (before an
+  // optimizer is attached). `tied_pair` (first and last stage: a Comm of the two on this model's
+  // stream) sums the two copies of wte's gradient in finish_tied_gradients, before the
+  // data-parallel reduction of wte, so that plain data parallelism and ZeRO-1 both average the sum
+  // (a sum of averages would need the whole averaged gradient, which ZeRO-1's shards never hold).
+  // `sum_over_stages` adds a device double over the pipeline, on this model's stream: the
+  // squared gradient norm, after this stage's.
+  void link_stages(Comm* tied_pair, std::function<void(double*)> sum_over_stages) {
+    DPML_REQUIRE(!zero_ && !sync_, "GPT (cuda): link_stages comes before a gradient sync or optimizer is attached");
+    DPML_REQUIRE(!tied_pair || first_ || last_, "GPT (cuda): pipeline stage " << plan_.stage << " holds no wte to tie");
+    tied_pair_ = tied_pair;
+    sum_over_stages_ = std::move(sum_over_stages);
+  }
+  // First and last stage, once the step's backward is enqueued and its messages with it (a sum
+  // enqueued before the last stage's final send would wait for stage 0, which waits for that
+  // send): the two copies of wte's gradient summed over the tied pair, then the data-parallel
+  // reduction finished — wte's buckets, held back until now (wte lies first in a stage's buffer).
+  void finish_tied_gradients() {
+    if (!tied_pair_) return;
+    tied_pair_->allreduce(grads_ + wte_, static_cast<std::size_t>(Vp_ * cfg_.dim), comm::ReduceOp::sum);
+    if (sync_) sync_->finish();
   }
   // Whether the attached listener's path for the tied wte gradient is the gather (listen() below):
   // false without a listener, on pipeline stages and where wte is all-reduced whole.
@@ -387,12 +409,6 @@ class Gpt {
   const GptStagePlan& plan() const noexcept { return plan_; }
   bool is_first_stage() const noexcept { return first_; }
   bool is_last_stage() const noexcept { return last_; }
-  // The gradient of this stage's wte (Vp · C elements; first and last stage only): the tied pair.
-  Act* tied_gradient() {
-    DPML_REQUIRE(first_ || last_, "GPT (cuda): pipeline stage " << plan_.stage << " holds no wte");
-    return grads_ + wte_;
-  }
-  std::int64_t tied_elements() const noexcept { return Vp_ * cfg_.dim; }
 
   // The fp32 state a checkpoint holds, per tensor: master weights and AdamW's two moments (named
   // as the host optimizer's state slots, optim::AdamW::state_names).
@@ -594,32 +610,17 @@ class Gpt {
         zero_->update(lr, step, opt, clip > 0 ? clip : 1e300, 1.0 / step_scale_, norm_sq_, clip_coef_);
       });
     }
-    compute_grad_norm();
-    apply_update(lr, step, opt, clip);
-  }
-  // update() in two halves, for a pipeline (GptPipeline::update), which sums grad_norm_squared()
-  // over its stages in between. First: the squared norm of this stage's gradients — without the
-  // tied copy of wte on a last stage that is not also the first — into grad_norm_squared(). Under
-  // tp: of the full model, each element once (this rank's counted ranges summed over the tensor axis).
-  void compute_grad_norm() {
-    timed(Family::optimizer, [&] {
-      if (!tensor_) {
-        detail::kc::grad_norm_squared(grads_ + norm_begin_, n_params_ - norm_begin_, norm_sq_, norm_ws_, norm_ws_bytes_, stream_);
-        return;
-      }
-      detail::kc::grad_norm_squared_ranges(grads_, norm_range_begin_, norm_range_before_,
-                                           norm_ranges_.count(), norm_ranges_.total(), norm_sq_,
-                                           norm_ws_, norm_ws_bytes_, stream_);
-      tensor_->allreduce(norm_sq_, 1, comm::ReduceOp::sum);
-    });
-  }
-  double* grad_norm_squared() noexcept { return norm_sq_; }  // (1) on the device
-  // Then: clip coefficient from grad_norm_squared() and AdamW.
-  void apply_update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double clip) {
-    DPML_REQUIRE(!zero_, "GPT (cuda): a pipeline stage with the distributed optimizer (--use-distributed-optimizer "
-                         "with --pp) is not supported yet");
     allocate_state();
     timed(Family::optimizer, [&] {
+      // The full model's squared norm, each element once: this rank's part — a last stage leaves
+      // out its tied copy of wte, a tensor rank counts its ranges — summed over the others.
+      if (!tensor_) {
+        detail::kc::grad_norm_squared(grads_ + norm_begin_, n_params_ - norm_begin_, norm_sq_, norm_ws_, norm_ws_bytes_, stream_);
+      } else {
+        detail::kc::grad_norm_squared_ranges(grads_, norm_range_begin_, norm_range_before_, norm_ranges_.count(),
+                                             norm_ranges_.total(), norm_sq_, norm_ws_, norm_ws_bytes_, stream_);
+      }
+      sum_over_model(norm_sq_);
       detail::kc::clip_coefficient(norm_sq_, clip_coef_, clip > 0 ? clip : 1e300, stream_, 1.0 / step_scale_);
       detail::kc::adamw_update(master_, params_, grads_, m_, v_, n_params_, opt, lr, step, clip_coef_, stream_);
     });
@@ -680,6 +681,12 @@ class Gpt {
                       .host_rows = host_rows < 0 ? rows : host_rows, .split = split, .parts = parts});
     total_ = detail::align_up(off + rows * cols);
     return off;
+  }
+  // Adds the model's other ranks' parts to the squared norm at norm_sq, on this model's stream: the
+  // tensor axis's, then the other stages'.
+  void sum_over_model(double* norm_sq) {
+    if (tensor_) tensor_->allreduce(norm_sq, 1, comm::ReduceOp::sum);
+    if (sum_over_stages_) sum_over_stages_(norm_sq);
   }
   // The ranges of the flat buffer whose squared gradients this rank adds to the global norm (tp > 1):
   // on tensor rank 0 all of it from norm_begin_ (a last stage leaves out its tied copy of wte); on
@@ -1193,7 +1200,7 @@ class Gpt {
       }
       embedding_backward(tokens, a.input_grad, /*token_rows=*/!gather);
     }
-    if (sync) sync->finish();
+    if (sync && !tied_pair_) sync->finish();  // a tied stage's comes after the sum: finish_tied_gradients
     if (gather) {  // every rank's rows, averaged, into the averaged head gradient: the same on every rank
       timed(Family::embedding, [&] {
         detail::kc::embedding_token_backward(gathered_.tokens, gathered_.dx, grads_ + wte_, gathered_.rows, cfg_.dim, 0,
@@ -1218,6 +1225,8 @@ class Gpt {
   int micro_index_ = 0;      // the running micro-batch's index in its step
   parallel::cuda::GradientListener* sync_ = nullptr;
   parallel::cuda::ShardedOptimizer* zero_ = nullptr;  // ZeRO-1: also sync_
+  Comm* tied_pair_ = nullptr;                          // link_stages: first and last stage
+  std::function<void(double*)> sum_over_stages_;       // link_stages: pp > 1
   struct GatheredEmbedding {  // the data axis' token rows (listen()); memory null: not gathered
     void* memory = nullptr;   // one allocation: tokens, dx, workspace
     std::int64_t rows = 0;    // K·B·T

@@ -17,10 +17,11 @@
 // stage's row of the table, its messages through a cuda::StreamTransport over Comm on the
 // communication stream (Comm's own), ordered against the model's stream by CUDA events: nothing in
 // the step waits on the host. The transport launches its groups alike on both sides of each pair
-// of stages (pipeline::peer_batches, from the whole table). Then the two copies of the tied wte
-// gradient are summed between the first and the last stage (a Comm of those two ranks, on the
-// model's stream) — after the data-parallel average, when a GradientSync over the data axis is
-// attached to model() (the step's last W's launch its buckets block by block). update(): every
+// of stages (pipeline::peer_batches, from the whole table). Then the first and the last stage sum
+// the two copies of the tied wte gradient (a Comm of those two ranks, on the model's stream:
+// Gpt::link_stages) — before its data-parallel reduction, when a GradientSync or a ZeRO-1
+// DistributedOptimizer over the data axis is attached to model(): the step's last W's launch the
+// buckets block by block, and wte's, first in a stage's buffer, only after the sum. update(): every
 // stage's squared gradient norm (the last stage leaves its wte copy out) summed over the
 // pipeline, then clip and AdamW on each stage, identically on both wte copies, which therefore
 // stay equal.
@@ -84,10 +85,11 @@ class GptPipeline {
         comm_(Comm::from(pipe)), transport_(parallel::cuda::StreamLauncher<Act, Comm>(comm_, model_.stream()),
                    parallel::pipeline::peer_batches(schedule, pipe.rank())),
         stage_(*this) {
-    if (pipe.size() > 1) {  // the tied pair: first and last stage
+    if (pipe.size() > 1) {  // the tied pair (first and last stage), and the norm's sum over the stages
       const bool member = model_.is_first_stage() || model_.is_last_stage();
       const comm::Mpi pair = pipe.split(member ? 0 : MPI_UNDEFINED, pipe.rank());
       if (member) tied_.emplace(Comm::from(pair, model_.stream()));
+      model_.link_stages(tied_ ? &*tied_ : nullptr, [this](double* norm_sq) { sum_over_stages(norm_sq); });
     }
     if (model_.is_last_stage())
       DPML_CHECK_CUDA(cudaMallocHost(&host_losses_, static_cast<std::size_t>(m_ * tokens_per_micro_batch()) * sizeof(float)));
@@ -119,20 +121,11 @@ class GptPipeline {
     targets_ = targets;
     model_.begin_step(m_);
     parallel::pipeline::run_stage(actions_, stage_, transport_);  // its host times are launch times: not kept
-    if (tied_) tied_->allreduce(model_.tied_gradient(), static_cast<std::size_t>(model_.tied_elements()), comm::ReduceOp::sum);
+    model_.finish_tied_gradients();
   }
-  // Global norm over the pipeline → clip → AdamW (step ≥ 1), as Gpt::update.
-  void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double clip) {
-    model_.compute_grad_norm();
-    if (comm_.size() > 1) {  // Σ over the stages, on the communication stream
-      DPML_CHECK_CUDA(cudaEventRecord(norm_ready_, model_.stream()));
-      DPML_CHECK_CUDA(cudaStreamWaitEvent(comm_.stream(), norm_ready_, 0));
-      comm_.allreduce(model_.grad_norm_squared(), 1, comm::ReduceOp::sum);
-      DPML_CHECK_CUDA(cudaEventRecord(norm_summed_, comm_.stream()));
-      DPML_CHECK_CUDA(cudaStreamWaitEvent(model_.stream(), norm_summed_, 0));
-    }
-    model_.apply_update(lr, step, opt, clip);
-  }
+  // Global norm over the pipeline → clip → AdamW (step ≥ 1): Gpt::update, whose norm the stages
+  // sum (link_stages); under ZeRO-1 the distributed optimizer's update, the same way.
+  void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double clip) { model_.update(lr, step, opt, clip); }
   // Mean loss per token of the last step (last stage; NaN on the others); synchronises.
   double loss() const {
     if (!model_.is_last_stage()) return std::numeric_limits<double>::quiet_NaN();
@@ -199,6 +192,14 @@ class GptPipeline {
     return b;
   }
   static int index(const parallel::pipeline::BufferPlan& p, int mb) { return p.index[static_cast<std::size_t>(mb)]; }
+  // Σ of a device double over the stages, on the communication stream between the model stream's events.
+  void sum_over_stages(double* value) {
+    DPML_CHECK_CUDA(cudaEventRecord(norm_ready_, model_.stream()));
+    DPML_CHECK_CUDA(cudaStreamWaitEvent(comm_.stream(), norm_ready_, 0));
+    comm_.allreduce(value, 1, comm::ReduceOp::sum);
+    DPML_CHECK_CUDA(cudaEventRecord(norm_summed_, comm_.stream()));
+    DPML_CHECK_CUDA(cudaStreamWaitEvent(model_.stream(), norm_summed_, 0));
+  }
   typename Model::Slots slots(int mb) const {
     return {.set = index(buffers_.sets, mb), .input = index(buffers_.inputs, mb),
             .weight_grads = buffers_.weight_grads.count > 0 ? index(buffers_.weight_grads, mb) : -1};

@@ -13,8 +13,8 @@
 //             one all-reduce (sum) of that double over the data axis: the global norm, the same on
 //             every rank, hence the same clip coefficient (kernels/cuda/grad_norm.hpp); a
 //             non-finite norm (an fp16 overflow) makes every rank skip the step alike. Under tensor
-//             parallelism (restrict_norm) only the part of the shards the model counts on this
-//             tensor rank, and the model's sum over the tensor axis after the data axis's
+//             or pipeline parallelism (restrict_norm) only the part of the shards the model counts
+//             on this rank, and the model's sum over its tensor axis and stages after the data axis's
 //   update    fused AdamW (kernels/cuda/adamw.hpp) on each shard: its master weights, moments and
 //             16-bit working weights; as soon as a bucket's shard is updated, the bucket's working
 //             weights are ALL-GATHERED in place on the communication stream, overlapping the
@@ -96,12 +96,13 @@ class ShardedOptimizer : public GradientListener {
   virtual void write(OptimizerState which, std::size_t offset, std::span<const float> src) = 0;
   // The master weights of the whole buffer (size() values) from the host, moments zeroed.
   virtual void reset(std::span<const float> master) = 0;
-  // Tensor parallelism: the norm counts only the elements of `model_counted` (ranges of the flat
-  // buffer: what this tensor rank adds to the full model's norm), and `across_tensor_axis(norm_sq)`,
-  // enqueued on the compute stream after the data axis's sum, adds the other tensor ranks' sums.
-  // Once, before the first update.
+  // A model spread over more ranks than the data axis (tensor parallelism, pipeline stages): the
+  // norm counts only the elements of `model_counted` (ranges of the flat buffer: what this rank
+  // adds to the full model's norm), and `across_model(norm_sq)`, enqueued on the compute stream
+  // after the data axis's sum, adds the sums of the model's other ranks (the tensor axis, the
+  // other stages). Once, before the first update.
   virtual void restrict_norm(const kernels::cuda::NormRanges& model_counted,
-                             std::function<void(double*)> across_tensor_axis) = 0;
+                             std::function<void(double*)> across_model) = 0;
 };
 
 namespace detail {
@@ -167,9 +168,9 @@ class DistributedOptimizer final : public detail::BucketListener<DistributedOpti
   std::size_t size() const override { return n_; }
   std::size_t state_bytes() const override { return 3 * state_n_ * sizeof(float); }
 
-  void restrict_norm(const kernels::cuda::NormRanges& model_counted, std::function<void(double*)> across_tensor_axis) override {
+  void restrict_norm(const kernels::cuda::NormRanges& model_counted, std::function<void(double*)> across_model) override {
     count_in_norm(kernels::cuda::intersect(counted_, model_counted));
-    across_tensor_axis_ = std::move(across_tensor_axis);
+    across_model_ = std::move(across_model);
   }
 
   void update(double lr, std::int64_t step, const optim::AdamWOptions& opt, double max_norm, double inv_scale,
@@ -186,7 +187,7 @@ class DistributedOptimizer final : public detail::BucketListener<DistributedOpti
     comm_.allreduce(norm_sq, 1, comm::ReduceOp::sum);
     DPML_CHECK_CUDA(cudaEventRecord(norm_reduced_, comm_.stream()));
     DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, norm_reduced_, 0));
-    if (across_tensor_axis_) across_tensor_axis_(norm_sq);
+    if (across_model_) across_model_(norm_sq);
     kc::clip_coefficient(norm_sq, clip_coef, max_norm, compute_, inv_scale);
     // AdamW per owned range; each updated shard's bucket all-gathered while the next one updates.
     const auto r = static_cast<std::size_t>(comm_.rank());
@@ -321,7 +322,7 @@ class DistributedOptimizer final : public detail::BucketListener<DistributedOpti
   float* state_memory_ = nullptr;           // (3, state_n_): master, m, v
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // (state_n_) each
   void* ws_ = nullptr;                      // CUB workspace of the counted ranges' reduction
-  std::function<void(double*)> across_tensor_axis_;  // tp > 1: the norm's sum over the tensor axis
+  std::function<void(double*)> across_model_;  // tp > 1 or stages: the norm's sum over the model's ranks
   std::size_t ws_bytes_ = 0;
   cudaEvent_t handoff_ = nullptr;           // compute → communication ordering, reused
   cudaEvent_t norm_sent_ = nullptr, norm_reduced_ = nullptr, updated_ = nullptr, gathered_ = nullptr;
