@@ -53,7 +53,7 @@ struct Policy {
 };
 
 template <class P>
-constexpr bool splits_k = requires(const GemmArgs<bf16>& g) { P::split_count(g.M, g.N, g.K, 1); };
+constexpr bool splits_k = requires(const GemmArgs<bf16>& g) { P::splits_used(g.M, g.N, g.K, 1, 0); };
 
 template <class P>
 Policy policy(std::string name) {
@@ -64,12 +64,8 @@ Policy policy(std::string name) {
           },
           [](const GemmArgs<bf16>& g) { return P::supports(g); },
           [](const GemmContext& c, const GemmArgs<bf16>& g, int forced) {
-            if constexpr (splits_k<P>) {
-              const int s = P::schedule::cluster == 1 && forced > 0 ? forced : P::split_count(g.M, g.N, g.K, c.sm_count());
-              return std::min<int>(s, static_cast<int>(std::max<std::int64_t>((g.K + 63) / 64, 1)));
-            } else {
-              return 0;
-            }
+            if constexpr (splits_k<P>) return P::splits_used(g.M, g.N, g.K, c.sm_count(), forced);
+            else return 0;
           }};
 }
 

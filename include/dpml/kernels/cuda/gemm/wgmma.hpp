@@ -837,9 +837,14 @@ struct WgmmaGemm {
                  "wgmma GEMM: this build has no sm_90a image for the device (build with "
                  "CMAKE_CUDA_ARCHITECTURES=90a and run on a compute capability 9.0 GPU)");
     if (g.M == 0 || g.N == 0) return;
-    if (splits == 0 || Schedule::cluster > 1) splits = split_count(g.M, g.N, g.K, ctx.sm_count());
-    splits = static_cast<int>(std::clamp<std::int64_t>(splits, 1, std::max<std::int64_t>(ceil_div(g.K, Tile::K), 1)));
+    splits = splits_used(g.M, g.N, g.K, ctx.sm_count(), splits);
     detail::with_transposes(g, [&]<bool TA, bool TB>() { launch<TA, TB, Epi>(ctx, g, stream, splits); });
+  }
+  // The K splits per tile that run() uses when asked for `forced` (0: split_count's choice; in
+  // clusters always that; never more than K's slabs of 64, never fewer than 1).
+  static int splits_used(std::int64_t M, std::int64_t N, std::int64_t K, int sms, int forced) {
+    const int s = forced == 0 || Schedule::cluster > 1 ? split_count(M, N, K, sms) : forced;
+    return static_cast<int>(std::clamp<std::int64_t>(s, 1, std::max<std::int64_t>(ceil_div(K, Tile::K), 1)));
   }
 
   // K splits per tile on a device of `sms` SMs (one block per SM: the stages fill its shared
