@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -266,6 +267,84 @@ TEMPLATE_TEST_CASE("cross entropy: fused softmax + loss + gradient against float
     CHECK(test::rel_l2(got, rdx) <= (std::is_same_v<T, float> ? test::kFp32Tol * 10 : test::kBf16Tol));
     int padding_nonzero = 0;
     for (std::int64_t r = 0; r < cs.N; ++r)
+      for (std::int64_t j = cs.V_real; j < cs.V; ++j) padding_nonzero += test::as_double(got[r * cs.V + j]) != 0.0;
+    CHECK(padding_nonzero == 0);
+  }
+}
+
+// The vocabulary-parallel form on one GPU: the padded vocabulary cut into `shards` column blocks,
+// each block's pass 1 on its own (N, V/shards) logits, the all-reduces done on the host between
+// the steps (max, then sum, over the shards' stats), then each block's pass 2: every shard's
+// losses and its columns of dlogits against the float64 softmax of the whole row. Shards past the
+// real vocabulary (all padding) and targets in every shard are in play.
+TEMPLATE_TEST_CASE("cross entropy: vocabulary-parallel passes against float64", "[cross_entropy][gpu]", float, bf16) {
+  using T = TestType;
+  struct Case {
+    std::int64_t N, V, V_real;
+    int shards;
+  };
+  for (const Case cs : {Case{5, 128, 67, 2}, Case{9, 1200, 1000, 3}, Case{4, 50304, 50257, 4}, Case{3, 256, 100, 4}}) {
+    CAPTURE(type_name<T>(), cs.N, cs.V, cs.V_real, cs.shards);
+    const std::int64_t N = cs.N, Vl = cs.V / cs.shards;
+    auto gen = test::rng(static_cast<std::uint64_t>(cs.N * 5 + cs.V));
+    auto hx = test::random_vec<T>(static_cast<std::size_t>(N * cs.V), gen, -8.0, 8.0);
+    std::vector<std::int32_t> ht(static_cast<std::size_t>(N));
+    std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(cs.V_real - 1));
+    for (auto& t : ht) t = pick(gen);
+    ht[0] = -1;  // an ignored row
+    test::DeviceVec<std::int32_t> tgt(ht);
+    const float dloss = 1.f / static_cast<float>(N);
+    std::deque<test::DeviceVec<T>> x;  // a deque: DeviceVec does not move
+    std::deque<test::DeviceVec<float>> stats, loss;
+    for (int k = 0; k < cs.shards; ++k) {
+      std::vector<T> part(static_cast<std::size_t>(N * Vl));
+      for (std::int64_t r = 0; r < N; ++r)
+        std::copy_n(hx.begin() + r * cs.V + k * Vl, Vl, part.begin() + r * Vl);
+      x.emplace_back(part);
+      stats.emplace_back(static_cast<std::size_t>(4 * N));
+      loss.emplace_back(static_cast<std::size_t>(N));
+      loss.back().poison();
+      kc::vocab_parallel_xent_stats(x[k].ptr, tgt.ptr, stats[k].ptr, N, Vl, k * Vl, cs.V_real, nullptr);
+    }
+    // The all-reduces: max of stats[0], then (after the rescale) sums of stats[1] and stats[2].
+    auto all_reduce = [&](std::int64_t first, std::int64_t count, bool max) {
+      std::vector<std::vector<float>> h;
+      for (auto& st : stats) h.push_back(st.download());
+      for (std::int64_t i = first; i < first + count; ++i) {
+        float v = h[0][static_cast<std::size_t>(i)];
+        for (int k = 1; k < cs.shards; ++k) v = max ? std::max(v, h[k][static_cast<std::size_t>(i)]) : v + h[k][static_cast<std::size_t>(i)];
+        for (auto& hk : h) hk[static_cast<std::size_t>(i)] = v;
+      }
+      for (int k = 0; k < cs.shards; ++k)
+        DPML_CHECK_CUDA(cudaMemcpy(stats[k].ptr, h[k].data(), h[k].size() * sizeof(float), cudaMemcpyHostToDevice));
+    };
+    all_reduce(0, N, true);
+    for (auto& st : stats) kc::vocab_parallel_xent_rescale(st.ptr, N, nullptr);
+    all_reduce(N, 2 * N, false);
+    for (int k = 0; k < cs.shards; ++k)
+      kc::vocab_parallel_xent_finish(x[k].ptr, tgt.ptr, stats[k].ptr, loss[k].ptr, dloss, N, Vl, k * Vl, cs.V_real, nullptr);
+
+    std::vector<double> rloss(static_cast<std::size_t>(N)), rdx(hx.size(), 0.0);
+    const auto dx = test::to_double(hx);
+    for (std::int64_t r = 0; r < N; ++r) {
+      const auto t = ht[static_cast<std::size_t>(r)];
+      if (t < 0) continue;
+      std::vector<double> p(dx.begin() + r * cs.V, dx.begin() + r * cs.V + cs.V_real);
+      kh::softmax_row(p.data(), p.data(), cs.V_real);
+      rloss[static_cast<std::size_t>(r)] = -std::log(p[static_cast<std::size_t>(t)]);
+      for (std::int64_t j = 0; j < cs.V_real; ++j)
+        rdx[static_cast<std::size_t>(r * cs.V + j)] = (p[static_cast<std::size_t>(j)] - (j == t)) * dloss;
+    }
+    std::vector<T> got(hx.size());
+    for (int k = 0; k < cs.shards; ++k) {
+      CAPTURE(k);
+      CHECK(test::rel_l2(loss[k].download(), rloss) <= test::kFp32Tol * 10);  // every shard the whole row's loss
+      const auto part = x[k].download();
+      for (std::int64_t r = 0; r < N; ++r) std::copy_n(part.begin() + r * Vl, Vl, got.begin() + r * cs.V + k * Vl);
+    }
+    CHECK(test::rel_l2(got, rdx) <= (std::is_same_v<T, float> ? test::kFp32Tol * 10 : test::kBf16Tol));
+    int padding_nonzero = 0;
+    for (std::int64_t r = 0; r < N; ++r)
       for (std::int64_t j = cs.V_real; j < cs.V; ++j) padding_nonzero += test::as_double(got[r * cs.V + j]) != 0.0;
     CHECK(padding_nonzero == 0);
   }

@@ -1,5 +1,6 @@
-// Tensor-parallel GPT on GPUs (models/cuda/gpt.hpp at tp = 2: one attention head and half the MLP
-// per rank) against a lone model (tp = 1). The tiny model of gpt_fixture.hpp (L=2, C=64, H=2, V=67,
+// Tensor-parallel GPT on GPUs (models/cuda/gpt.hpp at tp = 2: one attention head, half the MLP and
+// half of wte's rows — the vocabulary-parallel embedding and cross-entropy — per rank) against a
+// lone model (tp = 1). The tiny model of gpt_fixture.hpp (L=2, C=64, H=2, V=67,
 // T=32, batch 4 per tensor group), weights from init_random(11), AdamW with clipping at 1.0. On 2
 // ranks tp 2 × dp 1; on 4 ranks tp 2 × dp 2 (parallel::ProcessGrid): each tensor group takes its
 // slice of the batch, its gradients averaged over the data axis by GradientSync beside the
@@ -8,7 +9,8 @@
 //
 //   same model    init_random gives the lone model's full weights bit for bit (read_state gathers
 //                 the split tensors), from a smaller flat buffer per rank; write_state then
-//                 read_state of a row-split and a column-split tensor gives it back exactly
+//                 read_state of a row-split, a column-split and the vocabulary-parallel wte (rows
+//                 split with padding) gives it back exactly
 //   one step      the loss bit-identical on the ranks of a tensor group; the global gradient norm
 //                 equal, to 1e-6 relative, to the norm of the gathered gradients (each element of
 //                 the full model counted once: a replicated tensor counted on both tensor ranks, or
@@ -17,7 +19,7 @@
 //                 step's gathered gradients within relative L2 2e-2 per tensor, 10 steps' losses
 //                 within 2e-2, every weight tensor within 0.2 of the distance it travelled; then
 //                 the full weights bit-identical on every rank (the replicated tensors — LayerNorms,
-//                 wte, wpe, c_proj biases — agree over the tensor axis without communication)
+//                 wpe, c_proj biases — agree over the tensor axis without communication)
 //   ZeRO-1        a DistributedOptimizer over the data axis instead of GradientSync, 10 steps on the
 //                 same slices: losses and norms within 1e-6 relative over NCCL (1e-2 over
 //                 comm::Staged: test_gpt_zero.cu's bounds), weights within that share of their travel,
@@ -120,7 +122,9 @@ TEST_CASE("GPU tensor parallel GPT: init_random gives the lone model's full weig
       REQUIRE(got.at(name).size() == w.size());
       CHECK(std::memcmp(got.at(name).data(), w.data(), w.size() * sizeof(float)) == 0);
     }
-    for (const std::string name : {"h.1.attn.c_proj.weight", "h.0.mlp.c_fc.weight"}) {  // split by columns, by rows
+    // split by columns, by rows, and by rows with padding (wte: V = 67 of Vp = 128 rows, the
+    // second rank's 64 holding 3 of the vocabulary)
+    for (const std::string name : {"h.1.attn.c_proj.weight", "h.0.mlp.c_fc.weight", "wte.weight"}) {
       std::vector<float> v(want.at(name).size()), back(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 1e-3f;
       tp.model.write_state(State::exp_avg, name, v);

@@ -14,6 +14,17 @@
 // Columns [V_real, V) are padding (GPT-2's vocabulary 50257 padded to 50304): they are left out of
 // the softmax and get zero gradient. A negative target marks an ignored row: zero loss, zero
 // gradient. `dloss` is the loss's scale (1/N for a mean over the rows). Losses are fp32, per row.
+//
+// Vocabulary-parallel (Megatron's, for a tensor-parallel LM head): each tensor rank holds the
+// logits of its columns [begin, begin + V) of the padded vocabulary; the same two passes, with
+// the row's max and Σ exp combined over the ranks between them by the caller's all-reduces of a
+// (4, N) fp32 workspace `stats` (4·N floats, not logits: 256 KiB at N = 16384):
+//   vocab_parallel_xent_stats     pass 1: stats[0] = stats[3] = this shard's max m, stats[1] =
+//                                 Σ exp(x − m), stats[2] = the target's logit if the shard holds it
+//   all-reduce (max) stats[0]     the row's max M over the vocabulary
+//   vocab_parallel_xent_rescale   stats[1] ·= exp(m − M)
+//   all-reduce (sum) stats[1..2]  Σ exp(x − M) over the vocabulary, and the target's logit
+//   vocab_parallel_xent_finish    pass 2: the loss (the same on every rank) and dlogits in place
 
 #include "dpml/kernels/cuda/common.hpp"
 
@@ -35,15 +46,13 @@ __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   m = mx;
 }
 
+// Pass 1 over a row's first `count` logits: (max m, Σ exp(x − m)), online per thread, then merged
+// over the block; every thread returns the block's pair.
 template <class T>
-__global__ void __launch_bounds__(kThreads)
-    forward_backward_kernel(T* logits, const std::int32_t* __restrict__ targets, float* __restrict__ losses,
-                            float dloss, std::int64_t V, std::int64_t V_real) {
+__device__ __forceinline__ float2 row_max_sum(const T* x, std::int64_t count) {
   __shared__ float sm[kThreads / 32], ss[kThreads / 32];
-  T* x = logits + static_cast<std::int64_t>(blockIdx.x) * V;  // (V)
-  const std::int32_t target = targets[blockIdx.x];
   float m = -INFINITY, s = 0.f;
-  for (std::int64_t j = threadIdx.x; j < V_real; j += kThreads) {
+  for (std::int64_t j = threadIdx.x; j < count; j += kThreads) {
     const float v = load_f(x[j]);
     if (v > m) {
       s = s * __expf(m - v) + 1.f;
@@ -62,16 +71,73 @@ __global__ void __launch_bounds__(kThreads)
   m = lane < kThreads / 32 ? sm[lane] : -INFINITY;
   s = lane < kThreads / 32 ? ss[lane] : 0.f;
   for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-  const float lse = m + logf(s);  // every thread holds the row's logsumexp
+  return make_float2(m, s);
+}
+
+// Pass 2 over a row of V logits, of which the first `count` are real: dlogits = (exp(x − lse) −
+// [j = target]) · scale in place, zero on the padding (target: the row's, in this row's columns;
+// outside them it matches no j).
+template <class T>
+__device__ __forceinline__ void write_dlogits(T* x, std::int64_t V, std::int64_t count, float lse, std::int64_t target,
+                                              float scale) {
+  for (std::int64_t j = threadIdx.x; j < V; j += kThreads) {
+    const float p = j < count ? __expf(load_f(x[j]) - lse) : 0.f;
+    x[j] = from_f<T>((p - (j == target ? 1.f : 0.f)) * scale);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    forward_backward_kernel(T* logits, const std::int32_t* __restrict__ targets, float* __restrict__ losses,
+                            float dloss, std::int64_t V, std::int64_t V_real) {
+  T* x = logits + static_cast<std::int64_t>(blockIdx.x) * V;  // (V)
+  const std::int32_t target = targets[blockIdx.x];
+  const float2 ms = row_max_sum(x, V_real);
+  const float lse = ms.x + logf(ms.y);  // every thread holds the row's logsumexp
 
   const bool ignored = target < 0;
   if (threadIdx.x == 0) losses[blockIdx.x] = ignored ? 0.f : lse - load_f(x[target]);
   __syncthreads();  // the target logit is read before pass 2 overwrites it
-  const float scale = ignored ? 0.f : dloss;
-  for (std::int64_t j = threadIdx.x; j < V; j += kThreads) {
-    const float p = j < V_real ? __expf(load_f(x[j]) - lse) : 0.f;
-    x[j] = from_f<T>((p - (j == target ? 1.f : 0.f)) * scale);
+  write_dlogits(x, V, V_real, lse, target, ignored ? 0.f : dloss);
+}
+
+// The columns [begin, begin + V) of a padded vocabulary of V_real real columns: how many are real.
+__host__ __device__ inline std::int64_t real_in_shard(std::int64_t begin, std::int64_t V, std::int64_t V_real) {
+  return V_real <= begin ? 0 : (V_real - begin < V ? V_real - begin : V);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    vocab_parallel_stats_kernel(const T* logits, const std::int32_t* __restrict__ targets, float* __restrict__ stats,
+                                std::int64_t N, std::int64_t V, std::int64_t begin, std::int64_t V_real) {
+  const T* x = logits + static_cast<std::int64_t>(blockIdx.x) * V;
+  const float2 ms = row_max_sum(x, real_in_shard(begin, V, V_real));
+  if (threadIdx.x == 0) {
+    const std::int64_t t = targets[blockIdx.x] - begin;
+    stats[blockIdx.x] = stats[3 * N + blockIdx.x] = ms.x;
+    stats[N + blockIdx.x] = ms.y;
+    stats[2 * N + blockIdx.x] = t >= 0 && t < V ? load_f(x[t]) : 0.f;
   }
+}
+
+__global__ void vocab_parallel_rescale_kernel(float* stats, std::int64_t N) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  const float m = stats[3 * N + i], M = stats[i];
+  stats[N + i] = m == -INFINITY ? 0.f : stats[N + i] * __expf(m - M);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    vocab_parallel_finish_kernel(T* logits, const std::int32_t* __restrict__ targets, const float* __restrict__ stats,
+                                 float* __restrict__ losses, float dloss, std::int64_t N, std::int64_t V,
+                                 std::int64_t begin, std::int64_t V_real) {
+  T* x = logits + static_cast<std::int64_t>(blockIdx.x) * V;
+  const std::int32_t target = targets[blockIdx.x];
+  const float lse = stats[blockIdx.x] + logf(stats[N + blockIdx.x]);
+  const bool ignored = target < 0;
+  if (threadIdx.x == 0) losses[blockIdx.x] = ignored ? 0.f : lse - stats[2 * N + blockIdx.x];
+  write_dlogits(x, V, real_in_shard(begin, V, V_real), lse, target - begin, ignored ? 0.f : dloss);
 }
 
 }  // namespace detail::xent
@@ -87,6 +153,40 @@ void softmax_cross_entropy(T* logits, const std::int32_t* targets, float* losses
   DPML_REQUIRE(N < (std::int64_t{1} << 31), "softmax_cross_entropy: " << N << " rows is too many for one grid");
   detail::xent::forward_backward_kernel<<<static_cast<unsigned>(N), detail::xent::kThreads, 0, stream>>>(
       logits, targets, losses, dloss, V, V_real);
+  DPML_CHECK_LAUNCH();
+}
+
+// Vocabulary-parallel cross-entropy (header comment): logits (N, V), this rank's columns
+// [begin, begin + V) of the padded vocabulary; targets (N) global ids in [0, V_real) or negative;
+// stats (4, N) fp32. Pass 1:
+template <class T>
+void vocab_parallel_xent_stats(const T* logits, const std::int32_t* targets, float* stats, std::int64_t N,
+                               std::int64_t V, std::int64_t begin, std::int64_t V_real, cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  DPML_REQUIRE(begin >= 0 && V > 0 && V_real > 0, "vocab-parallel cross entropy: shard [" << begin << ", " << begin + V
+                                                     << ") of " << V_real << " real columns");
+  if (N == 0) return;
+  DPML_REQUIRE(N < (std::int64_t{1} << 31), "vocab-parallel cross entropy: " << N << " rows is too many for one grid");
+  detail::xent::vocab_parallel_stats_kernel<<<static_cast<unsigned>(N), detail::xent::kThreads, 0, stream>>>(
+      logits, targets, stats, N, V, begin, V_real);
+  DPML_CHECK_LAUNCH();
+}
+// After the all-reduce (max) of stats[0]:
+inline void vocab_parallel_xent_rescale(float* stats, std::int64_t N, cudaStream_t stream) {
+  if (N == 0) return;
+  detail::xent::vocab_parallel_rescale_kernel<<<grid_for(N, 256), 256, 0, stream>>>(stats, N);
+  DPML_CHECK_LAUNCH();
+}
+// After the all-reduce (sum) of stats[1..2]: losses (N) and dlogits over the logits, as
+// softmax_cross_entropy's.
+template <class T>
+void vocab_parallel_xent_finish(T* logits, const std::int32_t* targets, const float* stats, float* losses, float dloss,
+                                std::int64_t N, std::int64_t V, std::int64_t begin, std::int64_t V_real,
+                                cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  if (N == 0) return;
+  detail::xent::vocab_parallel_finish_kernel<<<static_cast<unsigned>(N), detail::xent::kThreads, 0, stream>>>(
+      logits, targets, stats, losses, dloss, N, V, begin, V_real);
   DPML_CHECK_LAUNCH();
 }
 

@@ -5,8 +5,9 @@
 //
 // Memory, all allocated at construction for one (B, T) — a step never reaches cudaMalloc:
 //   params   one flat bf16 buffer: every tensor at a 64-element-aligned offset (16-byte aligned
-//            slices for cuBLASLt and the vector loads), wte padded to Vp = V rounded up to 128 rows
-//            (the pad rows stay zero: the cross-entropy gives their logits zero gradient)
+//            slices for cuBLASLt and the vector loads), wte padded to Vp = V rounded up to a
+//            multiple of 128 that tp divides (the pad rows stay zero: the cross-entropy gives their
+//            logits zero gradient)
 //   master   fp32 copy of params (AdamW updates it and rounds it into params)
 //   grads    bf16, same layout. Why bf16: with one micro-batch per step every gradient is written
 //            once (micro-batches accumulate in bf16: one more rounding per micro-batch), the GEMMs
@@ -18,6 +19,7 @@
 //   acts     one buffer for the saved activations of all blocks and the backward scratch; per
 //            block x, ln_1, qkv, attention output, r1 = x + attention, ln_2, pre-GELU (16·B·T·C
 //            bf16 with the GELU output, 12 with recompute_gelu), plus the (B, T, Vp) logits
+//            (Vp / tp under tensor parallelism)
 //
 // Step: zero_grad → forward_backward(tokens, targets) (loss mean over B·T, dlogits in place) →
 // update(lr, step): global grad norm (CUB) → clip coefficient on the device → fused AdamW that
@@ -82,12 +84,19 @@
 //               hidden units) are all-reduced in the input-gradient pass (B), before the LayerNorm
 //               backward reads them; the row-parallel layers need none (their output gradient is
 //               whole on every rank). A delayed W reads the reduced ones.
-//   replicated  LayerNorms, wte (and the tied LM head), wpe, ln_f and the c_proj biases: every
-//               tensor rank computes them from the same whole activations and output gradients
-//               (an all-reduce leaves the same bits on every rank), so their gradients and updates
-//               agree on all tensor ranks without communication. Not done yet: a vocab-parallel
-//               embedding + cross-entropy, which would divide by tp the LM head's GEMMs, the
-//               (B, T, Vp) logits and wte's gradient and optimizer state (now on every tensor rank)
+//   vocabulary  wte (and the tied LM head) row-parallel (Megatron's vocab-parallel embedding and
+//               cross-entropy): tensor rank k holds rows [k·Vp/tp, (k+1)·Vp/tp) of the padded
+//               table (Vp divisible by tp). The embedding looks up the tokens in its rows (zeros
+//               for the others) and one all-reduce composes the rows; the head computes the
+//               logits of its columns only, (B, T, Vp/tp), and the cross-entropy combines the
+//               rows' max and Σ exp over the tensor axis (kernels/cuda/cross_entropy.hpp:
+//               vocab_parallel_xent_*, two all-reduces of B·T and 2·B·T floats); d ln_f, a
+//               partial sum over the rank's columns, is all-reduced. The head's GEMMs, the
+//               logits, and wte's gradient and optimizer state are divided by tp
+//   replicated  LayerNorms, wpe, ln_f and the c_proj biases: every tensor rank computes them from
+//               the same whole activations and output gradients (an all-reduce leaves the same
+//               bits on every rank), so their gradients and updates agree on all tensor ranks
+//               without communication
 //   grad norm   over the full model, each element once: tensor rank 0 sums its whole buffer (a
 //               last pipeline stage without its tied copy of wte), the others their shards only
 //               (kernels/cuda/grad_norm.hpp: grad_norm_squared_ranges), then one all-reduce (sum)
@@ -172,7 +181,11 @@ struct GptCudaConfig {
                                 // the saved pre-activation in the backward (−1.2 GiB at GPT-2 124M,
                                 // B=16, T=1024; one extra element-wise pass per block)
   LossScaleOptions loss_scale;  // the Fp16 policy's dynamic loss scale (unused by Bf16)
-  std::int64_t padded_vocab() const { return (vocab + 127) / 128 * 128; }
+  // V rounded up to a multiple of 128 that tp divides (wte's rows are split over the tensor ranks).
+  std::int64_t padded_vocab(int tp = 1) const {
+    const std::int64_t m = std::lcm<std::int64_t>(128, tp);
+    return (vocab + m - 1) / m * m;
+  }
   // Parameters of the whole unpadded model (what FLOP counts use), whatever the layout.
   std::int64_t parameter_count() const {
     return vocab * dim + max_seq * dim + layers * (12 * dim * dim + 13 * dim) + 2 * dim;
@@ -206,36 +219,39 @@ enum class Split { none, rows, cols };
 
 
 // One tensor of the flat buffers: name, this rank's part (rows, cols; cols = 1 for vectors) at
-// offset, and how the full host tensor is made of the parts.
+// offset, and how the full host tensor is made of the parts. The device may pad a tensor's rows
+// (wte: Vp rows for the host's V): the padding rows are zero and the host never sees them.
 struct Slot {
   std::string name;
   std::int64_t rows = 0, cols = 1, offset = 0;
-  std::int64_t host_rows = 0;  // rows of the part the host sees (wte: V, the device pads to Vp)
+  std::int64_t full_rows = 0;  // rows of the full host tensor (wte: V)
   Split split = Split::none;
   int parts = 1;               // tensor ranks sharing the tensor out (tp when split, else 1)
-  std::int64_t numel() const { return rows * cols; }
-  std::int64_t part_numel() const { return host_rows * cols; }      // host elements of this rank's part
-  std::int64_t host_numel() const { return part_numel() * parts; }  // of the full host tensor
-  // full host tensor (host_numel) → this rank's part (part_numel), `rank` of `parts`
+  std::int64_t numel() const { return rows * cols; }  // of this rank's part, padding included
+  std::int64_t host_numel() const { return full_rows * cols * (split == Split::cols ? parts : 1); }
+  // full host tensor (host_numel) → this rank's part (numel; its padding rows zero), `rank` of `parts`
   void keep_part(const float* full, float* part, int rank) const {
     if (split == Split::cols) {
       const std::int64_t full_cols = cols * parts;
-      for (std::int64_t r = 0; r < host_rows; ++r) std::copy_n(full + r * full_cols + rank * cols, cols, part + r * cols);
-    } else {
-      std::copy_n(full + (split == Split::rows ? rank * part_numel() : 0), part_numel(), part);
+      for (std::int64_t r = 0; r < rows; ++r) std::copy_n(full + r * full_cols + rank * cols, cols, part + r * cols);
+      return;
     }
+    const std::int64_t first = split == Split::rows ? rank * rows : 0;  // of the full tensor's rows
+    const std::int64_t count = std::clamp<std::int64_t>(full_rows - first, 0, rows);
+    std::copy_n(full + first * cols, count * cols, part);
+    std::fill(part + count * cols, part + numel(), 0.f);
   }
-  // every rank's part, in tensor-rank order (parts × part_numel) → the full host tensor
+  // every rank's part, in tensor-rank order (parts × numel) → the full host tensor
   template <class T>
   void assemble(const T* all_parts, T* full) const {
-    if (split != Split::cols) {
+    if (split != Split::cols) {  // the parts' rows stacked: the padded tensor, whose first rows the host's
       std::copy_n(all_parts, host_numel(), full);
       return;
     }
     const std::int64_t full_cols = cols * parts;
     for (int k = 0; k < parts; ++k)
-      for (std::int64_t r = 0; r < host_rows; ++r)
-        std::copy_n(all_parts + k * part_numel() + r * cols, cols, full + r * full_cols + k * cols);
+      for (std::int64_t r = 0; r < rows; ++r)
+        std::copy_n(all_parts + k * numel() + r * cols, cols, full + r * full_cols + k * cols);
   }
 };
 
@@ -276,12 +292,13 @@ class Gpt {
     DPML_REQUIRE_EVERYWHERE(cfg.heads % tp_ == 0, "GPT (cuda): heads " << cfg.heads << " are not divisible by the "
                                                   << "tensor-parallel degree --tp " << tp_ << " (each tensor rank "
                                                   << "takes whole attention heads)");
-    Vp_ = cfg.padded_vocab();
+    Vp_ = cfg.padded_vocab(tp_);
+    Vl_ = Vp_ / tp_;
     // Parameter layout: this stage's tensors in the host model's order, except that a whole model
     // holds wte last, so that the tied LM head's gradient (written first) is a bucket at the
     // buffer's end for a data-parallel reduction (set_gradient_sync).
     const bool whole = first_ && last_;
-    auto add_wte = [&] { wte_ = add("wte.weight", Vp_, C, Split::none, cfg.vocab); };
+    auto add_wte = [&] { wte_ = add("wte.weight", Vp_, C, tp_ > 1 ? Split::rows : Split::none, cfg.vocab); };
     if (first_ != last_) add_wte();
     if (first_) wpe_ = add("wpe.weight", cfg.max_seq, C);
     for (std::int64_t l = range_.first; l < range_.first + range_.count; ++l) {
@@ -307,7 +324,7 @@ class Gpt {
     }
     if (whole) add_wte();
     n_params_ = total_;
-    norm_begin_ = last_ && !first_ ? detail::align_up(Vp_ * C) : 0;  // the tied copy: stage 0 counts wte
+    norm_begin_ = last_ && !first_ ? detail::align_up(Vl_ * C) : 0;  // the tied copy: stage 0 counts wte
     if (tp_ > 1) norm_ranges_ = counted_ranges();
 
     DPML_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -396,7 +413,7 @@ class Gpt {
   // reduction finished — wte's buckets, held back until now (wte lies first in a stage's buffer).
   void finish_tied_gradients() {
     if (!tied_pair_) return;
-    tied_pair_->allreduce(grads_ + wte_, static_cast<std::size_t>(Vp_ * cfg_.dim), comm::ReduceOp::sum);
+    tied_pair_->allreduce(grads_ + wte_, static_cast<std::size_t>(Vl_ * cfg_.dim), comm::ReduceOp::sum);
     if (sync_) sync_->finish();
   }
   // Whether the attached listener's path for the tied wte gradient is the gather (listen() below):
@@ -424,7 +441,7 @@ class Gpt {
     if (zero_ && !tensor_) {
       zero_->read(which, static_cast<std::size_t>(s.offset), dst);
     } else if (zero_) {  // this rank's part from its owners over the data axis, then the parts over the tensor axis
-      std::vector<float> part(static_cast<std::size_t>(s.part_numel()));
+      std::vector<float> part(static_cast<std::size_t>(s.numel()));
       zero_->read(which, static_cast<std::size_t>(s.offset), part);
       float* staged = nullptr;
       DPML_CHECK_CUDA(cudaMalloc(&staged, part.size() * sizeof(float)));
@@ -442,7 +459,7 @@ class Gpt {
   void write_state(State which, const std::string& name, std::span<const float> src) {
     const auto& s = slot(name);
     check_span(s, src.size());
-    std::vector<float> part(static_cast<std::size_t>(s.part_numel()));
+    std::vector<float> part(static_cast<std::size_t>(s.numel()));
     s.keep_part(src.data(), part.data(), tp_rank_);
     // On the model's stream: it is non-blocking, and a cudaMemcpy from pageable memory may return
     // before its DMA lands, so a plain cudaMemcpy would race the stream's later reads.
@@ -674,11 +691,12 @@ class Gpt {
   std::int64_t add(const std::string& name, std::int64_t rows, std::int64_t cols, Split split = Split::none,
                    std::int64_t host_rows = -1) {
     const int parts = split == Split::none ? 1 : tp_;
+    const std::int64_t full_rows = host_rows < 0 ? rows : host_rows;
     if (split == Split::rows) rows /= parts;
     if (split == Split::cols) cols /= parts;
     const std::int64_t off = total_;
-    slots_.push_back({.name = name, .rows = rows, .cols = cols, .offset = off,
-                      .host_rows = host_rows < 0 ? rows : host_rows, .split = split, .parts = parts});
+    slots_.push_back({.name = name, .rows = rows, .cols = cols, .offset = off, .full_rows = full_rows, .split = split,
+                      .parts = parts});
     total_ = detail::align_up(off + rows * cols);
     return off;
   }
@@ -690,18 +708,19 @@ class Gpt {
   }
   // The ranges of the flat buffer whose squared gradients this rank adds to the global norm (tp > 1):
   // on tensor rank 0 all of it from norm_begin_ (a last stage leaves out its tied copy of wte); on
-  // the others their split tensors only (consecutive ones, with the zero padding between them, as
-  // one range). Replicated tensors are thus counted once.
+  // the others their split tensors only, the tied copy's rows left out too (consecutive ones, with
+  // the zero padding between them, as one range). Replicated tensors are thus counted once.
   detail::kc::NormRanges counted_ranges() const {
     std::vector<std::pair<std::int64_t, std::int64_t>> ranges;  // [first, end)
     if (tp_rank_ == 0) {
       ranges.emplace_back(norm_begin_, n_params_);
     } else {
-      for (std::size_t i = 0; i < slots_.size(); ++i) {
-        const detail::Slot& s = slots_[i];
-        if (s.split == Split::none) continue;
-        if (i > 0 && slots_[i - 1].split != Split::none) ranges.back().second = s.offset + s.numel();
-        else ranges.emplace_back(s.offset, s.offset + s.numel());
+      bool open = false;  // the last range ends where the previous slot, a counted one, ends
+      for (const detail::Slot& s : slots_) {
+        const bool counted = s.split != Split::none && s.offset >= norm_begin_;  // not a last stage's tied copy
+        if (counted && open) ranges.back().second = s.offset + s.numel();
+        else if (counted) ranges.emplace_back(s.offset, s.offset + s.numel());
+        open = counted;
       }
     }
     detail::kc::NormRanges r;
@@ -753,10 +772,10 @@ class Gpt {
   // ranks' parts gathered when s is split (a collective over the tensor axis), else a copy.
   template <class T>
   void gather_full(const T* mine, const detail::Slot& s, T* full) const {
-    const auto part = static_cast<std::size_t>(s.part_numel());
+    const auto part = static_cast<std::size_t>(s.numel());
     if (!tensor_ || s.split == Split::none) {
       DPML_CHECK_CUDA(cudaStreamSynchronize(stream_));
-      DPML_CHECK_CUDA(cudaMemcpy(full, mine, part * sizeof(T), cudaMemcpyDeviceToHost));
+      DPML_CHECK_CUDA(cudaMemcpy(full, mine, static_cast<std::size_t>(s.host_numel()) * sizeof(T), cudaMemcpyDeviceToHost));
       return;
     }
     std::vector<T> parts(part * static_cast<std::size_t>(tp_));  // (tp, part)
@@ -822,7 +841,8 @@ class Gpt {
       lnf_ = carver_.take<Act>(n * C);
       lnf_mean_ = carver_.take<float>(n);
       lnf_rstd_ = carver_.take<float>(n);
-      logits_ = carver_.take<Act>(n * Vp_);
+      logits_ = carver_.take<Act>(n * Vl_);
+      if (tp_ > 1) xent_stats_ = carver_.take<float>(4 * n);
       losses_ = carver_.take<float>(n);
     }
     inputs_.clear();
@@ -1048,18 +1068,22 @@ class Gpt {
     return d;
   }
 
+  // Under tp each rank looks up the tokens of its rows of wte (zeros for the others), and one
+  // all-reduce composes the whole rows (one non-zero term each: exact) before wpe is added.
   void embed(const std::int32_t* tokens, Act* x0) {
+    const std::int64_t begin = tp_rank_ * Vl_;
     timed(Family::embedding, [&] {
-      detail::kc::embedding_token_forward(tokens, params_ + wte_, x0, N(), cfg_.dim, 0, cfg_.vocab, stream_);
-      detail::kc::embedding_position_forward(params_ + wpe_, x0, B_, T_, cfg_.dim, stream_);
+      detail::kc::embedding_token_forward(tokens, params_ + wte_, x0, N(), cfg_.dim, begin, begin + Vl_, stream_);
     });
+    tensor_all_reduce(x0, N() * cfg_.dim);
+    timed(Family::embedding, [&] { detail::kc::embedding_position_forward(params_ + wpe_, x0, B_, T_, cfg_.dim, stream_); });
   }
   // wpe's gradient and, with token_rows, this rank's rows of wte's.
   void embedding_backward(const std::int32_t* tokens, const Act* dx0, bool token_rows) {
     timed(Family::embedding, [&] {
       if (token_rows)
-        detail::kc::embedding_token_backward(tokens, dx0, grads_ + wte_, N(), cfg_.dim, 0, cfg_.vocab, cfg_.vocab,
-                                             emb_ws_, emb_ws_bytes_, stream_);
+        detail::kc::embedding_token_backward(tokens, dx0, grads_ + wte_, N(), cfg_.dim, tp_rank_ * Vl_,
+                                             (tp_rank_ + 1) * Vl_, cfg_.vocab, emb_ws_, emb_ws_bytes_, stream_);
       detail::kc::embedding_position_backward(dx0, grads_ + wpe_, B_, T_, cfg_.dim, stream_);
     });
   }
@@ -1075,7 +1099,7 @@ class Gpt {
     sync_ = sync;
     DPML_CHECK_CUDA(cudaFree(std::exchange(gathered_.memory, nullptr)));
     const std::int64_t K = sync ? sync->ranks() : 1;
-    const bool fewer_bytes = K * N() < 2 * Vp_;
+    const bool fewer_bytes = K * N() < 2 * Vl_;
     if (!(first_ && last_) || K == 1 || tied == TiedGradSync::all_reduce || (tied == TiedGradSync::automatic && !fewer_bytes))
       return;
     gathered_.rows = K * N();
@@ -1143,27 +1167,40 @@ class Gpt {
     namespace epi = detail::kc::epilogue;
     const std::int64_t n = N(), C = cfg_.dim;
     layer_norm(x_final_, lnf_w_, lnf_b_, lnf_, lnf_mean_, lnf_rstd_);
-    linear<epi::None>(lnf_, wte_, -1, logits_, C, Vp_, false);
-    timed(Family::cross_entropy, [&] {
-      detail::kc::softmax_cross_entropy(logits_, targets, losses_,
-                                        static_cast<float>(step_scale_ / (static_cast<double>(n) * micro_batches_)), n, Vp_, cfg_.vocab,
-                                        stream_);
-    });
+    linear<epi::None>(lnf_, wte_, -1, logits_, C, Vl_, false);
+    const auto dloss = static_cast<float>(step_scale_ / (static_cast<double>(n) * micro_batches_));
+    if (!tensor_) {
+      timed(Family::cross_entropy, [&] {
+        detail::kc::softmax_cross_entropy(logits_, targets, losses_, dloss, n, Vp_, cfg_.vocab, stream_);
+      });
+    } else {  // this rank's columns; the rows' max and Σ exp over the tensor axis (cross_entropy.hpp)
+      const std::int64_t begin = tp_rank_ * Vl_;
+      timed(Family::cross_entropy, [&] {
+        detail::kc::vocab_parallel_xent_stats(logits_, targets, xent_stats_, n, Vl_, begin, cfg_.vocab, stream_);
+      });
+      timed(Family::tp_allreduce, [&] { tensor_->allreduce(xent_stats_, static_cast<std::size_t>(n), comm::ReduceOp::max); });
+      timed(Family::cross_entropy, [&] { detail::kc::vocab_parallel_xent_rescale(xent_stats_, n, stream_); });
+      timed(Family::tp_allreduce, [&] { tensor_->allreduce(xent_stats_ + n, static_cast<std::size_t>(2 * n), comm::ReduceOp::sum); });
+      timed(Family::cross_entropy, [&] {
+        detail::kc::vocab_parallel_xent_finish(logits_, targets, xent_stats_, losses_, dloss, n, Vl_, begin, cfg_.vocab, stream_);
+      });
+    }
     DPML_CHECK_CUDA(cudaMemcpyAsync(host_losses_, losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     if (!train) return;
     // dlnf = dlogits · wte; dwte = dlogitsᵀ · lnf (in a whole model the first writer of the tied
-    // gradient; the embedding's backward adds to it).
+    // gradient; the embedding's backward adds to it). Under tp both over this rank's rows of wte.
     timed(Family::gemm, [&] {
       detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::no, .tb = Trans::no, .M = n, .N = C,
-                                                                    .K = Vp_, .A = logits_, .lda = Vp_,
+                                                                    .K = Vl_, .A = logits_, .lda = Vl_,
                                                                     .B = params_ + wte_, .ldb = C, .C = dsmall_, .ldc = C},
                                   stream_);
-      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::yes, .tb = Trans::no, .M = Vp_, .N = C,
-                                                                    .K = n, .A = logits_, .lda = Vp_, .B = lnf_,
+      detail::kc::gemm<epi::None>(gemm_, detail::kc::GemmArgs<Act>{.ta = Trans::yes, .tb = Trans::no, .M = Vl_, .N = C,
+                                                                    .K = n, .A = logits_, .lda = Vl_, .B = lnf_,
                                                                     .ldb = C, .C = grads_ + wte_, .ldc = C,
                                                                     .beta = grad_beta()},
                                   stream_);
     });
+    tensor_all_reduce(dsmall_, n * C);  // under tp each rank's columns gave a partial dlnf
     layer_norm_backward_input(dsmall_, x_final_, lnf_w_, lnf_mean_, lnf_rstd_, nullptr, dout);
     layer_norm_backward_weight(dsmall_, x_final_, lnf_w_, lnf_b_, lnf_mean_, lnf_rstd_);
   }
@@ -1203,8 +1240,9 @@ class Gpt {
     if (sync && !tied_pair_) sync->finish();  // a tied stage's comes after the sum: finish_tied_gradients
     if (gather) {  // every rank's rows, averaged, into the averaged head gradient: the same on every rank
       timed(Family::embedding, [&] {
-        detail::kc::embedding_token_backward(gathered_.tokens, gathered_.dx, grads_ + wte_, gathered_.rows, cfg_.dim, 0,
-                                             cfg_.vocab, cfg_.vocab, gathered_.workspace, gathered_.workspace_bytes,
+        detail::kc::embedding_token_backward(gathered_.tokens, gathered_.dx, grads_ + wte_, gathered_.rows, cfg_.dim,
+                                             tp_rank_ * Vl_, (tp_rank_ + 1) * Vl_, cfg_.vocab, gathered_.workspace,
+                                             gathered_.workspace_bytes,
                                              stream_, 1.f / static_cast<float>(sync->ranks()), N());
       });
     }
@@ -1212,6 +1250,7 @@ class Gpt {
 
   GptCudaConfig cfg_;
   std::int64_t B_, T_, Vp_ = 0;
+  std::int64_t Vl_ = 0;  // wte's rows on this rank: Vp / tp (vocabulary-parallel under tp)
   GptStagePlan plan_;
   bool first_, last_;                             // pipeline stage 0 / p − 1 (both: a whole model)
   parallel::pipeline::StageBlocks range_;         // the global blocks this stage holds
@@ -1260,7 +1299,8 @@ class Gpt {
   std::vector<std::vector<BlockGrads>> weight_grad_sets_;  // (weight_grad_sets, blocks) kept for a delayed W
   Act *x_final_ = nullptr, *lnf_ = nullptr;  // (B, T, C) last stage
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
-  Act* logits_ = nullptr;  // (B, T, Vp), dlogits after the cross-entropy
+  Act* logits_ = nullptr;  // (B, T, Vp / tp), dlogits after the cross-entropy
+  float* xent_stats_ = nullptr;  // (4, B·T) under tp: the vocabulary-parallel cross-entropy's
   float* losses_ = nullptr; // (B·T)
   Act *dres_ = nullptr, *dtmp_ = nullptr, *dsmall_ = nullptr;  // (B, T, C)
   Act* dbig_ = nullptr;                                        // (B, T, 4C/tp): d gelu / d pre, then d qkv
