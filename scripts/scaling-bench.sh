@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Data-parallel scaling on one host with 2 GPUs or more: dpml against PyTorch DDP, in one job.
 #
-#   1. configure the cuda-openmpi preset, build gpt_train, bench_allreduce and the NCCL tests
+#   1. configure the cuda-openmpi preset, build gpt_train, bench_allreduce and (unless --no-tests) the NCCL tests
 #   2. ctest -L nccl: communicator collectives (NCCL and comm::Staged), the data-parallel GPT and
 #      ResNet, ZeRO-1, synchronised BatchNorm, tensor and pipeline parallel GPT, each against one GPU
 #   3. GPT-2 124M (B=16 per GPU, T=1024): dpml on 1 GPU and on K (bf16 and fp32 gradient
-#      reduction, the tied wte all-reduced whole instead of gathered: --tied-grad allreduce, and
-#      ZeRO-1: --use-distributed-optimizer); PyTorch eager on 1 and DDP on K
+#      reduction, the tied wte all-reduced whole instead of gathered: --tied-grad allreduce,
+#      ZeRO-1: --use-distributed-optimizer, and on 2 GPUs the buckets all-reduced on the copy
+#      engines: --dp-comm copy-engine); PyTorch eager on 1 and DDP on K
 #      (torchrun); with --compile also torch.compile
 #   4. the control for the scaling figure: K lone 1-GPU runs at once, one per GPU, with no
 #      communication — what sharing the host costs by itself (power, clocks, CPU)
-#   5. bench_allreduce on K ranks: comm::Nccl and GradientSync's buckets against raw NCCL busbw
+#   5. bench_allreduce on K ranks: comm::Nccl and GradientSync's buckets (over NCCL; on 2 ranks
+#      also over comm::CopyEngine) against raw NCCL busbw
 #   6. tables: tokens/s, scaling efficiency (K-GPU tokens/s / (K × 1-GPU tokens/s)), exposed
 #      communication, device memory per GPU (ZeRO-1's saving); the lone runs at once against the
 #      lone run, and each dpml K-GPU run against K × the slowest of them (the host's bound: a
@@ -46,8 +48,10 @@ export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
 build=build/cuda-openmpi
 results=${RESULTS:-$build/scaling-bench}
 source scripts/lib/gpu-build.sh
-gpu_build "$build" "$results" gpt_train bench_allreduce nccl_select_device test_nccl test_staged test_gpt_dp \
-  test_gpt_zero test_gpt_tp test_gpt_pp test_resnet_dp test_resnet_syncbn
+targets=(gpt_train bench_allreduce)
+[[ $tests == 1 ]] && targets+=(nccl_select_device test_nccl test_staged test_gpt_dp test_gpt_zero test_gpt_tp test_gpt_pp
+  test_resnet_dp test_resnet_syncbn)
+gpu_build "$build" "$results" "${targets[@]}"
 
 status=0
 if [[ $tests == 1 ]]; then
@@ -92,6 +96,7 @@ run gpt-dpml-$ranks scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}"
 run gpt-dpml-$ranks-fp32 scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --grad-reduce fp32
 run gpt-dpml-$ranks-tied-allreduce scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --tied-grad allreduce
 run gpt-dpml-$ranks-zero1 scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --use-distributed-optimizer
+[[ $ranks == 2 ]] && run gpt-dpml-2-copy-engine scripts/launch.sh -n 2 "$gpt" "${common[@]}" --dp-comm copy-engine
 modes=(eager)
 [[ $compile == 1 ]] && modes+=(compile)
 for mode in "${modes[@]}"; do
@@ -122,7 +127,7 @@ for name, r in runs.items():
     if name in at_once:
         continue
     ranks = r.get("ranks", 1)
-    base = runs.get(re.sub(r"-\d+(-fp32|-zero1|-tied-allreduce)?$", "-1", name))  # gpt-dpml-2-zero1 → gpt-dpml-1
+    base = runs.get(re.sub(r"-\d+(-fp32|-zero1|-tied-allreduce|-copy-engine)?$", "-1", name))  # gpt-dpml-2-zero1 → gpt-dpml-1
     eff = f"{r['tokens_per_s'] / (ranks * base['tokens_per_s']):.3f}" if base and ranks > 1 else ""
     exposed = f"{r['exposed_comm_ms']:.2f}" if "exposed_comm_ms" in r and ranks > 1 else ""
     print(f"| {name} | {ranks} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | {exposed} | {r['mem_gib']:.2f} | {eff} |")
@@ -168,13 +173,13 @@ if clocks:
         print(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]:.0f} | {c[4]:.0f} | {c[5]:.0f} | {c[6]} |")
 if ar:
     print()
-    print("| all-reduce | size | dpml busbw GB/s | bucketed | raw NCCL | dpml / NCCL | bucketed / NCCL |")
-    print("|---|---|---|---|---|---|---|")
+    print("| all-reduce | size | dpml busbw GB/s | bucketed | copy engines | raw NCCL | dpml / NCCL | bucketed / NCCL | copy engines / NCCL |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (dtype, size, path), bw in sorted(ar.items()):
         if path != "nccl":
             continue
-        dp, bk = ar.get((dtype, size, "dpml"), 0), ar.get((dtype, size, "bucketed"), 0)
-        print(f"| {dtype} | {size / 2**20:.0f} MiB | {dp:.1f} | {bk:.1f} | {bw:.1f} | {dp / bw:.3f} | {bk / bw:.3f} |")
+        dp, bk, ce = (ar.get((dtype, size, q), 0) for q in ("dpml", "bucketed", "copy-engine"))
+        print(f"| {dtype} | {size / 2**20:.0f} MiB | {dp:.1f} | {bk:.1f} | {ce:.1f} | {bw:.1f} | {dp / bw:.3f} | {bk / bw:.3f} | {ce / bw:.3f} |")
 EOF
 if [[ -n "${OUT:-}" ]]; then cp "$results"/*.txt "$OUT"/ 2>/dev/null || true; fi
 exit $status

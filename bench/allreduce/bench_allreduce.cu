@@ -4,6 +4,8 @@
 //   bucketed  parallel::cuda::GradientSync over the buffer (ncclAvg in --bucket-mb buckets cut from
 //             its end, as a model's gradients are reduced; its own communicator on the same stream):
 //             what bucketing for overlap costs when nothing overlaps
+//   copy-engine  the same buckets over comm::CopyEngine (2 ranks of one host only: the copy
+//             engines move the data, one kernel sums each half; gpt_train --dp-comm copy-engine)
 //   nccl      one raw ncclAllReduce (sum)
 //
 // One GPU per rank (comm::select_device); run under mpirun -n <GPUs> (scripts/launch.sh). Each
@@ -14,9 +16,10 @@
 // per link of a ring all-reduce, comparable across rank counts, as in nccl-tests).
 //
 // Prints one JSON object per (dtype, size, path) — {"bench":"allreduce","dtype":..,"bytes":..,
-// "path":"dpml"|"bucketed"|"nccl","ranks":..,"us":..,"algbw_GBps":..,"busbw_GBps":..} — then a Markdown table
+// "path":"dpml"|"bucketed"|"copy-engine"|"nccl","ranks":..,"us":..,"algbw_GBps":..,"busbw_GBps":..} — then a Markdown table
 // with dpml / raw NCCL busbw (the Step 5 target is ≥ 0.95 at ≥ 100 MB).
 
+#include <dpml/comm/copy_engine.hpp>
 #include <dpml/comm/launch.hpp>
 #include <dpml/comm/local_rank.hpp>
 #include <dpml/comm/nccl.hpp>
@@ -28,9 +31,12 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,11 +53,11 @@ struct Options {
 struct Row {
   std::string dtype;
   std::size_t bytes;
-  double us[3];     // Path order
-  double busbw[3];
+  double us[4];     // Path order (NaN: not run)
+  double busbw[4];
 };
-enum Path { dpml_path, bucketed_path, nccl_path, path_count };
-constexpr const char* kPathNames[path_count] = {"dpml", "bucketed", "nccl"};
+enum Path { dpml_path, bucketed_path, copy_engine_path, nccl_path, path_count };
+constexpr const char* kPathNames[path_count] = {"dpml", "bucketed", "copy-engine", "nccl"};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -69,11 +75,18 @@ void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, c
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   parallel::cuda::GradientSync<T> buckets(comm::Nccl::from(world, nccl.stream()), recv, n, nccl.stream(),
                                           {.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))});
+  std::optional<parallel::cuda::GradientSync<T, T, comm::CopyEngine>> copy_engine;  // two ranks only
+  if (world.size() == 2)
+    copy_engine.emplace(comm::CopyEngine::from(world, nccl.stream()), recv, n, nccl.stream(),
+                        parallel::cuda::GradientSyncOptions{.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))});
+  auto runs = [&](int path) { return path != copy_engine_path || copy_engine.has_value(); };
   auto call = [&](int path) {
     if (path == dpml_path)
       nccl.allreduce(send, recv, n, comm::ReduceOp::sum);
     else if (path == bucketed_path)
       buckets.finish();
+    else if (path == copy_engine_path)
+      copy_engine->finish();
     else
       DPML_CHECK_NCCL(ncclAllReduce(send, recv, n, comm::NcclType<T>::value, ncclSum, nccl.native(), nccl.stream()));
   };
@@ -81,11 +94,12 @@ void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, c
   DPML_CHECK_CUDA(cudaEventCreate(&start));
   DPML_CHECK_CUDA(cudaEventCreate(&stop));
   for (int path = 0; path < path_count; ++path)
-    for (int i = 0; i < o.warmup; ++i) call(path);
+    for (int i = 0; runs(path) && i < o.warmup; ++i) call(path);
   nccl.request().wait();
   std::vector<double> batches[path_count];
   for (int r = 0; r < o.repeats; ++r)
     for (int path = 0; path < path_count; ++path) {
+      if (!runs(path)) continue;
       DPML_CHECK_CUDA(cudaEventRecord(start, nccl.stream()));
       for (int i = 0; i < o.iters; ++i) call(path);
       DPML_CHECK_CUDA(cudaEventRecord(stop, nccl.stream()));
@@ -94,7 +108,8 @@ void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, c
       DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
       batches[path].push_back(1e3 * ms / o.iters);
     }
-  for (int path = 0; path < path_count; ++path) us[path] = world.allreduce(median(batches[path]), comm::ReduceOp::max);
+  for (int path = 0; path < path_count; ++path)
+    us[path] = runs(path) ? world.allreduce(median(batches[path]), comm::ReduceOp::max) : std::numeric_limits<double>::quiet_NaN();
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaFree(send);
@@ -155,7 +170,8 @@ int main(int argc, char** argv) {
         std::printf(
             "usage: mpirun -n <GPUs> %s [--min-bytes 1M] [--max-bytes 1G] [--factor 4] [--warmup 5]\n"
             "           [--iters 20] [--repeats 7] [--bucket-mb 25]\n"
-            "All-reduce busbw of comm::Nccl::allreduce and of GradientSync's buckets vs raw ncclAllReduce\n"
+            "All-reduce busbw of comm::Nccl::allreduce, of GradientSync's buckets (over NCCL, and on 2 ranks over\n"
+            "comm::CopyEngine) vs raw ncclAllReduce\n"
             "(fp32, bf16): JSON lines, then a Markdown table. One GPU per rank.\n",
             argv[0]);
       return 0;
@@ -181,6 +197,8 @@ int main(int argc, char** argv) {
         else
           time_paths<bf16>(world, nccl, bytes / sizeof(bf16), o, row.us);
         for (int path = 0; path < path_count; ++path) {
+          row.busbw[path] = row.us[path];  // NaN where not run
+          if (std::isnan(row.us[path])) continue;
           const double algbw = static_cast<double>(bytes) / (row.us[path] * 1e-6) / 1e9;
           row.busbw[path] = algbw * bus_factor;
           if (world.rank() == 0)
@@ -192,12 +210,13 @@ int main(int argc, char** argv) {
         rows.push_back(row);
       }
     if (world.rank() == 0) {
-      std::printf("\n| dtype | size | busbw GB/s: dpml | bucketed (%.0f MB) | NCCL | dpml / NCCL | bucketed / NCCL |\n"
-                  "|---|---|---|---|---|---|---|\n", o.bucket_mb);
-      for (const Row& r : rows)
-        std::printf("| %s | %.0f MiB | %.1f | %.1f | %.1f | %.3f | %.3f |\n", r.dtype.c_str(),
+      std::printf("\n| dtype | size | busbw GB/s: dpml | bucketed (%.0f MB) | copy engines | NCCL | dpml / NCCL | bucketed / NCCL | copy engines / NCCL |\n"
+                  "|---|---|---|---|---|---|---|---|---|\n", o.bucket_mb);
+      for (const Row& r : rows)  // (nan: copy engines not run, more than 2 ranks)
+        std::printf("| %s | %.0f MiB | %.1f | %.1f | %.1f | %.1f | %.3f | %.3f | %.3f |\n", r.dtype.c_str(),
                     static_cast<double>(r.bytes) / (1 << 20), r.busbw[dpml_path], r.busbw[bucketed_path],
-                    r.busbw[nccl_path], r.us[nccl_path] / r.us[dpml_path], r.us[nccl_path] / r.us[bucketed_path]);
+                    r.busbw[copy_engine_path], r.busbw[nccl_path], r.us[nccl_path] / r.us[dpml_path],
+                    r.us[nccl_path] / r.us[bucketed_path], r.us[nccl_path] / r.us[copy_engine_path]);
     }
     return 0;
   });

@@ -34,6 +34,7 @@
 //              data axis of each tensor rank and pipeline stage.
 #include "../support/train_timing.cuh"
 
+#include <dpml/comm/copy_engine.hpp>
 #include <dpml/comm/launch.hpp>
 #include <dpml/comm/local_rank.hpp>
 #include <dpml/comm/nccl.hpp>
@@ -62,6 +63,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace dpml;
@@ -78,6 +80,7 @@ struct Options {
   std::string precision = "bf16";
   double bucket_mb = 25;             // data parallel: all-reduce bucket size
   std::string grad_reduce = "bf16";  // data parallel: the type the gradients are averaged in
+  std::string dp_comm = "nccl";      // data parallel: what all-reduces the buckets (nccl, copy-engine)
   std::string tied_grad = "auto";     // data parallel: how the tied wte gradient is reduced
   bool distributed_optimizer = false; // ZeRO-1: optimizer state sharded over the ranks
   int pp = 1;                        // pipeline stages
@@ -106,6 +109,8 @@ void usage(const char* argv0) {
       "  --precision bf16|fp16  storage of weights, activations, gradients (fp16: dynamic loss scaling) (bf16)\n"
       "  --bucket-mb X    data parallel (several ranks): MB per gradient all-reduce bucket (25)\n"
       "  --grad-reduce bf16|fp32  data parallel: average the gradients in their own 16-bit type or in fp32 (bf16)\n"
+      "  --dp-comm nccl|copy-engine  data parallel: all-reduce the buckets with NCCL's kernels, or (2 GPUs of one\n"
+      "                   host) on the GPUs' copy engines, leaving the SMs to the backward (comm/copy_engine.hpp) (nccl)\n"
       "  --use-distributed-optimizer  ZeRO-1: shard the fp32 master weights and AdamW moments over the ranks\n"
       "  --tied-grad auto|gather|allreduce  data parallel: the tied wte gradient's embedding part from all ranks'\n"
       "                   token rows gathered (its LM-head part all-reduced during the backward), or wte all-reduced\n"
@@ -149,6 +154,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--precision") o.precision = v;
     else if (a == "--bucket-mb") o.bucket_mb = std::atof(v);
     else if (a == "--grad-reduce") o.grad_reduce = v;
+    else if (a == "--dp-comm") o.dp_comm = v;
     else if (a == "--tied-grad") o.tied_grad = v;
     else if (a == "--pp" || a == "--pipeline-model-parallel-size") o.pp = std::atoi(v);
     else if (a == "--tp" || a == "--tensor-model-parallel-size") o.tp = std::atoi(v);
@@ -166,6 +172,11 @@ Options parse(int argc, char** argv) {
                               << o.grad_reduce << " is not supported with it");
   DPML_REQUIRE_EVERYWHERE(o.tied_grad == "auto" || o.tied_grad == "gather" || o.tied_grad == "allreduce",
                           "gpt_train: --tied-grad " << o.tied_grad << " is not auto, gather or allreduce");
+  DPML_REQUIRE_EVERYWHERE(o.dp_comm == "nccl" || o.dp_comm == "copy-engine",
+                          "gpt_train: --dp-comm " << o.dp_comm << " is not nccl or copy-engine");
+  DPML_REQUIRE_EVERYWHERE(!o.distributed_optimizer || o.dp_comm == "nccl",
+                          "gpt_train: --use-distributed-optimizer reduce-scatters over NCCL; --dp-comm " << o.dp_comm
+                              << " is not supported with it");
   DPML_REQUIRE_EVERYWHERE(o.bucket_mb > 0, "gpt_train: --bucket-mb " << o.bucket_mb << " must be positive");
   DPML_REQUIRE_EVERYWHERE(o.pp >= 1, "gpt_train: --pp " << o.pp << " must be positive");
   DPML_REQUIRE_EVERYWHERE(o.tp >= 1, "gpt_train: --tp " << o.tp << " must be positive");
@@ -332,16 +343,18 @@ int run(const Options& o, const comm::Mpi& world) {
     model.set_distributed_optimizer(z.get(), tied_grad_sync(o.tied_grad));
     sync = std::move(z);
   } else if (dp > 1) {
-    auto nccl = comm::Nccl::from(grid.comm(Axis::data));
-    if (o.grad_reduce == "fp32") {
-      auto s = std::make_unique<parallel::cuda::GradientSync<Act, float>>(std::move(nccl), model.gradients(), flat, model.stream(), sync_opt);
+    auto attach = [&]<class Wire, class Comm>(std::type_identity<Wire>, Comm comm) {
+      auto s = std::make_unique<parallel::cuda::GradientSync<Act, Wire, Comm>>(std::move(comm), model.gradients(), flat,
+                                                                               model.stream(), sync_opt);
       exposed_ms = [p = s.get()] { return p->exposed_ms(); };
       sync = std::move(s);
-    } else {
-      auto s = std::make_unique<parallel::cuda::GradientSync<Act>>(std::move(nccl), model.gradients(), flat, model.stream(), sync_opt);
-      exposed_ms = [p = s.get()] { return p->exposed_ms(); };
-      sync = std::move(s);
-    }
+    };
+    auto over = [&]<class Wire>(std::type_identity<Wire> wire) {
+      if (o.dp_comm == "copy-engine") attach(wire, comm::CopyEngine::from(grid.comm(Axis::data)));
+      else attach(wire, comm::Nccl::from(grid.comm(Axis::data)));
+    };
+    if (o.grad_reduce == "fp32") over(std::type_identity<float>{});
+    else over(std::type_identity<Act>{});
     model.set_gradient_sync(sync.get(), tied_grad_sync(o.tied_grad));
   }
   model.init_random(1337);  // the same on every rank
@@ -398,6 +411,7 @@ int run(const Options& o, const comm::Mpi& world) {
                            (Precision::loss_scaling ? "-fp16" : "") + (o.tp > 1 ? "-tp" + std::to_string(o.tp) : "") +
                            (dp > 1 ? "-dp" + std::to_string(dp) : "") +
                            (dp > 1 && o.grad_reduce == "fp32" ? "-fp32-reduce" : "") +
+                           (dp > 1 && o.dp_comm == "copy-engine" ? "-copy-engine" : "") +
                            (o.distributed_optimizer ? "-zero1" : "") +
                            (o.pp > 1 ? "-pp" + std::to_string(o.pp) + "-" + o.schedule : "") +
                            (m > 1 ? "-m" + std::to_string(m) : "");
@@ -409,7 +423,7 @@ int run(const Options& o, const comm::Mpi& world) {
               "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
               "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld,"
               "\"ranks\":%d,\"tp\":%d,\"dp\":%d,\"pp\":%d,\"schedule\":\"%s\",\"micro_batch\":%lld,\"micro_batches\":%d,"
-              "\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"distributed_optimizer\":%s,\"tied_grad\":\"%s\",\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
+              "\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"dp_comm\":\"%s\",\"distributed_optimizer\":%s,\"tied_grad\":\"%s\",\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
@@ -417,7 +431,7 @@ int run(const Options& o, const comm::Mpi& world) {
               ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib, buffers_gib, losses.front(), losses.back(),
               finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped), ranks, o.tp, dp, o.pp,
               o.pp > 1 || m > 1 ? o.schedule.c_str() : "none", static_cast<long long>(o.micro_batch), m, o.bucket_mb,
-              o.grad_reduce.c_str(), o.distributed_optimizer ? "true" : "false", tied_grad, exposed, ms_min, ms_median, launch_median);
+              o.grad_reduce.c_str(), dp > 1 ? o.dp_comm.c_str() : "none", o.distributed_optimizer ? "true" : "false", tied_grad, exposed, ms_min, ms_median, launch_median);
   dpml::bench::print_families("gpt_train_family", impl, family_ms, models::cuda::kFamilyNames);
 
   std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld (%d × %lld) T=%lld on %d × %s (tp %d × dp %d × pp %d), %s + fp32 master, AdamW, clip 1.0\n",

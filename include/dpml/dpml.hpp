@@ -105,6 +105,9 @@
 #endif
 
 #if defined(DPML_WITH_CUDA) && defined(__CUDACC__)
+#if defined(DPML_WITH_NCCL)
+#include "dpml/comm/copy_engine.hpp"
+#endif
 #include "dpml/kernels/cuda/adamw.hpp"
 #include "dpml/kernels/cuda/attention.hpp"
 #include "dpml/kernels/cuda/attention_mma.hpp"

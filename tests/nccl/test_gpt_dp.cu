@@ -1,5 +1,6 @@
 // Data-parallel GPT on GPUs (models/cuda/gpt.hpp + parallel/cuda/gradient_sync.hpp), one GPU per
-// rank (NCCL; or all ranks on one GPU through comm::Staged, see nccl_fixture.hpp), against a lone model on each rank's GPU that sees no other rank. Tiny configuration
+// rank (NCCL, and on 2 GPUs also comm::CopyEngine; or all ranks on one GPU through comm::Staged,
+// see nccl_fixture.hpp), against a lone model on each rank's GPU that sees no other rank. Tiny configuration
 // (L=2, C=64, H=2, V=67, T=32, per-rank batch 4), weights from init_random (the same seed on every
 // rank), AdamW with clipping; buckets of 8 KiB so that the small model is cut into many of them
 // and most all-reduces run while the backward is still going. The tied wte's gradient both ways
@@ -18,6 +19,7 @@
 //                   tenth of the distance that tensor travelled from its initial value
 #include "gpt_fixture.hpp"
 
+#include <dpml/comm/copy_engine.hpp>
 #include <dpml/comm/nccl.hpp>
 #include <dpml/models/cuda/gpt.hpp>
 #include <dpml/parallel/cuda/gradient_sync.hpp>
@@ -32,9 +34,19 @@
 using namespace dpml;
 using namespace dpml::test::gpt;
 
+namespace {
+// The data axis' communicators on this machine: test::with_gpu_comm's choice, and on two GPUs also
+// comm::CopyEngine (the buckets all-reduced on the copy engines).
+template <class Body>
+void with_data_parallel_comms(Body&& body) {
+  test::with_gpu_comm(body);
+  if (test::gpu_comm() == test::GpuComm::nccl && test::world().size() == 2) body(std::type_identity<comm::CopyEngine>{});
+}
+}  // namespace
+
 TEMPLATE_TEST_CASE("GPU data parallel GPT: equal batches on every rank give the lone model's weights bit for bit",
                    "[nccl][gpt]", bf16, float) {
-  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+  with_data_parallel_comms([]<class Comm>(std::type_identity<Comm>) {
     for (const auto tied : kTiedGradSyncs) {
       CAPTURE(static_cast<int>(tied));
       DataParallelGpt<TestType, Comm> dp(config(), tied);
@@ -58,7 +70,7 @@ TEMPLATE_TEST_CASE("GPU data parallel GPT: equal batches on every rank give the 
 }
 
 TEST_CASE("GPU data parallel GPT: ranks on their own batches keep bit-identical replicas", "[nccl][gpt]") {
-  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+  with_data_parallel_comms([]<class Comm>(std::type_identity<Comm>) {
     const int rank = test::world().rank();
     DataParallelGpt<bf16, Comm> dp(config(), models::cuda::TiedGradSync::gather);  // replicas equal: a deterministic gather
     Gpt lone(config(), kBatch, kSeq);
@@ -75,7 +87,7 @@ TEST_CASE("GPU data parallel GPT: ranks on their own batches keep bit-identical 
 }
 
 TEST_CASE("GPU data parallel GPT: slices of a batch on the ranks equal one GPU on the whole batch", "[nccl][gpt]") {
-  test::with_gpu_comm([]<class Comm>(std::type_identity<Comm>) {
+  with_data_parallel_comms([]<class Comm>(std::type_identity<Comm>) {
     for (const auto tied : kTiedGradSyncs) {
       CAPTURE(static_cast<int>(tied));
       DataParallelGpt<bf16, Comm> dp(config(), tied);

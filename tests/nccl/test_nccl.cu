@@ -1,11 +1,13 @@
 // comm::Nccl on one GPU per rank: every collective element by element (float, int32 exactly; bf16
 // sums within bf16 tolerance), at odd sizes, in and out of place; batched sends and receives; a
-// ring; the refusal of a GPU index that does not exist; and (hidden, its own CTest entry) the
+// ring; comm::CopyEngine's all-reduce on the copy engines; the refusal of a GPU index that does
+// not exist; and (hidden, its own CTest entry) the
 // timeout message when a peer skips a collective. Run with as many ranks as GPUs (2 in CTest);
 // where a node has fewer GPUs than ranks the program exits 77 (skipped).
 #include "../cuda/device.hpp"
 #include "nccl_fixture.hpp"
 
+#include <dpml/comm/copy_engine.hpp>
 #include <dpml/comm/local_rank.hpp>
 #include <dpml/comm/nccl.hpp>
 
@@ -283,6 +285,65 @@ TEST_CASE("Nccl on a stream of its own: barrier and request completion", "[nccl]
   for (std::size_t i = 0; i < n; ++i)
     for (int r = 0; r < own.size(); ++r) want[i] += dvalue(r, i);
   CHECK(mismatches(buf.download(), want) == 0);
+}
+
+// comm::CopyEngine: in-place all-reduces of ranges of a registered buffer (odd sizes and offsets:
+// the halves' split and the kernel's scalar tail) enqueued back to back with no host wait, three
+// rounds on the same buffer (its receive buffer reused, the flags counting on), against float64
+// sums; the elements outside the ranges untouched; the same bits on both ranks. Then 40 calls
+// on one range, each doubling it exactly, and an unregistered buffer (NCCL's path).
+TEMPLATE_TEST_CASE("CopyEngine all-reduces a registered buffer on the copy engines", "[nccl][copy-engine]", float, bf16) {
+  nccl();  // device chosen
+  auto ce = comm::CopyEngine::from(test::world(), nullptr);  // the legacy stream, as DeviceVec's copies
+  const int rank = ce.rank();
+  const std::size_t total = std::size_t{1} << 21;
+  DeviceVec<TestType> buf(total);
+  ce.register_buffer(buf.ptr, total * sizeof(TestType));
+  struct Range {
+    std::size_t begin, n;
+  };
+  const Range ranges[] = {{0, 1}, {3, 7}, {64, 127}, {1000, 1000003}, {total - 200001, 200001}};
+  const TestType untouched = TestType(-5.0f - static_cast<float>(rank));
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    const ReduceOp op = round == 1 ? ReduceOp::avg : ReduceOp::sum;
+    std::vector<TestType> mine(total, untouched);
+    std::vector<double> want(total, dbl(untouched));
+    for (const Range& g : ranges)
+      for (std::size_t i = g.begin; i < g.begin + g.n; ++i) {
+        mine[i] = value<TestType>(rank, i + 13 * round);
+        want[i] = 0;
+        for (int r = 0; r < 2; ++r) want[i] += dbl(value<TestType>(r, i + 13 * round));
+        if (op == ReduceOp::avg) want[i] /= 2;
+      }
+    buf.upload(mine);
+    for (const Range& g : ranges) ce.allreduce(buf.ptr + g.begin, g.n, op);
+    const std::vector<TestType> got = buf.download();
+    CHECK(mismatches(got, want, tolerance<TestType>()) == 0);
+    std::vector<float> reduced(total, 0.f);  // the ranges' results (outside, each rank keeps its own marker)
+    for (const Range& g : ranges)
+      for (std::size_t i = g.begin; i < g.begin + g.n; ++i) reduced[i] = static_cast<float>(dbl(got[i]));
+    CHECK(test::same_on_every_rank(reduced));
+  }
+
+  const std::size_t n = 4099, at = 77;  // 40 calls back to back: 2^39 · round(a + b), exactly
+  std::vector<TestType> mine(total, untouched);
+  for (std::size_t i = 0; i < n; ++i) mine[at + i] = value<TestType>(rank, i);
+  buf.upload(mine);
+  for (int k = 0; k < 40; ++k) ce.allreduce(buf.ptr + at, n, ReduceOp::sum);
+  const std::vector<TestType> got = buf.download();
+  std::vector<double> doubled(n);
+  std::vector<TestType> slice(got.begin() + at, got.begin() + at + n);
+  for (std::size_t i = 0; i < n; ++i)
+    doubled[i] = dbl(TestType(static_cast<float>(dbl(value<TestType>(0, i)) + dbl(value<TestType>(1, i))))) *
+                 std::ldexp(1.0, 39);
+  CHECK(mismatches(slice, doubled) == 0);
+
+  DeviceVec<TestType> other(contribution<TestType>(rank, 1000));  // not registered: NCCL's all-reduce
+  ce.allreduce(other.ptr, 1000, ReduceOp::sum);
+  std::vector<double> sum(1000);
+  for (std::size_t i = 0; i < 1000; ++i) sum[i] = dbl(value<TestType>(0, i)) + dbl(value<TestType>(1, i));
+  CHECK(mismatches(other.download(), sum, tolerance<TestType>()) == 0);
 }
 
 TEST_CASE("a GPU index that does not exist is refused with its number", "[nccl]") {

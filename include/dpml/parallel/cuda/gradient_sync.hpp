@@ -28,7 +28,9 @@
 // rounded back once: one rounding instead of one per ring step, at twice the traffic).
 //
 // Comm is the communicator of the data axis (comm::Nccl, or any type with its collectives and
-// stream(), e.g. comm::Staged); its stream is the communication stream. The buckets and their
+// stream(), e.g. comm::Staged, or comm::CopyEngine: two GPUs of one host reducing on their copy
+// engines, which is handed the buffer it reduces through register_buffer); its stream is the
+// communication stream. The buckets and their
 // event protocol (detail::BucketQueue) are shared with the ZeRO-1 optimizer
 // (distributed_optimizer.hpp), which reduce-scatters the same buckets instead.
 //
@@ -229,10 +231,11 @@ class GradientSync final : public detail::BucketListener<GradientSync<G, Wire, C
         queue_(detail::cut_buckets(n, 0, detail::bucket_elements<G>(opt.bucket_bytes, kAlign), kAlign), n, compute,
                comm_.stream()) {
     DPML_REQUIRE(n > 0 && grads, "GradientSync: empty gradient buffer");
-    if constexpr (!std::is_same_v<Wire, G>) {
-      std::size_t largest = 0;
-      for (const detail::Bucket& b : queue_.buckets()) largest = std::max(largest, b.end - b.begin);
-      DPML_CHECK_CUDA(cudaMalloc(&staging_, largest * sizeof(Wire)));
+    if constexpr (!std::is_same_v<Wire, G>) DPML_CHECK_CUDA(cudaMalloc(&staging_, largest_bucket() * sizeof(Wire)));
+    // A communicator that moves registered buffers itself (comm::CopyEngine) gets the one reduced.
+    if constexpr (requires { comm_.register_buffer(grads_, n); }) {
+      if constexpr (std::is_same_v<Wire, G>) comm_.register_buffer(grads_, n * sizeof(G));
+      else comm_.register_buffer(staging_, largest_bucket() * sizeof(Wire));
     }
   }
   GradientSync(const GradientSync&) = delete;
@@ -247,6 +250,12 @@ class GradientSync final : public detail::BucketListener<GradientSync<G, Wire, C
  private:
   friend class detail::BucketListener<GradientSync, GradientListener>;
   static constexpr std::size_t kAlign = 64;  // elements: bucket boundaries (128 bytes of bf16)
+
+  std::size_t largest_bucket() const {
+    std::size_t largest = 0;
+    for (const detail::Bucket& b : queue_.buckets()) largest = std::max(largest, b.end - b.begin);
+    return largest;
+  }
 
   void reduce(const detail::Bucket& b) {
     const std::size_t count = b.end - b.begin;
