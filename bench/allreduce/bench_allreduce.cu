@@ -19,10 +19,10 @@
 // "path":"dpml"|"bucketed"|"copy-engine"|"nccl","ranks":..,"us":..,"algbw_GBps":..,"busbw_GBps":..} — then a Markdown table
 // with dpml / raw NCCL busbw (the Step 5 target is ≥ 0.95 at ≥ 100 MB).
 
-#include <dpml/comm/copy_engine.hpp>
 #include <dpml/comm/launch.hpp>
 #include <dpml/comm/local_rank.hpp>
 #include <dpml/comm/nccl.hpp>
+#include <dpml/comm/nccl_copy_engine.hpp>
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_error.hpp>
 #include <dpml/parallel/cuda/gradient_sync.hpp>

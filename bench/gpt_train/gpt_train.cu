@@ -34,18 +34,18 @@
 //              data axis of each tensor rank and pipeline stage.
 #include "../support/train_timing.cuh"
 
-#include <dpml/comm/copy_engine.hpp>
 #include <dpml/comm/launch.hpp>
 #include <dpml/comm/local_rank.hpp>
 #include <dpml/comm/nccl.hpp>
+#include <dpml/comm/nccl_copy_engine.hpp>
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_error.hpp>
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/data/token_shards.hpp>
 #include <dpml/kernels/cuda/gemm/dispatch.hpp>
 #include <dpml/models/cuda/gpt.hpp>
-#include <dpml/parallel/cuda/distributed_optimizer.hpp>
 #include <dpml/models/cuda/gpt_pipeline.hpp>
+#include <dpml/parallel/cuda/distributed_optimizer.hpp>
 #include <dpml/parallel/cuda/gradient_sync.hpp>
 #include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/pipeline/schedule.hpp>
@@ -110,7 +110,7 @@ void usage(const char* argv0) {
       "  --bucket-mb X    data parallel (several ranks): MB per gradient all-reduce bucket (25)\n"
       "  --grad-reduce bf16|fp32  data parallel: average the gradients in their own 16-bit type or in fp32 (bf16)\n"
       "  --dp-comm nccl|copy-engine  data parallel: all-reduce the buckets with NCCL's kernels, or (2 GPUs of one\n"
-      "                   host) on the GPUs' copy engines, leaving the SMs to the backward (comm/copy_engine.hpp) (nccl)\n"
+      "                   host) on the GPUs' copy engines, leaving the SMs to the backward (comm/nccl_copy_engine.hpp) (nccl)\n"
       "  --use-distributed-optimizer  ZeRO-1: shard the fp32 master weights and AdamW moments over the ranks\n"
       "  --tied-grad auto|gather|allreduce  data parallel: the tied wte gradient's embedding part from all ranks'\n"
       "                   token rows gathered (its LM-head part all-reduced during the backward), or wte all-reduced\n"

@@ -106,7 +106,7 @@
 
 #if defined(DPML_WITH_CUDA) && defined(__CUDACC__)
 #if defined(DPML_WITH_NCCL)
-#include "dpml/comm/copy_engine.hpp"
+#include "dpml/comm/nccl_copy_engine.hpp"
 #endif
 #include "dpml/kernels/cuda/adamw.hpp"
 #include "dpml/kernels/cuda/attention.hpp"

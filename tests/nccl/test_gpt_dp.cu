@@ -19,8 +19,8 @@
 //                   tenth of the distance that tensor travelled from its initial value
 #include "gpt_fixture.hpp"
 
-#include <dpml/comm/copy_engine.hpp>
 #include <dpml/comm/nccl.hpp>
+#include <dpml/comm/nccl_copy_engine.hpp>
 #include <dpml/models/cuda/gpt.hpp>
 #include <dpml/parallel/cuda/gradient_sync.hpp>
 

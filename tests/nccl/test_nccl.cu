@@ -7,9 +7,9 @@
 #include "../cuda/device.hpp"
 #include "nccl_fixture.hpp"
 
-#include <dpml/comm/copy_engine.hpp>
 #include <dpml/comm/local_rank.hpp>
 #include <dpml/comm/nccl.hpp>
+#include <dpml/comm/nccl_copy_engine.hpp>
 
 #include <cmath>
 #include <cstdint>
