@@ -319,6 +319,9 @@ int run(const Options& o, const comm::Mpi& world) {
   using Act = typename Precision::type;
   const auto grid = parallel::ProcessGrid::create(world, {.tp = o.tp, .pp = o.pp});
   const int ranks = world.size(), dp = grid.dp();
+  DPML_REQUIRE_EVERYWHERE(o.dp_comm != "copy-engine" || dp == 2,
+                          "gpt_train: --dp-comm copy-engine needs a data axis of 2 ranks on one host; this layout has dp = "
+                              << dp << " (" << ranks << " ranks, --tp " << o.tp << ", --pp " << o.pp << ")");
   cudaDeviceProp prop{};
   int device = 0;
   DPML_CHECK_CUDA(cudaGetDevice(&device));

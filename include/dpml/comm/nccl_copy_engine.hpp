@@ -279,8 +279,8 @@ class CopyEngine : public Nccl {
     await(0);
     // 3: my half, summed.
     if (mine_count) {
-      constexpr int kThreads = 512;
-      detail::combine_halves_kernel<<<kernels::cuda::grid_for(static_cast<std::int64_t>(mine_count / 8 + 1), kThreads, 132 * 4),
+      constexpr int kThreads = 512, kMaxBlocks = 512;  // 4 per SM of an H100: enough to stream at HBM speed
+      detail::combine_halves_kernel<<<kernels::cuda::grid_for(static_cast<std::int64_t>(mine_count / 8 + 1), kThreads, kMaxBlocks),
                                       kThreads, 0, st>>>(reinterpret_cast<T*>(at(r.mine, mine_begin)),
                                                          reinterpret_cast<const T*>(at(r.received, mine_begin)), mine_count, scale);
       DPML_CHECK_CUDA(cudaGetLastError());
