@@ -1,9 +1,9 @@
 // comm::Nccl on one GPU per rank: every collective element by element (float, int32 exactly; bf16
 // sums within bf16 tolerance), at odd sizes, in and out of place; batched sends and receives; a
 // ring; comm::CopyEngine's all-reduce on the copy engines; the refusal of a GPU index that does
-// not exist; and (hidden, its own CTest entry) the
-// timeout message when a peer skips a collective. Run with as many ranks as GPUs (2 in CTest);
-// where a node has fewer GPUs than ranks the program exits 77 (skipped).
+// not exist; and (hidden, its own CTest entry) the timeout message when a peer skips a
+// collective. Run with as many ranks as GPUs (2 in CTest); where a node has fewer GPUs than ranks
+// the program exits 77 (skipped).
 #include "../cuda/device.hpp"
 #include "nccl_fixture.hpp"
 

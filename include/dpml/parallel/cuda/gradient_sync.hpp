@@ -30,9 +30,9 @@
 // Comm is the communicator of the data axis (comm::Nccl, or any type with its collectives and
 // stream(), e.g. comm::Staged, or comm::CopyEngine: two GPUs of one host reducing on their copy
 // engines, which is handed the buffer it reduces through register_buffer); its stream is the
-// communication stream. The buckets and their
-// event protocol (detail::BucketQueue) are shared with the ZeRO-1 optimizer
-// (distributed_optimizer.hpp), which reduce-scatters the same buckets instead.
+// communication stream. The buckets and their event protocol (detail::BucketQueue) are shared
+// with the ZeRO-1 optimizer (distributed_optimizer.hpp), which reduce-scatters the same buckets
+// instead.
 //
 // Exposed communication: exposed_ms() is the time from the compute stream reaching finish() to
 // the last bucket's completion (0 when the all-reduces ended first), for the last step; it
