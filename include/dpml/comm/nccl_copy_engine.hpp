@@ -3,7 +3,7 @@
 // buffer runs on the GPUs' copy engines (DMA) instead of NCCL's kernels, so the compute it
 // overlaps keeps every SM. NCCL's all-reduce kernels hold their CTAs for the whole transfer; a
 // data-parallel backward that overlaps its bucket all-reduces loses those SMs. Measured on 2×H100
-// (bench/RESULTS.md): GPT-2 124M data parallel 0.3–0.9 % faster than over NCCL, though a lone
+// (bench/RESULTS.md): GPT-2 124M data parallel 0–0.9 % faster than over NCCL, though a lone
 // all-reduce reaches only ~0.78 of NCCL's busbw at 256 MB (one copy engine per direction, the
 // two copies of a bucket in sequence). Every other collective, and an all-reduce of a buffer not
 // registered, is comm::Nccl's.
