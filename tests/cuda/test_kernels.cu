@@ -105,7 +105,7 @@ TEMPLATE_TEST_CASE("layer_norm: forward and both backward halves against float64
   }
 }
 
-TEMPLATE_TEST_CASE("elementwise: gelu forward/backward, relu backward, add, bias gradient against float64",
+TEMPLATE_TEST_CASE("elementwise: gelu forward/backward, relu backward, add, scaled add, bias gradient against float64",
                    "[elementwise][gpu]",
                    float, bf16, kc::f16) {
   using T = TestType;
@@ -114,15 +114,17 @@ TEMPLATE_TEST_CASE("elementwise: gelu forward/backward, relu backward, add, bias
     auto gen = test::rng(static_cast<std::uint64_t>(n));
     const auto un = static_cast<std::size_t>(n);
     auto hx = test::random_vec<T>(un, gen, -4.0, 4.0), hdy = test::random_vec<T>(un, gen);
-    test::DeviceVec<T> x(hx), dy(hdy), y(un), dx(un), sum(un), drelu(un);
+    test::DeviceVec<T> x(hx), dy(hdy), y(un), dx(un), sum(un), mean(un), drelu(un);
     y.poison();
     dx.poison();
     sum.poison();
+    mean.poison();
     drelu.poison();
     kc::gelu_forward(x.ptr, y.ptr, n, nullptr);
     kc::gelu_backward(x.ptr, dy.ptr, dx.ptr, n, nullptr);
     kc::relu_backward(x.ptr, dy.ptr, drelu.ptr, n, nullptr);  // x as the ReLU's output: about half positive
     kc::add(x.ptr, dy.ptr, sum.ptr, n, nullptr);
+    kc::add_scaled(x.ptr, dy.ptr, mean.ptr, n, 0.5f, nullptr);
     auto dX = test::to_double(hx), dDY = test::to_double(hdy);
     std::vector<double> ry(un), rdx(un), rsum(un), rdrelu(un);
     for (std::size_t i = 0; i < un; ++i) rdrelu[i] = dX[i] > 0 ? dDY[i] : 0.0;
@@ -130,9 +132,12 @@ TEMPLATE_TEST_CASE("elementwise: gelu forward/backward, relu backward, add, bias
     kh::gelu_forward(dX.data(), ry.data(), n);
     kh::gelu_backward(dX.data(), dDY.data(), rdx.data(), n);
     kh::add(dX.data(), dDY.data(), rsum.data(), n);
+    std::vector<double> rmean(un);
+    for (std::size_t i = 0; i < un; ++i) rmean[i] = 0.5 * rsum[i];
     CHECK(test::rel_l2(y.download(), ry) <= tol_for<T>());
     CHECK(test::rel_l2(dx.download(), rdx) <= tol_for<T>());
     CHECK(test::rel_l2(sum.download(), rsum) <= tol_for<T>());
+    CHECK(test::rel_l2(mean.download(), rmean) <= tol_for<T>());
     // In place and through a misaligned pointer (the scalar path).
     if (n > 1) {
       test::DeviceVec<T> z(hx);

@@ -40,7 +40,7 @@
 #include "dpml/comm/nccl.hpp"
 #include "dpml/core/cuda_error.hpp"
 #include "dpml/core/error.hpp"
-#include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/elementwise.hpp"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -58,28 +58,6 @@
 namespace dpml::comm {
 
 namespace detail {
-namespace kc = dpml::kernels::cuda;
-
-// mine[i] = (mine[i] + theirs[i]) · scale, summed in fp32; 16-byte vectors where both are aligned.
-template <class T>
-__global__ void combine_halves_kernel(T* mine, const T* theirs, std::size_t n, float scale) {
-  constexpr std::size_t kVec = 16 / sizeof(T);
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  const bool aligned = reinterpret_cast<std::uintptr_t>(mine) % 16 == 0 && reinterpret_cast<std::uintptr_t>(theirs) % 16 == 0;
-  const std::size_t vectors = aligned ? n / kVec : 0;
-  for (std::size_t v = first; v < vectors; v += stride) {
-    uint4 a = reinterpret_cast<const uint4*>(mine)[v];
-    const uint4 b = reinterpret_cast<const uint4*>(theirs)[v];
-    T* x = reinterpret_cast<T*>(&a);
-    const T* y = reinterpret_cast<const T*>(&b);
-#pragma unroll
-    for (std::size_t k = 0; k < kVec; ++k) x[k] = kc::detail::from_f<T>((kc::detail::load_f(x[k]) + kc::detail::load_f(y[k])) * scale);
-    reinterpret_cast<uint4*>(mine)[v] = a;
-  }
-  for (std::size_t i = vectors * kVec + first; i < n; i += stride)
-    mine[i] = kc::detail::from_f<T>((kc::detail::load_f(mine[i]) + kc::detail::load_f(theirs[i])) * scale);
-}
 
 // The driver's stream memory operations, found through the runtime (no link to libcuda).
 struct StreamMemOps {
@@ -279,11 +257,9 @@ class CopyEngine : public Nccl {
     await(0);
     // 3: my half, summed.
     if (mine_count) {
-      constexpr int kThreads = 512, kMaxBlocks = 512;  // 4 per SM of an H100: enough to stream at HBM speed
-      detail::combine_halves_kernel<<<kernels::cuda::grid_for(static_cast<std::int64_t>(mine_count / 8 + 1), kThreads, kMaxBlocks),
-                                      kThreads, 0, st>>>(reinterpret_cast<T*>(at(r.mine, mine_begin)),
-                                                         reinterpret_cast<const T*>(at(r.received, mine_begin)), mine_count, scale);
-      DPML_CHECK_CUDA(cudaGetLastError());
+      T* half = reinterpret_cast<T*>(at(r.mine, mine_begin));
+      kernels::cuda::add_scaled(half, reinterpret_cast<const T*>(at(r.received, mine_begin)), half,
+                                static_cast<std::int64_t>(mine_count), scale, st);
       // 4–5: my half to the peer, the peer's half from it.
       DPML_CHECK_CUDA(cudaMemcpyAsync(at(r.peers, mine_begin), at(r.mine, mine_begin), mine_count * sizeof(T),
                                       cudaMemcpyDeviceToDevice, st));

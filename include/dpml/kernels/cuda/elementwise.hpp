@@ -1,6 +1,6 @@
 #pragma once
-// Element-wise device kernels: GELU (tanh) forward/backward, the residual add, and the bias
-// gradient of a Linear (the maths of kernels/host/{activation,elementwise}.hpp).
+// Element-wise device kernels: GELU (tanh) forward/backward, the residual add (and a scaled one),
+// and the bias gradient of a Linear (the maths of kernels/host/{activation,elementwise}.hpp).
 //
 // The element-wise kernels are memory-bound: they move 4–6 bytes per element in bf16 and do a few
 // flops, so the floor is bytes / bandwidth. Each thread handles 8 consecutive elements through
@@ -62,6 +62,10 @@ struct GeluGradOp {  // a = x, b = dy
 struct AddOp {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
+struct ScaledAddOp {
+  float scale;
+  __device__ float operator()(float a, float b) const { return (a + b) * scale; }
+};
 struct ReluGradOp {  // a = y (the ReLU's output), b = dy
   __device__ float operator()(float y, float dy) const { return y > 0.f ? dy : 0.f; }
 };
@@ -111,6 +115,13 @@ void relu_backward(const T* y, const T* dy, T* dx, std::int64_t n, cudaStream_t 
 template <class T>
 void add(const T* a, const T* b, T* y, std::int64_t n, cudaStream_t stream) {
   detail::ew::map2(a, b, y, n, detail::ew::AddOp{}, stream);
+}
+
+// y = (a + b) · scale, n elements (an average of two contributions: comm/nccl_copy_engine.hpp);
+// y may alias a or b.
+template <class T>
+void add_scaled(const T* a, const T* b, T* y, std::int64_t n, float scale, cudaStream_t stream) {
+  detail::ew::map2(a, b, y, n, detail::ew::ScaledAddOp{scale}, stream);
 }
 
 // dbias (cols) += Σ_rows dy (rows, cols), summed in fp32 and rounded once into dbias's type B (the
