@@ -1068,10 +1068,13 @@ class Gpt {
     return d;
   }
 
+  // The vocabulary ids of this tensor rank's rows of wte: [vocab_begin(), vocab_begin() + Vl_).
+  std::int64_t vocab_begin() const noexcept { return tp_rank_ * Vl_; }
+
   // Under tp each rank looks up the tokens of its rows of wte (zeros for the others), and one
   // all-reduce composes the whole rows (one non-zero term each: exact) before wpe is added.
   void embed(const std::int32_t* tokens, Act* x0) {
-    const std::int64_t begin = tp_rank_ * Vl_;
+    const std::int64_t begin = vocab_begin();
     timed(Family::embedding, [&] {
       detail::kc::embedding_token_forward(tokens, params_ + wte_, x0, N(), cfg_.dim, begin, begin + Vl_, stream_);
     });
@@ -1082,8 +1085,8 @@ class Gpt {
   void embedding_backward(const std::int32_t* tokens, const Act* dx0, bool token_rows) {
     timed(Family::embedding, [&] {
       if (token_rows)
-        detail::kc::embedding_token_backward(tokens, dx0, grads_ + wte_, N(), cfg_.dim, tp_rank_ * Vl_,
-                                             (tp_rank_ + 1) * Vl_, cfg_.vocab, emb_ws_, emb_ws_bytes_, stream_);
+        detail::kc::embedding_token_backward(tokens, dx0, grads_ + wte_, N(), cfg_.dim, vocab_begin(),
+                                             vocab_begin() + Vl_, cfg_.vocab, emb_ws_, emb_ws_bytes_, stream_);
       detail::kc::embedding_position_backward(dx0, grads_ + wpe_, B_, T_, cfg_.dim, stream_);
     });
   }
@@ -1174,7 +1177,7 @@ class Gpt {
         detail::kc::softmax_cross_entropy(logits_, targets, losses_, dloss, n, Vp_, cfg_.vocab, stream_);
       });
     } else {  // this rank's columns; the rows' max and Σ exp over the tensor axis (cross_entropy.hpp)
-      const std::int64_t begin = tp_rank_ * Vl_;
+      const std::int64_t begin = vocab_begin();
       timed(Family::cross_entropy, [&] {
         detail::kc::vocab_parallel_xent_stats(logits_, targets, xent_stats_, n, Vl_, begin, cfg_.vocab, stream_);
       });
@@ -1241,7 +1244,7 @@ class Gpt {
     if (gather) {  // every rank's rows, averaged, into the averaged head gradient: the same on every rank
       timed(Family::embedding, [&] {
         detail::kc::embedding_token_backward(gathered_.tokens, gathered_.dx, grads_ + wte_, gathered_.rows, cfg_.dim,
-                                             tp_rank_ * Vl_, (tp_rank_ + 1) * Vl_, cfg_.vocab, gathered_.workspace,
+                                             vocab_begin(), vocab_begin() + Vl_, cfg_.vocab, gathered_.workspace,
                                              gathered_.workspace_bytes,
                                              stream_, 1.f / static_cast<float>(sync->ranks()), N());
       });
