@@ -3,7 +3,9 @@
 // bf16 or fp16 operands (T), fp32 accumulators, mma.sync.m16n8k16 (mma.hpp), FlashAttention-2's work split.
 //
 // A block of 4 warps owns 64 rows (16 per warp) and streams 64-row tiles of the other operands
-// through shared memory (cp.async, rows padded by 16 bytes so that ldmatrix is conflict-free).
+// through shared memory (cp.async, rows padded by 16 bytes so that ldmatrix is conflict-free) in
+// two stages: tile j + 1 is in flight while tile j is multiplied. The block's own rows go to
+// registers first, through the second stage, before the first prefetch needs it.
 // Each product's accumulators are re-packed in registers as the A fragment of the next product
 // (mma.hpp), so no score or probability tile ever touches shared memory:
 //
@@ -35,15 +37,83 @@ template <int D>
 inline constexpr int kStride = D + 8;  // shared row stride (elements): +16 bytes against bank conflicts
 
 // Rows [r0, r0 + 64) of a (Tn, D) operand with row stride ld → shared (64, D) tile; rows past Tn
-// are zero-filled. Asynchronous: the caller commits and waits.
+// are zero-filled. Each thread copies the same column's 16 bytes in every kRowStep-th row, so its
+// offsets are fixed and the loop unrolls. Asynchronous: the caller commits and waits.
 template <int D, class T>
 __device__ __forceinline__ void load_tile(T* tile, const T* base, std::int64_t ld, std::int64_t r0,
                                           std::int64_t Tn) {
-  constexpr int chunks = kRows * D / 8;
-  for (int c = threadIdx.x; c < chunks; c += kThreads) {
-    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
-    const bool in = r0 + r < Tn;
-    cp_async_16(tile + r * kStride<D> + col, in ? base + (r0 + r) * ld + col : base, in ? 16 : 0);
+  constexpr int kPerRow = D / 8, kRowStep = kThreads / kPerRow;
+  static_assert(kThreads % kPerRow == 0 && kRows % kRowStep == 0);
+  const int r = static_cast<int>(threadIdx.x) / kPerRow, col = (static_cast<int>(threadIdx.x) % kPerRow) * 8;
+  const T* src = base + (r0 + r) * ld + col;
+  const std::int64_t left = Tn - r0 - r;  // this thread's rows i·kRowStep < left exist
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const bool in = i * kRowStep < left;
+    cp_async_16(tile + (r + i * kRowStep) * kStride<D> + col, in ? src + i * kRowStep * ld : base, in ? 16 : 0);
+  }
+}
+
+// 2^x on the special-function unit, subnormal results flushed to 0 (exp2f adds a range check and
+// two multiplies around the same instruction to keep them); 2^−∞ = 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Waits for the tile about to be multiplied: every cp.async group but the newest when the next
+// tile's group is in flight behind it, else every group.
+__device__ __forceinline__ void wait_for_current_tile(bool next_in_flight) {
+  if (next_in_flight) cp_async_wait<1>();
+  else cp_async_wait<0>();
+}
+
+// Sets the scores that the causal mask hides in a diagonal tile (its rows and columns start at
+// the same position) to −∞. Rows are queries (keys after the row's query are hidden: col > row),
+// or, in the key/value kernel's transposed scores, keys (queries before the row's key: col < row).
+template <bool RowsAreKeys, int N>
+__device__ __forceinline__ void mask_diagonal(float (&s)[N / 8][4], int warp, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = warp * 16 + g + (e / 2) * 8, col = n * 8 + 2 * t + e % 2;
+      if (RowsAreKeys ? col < row : col > row) s[n][e] = -INFINITY;
+    }
+}
+
+// One key tile's step of the online softmax for a warp's 16 query rows (two per thread: half 0 and
+// 1): s holds the raw scores Q·Kᵀ (−∞ where masked), m the running maxima in log2 units (scores ·
+// scale_log2), l the running sums, o the unnormalised output. On return s holds P = 2^(s·scale_log2 − m).
+template <int N, int D>
+__device__ __forceinline__ void online_softmax(float (&s)[N / 8][4], float (&o)[D / 8][4], float (&m)[2],
+                                               float (&l)[2], float scale_log2) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[half], mx * scale_log2);  // finite: key 0 of a row's first tile is visible
+    const float corr = exp2_ftz(m[half] - m_new);
+    m[half] = m_new;
+    l[half] *= corr;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][2 * half] *= corr;
+      o[n][2 * half + 1] *= corr;
+    }
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& v = s[n][2 * half + e];
+        v = exp2_ftz(fmaf(v, scale_log2, -m_new));
+        l[half] += v;
+      }
   }
 }
 
@@ -105,68 +175,43 @@ __global__ void __launch_bounds__(kThreads)
     forward_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, std::int64_t Tn,
                    int H, float scale_log2) {
   constexpr int S = kStride<D>;
-  __shared__ __align__(16) T qs[kRows * S], ks[kRows * S], vs[kRows * S];  // (64, D) each
+  __shared__ __align__(16) T ks[2][kRows * S], vs[2][kRows * S];  // two stages of (64, D) tiles
   const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // longest blocks first
   const int bh = blockIdx.y, b = bh / H, h = bh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const std::int64_t ld = 3 * static_cast<std::int64_t>(H) * D, q0 = static_cast<std::int64_t>(qb) * kRows;
   const T* base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;  // q of (b, 0, h): (T, D), stride ld
 
-  load_tile<D>(qs, base, ld, q0, Tn);
+  load_tile<D>(ks[1], base, ld, q0, Tn);  // Q, through stage 1
+  load_tile<D>(ks[0], base + D, ld, 0, Tn);
+  load_tile<D>(vs[0], base + 2 * D, ld, 0, Tn);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
   std::uint32_t qf[D / 16][4];
-  load_a<D, S>(qf, qs + warp * 16 * S, lane);
+  load_a<D, S>(qf, ks[1] + warp * 16 * S, lane);
 
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const std::int64_t row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   for (int kt = 0; kt <= qb; ++kt) {
-    __syncthreads();  // the previous tile's readers are done
-    load_tile<D>(ks, base + D, ld, static_cast<std::int64_t>(kt) * kRows, Tn);
-    load_tile<D>(vs, base + 2 * D, ld, static_cast<std::int64_t>(kt) * kRows, Tn);
-    cp_async_commit();
-    cp_async_wait<0>();
+    const int st = kt & 1;
+    __syncthreads();  // the other stage's readers (tile kt − 1, or Q) are done
+    if (kt < qb) {
+      load_tile<D>(ks[st ^ 1], base + D, ld, static_cast<std::int64_t>(kt + 1) * kRows, Tn);
+      load_tile<D>(vs[st ^ 1], base + 2 * D, ld, static_cast<std::int64_t>(kt + 1) * kRows, Tn);
+      cp_async_commit();
+    }
+    wait_for_current_tile(kt < qb);
     __syncthreads();
 
     float s[kRows / 8][4] = {};
-    warp_mma<kRows, D, true, S>(s, qf, ks, lane);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kRows / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const std::int64_t col = static_cast<std::int64_t>(kt) * kRows + n * 8 + 2 * t + e;
-          float& v = s[n][2 * half + e];
-          v = (kt == qb && col > row[half]) ? -INFINITY : v * scale_log2;
-          mx = fmaxf(mx, v);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[half], mx);  // finite: key kt·64 ≤ row is always visible
-      const float corr = exp2f(m[half] - m_new);
-      m[half] = m_new;
-      l[half] *= corr;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        o[n][2 * half] *= corr;
-        o[n][2 * half + 1] *= corr;
-      }
-#pragma unroll
-      for (int n = 0; n < kRows / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& v = s[n][2 * half + e];
-          v = exp2f(v - m_new);
-          l[half] += v;
-        }
-    }
+    warp_mma<kRows, D, true, S>(s, qf, ks[st], lane);
+    if (kt == qb) mask_diagonal<false, kRows>(s, warp, lane);
+    online_softmax<kRows, D>(s, o, m, l, scale_log2);
     std::uint32_t pa[kRows / 16][4];
     acc_to_a<kRows, T>(s, pa);
-    warp_mma<D, kRows, false, S>(o, pa, vs, lane);
+    warp_mma<D, kRows, false, S>(o, pa, vs[st], lane);
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {  // l: the quad's partial sums
@@ -186,24 +231,26 @@ __global__ void __launch_bounds__(kThreads)
     backward_dq_kernel(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
                        const float* __restrict__ delta, T* __restrict__ dqkv, std::int64_t Tn, int H, float scale) {
   constexpr int S = kStride<D>;
-  __shared__ __align__(16) T qs[kRows * S], dos[kRows * S], ks[kRows * S], vs[kRows * S];
+  __shared__ __align__(16) T ks[2][kRows * S], vs[2][kRows * S];
   const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);
   const int bh = blockIdx.y, b = bh / H, h = bh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
+  const int g = lane / 4;
   const std::int64_t ld = 3 * static_cast<std::int64_t>(H) * D, ldo = static_cast<std::int64_t>(H) * D;
   const std::int64_t q0 = static_cast<std::int64_t>(qb) * kRows;
   const T* base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;
   const T* do_base = dout + static_cast<std::int64_t>(b) * Tn * ldo + h * D;  // (T, D), stride ldo
   const float scale_log2 = scale * kLog2e;
 
-  load_tile<D>(qs, base, ld, q0, Tn);
-  load_tile<D>(dos, do_base, ldo, q0, Tn);
+  load_tile<D>(ks[1], base, ld, q0, Tn);  // Q and dO, through stage 1
+  load_tile<D>(vs[1], do_base, ldo, q0, Tn);
+  load_tile<D>(ks[0], base + D, ld, 0, Tn);
+  load_tile<D>(vs[0], base + 2 * D, ld, 0, Tn);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
   std::uint32_t qf[D / 16][4], dof[D / 16][4];
-  load_a<D, S>(qf, qs + warp * 16 * S, lane);
-  load_a<D, S>(dof, dos + warp * 16 * S, lane);
+  load_a<D, S>(qf, ks[1] + warp * 16 * S, lane);
+  load_a<D, S>(dof, vs[1] + warp * 16 * S, lane);
   const std::int64_t row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float lse2[2], dl[2];
 #pragma unroll
@@ -215,27 +262,30 @@ __global__ void __launch_bounds__(kThreads)
 
   float dq[D / 8][4] = {};
   for (int kt = 0; kt <= qb; ++kt) {
+    const int st = kt & 1;
     __syncthreads();
-    load_tile<D>(ks, base + D, ld, static_cast<std::int64_t>(kt) * kRows, Tn);
-    load_tile<D>(vs, base + 2 * D, ld, static_cast<std::int64_t>(kt) * kRows, Tn);
-    cp_async_commit();
-    cp_async_wait<0>();
+    if (kt < qb) {
+      load_tile<D>(ks[st ^ 1], base + D, ld, static_cast<std::int64_t>(kt + 1) * kRows, Tn);
+      load_tile<D>(vs[st ^ 1], base + 2 * D, ld, static_cast<std::int64_t>(kt + 1) * kRows, Tn);
+      cp_async_commit();
+    }
+    wait_for_current_tile(kt < qb);
     __syncthreads();
     float s[kRows / 8][4] = {}, dp[kRows / 8][4] = {};
-    warp_mma<kRows, D, true, S>(s, qf, ks, lane);
-    warp_mma<kRows, D, true, S>(dp, dof, vs, lane);
+    warp_mma<kRows, D, true, S>(s, qf, ks[st], lane);
+    warp_mma<kRows, D, true, S>(dp, dof, vs[st], lane);
+    if (kt == qb) mask_diagonal<false, kRows>(s, warp, lane);
 #pragma unroll
     for (int n = 0; n < kRows / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int half = e / 2;
-        const std::int64_t col = static_cast<std::int64_t>(kt) * kRows + n * 8 + 2 * t + e % 2;
-        const float p = (kt == qb && col > row[half]) ? 0.f : exp2f(s[n][e] * scale_log2 - lse2[half]);
+        const float p = exp2_ftz(fmaf(s[n][e], scale_log2, -lse2[half]));
         s[n][e] = p * (dp[n][e] - dl[half]);  // dS
       }
     std::uint32_t dsa[kRows / 16][4];
     acc_to_a<kRows, T>(s, dsa);
-    warp_mma<D, kRows, false, S>(dq, dsa, ks, lane);
+    warp_mma<D, kRows, false, S>(dq, dsa, ks[st], lane);
   }
   store_rows<D>(dq, dqkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D, ld, q0 + warp * 16, Tn, scale, scale,
                 lane);
@@ -247,61 +297,84 @@ __global__ void __launch_bounds__(kThreads)
                         const float* __restrict__ delta, T* __restrict__ dqkv, std::int64_t Tn, int H,
                         float scale) {
   constexpr int S = kStride<D>;
-  __shared__ __align__(16) T ks[kRows * S], vs[kRows * S], qs[kRows * S], dos[kRows * S];
-  __shared__ float lse2s[kRows], dls[kRows];
+  __shared__ __align__(16) T qs[2][kRows * S], dos[2][kRows * S];
+  __shared__ __align__(16) float lse2s[2][kRows], dls[2][kRows];  // the query tile's lse · log2 e and δ, per stage
   const int kb = static_cast<int>(blockIdx.x);  // key blocks: the first ones see the most queries
   const int bh = blockIdx.y, b = bh / H, h = bh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
+  const int t = lane % 4;
   const std::int64_t ld = 3 * static_cast<std::int64_t>(H) * D, ldo = static_cast<std::int64_t>(H) * D;
   const std::int64_t k0 = static_cast<std::int64_t>(kb) * kRows;
   const T* base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;
   const T* do_base = dout + static_cast<std::int64_t>(b) * Tn * ldo + h * D;
+  const float* lse_bh = lse + static_cast<std::int64_t>(bh) * Tn;
+  const float* delta_bh = delta + static_cast<std::int64_t>(bh) * Tn;
   const float scale_log2 = scale * kLog2e;
+  // Row r (threads 0..63) of query tile qt's lse · log2 e and δ (0 past Tn).
+  const int r = static_cast<int>(threadIdx.x);
+  auto row_stats = [&](int qt, float& l2, float& dl) {
+    const std::int64_t i = static_cast<std::int64_t>(qt) * kRows + r;
+    l2 = i < Tn ? lse_bh[i] * kLog2e : 0.f;
+    dl = i < Tn ? delta_bh[i] : 0.f;
+  };
 
-  load_tile<D>(ks, base + D, ld, k0, Tn);
-  load_tile<D>(vs, base + 2 * D, ld, k0, Tn);
+  load_tile<D>(qs[1], base + D, ld, k0, Tn);  // K and V, through stage 1
+  load_tile<D>(dos[1], base + 2 * D, ld, k0, Tn);
+  load_tile<D>(qs[0], base, ld, k0, Tn);  // the first query tile is the diagonal one: qt = kb
+  load_tile<D>(dos[0], do_base, ldo, k0, Tn);
   cp_async_commit();
+  if (r < kRows) row_stats(kb, lse2s[0][r], dls[0][r]);
   cp_async_wait<0>();
   __syncthreads();
   std::uint32_t kf[D / 16][4], vf[D / 16][4];
-  load_a<D, S>(kf, ks + warp * 16 * S, lane);
-  load_a<D, S>(vf, vs + warp * 16 * S, lane);
-  const std::int64_t row[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};  // key rows
+  load_a<D, S>(kf, qs[1] + warp * 16 * S, lane);
+  load_a<D, S>(vf, dos[1] + warp * 16 * S, lane);
 
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   const int q_tiles = static_cast<int>(ceil_div(Tn, kRows));
   for (int qt = kb; qt < q_tiles; ++qt) {
+    const int sg = (qt - kb) & 1;
+    const bool next = qt + 1 < q_tiles;
     const std::int64_t i0 = static_cast<std::int64_t>(qt) * kRows;
     __syncthreads();
-    load_tile<D>(qs, base, ld, i0, Tn);
-    load_tile<D>(dos, do_base, ldo, i0, Tn);
-    cp_async_commit();
-    for (int r = threadIdx.x; r < kRows; r += kThreads) {
-      const bool in = i0 + r < Tn;
-      lse2s[r] = in ? lse[static_cast<std::int64_t>(bh) * Tn + i0 + r] * kLog2e : 0.f;
-      dls[r] = in ? delta[static_cast<std::int64_t>(bh) * Tn + i0 + r] : 0.f;
+    float next_l2 = 0.f, next_dl = 0.f;  // tile qt + 1's row stats: loaded now, stored after the products
+    if (next) {
+      load_tile<D>(qs[sg ^ 1], base, ld, i0 + kRows, Tn);
+      load_tile<D>(dos[sg ^ 1], do_base, ldo, i0 + kRows, Tn);
+      cp_async_commit();
+      if (r < kRows) row_stats(qt + 1, next_l2, next_dl);
     }
-    cp_async_wait<0>();
+    wait_for_current_tile(next);
     __syncthreads();
     float st[kRows / 8][4] = {}, dpt[kRows / 8][4] = {};  // (16 keys, 64 queries)
-    warp_mma<kRows, D, true, S>(st, kf, qs, lane);
-    warp_mma<kRows, D, true, S>(dpt, vf, dos, lane);
+    warp_mma<kRows, D, true, S>(st, kf, qs[sg], lane);
+    warp_mma<kRows, D, true, S>(dpt, vf, dos[sg], lane);
+    if (qt == kb) mask_diagonal<true, kRows>(st, warp, lane);
+    if (i0 + kRows > Tn)  // the last tile's zero-filled queries past Tn
 #pragma unroll
-    for (int n = 0; n < kRows / 8; ++n)
+      for (int n = 0; n < kRows / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (i0 + n * 8 + 2 * t + e % 2 >= Tn) st[n][e] = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kRows / 8; ++n) {  // columns n·8 + 2t and + 1 of the tile: their queries' stats
+      const float2 l2 = reinterpret_cast<const float2*>(lse2s[sg])[n * 4 + t];
+      const float2 dl = reinterpret_cast<const float2*>(dls[sg])[n * 4 + t];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int half = e / 2, c = n * 8 + 2 * t + e % 2;
-        const std::int64_t col = i0 + c;  // query
-        const bool masked = col >= Tn || (qt == kb && col < row[half]);
-        const float p = masked ? 0.f : exp2f(st[n][e] * scale_log2 - lse2s[c]);
+        const float p = exp2_ftz(fmaf(st[n][e], scale_log2, -(e % 2 ? l2.y : l2.x)));
         st[n][e] = p;
-        dpt[n][e] = p * (dpt[n][e] - dls[c]);  // dSᵀ
+        dpt[n][e] = p * (dpt[n][e] - (e % 2 ? dl.y : dl.x));  // dSᵀ
       }
+    }
     std::uint32_t pa[kRows / 16][4], dsa[kRows / 16][4];
     acc_to_a<kRows, T>(st, pa);
     acc_to_a<kRows, T>(dpt, dsa);
-    warp_mma<D, kRows, false, S>(dv, pa, dos, lane);
-    warp_mma<D, kRows, false, S>(dk, dsa, qs, lane);
+    warp_mma<D, kRows, false, S>(dv, pa, dos[sg], lane);
+    warp_mma<D, kRows, false, S>(dk, dsa, qs[sg], lane);
+    if (next && r < kRows) {  // stage sg ^ 1's readers finished before this iteration's first barrier
+      lse2s[sg ^ 1][r] = next_l2;
+      dls[sg ^ 1][r] = next_dl;
+    }
   }
   T* drow = dqkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;
   store_rows<D>(dk, drow + D, ld, k0 + warp * 16, Tn, scale, scale, lane);
