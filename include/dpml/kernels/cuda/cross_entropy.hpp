@@ -20,9 +20,9 @@
 // gradient. `dloss` is the loss's scale (1/N for a mean over the rows). Losses are fp32, per row.
 //
 // Vocabulary-parallel (Megatron's, for a tensor-parallel LM head): each tensor rank holds the
-// logits of its columns [begin, begin + V) of the padded vocabulary; the same two passes, with
-// the row's max and Σ exp combined over the ranks between them by the caller's all-reduces of a
-// (4, N) fp32 workspace `stats` (4·N floats, not logits: 256 KiB at N = 16384):
+// logits of its columns [begin, begin + V) of the padded vocabulary; the streaming form's two
+// passes, with the row's max and Σ exp combined over the ranks between them by the caller's
+// all-reduces of a (4, N) fp32 workspace `stats` (4·N floats, not logits: 256 KiB at N = 16384):
 //   vocab_parallel_xent_stats     pass 1: stats[0] = stats[3] = this shard's max m, stats[1] =
 //                                 Σ exp(x − m), stats[2] = the target's logit if the shard holds it
 //   all-reduce (max) stats[0]     the row's max M over the vocabulary
