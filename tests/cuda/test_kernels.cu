@@ -68,7 +68,7 @@ TEST_CASE("allocator: reuses its pool after warm-up and counts bytes", "[allocat
   CHECK(alloc.stats().in_use == 0);
 }
 
-TEMPLATE_TEST_CASE("layer_norm: forward and both backward halves against float64", "[layer_norm][gpu]", float, bf16, kc::f16) {
+TEMPLATE_TEST_CASE("layer_norm: forward and both backward halves (with and without a joining residual) against float64", "[layer_norm][gpu]", float, bf16, kc::f16) {
   using T = TestType;
   for (auto [rows, C] : {std::pair{1, 32}, std::pair{37, 768}, std::pair{300, 100}, std::pair{1000, 13}}) {
     CAPTURE(type_name<T>(), rows, C);
@@ -102,6 +102,18 @@ TEMPLATE_TEST_CASE("layer_norm: forward and both backward halves against float64
     CHECK(test::rel_l2(dx.download(), rdx) <= tol_for<T>());
     CHECK(test::rel_l2(dw.download(), rdw) <= tol_for<T>());
     CHECK(test::rel_l2(db.download(), rdb) <= tol_for<T>());
+
+    // A residual gradient joining in the same kernel: dx = dres + the input gradient, into a
+    // buffer of its own, then in place over dres.
+    const auto hres = test::random_vec<T>(n, gen);
+    test::DeviceVec<T> dres(hres), dx_res(n);
+    dx_res.poison();
+    kc::layer_norm_backward_input(dy.ptr, x.ptr, w.ptr, mean.ptr, rstd.ptr, dx_res.ptr, rows, C, nullptr, dres.ptr);
+    auto rdx_res = test::to_double(hres);
+    for (std::size_t i = 0; i < n; ++i) rdx_res[i] += rdx[i];
+    CHECK(test::rel_l2(dx_res.download(), rdx_res) <= tol_for<T>());
+    kc::layer_norm_backward_input(dy.ptr, x.ptr, w.ptr, mean.ptr, rstd.ptr, dres.ptr, rows, C, nullptr, dres.ptr);
+    CHECK(test::rel_l2(dres.download(), rdx_res) <= tol_for<T>());
   }
 }
 

@@ -5,9 +5,15 @@
 //   forward           one warp per row: mean, then Σ(x − μ)² from a second pass over the row
 //                     (the row is hot in L1, and two passes avoid E[x²] − μ² cancellation);
 //                     saves μ and rstd (rows) in fp32 for the backward
-//   backward_input    one warp per row: dx = rstd·(g − mean(g) − x̂·mean(g·x̂)),  g = dy·w
+//   backward_input    one warp per row: dx = dres + rstd·(g − mean(g) − x̂·mean(g·x̂)),  g = dy·w,
+//                     dres an optional residual gradient joining here (a transformer block's
+//                     skip connection: no separate add over the activations)
 //   backward_weight   dw += Σ_rows dy·x̂, db += Σ_rows dy — column sums over the rows, in two
 //                     deterministic stages without atomics (reduce.hpp)
+//
+// The row kernels move Pack<T, E>s: E = 16 / sizeof(T) elements as one 16-byte access where C is
+// a multiple of E and every tensor is 16-byte aligned (GPT-2's C = 768), else single elements.
+// Each element is read and written by one lane, after the row's sums, so dx may alias dy, x or dres.
 //
 // Launchers take the stream and never synchronise. `scratch` for backward_weight holds
 // layer_norm_weight_scratch(rows, C) floats.
@@ -18,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace dpml::kernels::cuda {
 
@@ -25,51 +32,99 @@ namespace detail::ln {
 
 inline constexpr int kWarpsPerBlock = 4;
 
-template <class T>
+// E consecutive elements of T, loaded and stored as one access.
+template <class T, int E>
+struct alignas(sizeof(T) * E) Pack {
+  T v[E];
+};
+
+// Calls f.template operator()<E>() with E = 16 / sizeof(T) where rows of C elements and the given
+// tensors (null ones aside) allow 16-byte packs, else with E = 1.
+template <class T, class F>
+void with_pack(std::int64_t C, std::initializer_list<const void*> tensors, F&& f) {
+  constexpr int E = 16 / static_cast<int>(sizeof(T));
+  bool whole = C % E == 0;
+  for (const void* p : tensors) whole = whole && (p == nullptr || aligned16(p));
+  if (whole) f.template operator()<E>();
+  else f.template operator()<1>();
+}
+
+template <class T, int E>
 __global__ void forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
                                std::int64_t rows, int C, float eps) {
+  using P = Pack<T, E>;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const T* xr = x + r * C;  // (C)
+  const int lane = threadIdx.x % 32, packs = C / E;
+  const P* xr = reinterpret_cast<const P*>(x + r * C);  // (C / E)
   float s = 0.f;
-  for (int c = lane; c < C; c += 32) s += load_f(xr[c]);
+  for (int i = lane; i < packs; i += 32) {
+    const P xp = xr[i];
+#pragma unroll
+    for (int k = 0; k < E; ++k) s += load_f(xp.v[k]);
+  }
   const float mu = warp_sum(s) / static_cast<float>(C);
   float v = 0.f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = load_f(xr[c]) - mu;
-    v += d * d;
+  for (int i = lane; i < packs; i += 32) {
+    const P xp = xr[i];
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      const float d = load_f(xp.v[k]) - mu;
+      v += d * d;
+    }
   }
   const float rs = rsqrtf(warp_sum(v) / static_cast<float>(C) + eps);
-  T* yr = y + r * C;
-  for (int c = lane; c < C; c += 32) yr[c] = from_f<T>((load_f(xr[c]) - mu) * rs * load_f(w[c]) + load_f(b[c]));
+  const P *wp = reinterpret_cast<const P*>(w), *bp = reinterpret_cast<const P*>(b);
+  P* yr = reinterpret_cast<P*>(y + r * C);
+  for (int i = lane; i < packs; i += 32) {
+    const P xp = xr[i], w_ = wp[i], b_ = bp[i];
+    P out;
+#pragma unroll
+    for (int k = 0; k < E; ++k) out.v[k] = from_f<T>((load_f(xp.v[k]) - mu) * rs * load_f(w_.v[k]) + load_f(b_.v[k]));
+    yr[i] = out;
+  }
   if (lane == 0) {
     mean[r] = mu;
     rstd[r] = rs;
   }
 }
 
-template <class T>
-__global__ void backward_input_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                                      const float* __restrict__ mean, const float* __restrict__ rstd,
-                                      T* __restrict__ dx, std::int64_t rows, int C) {
+template <class T, int E>
+__global__ void backward_input_kernel(const T* dy, const T* x, const T* __restrict__ w,
+                                      const float* __restrict__ mean, const float* __restrict__ rstd, const T* dres,
+                                      T* dx, std::int64_t rows, int C) {
+  using P = Pack<T, E>;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const T *dyr = dy + r * C, *xr = x + r * C;
+  const int lane = threadIdx.x % 32, packs = C / E;
+  const P *dyr = reinterpret_cast<const P*>(dy + r * C), *xr = reinterpret_cast<const P*>(x + r * C);
+  const P* wp = reinterpret_cast<const P*>(w);
   const float mu = mean[r], rs = rstd[r];
   float gs = 0.f, gxs = 0.f;
-  for (int c = lane; c < C; c += 32) {
-    const float g = load_f(dyr[c]) * load_f(w[c]), xh = (load_f(xr[c]) - mu) * rs;
-    gs += g;
-    gxs += g * xh;
+  for (int i = lane; i < packs; i += 32) {
+    const P dyp = dyr[i], xp = xr[i], w_ = wp[i];
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      const float g = load_f(dyp.v[k]) * load_f(w_.v[k]), xh = (load_f(xp.v[k]) - mu) * rs;
+      gs += g;
+      gxs += g * xh;
+    }
   }
   const float g_mean = warp_sum(gs) / static_cast<float>(C), gx_mean = warp_sum(gxs) / static_cast<float>(C);
-  T* dxr = dx + r * C;
-  for (int c = lane; c < C; c += 32) {
-    const float g = load_f(dyr[c]) * load_f(w[c]), xh = (load_f(xr[c]) - mu) * rs;
-    dxr[c] = from_f<T>(rs * (g - g_mean - xh * gx_mean));
+  const P* resr = dres ? reinterpret_cast<const P*>(dres + r * C) : nullptr;
+  P* dxr = reinterpret_cast<P*>(dx + r * C);
+  for (int i = lane; i < packs; i += 32) {
+    const P dyp = dyr[i], xp = xr[i], w_ = wp[i];
+    P out;
+    if (resr) out = resr[i];
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      const float g = load_f(dyp.v[k]) * load_f(w_.v[k]), xh = (load_f(xp.v[k]) - mu) * rs;
+      const float d = rs * (g - g_mean - xh * gx_mean);
+      out.v[k] = from_f<T>(resr ? load_f(out.v[k]) + d : d);
+    }
+    dxr[i] = out;
   }
 }
 
@@ -108,20 +163,24 @@ void layer_norm_forward(const T* x, const T* w, const T* b, T* y, float* mean, f
   static_assert(detail::is_storage_v<T>);
   if (rows == 0) return;
   using namespace detail::ln;
-  forward_kernel<<<static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock)), kWarpsPerBlock * 32, 0, stream>>>(
-      x, w, b, y, mean, rstd, rows, static_cast<int>(C), eps);
+  with_pack<T>(C, {x, w, b, y}, [&]<int E>() {
+    forward_kernel<T, E><<<static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock)), kWarpsPerBlock * 32, 0, stream>>>(
+        x, w, b, y, mean, rstd, rows, static_cast<int>(C), eps);
+  });
   DPML_CHECK_LAUNCH();
 }
 
-// dx (rows, C), overwritten.
+// dx (rows, C) = dres + the input gradient (dres null: none); dx may be dy, x or dres.
 template <class T>
 void layer_norm_backward_input(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx,
-                               std::int64_t rows, std::int64_t C, cudaStream_t stream) {
+                               std::int64_t rows, std::int64_t C, cudaStream_t stream, const T* dres = nullptr) {
   static_assert(detail::is_storage_v<T>);
   if (rows == 0) return;
   using namespace detail::ln;
-  backward_input_kernel<<<static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock)), kWarpsPerBlock * 32, 0, stream>>>(
-      dy, x, w, mean, rstd, dx, rows, static_cast<int>(C));
+  with_pack<T>(C, {dy, x, w, dres, dx}, [&]<int E>() {
+    backward_input_kernel<T, E><<<static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock)), kWarpsPerBlock * 32, 0,
+                                  stream>>>(dy, x, w, mean, rstd, dres, dx, rows, static_cast<int>(C));
+  });
   DPML_CHECK_LAUNCH();
 }
 

@@ -832,7 +832,6 @@ class Gpt {
     grads_ = carver_.take<Act>(n_params_);
     acts_offset_ = carver_.bytes();  // activations and scratch from here on
     dres_ = carver_.take<Act>(n * C);
-    dtmp_ = carver_.take<Act>(n * C);
     dsmall_ = carver_.take<Act>(n * C);
     dbig_ = carver_.take<Act>(n * 4 * Cp);
     delta_ = carver_.take<float>(B_ * Hp * T_);
@@ -955,15 +954,11 @@ class Gpt {
       detail::kc::layer_norm_forward(x, params_ + w, params_ + b, y, mean, rstd, N(), cfg_.dim, 1e-5f, stream_);
     });
   }
-  // dx = dres + LN_backward(dy) (the residual branch joins; dres null: none).
+  // dx = dres + LN_backward(dy) (the residual branch joins in the same kernel; dres null: none).
   void layer_norm_backward_input(const Act* dy, const Act* x, std::int64_t w, const float* mean, const float* rstd,
                                  const Act* dres, Act* dx) {
     timed(Family::layer_norm, [&] {
-      detail::kc::layer_norm_backward_input(dy, x, params_ + w, mean, rstd, dtmp_, N(), cfg_.dim, stream_);
-    });
-    timed(Family::elementwise, [&] {
-      if (dres) detail::kc::add(dres, dtmp_, dx, N() * cfg_.dim, stream_);
-      else DPML_CHECK_CUDA(cudaMemcpyAsync(dx, dtmp_, N() * cfg_.dim * sizeof(Act), cudaMemcpyDeviceToDevice, stream_));
+      detail::kc::layer_norm_backward_input(dy, x, params_ + w, mean, rstd, dx, N(), cfg_.dim, stream_, dres);
     });
   }
   // dw, db accumulate.
@@ -1305,7 +1300,7 @@ class Gpt {
   Act* logits_ = nullptr;  // (B, T, Vp / tp), dlogits after the cross-entropy
   float* xent_stats_ = nullptr;  // (4, B·T) under tp: the vocabulary-parallel cross-entropy's
   float* losses_ = nullptr; // (B·T)
-  Act *dres_ = nullptr, *dtmp_ = nullptr, *dsmall_ = nullptr;  // (B, T, C)
+  Act *dres_ = nullptr, *dsmall_ = nullptr;  // (B, T, C)
   Act* dbig_ = nullptr;                                        // (B, T, 4C/tp): d gelu / d pre, then d qkv
   float* delta_ = nullptr;                                      // (B, H/tp, T)
   float* colsum_ = nullptr;
