@@ -69,6 +69,41 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   }
 }
 
+// E consecutive elements of T moved as one access (E = 16 / sizeof(T): 16 bytes), and Pack8: 8
+// elements 16-byte aligned (one access of bf16, two of float) — the vector unit of the
+// element-wise, LayerNorm, BatchNorm and column-sum kernels.
+template <class T, int E, int Align = static_cast<int>(sizeof(T)) * E>
+struct alignas(Align) Pack {
+  T v[E];
+};
+template <class T>
+using Pack8 = Pack<T, 8, 16>;
+
+// V consecutive elements as floats: one Pack8 (V = 8, p 16-byte aligned) or one element.
+template <int V, class T>
+__device__ __forceinline__ void load_v(const T* p, float (&v)[V]) {
+  if constexpr (V == 8) {
+    const Pack8<T> pk = *reinterpret_cast<const Pack8<T>*>(p);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = load_f(pk.v[e]);
+  } else {
+    static_assert(V == 1);
+    v[0] = load_f(*p);
+  }
+}
+template <int V, class T>
+__device__ __forceinline__ void store_v(T* p, const float (&v)[V]) {
+  if constexpr (V == 8) {
+    Pack8<T> pk;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) pk.v[e] = from_f<T>(v[e]);
+    *reinterpret_cast<Pack8<T>*>(p) = pk;
+  } else {
+    static_assert(V == 1);
+    *p = from_f<T>(v[0]);
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -24,12 +24,6 @@ namespace detail::ew {
 
 inline constexpr int kThreads = 256;
 
-// 8 elements of T as one aligned vector (16 bytes of bf16, or two float4 of float).
-template <class T>
-struct alignas(16) Pack8 {
-  T v[8];
-};
-
 // y[i] = op(i, a[i], b[i]) over n elements; b may be null when op ignores it.
 template <class T, class Op>
 __global__ void map2_kernel(const T* a, const T* b, T* y, std::int64_t n,  // y may alias a or b
@@ -79,11 +73,17 @@ void map2(const T* a, const T* b, T* y, std::int64_t n, Op op, cudaStream_t stre
   DPML_CHECK_LAUNCH();
 }
 
-template <class T>
-struct ColumnOf {
+template <int V, class T>
+struct ColumnOf {  // row r's dy at the V columns c0 … c0 + V − 1
   const T* dy;
   int cols;
-  __device__ Sums<1> operator()(std::int64_t r, int c) const { return {{load_f(dy[r * cols + c])}}; }
+  __device__ int setup(int c0) const { return c0; }
+  __device__ void add(int c0, std::int64_t r, Sums<1> (&acc)[V]) const {
+    float v[V];
+    load_v<V>(dy + r * cols + c0, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e].v[0] += v[e];
+  }
 };
 template <class T>
 struct AddIntoBias {
@@ -130,8 +130,11 @@ template <class T, class B = T>
 void bias_grad_rows(const T* dy, B* dbias, float* scratch, std::int64_t rows, std::int64_t cols,
                     cudaStream_t stream) {
   static_assert(detail::is_storage_v<T> && detail::is_storage_v<B>);
-  column_sums<1>(detail::ew::ColumnOf<T>{dy, static_cast<int>(cols)}, detail::ew::AddIntoBias<B>{dbias}, scratch,
-                 rows, cols, stream);
+  const int c = static_cast<int>(cols);
+  if (cols % 8 == 0 && detail::aligned16(dy))
+    column_sums_v<1, 8>(detail::ew::ColumnOf<8, T>{dy, c}, detail::ew::AddIntoBias<B>{dbias}, scratch, rows, cols, stream);
+  else
+    column_sums_v<1, 1>(detail::ew::ColumnOf<1, T>{dy, c}, detail::ew::AddIntoBias<B>{dbias}, scratch, rows, cols, stream);
 }
 
 }  // namespace dpml::kernels::cuda

@@ -11,9 +11,11 @@
 //   backward_weight   dw += Σ_rows dy·x̂, db += Σ_rows dy — column sums over the rows, in two
 //                     deterministic stages without atomics (reduce.hpp)
 //
-// The row kernels move Pack<T, E>s: E = 16 / sizeof(T) elements as one 16-byte access where C is
-// a multiple of E and every tensor is 16-byte aligned (GPT-2's C = 768), else single elements.
-// Each element is read and written by one lane, after the row's sums, so dx may alias dy, x or dres.
+// The row kernels move Pack<T, E>s (common.hpp): E = 16 / sizeof(T) elements as one 16-byte
+// access where C is a multiple of E and every tensor is 16-byte aligned (GPT-2's C = 768), else
+// single elements; backward_weight reads 8 columns per thread and row (Pack8) under the same
+// condition. Each element is read and written by one lane, after the row's sums, so dx may alias
+// dy, x or dres.
 //
 // Launchers take the stream and never synchronise. `scratch` for backward_weight holds
 // layer_norm_weight_scratch(rows, C) floats.
@@ -31,12 +33,6 @@ namespace dpml::kernels::cuda {
 namespace detail::ln {
 
 inline constexpr int kWarpsPerBlock = 4;
-
-// E consecutive elements of T, loaded and stored as one access.
-template <class T, int E>
-struct alignas(sizeof(T) * E) Pack {
-  T v[E];
-};
 
 // Calls f.template operator()<E>() with E = 16 / sizeof(T) where rows of C elements and the given
 // tensors (null ones aside) allow 16-byte packs, else with E = 1.
@@ -128,17 +124,25 @@ __global__ void backward_input_kernel(const T* dy, const T* x, const T* __restri
   }
 }
 
-// dy·x̂ and dy at (r, c), for the column sums of the weight gradient.
-template <class T>
+// Row r's dy·x̂ and dy at the V columns c0 … c0 + V − 1, for the column sums of the weight gradient.
+template <int V, class T>
 struct WeightTerms {
   const T* dy;
   const T* x;
   const float* mean;
   const float* rstd;
   int C;
-  __device__ Sums<2> operator()(std::int64_t r, int c) const {
-    const float g = load_f(dy[r * C + c]);
-    return {{g * (load_f(x[r * C + c]) - mean[r]) * rstd[r], g}};
+  __device__ int setup(int c0) const { return c0; }
+  __device__ void add(int c0, std::int64_t r, Sums<2> (&acc)[V]) const {
+    float g[V], xv[V];
+    load_v<V>(dy + r * C + c0, g);
+    load_v<V>(x + r * C + c0, xv);
+    const float mu = mean[r], rs = rstd[r];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      acc[e].v[0] += g[e] * (xv[e] - mu) * rs;
+      acc[e].v[1] += g[e];
+    }
   }
 };
 template <class T>
@@ -189,8 +193,12 @@ template <class T>
 void layer_norm_backward_weight(const T* dy, const T* x, const float* mean, const float* rstd, T* dw, T* db,
                                 float* scratch, std::int64_t rows, std::int64_t C, cudaStream_t stream) {
   static_assert(detail::is_storage_v<T>);
-  column_sums<2>(detail::ln::WeightTerms<T>{dy, x, mean, rstd, static_cast<int>(C)}, detail::ln::AddInto<T>{dw, db},
-                 scratch, rows, C, stream);
+  using namespace detail::ln;
+  const int c = static_cast<int>(C);
+  if (C % 8 == 0 && detail::aligned16(dy) && detail::aligned16(x))
+    column_sums_v<2, 8>(WeightTerms<8, T>{dy, x, mean, rstd, c}, AddInto<T>{dw, db}, scratch, rows, C, stream);
+  else
+    column_sums_v<2, 1>(WeightTerms<1, T>{dy, x, mean, rstd, c}, AddInto<T>{dw, db}, scratch, rows, C, stream);
 }
 
 }  // namespace dpml::kernels::cuda

@@ -12,14 +12,12 @@
 // Stage 2 (final_kernel): per column, 32 lanes add strided chunk partials in order, a fixed tree
 // adds the lanes, and the K sums go to `out`.
 //
-// Two ways to say what is summed:
-//   column_sums<K>(f, …)       f: `Sums<K> operator()(std::int64_t r, int c) const` (device), one element
-//   column_sums_v<K, V>(f, …)  f: `State setup(int c0) const` (per-thread constants of columns c0 …
-//                              c0 + V − 1, loaded once) and `void add(const State&, std::int64_t r,
-//                              Sums<K> (&acc)[V]) const` (adds row r's values of those columns)
-// and out is `void operator()(int c, const Sums<K>&) const`. Sums that must travel before they are
-// used (a synchronised BatchNorm all-reduces them across ranks) are kept with out = StoreSums<K>
-// and handed to an out functor later by apply_column_sums<K>.
+// What is summed: column_sums_v<K, V>(f, out, …) with f's `State setup(int c0) const`
+// (per-thread constants of columns c0 … c0 + V − 1, loaded once) and `void add(const State&,
+// std::int64_t r, Sums<K> (&acc)[V]) const` (adds row r's values of those columns; common.hpp's
+// load_v reads them), and out's `void operator()(int c, const Sums<K>&) const`. Sums that must
+// travel before they are used (a synchronised BatchNorm all-reduces them across ranks) are kept
+// with out = StoreSums<K> and handed to an out functor later by apply_column_sums<K>.
 
 #include "dpml/core/error.hpp"
 #include "dpml/kernels/cuda/common.hpp"
@@ -75,21 +73,6 @@ __global__ void __launch_bounds__(kPartialThreads) partial_kernel(F f, float* __
   }
 }
 
-// column_sums' element functor as a V = 1 one.
-template <int K, class F>
-struct ElementTerms {
-  F f;
-  struct State {
-    int c;
-  };
-  __device__ State setup(int c0) const { return {c0}; }
-  __device__ void add(const State& st, std::int64_t r, Sums<K> (&acc)[1]) const {
-    const Sums<K> v = f(r, st.c);
-#pragma unroll
-    for (int k = 0; k < K; ++k) acc[0].v[k] += v.v[k];
-  }
-};
-
 // One block per 32 columns: lane y adds chunks y, y + 32, … in order, then the 32 lanes are added
 // by a fixed tree in shared memory — the same order every run, and the chunks are read by 1024
 // threads per 32 columns instead of one serial loop per column (BatchNorm's stem has 12544 chunks).
@@ -120,7 +103,7 @@ __global__ void final_kernel(const float* __restrict__ partial, Out out, int chu
 
 }  // namespace detail::colsum
 
-// Floats of scratch that column_sums<K> needs for (rows, C).
+// Floats of scratch that column_sums_v<K, V> needs for (rows, C).
 inline std::int64_t column_sums_scratch(std::int64_t rows, std::int64_t C, int K) {
   return ceil_div(rows, detail::colsum::kRowChunk) * K * C;
 }
@@ -144,11 +127,6 @@ void column_sums_v(F f, Out out, float* scratch, std::int64_t rows, std::int64_t
   final_kernel<K><<<static_cast<unsigned>(ceil_div(C, 32)), dim3(32, kFinalLanes), 0, stream>>>(
       scratch, out, static_cast<int>(chunks), static_cast<int>(C));
   DPML_CHECK_LAUNCH();
-}
-
-template <int K, class F, class Out>
-void column_sums(F f, Out out, float* scratch, std::int64_t rows, std::int64_t C, cudaStream_t stream) {
-  column_sums_v<K, 1>(detail::colsum::ElementTerms<K, F>{f}, out, scratch, rows, C, stream);
 }
 
 // An out functor that keeps the sums: sums (K, C), row k holding quantity k of every column.

@@ -80,31 +80,6 @@ namespace detail::bn {
 
 inline constexpr int kThreads = 256;
 
-// V consecutive channels of one row as floats: one 16-byte vector (V = 8) or one element.
-template <int V, class T>
-__device__ __forceinline__ void load_v(const T* p, float (&v)[V]) {
-  if constexpr (V == 8) {
-    const ew::Pack8<T> pk = *reinterpret_cast<const ew::Pack8<T>*>(p);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = load_f(pk.v[e]);
-  } else {
-    static_assert(V == 1);
-    v[0] = load_f(*p);
-  }
-}
-template <int V, class T>
-__device__ __forceinline__ void store_v(T* p, const float (&v)[V]) {
-  if constexpr (V == 8) {
-    ew::Pack8<T> pk;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) pk.v[e] = from_f<T>(v[e]);
-    *reinterpret_cast<ew::Pack8<T>*>(p) = pk;
-  } else {
-    static_assert(V == 1);
-    *p = from_f<T>(v[0]);
-  }
-}
-
 // ---- statistics (column_sums_v functors, V channels per thread) ----
 // A thread's channels c0 … c0 + V − 1 and one per-channel vector of them, loaded once (the state
 // of the column_sums_v functors below).
