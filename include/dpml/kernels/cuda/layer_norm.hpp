@@ -13,9 +13,9 @@
 //
 // The row kernels move Pack<T, E>s (common.hpp): E = 16 / sizeof(T) elements as one 16-byte
 // access where C is a multiple of E and every tensor is 16-byte aligned (GPT-2's C = 768), else
-// single elements; backward_weight reads 8 columns per thread and row (Pack8) under the same
-// condition. Each element is read and written by one lane, after the row's sums, so dx may alias
-// dy, x or dres.
+// single elements; backward_weight reads 8 columns per thread and row (Pack8) where C is a
+// multiple of 8 and dy and x are 16-byte aligned. Each element is read and written by one lane,
+// after the row's sums, so dx may alias dy, x or dres.
 //
 // Launchers take the stream and never synchronise. `scratch` for backward_weight holds
 // layer_norm_weight_scratch(rows, C) floats.
