@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 namespace dpml::kernels::cuda {
@@ -36,6 +37,15 @@ namespace detail {
 // Whether p may be read as 16-byte vectors. Host and device: launchers pick vector paths with it
 // (a __device__-only helper called from a host launcher compiles, and then ends the process).
 __host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// Whether rows of `cols` elements split into whole packs of `per_pack` and every given tensor (null
+// ones aside) is 16-byte aligned: the condition of the vector paths (Pack, Pack8, load_v below).
+inline bool whole_packs(std::int64_t cols, int per_pack, std::initializer_list<const void*> tensors) {
+  if (cols % per_pack != 0) return false;
+  for (const void* p : tensors)
+    if (p != nullptr && !aligned16(p)) return false;
+  return true;
+}
 
 template <class T>
 inline constexpr bool is_storage_v = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;

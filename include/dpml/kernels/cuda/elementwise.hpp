@@ -131,7 +131,7 @@ void bias_grad_rows(const T* dy, B* dbias, float* scratch, std::int64_t rows, st
                     cudaStream_t stream) {
   static_assert(detail::is_storage_v<T> && detail::is_storage_v<B>);
   const int c = static_cast<int>(cols);
-  if (cols % 8 == 0 && detail::aligned16(dy))
+  if (detail::whole_packs(cols, 8, {dy}))
     column_sums_v<1, 8>(detail::ew::ColumnOf<8, T>{dy, c}, detail::ew::AddIntoBias<B>{dbias}, scratch, rows, cols, stream);
   else
     column_sums_v<1, 1>(detail::ew::ColumnOf<1, T>{dy, c}, detail::ew::AddIntoBias<B>{dbias}, scratch, rows, cols, stream);

@@ -39,9 +39,7 @@ inline constexpr int kWarpsPerBlock = 4;
 template <class T, class F>
 void with_pack(std::int64_t C, std::initializer_list<const void*> tensors, F&& f) {
   constexpr int E = 16 / static_cast<int>(sizeof(T));
-  bool whole = C % E == 0;
-  for (const void* p : tensors) whole = whole && (p == nullptr || aligned16(p));
-  if (whole) f.template operator()<E>();
+  if (whole_packs(C, E, tensors)) f.template operator()<E>();
   else f.template operator()<1>();
 }
 
@@ -195,7 +193,7 @@ void layer_norm_backward_weight(const T* dy, const T* x, const float* mean, cons
   static_assert(detail::is_storage_v<T>);
   using namespace detail::ln;
   const int c = static_cast<int>(C);
-  if (C % 8 == 0 && detail::aligned16(dy) && detail::aligned16(x))
+  if (detail::whole_packs(C, 8, {dy, x}))
     column_sums_v<2, 8>(WeightTerms<8, T>{dy, x, mean, rstd, c}, AddInto<T>{dw, db}, scratch, rows, C, stream);
   else
     column_sums_v<2, 1>(WeightTerms<1, T>{dy, x, mean, rstd, c}, AddInto<T>{dw, db}, scratch, rows, C, stream);

@@ -51,7 +51,6 @@
 
 #include <concepts>
 #include <cstdint>
-#include <initializer_list>
 #include <type_traits>
 
 namespace dpml::kernels::cuda {
@@ -271,18 +270,6 @@ __global__ void backward_input_kernel(const T* dy, const T* y, const T* x, const
   }
 }
 
-// 8 channels per thread when C % 8 == 0 and every tensor (activations, and the fp32 per-channel
-// vectors) is 16-byte aligned.
-template <class T>
-bool vec8(std::int64_t C, std::initializer_list<const T*> acts, std::initializer_list<const float*> vectors) {
-  if (C % 8 != 0) return false;
-  for (const T* p : acts)
-    if (p != nullptr && !aligned16(p)) return false;
-  for (const float* p : vectors)
-    if (p != nullptr && !aligned16(p)) return false;
-  return true;
-}
-
 inline void check(std::int64_t rows, std::int64_t C, const BatchNormConfig& cfg, const char* pass) {
   DPML_REQUIRE(rows >= 0 && C > 0 && C < (std::int64_t{1} << 31) && cfg.eps > 0.f,
                "batch_norm " << pass << ": rows=" << rows << " C=" << C << " eps=" << cfg.eps << " out of range");
@@ -358,7 +345,7 @@ void batch_norm_forward(const T* x, const T* residual, const P* gamma, const P* 
                                               "the shift of the sums that every rank must share)");
   const int c = static_cast<int>(C);
   float* coef = coefficients(scratch, rows, C);  // (2, C)
-  const bool vec = vec8<T>(C, {x, residual, y}, {coef, synchronised ? running_mean : nullptr});
+  const bool vec = detail::whole_packs(C, 8, {x, residual, y, coef, synchronised ? running_mean : nullptr});
   if (cfg.training) {
     auto finish = [&](const auto* shift, std::int64_t count) {
       return FinishStatistics<std::remove_cvref_t<decltype(*shift)>, P>{
@@ -404,7 +391,7 @@ void batch_norm_backward(const T* dy, const T* y, const T* x, const float* mean,
   const int c = static_cast<int>(C);
   const T* mask = cfg.relu ? y : nullptr;
   float* coef = coefficients(scratch, rows, C);  // (3, C)
-  const bool vec = vec8<T>(C, {dy, mask, x, dx, dresidual}, {mean, coef});
+  const bool vec = detail::whole_packs(C, 8, {dy, mask, x, dx, dresidual, mean, coef});
   const ParamGrads<P> param_grads{rstd, dgamma, dbeta};
   auto input_coefficients = [&](std::int64_t count) {
     return InputGradCoefficients<P>{rstd, gamma, coef, count > 0 ? 1.f / static_cast<float>(count) : 0.f, c,
