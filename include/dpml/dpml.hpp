@@ -35,7 +35,7 @@
 
 #include "dpml/parallel/data.hpp"
 #include "dpml/parallel/distributed_optimizer.hpp"
-#include "dpml/parallel/flat_parameters.hpp"
+#include "dpml/core/flat_parameters.hpp"
 #include "dpml/parallel/grid.hpp"
 #include "dpml/parallel/pipeline/executor.hpp"
 #include "dpml/parallel/pipeline/partition.hpp"
@@ -76,7 +76,7 @@
 #include "dpml/layers/linear.hpp"
 #include "dpml/layers/mlp.hpp"
 #include "dpml/layers/parallel_linear.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/layers/pool.hpp"
 #include "dpml/layers/residual.hpp"
 #include "dpml/layers/sequential.hpp"

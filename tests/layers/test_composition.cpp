@@ -152,8 +152,9 @@ TEST_CASE("Nested containers report every parameter ready exactly once, after it
   std::map<std::string, int> reported;
   std::vector<std::string> order;
   Ctx ctx;
-  ctx.on_grad_ready_f64 = [&](std::span<Param<double>* const> ps) {
-    for (auto* p : ps) {
+  ctx.on_grad_ready = [&](std::span<ParamBase* const> ps) {
+    for (auto* base : ps) {
+      auto* p = static_cast<Param<double>*>(base);
       ++reported[p->name()];
       order.push_back(p->name());
       double norm = 0;

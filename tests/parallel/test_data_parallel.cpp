@@ -3,7 +3,7 @@
 #include "test.hpp"
 
 #include <dpml/parallel/data.hpp>
-#include <dpml/parallel/flat_parameters.hpp>
+#include <dpml/core/flat_parameters.hpp>
 
 #include <memory>
 #include <vector>
@@ -30,7 +30,7 @@ TEST_CASE("buckets: all-reduce sums every gradient, buckets start as soon as the
   const auto world = test::world();
   const int p = world.size();
   Model m({5, 1, 7, 1000, 3, 64, 120});
-  parallel::FlatParameters<double> flat(m.params);
+  FlatParameters<double> flat(m.params);
   // Buckets of at least 100 doubles, whole parameters, filled from the last parameter.
   parallel::GradientBuckets<double> buckets(flat, &world, 100 * sizeof(double));
   CHECK(buckets.bucket_count() == 3);  // [120] [64 3 1000] [7 1 5], from the back
@@ -64,7 +64,7 @@ TEST_CASE("buckets: all-reduce sums every gradient, buckets start as soon as the
 TEST_CASE("buckets: a held bucket waits for finish()", "[data]") {
   const auto world = test::world();
   Model m({10, 20});
-  parallel::FlatParameters<double> flat(m.params);
+  FlatParameters<double> flat(m.params);
   parallel::GradientBuckets<double> buckets(flat, &world, 8);  // one bucket per parameter
   REQUIRE(buckets.bucket_count() == 2);
   buckets.hold(m.params[0]);
@@ -82,7 +82,7 @@ TEST_CASE("buckets: a held bucket waits for finish()", "[data]") {
 TEST_CASE("buckets: unreported parameters are reduced by finish() (no hang)", "[data]") {
   const auto world = test::world();
   Model m({10, 20});
-  parallel::FlatParameters<double> flat(m.params);
+  FlatParameters<double> flat(m.params);
   parallel::GradientBuckets<double> buckets(flat, &world, 8);
   buckets.begin_step(1);
   for (auto& x : flat.grads()) x = 1.0;
@@ -94,7 +94,7 @@ TEST_CASE("buckets: ZeRO-1 reduce-scatter gives each rank its summed shard; all-
   const auto world = test::world();
   const int p = world.size();
   Model m({13, 1, 250, 7});
-  parallel::FlatParameters<double> flat(m.params);
+  FlatParameters<double> flat(m.params);
   parallel::GradientBuckets<double> buckets(flat, &world, 40 * sizeof(double), parallel::GradReduction::reduce_scatter);
   buckets.begin_step(1);
   for (std::size_t k = m.params.size(); k-- > 0;) {

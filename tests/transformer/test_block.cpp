@@ -191,8 +191,8 @@ TEST_CASE("Stack of TransformerBlocks: GPT-2 parameter names; every parameter re
 
   std::map<const void*, int> reports;
   layers::Context<> ctx;
-  ctx.on_grad_ready_f64 = [&](std::span<layers::Param<double>* const> ps) {
-    for (auto* p : ps) ++reports[p];
+  ctx.on_grad_ready = [&](std::span<layers::ParamBase* const> ps) {
+    for (auto* p : ps) ++reports[static_cast<const void*>(static_cast<layers::Param<double>*>(p))];
   };
   auto x = test::random_tensor<double>({B, Tn, C}, gen), r = test::random_tensor<double>({B, Tn, C}, gen);
   for (int mb = 0; mb < 2; ++mb) {

@@ -28,8 +28,13 @@ struct CudaSpace {
 };
 
 namespace detail {
+// Set-up and test copies (Param::bind, to_space): the device is synchronised first, because the
+// library's work runs on non-blocking streams, which a plain cudaMemcpy does not wait for. Copies
+// inside a step go through kernels::Ops<CudaSpace>::copy, on the step's stream.
 inline void cuda_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
-  if (bytes) DPML_CHECK_CUDA(cudaMemcpy(dst, src, bytes, kind));
+  if (!bytes) return;
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  DPML_CHECK_CUDA(cudaMemcpy(dst, src, bytes, kind));
 }
 }  // namespace detail
 

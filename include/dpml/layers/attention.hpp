@@ -22,7 +22,7 @@
 #include "dpml/kernels/host/attention.hpp"
 #include "dpml/layers/layer.hpp"
 #include "dpml/layers/parallel_linear.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/parallel/tensor.hpp"
 
 #include <cstdint>

@@ -15,7 +15,7 @@
 #include "dpml/core/tensor.hpp"
 #include "dpml/kernels/host/batch_norm.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/parallel/grid.hpp"
 
 #include <cmath>

@@ -16,7 +16,7 @@
 #include "dpml/core/tensor.hpp"
 #include "dpml/kernels/host/activation.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 
 #include <cstdint>
 #include <type_traits>

@@ -22,7 +22,7 @@
 #include "dpml/core/tensor.hpp"
 #include "dpml/kernels/host/embedding.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/parallel/tensor.hpp"
 
 #include <algorithm>

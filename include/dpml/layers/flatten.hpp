@@ -5,7 +5,7 @@
 #include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 
 #include <type_traits>
 #include <vector>

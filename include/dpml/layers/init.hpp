@@ -9,7 +9,7 @@
 
 #include "dpml/core/philox.hpp"
 #include "dpml/core/tensor.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/parallel/grid.hpp"
 
 #include <cmath>
@@ -46,14 +46,19 @@ GlobalSlice global_slice(const Param<T, Space>& p, const parallel::ProcessGrid* 
   return g;
 }
 
-// Fills a host parameter according to its Init, from (seed, its name, global indices).
-template <class T>
-void initialize(Param<T, HostSpace>& p, std::uint64_t seed, const parallel::ProcessGrid* grid) {
+// Fills a parameter according to its Init, from (seed, its name, global indices); a parameter in
+// device memory is drawn on the host and copied over (rounded to its element type).
+template <class T, class Space>
+void initialize(Param<T, Space>& p, std::uint64_t seed, const parallel::ProcessGrid* grid) {
   const Init& init = p.init();
   const GlobalSlice g = global_slice(p, grid);
   const Shape local = p.shape(), gstrides = contiguous_strides(g.global);
   const PhiloxStream rng(seed, name_stream(p.name()));
-  auto value = p.value();
+  Tensor<T> drawn;
+  if constexpr (!Space::host_accessible) drawn = Tensor<T>(local);
+  TensorView<T> value;
+  if constexpr (Space::host_accessible) value = p.value();
+  else value = drawn.view();
   std::int64_t idx[kMaxRank] = {};
   for (std::int64_t flat = 0; flat < value.numel(); ++flat) {
     // global flat index of the local multi-index idx
@@ -69,6 +74,14 @@ void initialize(Param<T, HostSpace>& p, std::uint64_t seed, const parallel::Proc
       idx[d] = 0;
     }
   }
+  if constexpr (!Space::host_accessible) copy(p.value(), drawn.cview());
+}
+
+// Sets a parameter's gradient to zero, in any space.
+template <class T, class Space>
+void zero_grad(Param<T, Space>& p) {
+  Tensor<T> zeros(p.shape(), T(0));
+  copy(p.grad(), zeros.cview());
 }
 
 // Initialises every parameter of a range of Param* (e.g. model.parameters()) and zeroes grads.
@@ -76,7 +89,7 @@ template <std::ranges::range Params>
 void initialize_all(Params&& params, std::uint64_t seed, const parallel::ProcessGrid* grid) {
   for (auto* p : params) {
     initialize(*p, seed, grid);
-    for (auto& g : p->grad()) g = 0;
+    zero_grad(*p);
   }
 }
 

@@ -9,6 +9,9 @@
 //   parameters() -> range of Param<T, Space>*: every trainable tensor, in registration order
 //                                   (std::vector<Param<T, Space>*>; empty for parameter-free layers)
 //
+// Every kernel a layer runs goes through kernels::Ops<Space> (kernels/ops.hpp) with ctx.dev(), so
+// one layer serves HostSpace and CudaSpace; a type of its own may call anything it likes.
+//
 // Input and Output are view types (TensorView<const T, Space>, or another view a layer defines);
 // the returned views point into buffers the layer owns, one per micro-batch slot, valid until
 // the same slot's next forward. There is no autograd tape: containers (Sequential, Residual)
@@ -19,8 +22,10 @@
 // containers, and check_layer<L>() spells out which member is missing.
 
 #include "dpml/core/arena.hpp"
+#include "dpml/core/error.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/kernels/ops.hpp"
 #include "dpml/parallel/grid.hpp"
 
 #include <concepts>
@@ -28,9 +33,15 @@
 #include <functional>
 #include <ranges>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace dpml::layers {
+
+using dpml::Init;  // core/parameter.hpp: parameters sit below layers/, the names stay here too
+using dpml::Param;
+using dpml::ParamBase;
+using dpml::Sharding;
 
 enum class Mode { train, eval };
 
@@ -45,19 +56,27 @@ struct Context {
   std::int64_t global_batch = 0;       // samples in the whole step (all data ranks, all micro-batches):
                                        // losses divide by it, so gradients are summed, never averaged
   const parallel::ProcessGrid* grid = nullptr;  // communicators (tensor/data axes); null = one rank
+  kernels::Device<Space>* device = nullptr;     // the space's stream, handles and workspace (CudaSpace:
+                                                // required; HostSpace: none needed)
   // Called by containers once a child's backward_weight has finished, with that child's params.
-  std::function<void(std::span<Param<float, Space>* const>)> on_grad_ready_f32;
-  std::function<void(std::span<Param<double, Space>* const>)> on_grad_ready_f64;
+  std::function<void(std::span<ParamBase* const>)> on_grad_ready;
 
   bool training() const noexcept { return mode == Mode::train; }
 
-  template <class T>
-  void grad_ready(std::span<Param<T, Space>* const> params) const {
-    if constexpr (std::is_same_v<T, float>) {
-      if (on_grad_ready_f32) on_grad_ready_f32(params);
-    } else if constexpr (std::is_same_v<T, double>) {
-      if (on_grad_ready_f64) on_grad_ready_f64(params);
+  // What every kernels::Ops<Space> call takes first.
+  kernels::Device<Space>& dev() const {
+    if constexpr (std::is_same_v<Space, HostSpace>) {
+      static kernels::Device<HostSpace> host;  // stateless
+      return device ? *device : host;
+    } else {
+      DPML_REQUIRE(device != nullptr, "layers::Context<" << Space::name << ">: no kernels::Device set (ctx.device): "
+                                                         "the stream and handles the kernels run on");
+      return *device;
     }
+  }
+
+  void grad_ready(std::span<ParamBase* const> params) const {
+    if (on_grad_ready) on_grad_ready(params);
   }
 };
 
@@ -112,10 +131,9 @@ concept Container = requires { L::reports_grad_ready; } && L::reports_grad_ready
 template <class Child, class Space>
 void report_grad_ready(Context<Space>& ctx, Child& child) {
   if constexpr (!Container<Child>) {
-    using T = typename Child::value_type;
-    auto ps = child.parameters();
-    std::vector<Param<T, Space>*> list(std::ranges::begin(ps), std::ranges::end(ps));
-    ctx.template grad_ready<T>(std::span<Param<T, Space>* const>(list.data(), list.size()));
+    std::vector<ParamBase*> list;
+    for (ParamBase* p : child.parameters()) list.push_back(p);
+    ctx.grad_ready(std::span<ParamBase* const>(list.data(), list.size()));
   }
 }
 

@@ -6,11 +6,16 @@
 // backward_input gives dx, backward_weight adds dweight and dbias. The parameters are replicated
 // over the tensor axis: a LayerNorm sits where activations are whole on every tensor rank, so
 // every rank computes the same gradients.
+//
+// Residual joined in the backward (the fused GPT's trick, open to any model): backward_input(ctx,
+// dy, dres) returns dres + dL/dx in the same pass over the rows, so a pre-LN block's residual
+// gradient costs no separate add. Any space (kernels::Ops<Space>'s LayerNorm family); statistics in
+// kernels::accum_t<T> (float, or double for double tensors).
 
+#include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
-#include "dpml/kernels/host/layer_norm.hpp"
+#include "dpml/kernels/ops.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/layers/parameter.hpp"
 
 #include <cstdint>
 #include <string>
@@ -21,7 +26,8 @@ namespace dpml::layers {
 
 template <class T = float, class Space = HostSpace>
 class LayerNorm {
-  static_assert(std::is_same_v<Space, HostSpace>, "dpml LayerNorm: only the host path (kernels/host) exists so far");
+  using Ops = kernels::Ops<Space>;
+  using Stat = kernels::accum_t<T>;
 
  public:
   using value_type = T;
@@ -40,26 +46,32 @@ class LayerNorm {
     const std::int64_t rows = x.numel() / C_;
     s.x = x;
     auto y = ensure(s.y, x.shape());
-    kernels::host::layer_norm_forward(x.data(), weight_.value().data(), bias_.value().data(), y.data(),
-                                      ensure(s.mean, Shape{rows}).data(), ensure(s.rstd, Shape{rows}).data(), rows,
-                                      C_, eps_);
+    Ops::layer_norm_forward(ctx.dev(), x.data(), weight_.value().data(), bias_.value().data(), y.data(),
+                            ensure(s.mean, Shape{rows}).data(), ensure(s.rstd, Shape{rows}).data(), rows, C_, eps_);
     return y;
   }
 
-  Input backward_input(Context<Space>& ctx, Output dy) {
+  Input backward_input(Context<Space>& ctx, Output dy) { return backward_input(ctx, dy, Output()); }
+
+  // dres (the shape of x; a null view: none) + dL/dx, in one pass.
+  Input backward_input(Context<Space>& ctx, Output dy, Output dres) {
     Saved& s = slots_.slot(ctx);
     check_dy(s, dy);
+    const bool joined = dres.data() != nullptr;
+    DPML_REQUIRE(!joined || dres.shape() == s.x.shape(),
+                 "LayerNorm " << weight_.name() << ": residual gradient " << dres.shape().str() << " differs from the input "
+                              << s.x.shape().str());
     auto dx = ensure(s.dx, s.x.shape());
-    kernels::host::layer_norm_backward_input(dy.data(), s.x.data(), weight_.value().data(), s.mean.data(),
-                                             s.rstd.data(), dx.data(), s.x.numel() / C_, C_);
+    Ops::layer_norm_backward_input(ctx.dev(), dy.data(), s.x.data(), weight_.value().data(), s.mean.data(),
+                                   s.rstd.data(), dx.data(), s.x.numel() / C_, C_, joined ? dres.data() : nullptr);
     return dx;
   }
 
   void backward_weight(Context<Space>& ctx, Output dy) {
     Saved& s = slots_.slot(ctx);
     check_dy(s, dy);
-    kernels::host::layer_norm_backward_weight(dy.data(), s.x.data(), s.mean.data(), s.rstd.data(),
-                                              weight_.grad().data(), bias_.grad().data(), s.x.numel() / C_, C_);
+    Ops::layer_norm_backward_weight(ctx.dev(), dy.data(), s.x.data(), s.mean.data(), s.rstd.data(),
+                                    weight_.grad().data(), bias_.grad().data(), s.x.numel() / C_, C_);
   }
 
   std::vector<Param<T, Space>*> parameters() { return {&weight_, &bias_}; }
@@ -67,7 +79,8 @@ class LayerNorm {
  private:
   struct Saved {
     Input x;                           // (..., C), the caller's buffer
-    Tensor<T, Space> y, mean, rstd;    // (..., C), (rows), (rows)
+    Tensor<T, Space> y;                // (..., C)
+    Tensor<Stat, Space> mean, rstd;    // (rows), (rows)
     Tensor<T, Space> dx;               // (..., C)
   };
   void check_dy(const Saved& s, const Output& dy) const {

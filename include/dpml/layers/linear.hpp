@@ -9,13 +9,16 @@
 // Parameters are declared with PyTorch's default init U(−1/√fan_in, 1/√fan_in) and filled by
 // layers::initialize_all. fan_in defaults to `in`; a tensor-parallel row-split linear passes the
 // global one. Shardings are passed through for tensor-parallel layers (parallel_linear.hpp).
+//
+// Any space: the three products are kernels::Ops<Space>'s linear family (OpenBLAS on the host;
+// on a GPU cuBLASLt with the bias in the GEMM's epilogue and the weight gradient accumulated by
+// the GEMM itself). T is float or double on the host, bf16, fp16 or float on a GPU.
 
 #include "dpml/core/error.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
-#include "dpml/kernels/host/elementwise.hpp"
-#include "dpml/kernels/host/gemm.hpp"
+#include "dpml/kernels/ops.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/layers/parameter.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -35,7 +38,7 @@ struct LinearOptions {
 
 template <class T = float, class Space = HostSpace>
 class Linear {
-  static_assert(std::is_same_v<Space, HostSpace>, "dpml Linear: only the host path (kernels/host) exists so far");
+  using Ops = kernels::Ops<Space>;
 
  public:
   using value_type = T;
@@ -61,10 +64,7 @@ class Linear {
     Shape ys = x.shape();
     ys[ys.rank() - 1] = out_;
     auto y = ensure(s.y, ys);
-    const std::int64_t rows = x.numel() / in_;
-    kernels::host::gemm(kernels::host::Trans::no, kernels::host::Trans::yes, rows, out_, in_, T(1), x.data(),
-                        weight_.value().data(), T(0), y.data());
-    if (has_bias_) kernels::host::bias_add_rows(y.data(), bias_.value().data(), rows, out_);
+    Ops::linear_forward(ctx.dev(), x.data(), weight_.value().data(), bias(), y.data(), x.numel() / in_, in_, out_);
     return y;
   }
 
@@ -72,17 +72,15 @@ class Linear {
     Saved& s = slots_.slot(ctx);
     check_dy(ctx, s, dy);
     auto dx = ensure(s.dx, s.x.shape());
-    kernels::host::gemm(kernels::host::Trans::no, kernels::host::Trans::no, rows(s), in_, out_, T(1), dy.data(),
-                        weight_.value().data(), T(0), dx.data());
+    Ops::linear_backward_input(ctx.dev(), dy.data(), weight_.value().data(), dx.data(), rows(s), in_, out_);
     return dx;
   }
 
   void backward_weight(Context<Space>& ctx, Output dy) {
     Saved& s = slots_.slot(ctx);
     check_dy(ctx, s, dy);
-    kernels::host::gemm(kernels::host::Trans::yes, kernels::host::Trans::no, out_, in_, rows(s), T(1), dy.data(),
-                        s.x.data(), T(1), weight_.grad().data());
-    if (has_bias_) kernels::host::bias_grad_rows(dy.data(), bias_.grad().data(), rows(s), out_);
+    Ops::linear_backward_weight(ctx.dev(), dy.data(), s.x.data(), weight_.grad().data(),
+                                has_bias_ ? bias_.grad().data() : nullptr, rows(s), in_, out_);
   }
 
   // weight (out, in), then bias (out) when there is one.
@@ -104,6 +102,7 @@ class Linear {
     return Init::uniform(-bound, bound);
   }
   std::int64_t rows(const Saved& s) const noexcept { return s.x.numel() / in_; }
+  const T* bias() const noexcept { return has_bias_ ? bias_.value().data() : nullptr; }
   void check_dy(const Context<Space>& ctx, const Saved& s, const Output& dy) const {
     DPML_REQUIRE(s.x.rank() > 0, "Linear " << weight_.name() << ": backward before forward for micro-batch "
                                            << ctx.micro_batch);

@@ -14,7 +14,7 @@
 #include "dpml/kernels/host/activation.hpp"
 #include "dpml/layers/layer.hpp"
 #include "dpml/layers/parallel_linear.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/parallel/tensor.hpp"
 
 #include <cstdint>

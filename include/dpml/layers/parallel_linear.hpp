@@ -23,7 +23,7 @@
 #include "dpml/kernels/host/elementwise.hpp"
 #include "dpml/layers/layer.hpp"
 #include "dpml/layers/linear.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/parallel/tensor.hpp"
 
 #include <cmath>

@@ -13,7 +13,7 @@
 #include "dpml/core/tensor.hpp"
 #include "dpml/kernels/host/elementwise.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 
 #include <string>
 #include <type_traits>

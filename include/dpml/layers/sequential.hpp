@@ -15,7 +15,7 @@
 
 #include "dpml/core/error.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 
 #include <cstddef>
 #include <string>

@@ -29,7 +29,7 @@
 #include "dpml/layers/layer.hpp"
 #include "dpml/layers/layer_norm.hpp"
 #include "dpml/layers/mlp.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/parallel/tensor.hpp"
 
 #include <cstdint>

@@ -31,7 +31,7 @@
 #include "dpml/kernels/host/gemm.hpp"
 #include "dpml/layers/embedding.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/parallel/tensor.hpp"
 
 #include <algorithm>

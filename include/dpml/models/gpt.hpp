@@ -66,7 +66,7 @@ class Gpt {
  public:
   using value_type = T;
   using space = HostSpace;
-  using ParamT = layers::Param<T, HostSpace>;
+  using ParamT = Param<T, HostSpace>;
   using View = TensorView<const T>;
   using Tokens = TensorView<const std::int32_t>;
 
@@ -91,7 +91,7 @@ class Gpt {
       } else {
         const auto part = layers::VocabPartition::make(c.vocab, grid.tp(), grid.coord(Axis::tensor), c.pad_multiple);
         tied_copy_ = std::make_unique<ParamT>("wte.weight", Shape{part.local(), c.dim},
-                                              layers::Init::normal(0.0, 0.02), layers::Sharding::split(0));
+                                              Init::normal(0.0, 0.02), Sharding::split(0));
         tied_copy_->mark_duplicate();
         head_.emplace(*tied_copy_, part, region_);
       }
@@ -212,8 +212,8 @@ class Gpt {
     return c;
   }
   static void report(layers::Context<HostSpace>& ctx, ParamT& p) {
-    ParamT* one[] = {&p};
-    ctx.template grad_ready<T>(std::span<ParamT* const>(one, 1));
+    ParamBase* one[] = {&p};
+    ctx.grad_ready(std::span<ParamBase* const>(one, 1));
   }
 
   GptConfig cfg_;

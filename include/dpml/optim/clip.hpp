@@ -11,7 +11,7 @@
 // (an overflow, a NaN gradient) leaves the gradients untouched and is returned as is, for the
 // caller to skip the step.
 
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -60,7 +60,7 @@ double clip_grad_norm(Grads&& grads, double max_norm, Reduce&& reduce = {}) {
                                std::forward<Reduce>(reduce));
 }
 
-// Over parameters (pointers to layers::Param<T>).
+// Over parameters (pointers to Param<T>).
 template <std::ranges::range Params, class Reduce = detail::LocalNorm>
   requires requires(std::ranges::range_value_t<Params> p) { p->grad().data(); }
 double clip_grad_norm(Params&& params, double max_norm, Reduce&& reduce = {}) {

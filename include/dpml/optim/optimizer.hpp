@@ -15,7 +15,7 @@
 //   opt.step(schedule(opt.step_count() + 1));    // or opt.step(schedule)
 
 #include "dpml/core/error.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 
 #include <array>
 #include <cmath>
@@ -70,10 +70,10 @@ class Optimizer {
   // One range per parameter, in the order given. The spans are taken now: build the optimizer
   // after FlatParameters has bound the parameters, not before.
   template <std::ranges::range Params>
-    requires std::convertible_to<std::ranges::range_value_t<Params>, const layers::Param<T>*>
+    requires std::convertible_to<std::ranges::range_value_t<Params>, const Param<T>*>
   static Optimizer over(Params&& params, Options options) {
     std::vector<Range<T>> ranges;
-    for (const layers::Param<T>* p : params) {
+    for (const Param<T>* p : params) {
       DPML_REQUIRE(p->value().is_contiguous() && p->grad().is_contiguous(),
                    "parameter '" << p->name() << "' is not contiguous; the optimizer updates contiguous ranges");
       const auto n = static_cast<std::size_t>(p->numel());

@@ -20,8 +20,8 @@
 #include "dpml/comm/communicator.hpp"
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/tensor.hpp"
-#include "dpml/layers/parameter.hpp"
-#include "dpml/parallel/flat_parameters.hpp"
+#include "dpml/core/parameter.hpp"
+#include "dpml/core/flat_parameters.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -62,7 +62,7 @@ class GradientBuckets {
 
   // Keep the bucket holding `p` from starting before finish(), e.g. a tied weight whose gradient
   // another pipeline stage adds to after backward (the caller sums it in between).
-  void hold(const layers::Param<T, HostSpace>* p) { buckets_[bucket_of_param_[flat_.index_of(p)]].held = true; }
+  void hold(const ParamBase* p) { buckets_[bucket_of_param_[flat_.index_of(p)]].held = true; }
 
   // Each parameter will be reported `reports_per_param` times this step (its micro-batch count).
   void begin_step(int reports_per_param) {
@@ -76,7 +76,7 @@ class GradientBuckets {
   }
 
   // The Context::grad_ready hook: these parameters have one more micro-batch of gradient.
-  void on_grad_ready(std::span<layers::Param<T, HostSpace>* const> params) {
+  void on_grad_ready(std::span<ParamBase* const> params) {
     for (auto* p : params) {
       const std::size_t i = flat_.index_of(p);
       if (++reports_[i] == reports_per_param_) {

@@ -16,11 +16,10 @@
 // on the last pipeline stage) never, and without ZeRO only data rank 0 (all hold the same sum);
 // one all-reduce over the world then gives every rank the same norm, hence the same clipping.
 
-#include "dpml/layers/layer.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/optim/optimizer.hpp"
 #include "dpml/parallel/data.hpp"
-#include "dpml/parallel/flat_parameters.hpp"
+#include "dpml/core/flat_parameters.hpp"
 #include "dpml/parallel/grid.hpp"
 
 #include <algorithm>
@@ -46,7 +45,7 @@ struct StepReport {
 template <optim::UpdateRule Rule, class T = float>
 class DistributedOptimizer {
  public:
-  using ParamT = layers::Param<T, HostSpace>;
+  using ParamT = Param<T, HostSpace>;
 
   template <std::ranges::range Params>
   DistributedOptimizer(Params&& params, const ProcessGrid* grid, typename Rule::Options rule,
@@ -56,12 +55,8 @@ class DistributedOptimizer {
                  options.zero ? GradReduction::reduce_scatter : GradReduction::all_reduce),
         optimizer_(make_ranges(), rule) {}
 
-  // Route the containers' grad-ready reports of `ctx` to the buckets.
-  void attach(layers::Context<HostSpace>& ctx) {
-    auto hook = [this](std::span<ParamT* const> ps) { buckets_.on_grad_ready(ps); };
-    if constexpr (std::is_same_v<T, float>) ctx.on_grad_ready_f32 = hook;
-    else ctx.on_grad_ready_f64 = hook;
-  }
+  // The containers' grad-ready reports (layers::Context::on_grad_ready): the buckets start reducing.
+  void on_grad_ready(std::span<ParamBase* const> ps) { buckets_.on_grad_ready(ps); }
 
   void begin_step(int micro_batches) {
     flat_.zero_grads();

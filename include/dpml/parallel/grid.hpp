@@ -12,6 +12,7 @@
 // The grid is a value handed to whoever needs a communicator; there is no global grid.
 
 #include "dpml/comm/mpi.hpp"
+#include "dpml/core/axis.hpp"
 #include "dpml/core/error.hpp"
 
 #include <array>
@@ -20,17 +21,9 @@
 
 namespace dpml::parallel {
 
-enum class Axis { tensor = 0, data = 1, pipeline = 2 };
-inline constexpr std::array<Axis, 3> kAxes = {Axis::tensor, Axis::data, Axis::pipeline};
-
-inline const char* axis_name(Axis a) {
-  switch (a) {
-    case Axis::tensor: return "tensor";
-    case Axis::data: return "data";
-    case Axis::pipeline: return "pipeline";
-  }
-  return "?";
-}
+using dpml::Axis;  // core/axis.hpp
+using dpml::axis_name;
+using dpml::kAxes;
 
 // Requested degrees. dp = 0 means "what is left of the world".
 struct Layout {
@@ -131,7 +124,6 @@ class ProcessGrid {
 }  // namespace dpml::parallel
 
 namespace dpml {
-using parallel::Axis;
 using parallel::Coord;
 using parallel::Layout;
 using parallel::ProcessGrid;

@@ -55,7 +55,7 @@
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/layers/init.hpp"
-#include "dpml/layers/parameter.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/models/gpt.hpp"
 #include "dpml/parallel/grid.hpp"
 
@@ -96,7 +96,7 @@ struct GlobalBlock {
 };
 
 template <class T>
-GlobalBlock block_of(const layers::Param<T>& p, const parallel::ProcessGrid& grid, const models::GptConfig& cfg) {
+GlobalBlock block_of(const Param<T>& p, const parallel::ProcessGrid& grid, const models::GptConfig& cfg) {
   const auto g = layers::global_slice(p, &grid);
   GlobalBlock b{std::vector<std::int64_t>(g.global.begin(), g.global.end()), {}};
   b.slice = p.sharding().is_replicated() ? checkpoint::full_slice(b.shape)

@@ -50,7 +50,7 @@ class ClassifierTrainer {
     DPML_REQUIRE_EVERYWHERE(options.micro_batches >= 1, "--micro-batches must be at least 1, got " << options.micro_batches);
     ctx_.grid = &grid;
     ctx_.seed = options.seed;
-    optimizer_.attach(ctx_);
+    ctx_.on_grad_ready = [this](std::span<ParamBase* const> ps) { optimizer_.on_grad_ready(ps); };
   }
 
   // One optimizer step on this rank's part of a global batch; lr from the caller's schedule.

@@ -166,7 +166,7 @@ class GptTrainer {
         if (static_cast<int>(a) < static_cast<int>(b))
           comm::watchdog::name_group(grid.comm(a, b).native(), std::string(parallel::axis_name(a)) + "+" + parallel::axis_name(b));
     }
-    optimizer_.attach(ctx_);
+    ctx_.on_grad_ready = [this](std::span<ParamBase* const> ps) { optimizer_.on_grad_ready(ps); };
     if (const auto* tied = model.tied_parameter()) optimizer_.buckets().hold(tied);
   }
 

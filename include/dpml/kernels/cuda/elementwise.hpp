@@ -12,6 +12,7 @@
 // column_sums_scratch(rows, cols, 1) floats.
 
 #include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/device.hpp"
 #include "dpml/kernels/cuda/reduce.hpp"
 
 #include <cuda_runtime.h>
@@ -60,6 +61,9 @@ struct ScaledAddOp {
   float scale;
   __device__ float operator()(float a, float b) const { return (a + b) * scale; }
 };
+struct ReluOp {
+  __device__ float operator()(float x, float) const { return x > 0.f ? x : 0.f; }
+};
 struct ReluGradOp {  // a = y (the ReLU's output), b = dy
   __device__ float operator()(float y, float dy) const { return y > 0.f ? dy : 0.f; }
 };
@@ -71,6 +75,15 @@ void map2(const T* a, const T* b, T* y, std::int64_t n, Op op, cudaStream_t stre
   const bool vec = detail::aligned16(a) && (b == nullptr || detail::aligned16(b)) && detail::aligned16(y);
   map2_kernel<<<grid_for(ceil_div(n, 8), kThreads, 132 * 16), kThreads, 0, stream>>>(a, b, y, n, op, vec);
   DPML_CHECK_LAUNCH();
+}
+
+// y (rows, cols) += bias (cols), a grid-stride loop (the row-parallel Linear's bias after its
+// reduction where no GEMM epilogue can take it).
+template <class T>
+__global__ void bias_add_rows_kernel(T* y, const T* bias, std::int64_t n, std::int64_t cols) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = from_f<T>(load_f(y[i]) + load_f(bias[i % cols]));
 }
 
 template <int V, class T>
@@ -92,6 +105,22 @@ struct AddIntoBias {
 };
 
 }  // namespace detail::ew
+
+// y = max(x, 0), n elements; y may alias x.
+template <class T>
+void relu_forward(const T* x, T* y, std::int64_t n, cudaStream_t stream) {
+  detail::ew::map2(x, static_cast<const T*>(nullptr), y, n, detail::ew::ReluOp{}, stream);
+}
+
+// y (rows, cols) += bias (cols).
+template <class T>
+void bias_add_rows(T* y, const T* bias, std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  if (rows * cols == 0) return;
+  detail::ew::bias_add_rows_kernel<<<grid_for(rows * cols, detail::ew::kThreads), detail::ew::kThreads, 0, stream>>>(
+      y, bias, rows * cols, cols);
+  DPML_CHECK_LAUNCH();
+}
 
 // y = gelu(x), n elements; y may alias x.
 template <class T>
@@ -136,5 +165,55 @@ void bias_grad_rows(const T* dy, B* dbias, float* scratch, std::int64_t rows, st
   else
     column_sums_v<1, 1>(detail::ew::ColumnOf<1, T>{dy, c}, detail::ew::AddIntoBias<B>{dbias}, scratch, rows, cols, stream);
 }
+
+// Ops<CudaSpace>'s memory and element-wise family (kernels/host/elementwise.hpp's twin), on the
+// Device's stream.
+struct ElementwiseOps {
+  using Dev = Device<CudaSpace>;
+  template <class T>
+  static void zero(Dev& dev, T* p, std::int64_t n) {
+    if (n) DPML_CHECK_CUDA(cudaMemsetAsync(p, 0, static_cast<std::size_t>(n) * sizeof(T), dev.stream()));
+  }
+  template <class T>
+  static void copy(Dev& dev, const T* src, T* dst, std::int64_t n) {
+    if (n)
+      DPML_CHECK_CUDA(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice,
+                                      dev.stream()));
+  }
+  template <class T>
+  static void add(Dev& dev, const T* a, const T* b, T* y, std::int64_t n) {
+    cuda::add(a, b, y, n, dev.stream());
+  }
+  template <class T>
+  static void bias_add_rows(Dev& dev, T* y, const T* bias, std::int64_t rows, std::int64_t cols) {
+    cuda::bias_add_rows(y, bias, rows, cols, dev.stream());
+  }
+  template <class T>
+  static void bias_grad_rows(Dev& dev, const T* dy, T* dbias, std::int64_t rows, std::int64_t cols) {
+    cuda::bias_grad_rows(dy, dbias, dev.scratch<float>(column_sums_scratch(rows, cols, 1)), rows, cols, dev.stream());
+  }
+};
+
+// Ops<CudaSpace>'s activation family. Backward halves take the forward input x (for ReLU,
+// x > 0 exactly where y > 0).
+struct ActivationOps {
+  using Dev = Device<CudaSpace>;
+  template <class T>
+  static void relu_forward(Dev& dev, const T* x, T* y, std::int64_t n) {
+    cuda::relu_forward(x, y, n, dev.stream());
+  }
+  template <class T>
+  static void relu_backward(Dev& dev, const T* x, const T* dy, T* dx, std::int64_t n) {
+    cuda::relu_backward(x, dy, dx, n, dev.stream());
+  }
+  template <class T>
+  static void gelu_forward(Dev& dev, const T* x, T* y, std::int64_t n) {
+    cuda::gelu_forward(x, y, n, dev.stream());
+  }
+  template <class T>
+  static void gelu_backward(Dev& dev, const T* x, const T* dy, T* dx, std::int64_t n) {
+    cuda::gelu_backward(x, dy, dx, n, dev.stream());
+  }
+};
 
 }  // namespace dpml::kernels::cuda

@@ -21,6 +21,7 @@
 // layer_norm_weight_scratch(rows, C) floats.
 
 #include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/device.hpp"
 #include "dpml/kernels/cuda/reduce.hpp"
 
 #include <cuda_runtime.h>
@@ -198,5 +199,27 @@ void layer_norm_backward_weight(const T* dy, const T* x, const float* mean, cons
   else
     column_sums_v<2, 1>(WeightTerms<1, T>{dy, x, mean, rstd, c}, AddInto<T>{dw, db}, scratch, rows, C, stream);
 }
+
+// Ops<CudaSpace>'s LayerNorm family (kernels/host/layer_norm.hpp's twin); statistics in fp32.
+struct LayerNormOps {
+  using Dev = Device<CudaSpace>;
+  template <class T>
+  static void layer_norm_forward(Dev& dev, const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,
+                                 std::int64_t rows, std::int64_t C, double eps) {
+    cuda::layer_norm_forward(x, w, b, y, mean, rstd, rows, C, static_cast<float>(eps), dev.stream());
+  }
+  template <class T>
+  static void layer_norm_backward_input(Dev& dev, const T* dy, const T* x, const T* w, const float* mean,
+                                        const float* rstd, T* dx, std::int64_t rows, std::int64_t C,
+                                        const T* dres = nullptr) {
+    cuda::layer_norm_backward_input(dy, x, w, mean, rstd, dx, rows, C, dev.stream(), dres);
+  }
+  template <class T>
+  static void layer_norm_backward_weight(Dev& dev, const T* dy, const T* x, const float* mean, const float* rstd, T* dw,
+                                         T* db, std::int64_t rows, std::int64_t C) {
+    cuda::layer_norm_backward_weight(dy, x, mean, rstd, dw, db, dev.scratch<float>(layer_norm_weight_scratch(rows, C)),
+                                     rows, C, dev.stream());
+  }
+};
 
 }  // namespace dpml::kernels::cuda

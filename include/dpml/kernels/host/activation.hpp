@@ -8,6 +8,8 @@
 //          dx = dy · (½(1 + tanh u) + ½x(1 − tanh²u) · √(2/π)(1 + 3·0.044715x²))
 //   dropout_apply  y = x · mask, mask ∈ {0, 1/(1−p)} precomputed (the layer draws it from Philox)
 
+#include "dpml/kernels/device.hpp"
+
 #include <cmath>
 #include <cstdint>
 
@@ -55,5 +57,26 @@ template <class T>
 void dropout_apply(const T* x, const T* mask, T* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * mask[i];
 }
+
+// Ops<HostSpace>'s activation family. Backward halves take the forward input x.
+struct ActivationOps {
+  using Dev = Device<HostSpace>;
+  template <class T>
+  static void relu_forward(Dev&, const T* x, T* y, std::int64_t n) {
+    host::relu_forward(x, y, n);
+  }
+  template <class T>
+  static void relu_backward(Dev&, const T* x, const T* dy, T* dx, std::int64_t n) {
+    host::relu_backward(x, dy, dx, n);
+  }
+  template <class T>
+  static void gelu_forward(Dev&, const T* x, T* y, std::int64_t n) {
+    host::gelu_forward(x, y, n);
+  }
+  template <class T>
+  static void gelu_backward(Dev&, const T* x, const T* dy, T* dx, std::int64_t n) {
+    host::gelu_backward(x, dy, dx, n);
+  }
+};
 
 }  // namespace dpml::kernels::host

@@ -4,6 +4,9 @@
 // per channel). Plain contiguous loops; the inner loop runs over the fastest dimension so the
 // compiler vectorises it. Gradients accumulate (+=), as parameter gradients do.
 
+#include "dpml/kernels/device.hpp"
+
+#include <algorithm>
 #include <cstdint>
 
 namespace dpml::kernels::host {
@@ -51,5 +54,36 @@ void bias_grad_channels(const T* dy, T* dbias, std::int64_t N, std::int64_t C, s
     dbias[c] += static_cast<T>(sum);
   }
 }
+
+// Ops<HostSpace>'s memory and element-wise family (kernels/ops.hpp; Ops<CudaSpace>'s twin is
+// kernels/cuda/elementwise.hpp's ElementwiseOps).
+struct ElementwiseOps {
+  using Dev = Device<HostSpace>;
+  // p (n) = 0
+  template <class T>
+  static void zero(Dev&, T* p, std::int64_t n) {
+    std::fill_n(p, n, T(0));
+  }
+  // dst (n) = src (n)
+  template <class T>
+  static void copy(Dev&, const T* src, T* dst, std::int64_t n) {
+    std::copy_n(src, n, dst);
+  }
+  // y (n) = a + b; y may alias a or b
+  template <class T>
+  static void add(Dev&, const T* a, const T* b, T* y, std::int64_t n) {
+    host::add(a, b, y, n);
+  }
+  // y (rows, cols) += bias (cols)
+  template <class T>
+  static void bias_add_rows(Dev&, T* y, const T* bias, std::int64_t rows, std::int64_t cols) {
+    host::bias_add_rows(y, bias, rows, cols);
+  }
+  // dbias (cols) += Σ_rows dy (rows, cols)
+  template <class T>
+  static void bias_grad_rows(Dev&, const T* dy, T* dbias, std::int64_t rows, std::int64_t cols) {
+    host::bias_grad_rows(dy, dbias, rows, cols);
+  }
+};
 
 }  // namespace dpml::kernels::host

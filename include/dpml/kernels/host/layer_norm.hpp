@@ -10,6 +10,7 @@
 // backward_input, dw/db for backward_weight (which may run later). Row statistics accumulate in
 // double for float inputs.
 
+#include "dpml/kernels/device.hpp"
 #include "dpml/kernels/host/softmax.hpp"  // detail::Accum
 
 #include <cmath>
@@ -37,10 +38,11 @@ void layer_norm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rs
   }
 }
 
-// dx (rows, C) = dL/dx, overwritten.
+// dx (rows, C) = dres + dL/dx, overwritten (dres null: none; a residual branch's gradient joined
+// in the same pass, as the device kernel does). dx may alias dres.
 template <class T>
 void layer_norm_backward_input(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
-                               std::int64_t rows, std::int64_t C) {
+                               std::int64_t rows, std::int64_t C, const T* dres = nullptr) {
   using A = detail::Accum<T>;
   for (std::int64_t r = 0; r < rows; ++r) {
     const T *dyr = dy + r * C, *xr = x + r * C;
@@ -55,7 +57,7 @@ void layer_norm_backward_input(const T* dy, const T* x, const T* w, const T* mea
     T* dxr = dx + r * C;
     for (std::int64_t c = 0; c < C; ++c) {
       const T g = dyr[c] * w[c], xh = (xr[c] - mean[r]) * rstd[r];
-      dxr[c] = rstd[r] * static_cast<T>(g - g_mean - xh * gx_mean);
+      dxr[c] = rstd[r] * static_cast<T>(g - g_mean - xh * gx_mean) + (dres ? dres[r * C + c] : T(0));
     }
   }
 }
@@ -72,5 +74,25 @@ void layer_norm_backward_weight(const T* dy, const T* x, const T* mean, const T*
     }
   }
 }
+
+// Ops<HostSpace>'s LayerNorm family; statistics (mean, rstd) in accum_t<T> (= T on the host).
+struct LayerNormOps {
+  using Dev = Device<HostSpace>;
+  template <class T>
+  static void layer_norm_forward(Dev&, const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, std::int64_t rows,
+                                 std::int64_t C, double eps) {
+    host::layer_norm_forward(x, w, b, y, mean, rstd, rows, C, eps);
+  }
+  template <class T>
+  static void layer_norm_backward_input(Dev&, const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+                                        std::int64_t rows, std::int64_t C, const T* dres = nullptr) {
+    host::layer_norm_backward_input(dy, x, w, mean, rstd, dx, rows, C, dres);
+  }
+  template <class T>
+  static void layer_norm_backward_weight(Dev&, const T* dy, const T* x, const T* mean, const T* rstd, T* dw, T* db,
+                                         std::int64_t rows, std::int64_t C) {
+    host::layer_norm_backward_weight(dy, x, mean, rstd, dw, db, rows, C);
+  }
+};
 
 }  // namespace dpml::kernels::host

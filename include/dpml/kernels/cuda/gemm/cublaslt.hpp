@@ -1,5 +1,6 @@
 #pragma once
-// CublasLt: the GEMM policy that calls cuBLASLt (bf16 operands with bf16/fp32 output, or fp16 throughout; fp32 compute).
+// CublasLt: the GEMM policy that calls cuBLASLt (bf16 operands with bf16/fp32 output, fp16 or fp32
+// throughout; fp32 compute).
 //
 // cuBLASLt is column-major; dpml is row-major. A row-major (R, C) matrix with row stride ld is the
 // column-major (C, R) matrix with leading dimension ld, its transpose, so the row-major
@@ -60,12 +61,12 @@ struct CublasLt {
     return true;  // cuBLASLt picks an algorithm for any layout; run() fails loudly if none exists
   }
 
-  template <GemmEpilogue Epi, class TC>
-  static void run(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream) {
+  template <GemmEpilogue Epi, class TC, class TA>
+  static void run(GemmContext& ctx, const GemmArgs<TC, TA>& g, cudaStream_t stream) {
     detail::check_gemm_args<Epi>(g, name);
     if (g.M == 0 || g.N == 0) return;
-    constexpr bool fp16 = std::is_same_v<TC, f16>;
-    constexpr cudaDataType_t in_type = fp16 ? CUDA_R_16F : CUDA_R_16BF;
+    constexpr bool fp16 = std::is_same_v<TC, f16>, fp32_in = std::is_same_v<TA, float>;
+    constexpr cudaDataType_t in_type = fp32_in ? CUDA_R_32F : fp16 ? CUDA_R_16F : CUDA_R_16BF;
     constexpr cudaDataType_t c_type = std::is_same_v<TC, float> ? CUDA_R_32F : in_type;
     const bool keep_pre = std::is_same_v<Epi, epilogue::BiasGelu> && g.pre_gelu != nullptr;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
@@ -103,7 +104,7 @@ struct CublasLt {
                         al_c = detail::alignment_of(g.C);
     const GemmContext::AlgoKey key{g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
                                    static_cast<std::int64_t>(g.ta == Trans::yes) * 2 + (g.tb == Trans::yes),
-                                   static_cast<std::int64_t>(epi) * 8 + fp16 * 4 + (c_type == CUDA_R_32F) * 2 + (g.beta != 0.f),
+                                   static_cast<std::int64_t>(epi) * 16 + fp32_in * 8 + fp16 * 4 + (c_type == CUDA_R_32F) * 2 + (g.beta != 0.f),
                                    static_cast<std::int64_t>(al_a) << 16 | al_b, static_cast<std::int64_t>(al_c)};
     auto& cache = ctx.algo_cache();
     auto it = cache.find(key);

@@ -73,10 +73,10 @@ constexpr GemmChoice choose_gemm(const GemmArgs<TC>& g) {
   return GemmChoice::cublaslt;
 }
 
-// fp16 operands (TC = f16) always go to cuBLASLt: our kernels are bf16.
-template <GemmEpilogue Epi, class TC>
-void gemm(GemmContext& ctx, const GemmArgs<TC>& g, cudaStream_t stream) {
-  if constexpr (!std::is_same_v<TC, f16>) {
+// fp16 and fp32 operands always go to cuBLASLt: our kernels are bf16.
+template <GemmEpilogue Epi, class TC, class TA>
+void gemm(GemmContext& ctx, const GemmArgs<TC, TA>& g, cudaStream_t stream) {
+  if constexpr (std::is_same_v<TA, bf16>) {
     if (choose_gemm(g) == GemmChoice::tiled && DefaultTiledGemm::supports(g)) {
       DefaultTiledGemm::run<Epi>(ctx, g, stream);
       return;

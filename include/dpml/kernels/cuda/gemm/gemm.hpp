@@ -48,13 +48,19 @@ template <class E>
 concept GemmEpilogue =
     std::same_as<E, epilogue::None> || std::same_as<E, epilogue::Bias> || std::same_as<E, epilogue::BiasGelu>;
 
-// Operands are bf16 with a bf16 or float output, or fp16 throughout (TC = f16: the fp16
-// precision policy, cuBLASLt only).
+// Operands are bf16 with a bf16 or float output, fp16 throughout (TC = f16: the fp16 precision
+// policy), or fp32 throughout (TA = float: layers held in fp32 on the device, for checks against
+// the host; cuBLASLt only, exact fp32 compute).
 template <class TC>
+using default_gemm_input_t = std::conditional_t<std::is_same_v<TC, f16>, f16, bf16>;
+
+template <class TC, class TA = default_gemm_input_t<TC>>
 struct GemmArgs {
   static_assert(std::is_same_v<TC, bf16> || std::is_same_v<TC, float> || std::is_same_v<TC, f16>,
                 "GEMM output is bf16, float or f16");
-  using input_type = std::conditional_t<std::is_same_v<TC, f16>, f16, bf16>;
+  static_assert(std::is_same_v<TA, default_gemm_input_t<TC>> || (std::is_same_v<TA, float> && std::is_same_v<TC, float>),
+                "GEMM operands are bf16 (bf16 or float output), f16 (f16 output) or float (float output)");
+  using input_type = TA;
   Trans ta = Trans::no, tb = Trans::no;
   std::int64_t M = 0, N = 0, K = 0;
   const input_type* A = nullptr;  // op(A) (M, K): stored (M, K) if ta == no, else (K, M)
@@ -69,8 +75,8 @@ struct GemmArgs {
 };
 
 namespace detail {
-template <GemmEpilogue Epi, class TC>
-void check_gemm_args(const GemmArgs<TC>& g, std::string_view policy) {
+template <GemmEpilogue Epi, class TC, class TA>
+void check_gemm_args(const GemmArgs<TC, TA>& g, std::string_view policy) {
   const std::int64_t a_cols = g.ta == Trans::no ? g.K : g.M, b_cols = g.tb == Trans::no ? g.N : g.K;
   DPML_REQUIRE(g.M >= 0 && g.N >= 0 && g.K >= 0, policy << " GEMM: negative size M=" << g.M << " N=" << g.N
                                                          << " K=" << g.K);

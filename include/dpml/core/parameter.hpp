@@ -1,5 +1,7 @@
 #pragma once
 // Parameters: a named value tensor, its gradient, and how it is sharded across the process grid.
+// They sit in core/, below layers/ and parallel/, because both speak of them: layers own them,
+// the parallel runtime (flat buffers, gradient buckets, ZeRO) and the optimizer update them.
 //
 // A layer owns its Params. Each starts with storage of its own; flatten_parameters() (optim/…)
 // may later rebind every Param of a model onto two flat buffers (values, gradients), so that the
@@ -10,13 +12,13 @@
 // parallel weights), or that the tensor is replicated. Every parameter is also replicated along
 // the data axis (its gradient is reduced there) unless ZeRO shards its optimizer state.
 
+#include "dpml/core/axis.hpp"
 #include "dpml/core/tensor.hpp"
-#include "dpml/parallel/grid.hpp"
 
 #include <string>
 #include <utility>
 
-namespace dpml::layers {
+namespace dpml {
 
 // How a parameter is initialised: drawn once from its *global* index, so that every layout
 // (tp, pp, dp) starts from the same global weights. See layers/init.hpp.
@@ -31,24 +33,21 @@ struct Init {
 
 struct Sharding {
   int dim = -1;                       // split dimension of the global tensor; -1 = replicated
-  parallel::Axis axis = parallel::Axis::tensor;
+  Axis axis = Axis::tensor;
   static Sharding replicated() { return {}; }
-  static Sharding split(int dim, parallel::Axis axis = parallel::Axis::tensor) { return {dim, axis}; }
+  static Sharding split(int dim, Axis axis = Axis::tensor) { return {dim, axis}; }
   bool is_replicated() const noexcept { return dim < 0; }
 };
 
-template <class T, class Space = HostSpace>
-class Param {
+// What every parameter is, whatever its element type and memory space: a name, how it is
+// initialised and sharded, and its shape. Gradient-ready reports (layers::Context::grad_ready) and
+// the bucket bookkeeping of the parallel runtime speak of parameters through this base, so that
+// one hook serves fp32, fp64 and bf16 parameters on either space.
+class ParamBase {
  public:
-  using value_type = T;
-  using space = Space;
-
-  Param() = default;
-  Param(std::string name, Shape shape, Init init, Sharding sharding = Sharding::replicated())
-      : name_(std::move(name)), init_(init), sharding_(sharding), own_value_(shape), own_grad_(shape),
-        value_(own_value_.view()), grad_(own_grad_.view()) {}
-  Param(Param&&) noexcept = default;
-  Param& operator=(Param&&) noexcept = default;
+  ParamBase() = default;
+  ParamBase(std::string name, Shape shape, Init init, Sharding sharding)
+      : name_(std::move(name)), shape_(shape), init_(init), sharding_(sharding) {}
 
   const std::string& name() const noexcept { return name_; }
   // Containers prefix their children's names ("3.conv.weight"); names key the initialisation
@@ -60,8 +59,30 @@ class Param {
   bool is_duplicate() const noexcept { return duplicate_; }
   void mark_duplicate(bool d = true) noexcept { duplicate_ = d; }
   const Sharding& sharding() const noexcept { return sharding_; }
-  const Shape& shape() const noexcept { return value_.shape(); }
-  std::int64_t numel() const noexcept { return value_.numel(); }
+  const Shape& shape() const noexcept { return shape_; }
+  std::int64_t numel() const noexcept { return shape_.numel(); }
+
+ private:
+  std::string name_;
+  Shape shape_;
+  Init init_;
+  Sharding sharding_;
+  bool duplicate_ = false;
+};
+
+template <class T, class Space = HostSpace>
+class Param : public ParamBase {
+ public:
+  using value_type = T;
+  using space = Space;
+
+  Param() = default;
+  Param(std::string name, Shape shape, Init init, Sharding sharding = Sharding::replicated())
+      : ParamBase(std::move(name), shape, init, sharding), own_value_(shape), own_grad_(shape),
+        value_(own_value_.view()), grad_(own_grad_.view()) {}
+  Param(Param&&) noexcept = default;
+  Param& operator=(Param&&) noexcept = default;
+
   TensorView<T, Space> value() const noexcept { return value_; }
   TensorView<T, Space> grad() const noexcept { return grad_; }
 
@@ -89,12 +110,8 @@ class Param {
   }
 
  private:
-  std::string name_;
-  Init init_;
-  Sharding sharding_;
-  bool duplicate_ = false;
   Tensor<T, Space> own_value_, own_grad_;
   TensorView<T, Space> value_, grad_;
 };
 
-}  // namespace dpml::layers
+}  // namespace dpml

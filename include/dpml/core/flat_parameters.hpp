@@ -7,20 +7,20 @@
 //   values (n_total)   [ p0 | p1 | … | pk ]     offsets()[i] = start of parameter i
 //   grads  (n_total)   [ p0 | p1 | … | pk ]
 
+#include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
-#include "dpml/layers/parameter.hpp"
 
 #include <algorithm>
 #include <cstdint>
 #include <ranges>
 #include <vector>
 
-namespace dpml::parallel {
+namespace dpml {
 
 template <class T, class Space = HostSpace>
 class FlatParameters {
  public:
-  using ParamT = layers::Param<T, Space>;
+  using ParamT = Param<T, Space>;
 
   template <std::ranges::range Params>
   explicit FlatParameters(Params&& params) {
@@ -50,7 +50,7 @@ class FlatParameters {
   const std::vector<ParamT*>& params() const noexcept { return params_; }
   const std::vector<std::int64_t>& offsets() const noexcept { return offsets_; }
   // Index of a parameter in registration order (for bucket bookkeeping).
-  std::size_t index_of(const ParamT* p) const {
+  std::size_t index_of(const ParamBase* p) const {
     auto it = std::find(params_.begin(), params_.end(), p);
     DPML_REQUIRE(it != params_.end(), "parameter '" << p->name() << "' is not in this flat buffer");
     return static_cast<std::size_t>(it - params_.begin());
@@ -68,4 +68,4 @@ class FlatParameters {
   Tensor<T, Space> values_, grads_;
 };
 
-}  // namespace dpml::parallel
+}  // namespace dpml

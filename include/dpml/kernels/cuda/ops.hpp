@@ -1,0 +1,20 @@
+#pragma once
+// kernels::Ops<CudaSpace>: the device kernels behind the one extension point of kernels/ops.hpp,
+// composed of the kernel families, each defined beside its kernels in kernels/cuda/. CUDA
+// translation units only (kernels/ops.hpp includes this file under __CUDACC__).
+
+#include "dpml/kernels/cuda/device.hpp"
+#include "dpml/kernels/cuda/elementwise.hpp"
+#include "dpml/kernels/cuda/layer_norm.hpp"
+#include "dpml/kernels/cuda/linear.hpp"
+#include "dpml/kernels/ops.hpp"
+
+namespace dpml::kernels {
+
+template <>
+struct Ops<CudaSpace> : cuda::ElementwiseOps,
+                        cuda::LinearOps,
+                        cuda::LayerNormOps,
+                        cuda::ActivationOps {};
+
+}  // namespace dpml::kernels

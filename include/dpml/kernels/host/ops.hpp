@@ -1,0 +1,19 @@
+#pragma once
+// kernels::Ops<HostSpace>: the host kernels behind the one extension point of kernels/ops.hpp,
+// composed of the kernel families, each defined beside its kernels in kernels/host/.
+
+#include "dpml/kernels/host/activation.hpp"
+#include "dpml/kernels/host/elementwise.hpp"
+#include "dpml/kernels/host/gemm.hpp"
+#include "dpml/kernels/host/layer_norm.hpp"
+#include "dpml/kernels/ops.hpp"
+
+namespace dpml::kernels {
+
+template <>
+struct Ops<HostSpace> : host::ElementwiseOps,
+                        host::LinearOps,
+                        host::LayerNormOps,
+                        host::ActivationOps {};
+
+}  // namespace dpml::kernels
