@@ -96,14 +96,14 @@ TEMPLATE_TEST_CASE("adamw: three steps by hand", "[optim][adamw]", double, float
 
 TEST_CASE("optimizer: over parameters equals over sub-ranges of one flat buffer", "[optim]") {
   auto gen = dpml::test::rng(11);
-  layers::Param<float> a("a", Shape{3, 4}, layers::Init::constant(0)), b("b", Shape{5}, layers::Init::constant(0));
+  Param<float> a("a", Shape{3, 4}, Init::constant(0)), b("b", Shape{5}, Init::constant(0));
   test::fill_uniform<float>(a.value().begin(), a.value().end(), gen);
   test::fill_uniform<float>(b.value().begin(), b.value().end(), gen);
   // The same values in one flat buffer, split into two ranges at an arbitrary point (a ZeRO shard boundary).
   std::vector<float> flat_v(17), flat_g(17);
   std::copy(a.value().begin(), a.value().end(), flat_v.begin());
   std::copy(b.value().begin(), b.value().end(), flat_v.begin() + 12);
-  std::vector<layers::Param<float>*> params{&a, &b};
+  std::vector<Param<float>*> params{&a, &b};
   auto per_param = optim::Optimizer<optim::AdamW, float>::over(params, {.weight_decay = 0.05});
   auto ranges = optim::Optimizer<optim::AdamW, float>(
       {{"shard0", std::span(flat_v).first(7), std::span<const float>(flat_g).first(7)},

@@ -47,8 +47,8 @@ TEST_CASE("schedules: linear warm-up then cosine to min_lr (Megatron)", "[optim]
 }
 
 TEST_CASE("clip_grad_norm: scales only above max_norm, returns the total norm", "[optim][clip]") {
-  layers::Param<double> a("a", Shape{2}, layers::Init::constant(0)), b("b", Shape{1}, layers::Init::constant(0));
-  std::vector<layers::Param<double>*> params{&a, &b};
+  Param<double> a("a", Shape{2}, Init::constant(0)), b("b", Shape{1}, Init::constant(0));
+  std::vector<Param<double>*> params{&a, &b};
   auto set = [&] {
     a.grad()[0] = 3.0;
     a.grad()[1] = 0.0;

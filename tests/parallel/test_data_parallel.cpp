@@ -9,8 +9,8 @@
 #include <vector>
 
 using namespace dpml;
-using layers::Init;
-using layers::Param;
+using dpml::Init;
+using dpml::Param;
 
 namespace {
 struct Model {
@@ -42,7 +42,7 @@ TEST_CASE("buckets: all-reduce sums every gradient, buckets start as soon as the
     for (std::size_t k = m.params.size(); k-- > 0;) {  // backward order
       auto g = m.params[k]->grad();
       for (std::int64_t i = 0; i < g.numel(); ++i) g[i] += grad_value(world.rank(), k, i) / micro_batches;
-      Param<double>* one[] = {m.params[k]};
+      ParamBase* one[] = {m.params[k]};
       buckets.on_grad_ready(one);
       if (mb == 0) CHECK(buckets.buckets_started() == 0);  // not before the last micro-batch
     }
@@ -70,7 +70,7 @@ TEST_CASE("buckets: a held bucket waits for finish()", "[data]") {
   buckets.hold(m.params[0]);
   buckets.begin_step(1);
   for (auto& x : flat.grads()) x = 1.0;
-  Param<double>* both[] = {m.params[1], m.params[0]};
+  ParamBase* both[] = {m.params[1], m.params[0]};
   buckets.on_grad_ready(both);
   CHECK(buckets.buckets_started() == 1);
   for (auto& x : m.params[0]->grad()) x = 2.0;  // e.g. a tied gradient summed in after backward
@@ -100,7 +100,7 @@ TEST_CASE("buckets: ZeRO-1 reduce-scatter gives each rank its summed shard; all-
   for (std::size_t k = m.params.size(); k-- > 0;) {
     auto g = m.params[k]->grad();
     for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = grad_value(world.rank(), k, i);
-    Param<double>* one[] = {m.params[k]};
+    ParamBase* one[] = {m.params[k]};
     buckets.on_grad_ready(one);
   }
   buckets.finish();

@@ -10,8 +10,8 @@
 #include <vector>
 
 using namespace dpml;
-using layers::Init;
-using layers::Param;
+using dpml::Init;
+using dpml::Param;
 
 namespace {
 struct Params {
@@ -46,7 +46,7 @@ TEST_CASE("distributed optimizer: equals sequential AdamW on the summed gradient
         for (std::size_t k = dist.ptrs.size(); k-- > 0;) {
           auto g = dist.ptrs[k]->grad();
           for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = grad_of(world.rank(), k, i, step);
-          Param<double>* one[] = {dist.ptrs[k]};
+          ParamBase* one[] = {dist.ptrs[k]};
           opt.buckets().on_grad_ready(one);
         }
         const auto report = opt.finish_step(1e-2);
