@@ -58,6 +58,12 @@ struct Context {
   const parallel::ProcessGrid* grid = nullptr;  // communicators (tensor/data axes); null = one rank
   kernels::Device<Space>* device = nullptr;     // the space's stream, handles and workspace (CudaSpace:
                                                 // required; HostSpace: none needed)
+  // Whether a micro-batch's backward_weight may run after other micro-batches' backward_input
+  // (zero-bubble schedules split W from B). When false, backward_weight follows backward_input of
+  // the same micro-batch before anything else runs, so a layer (a fused block) may form its weight
+  // gradients inside backward_input, from scratch shared with its neighbours, report them there and
+  // leave backward_weight nothing to do; when true it keeps per slot what W reads.
+  bool deferred_weight_gradients = false;
   // Called by containers once a child's backward_weight has finished, with that child's params.
   std::function<void(std::span<ParamBase* const>)> on_grad_ready;
 

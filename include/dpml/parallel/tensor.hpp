@@ -11,15 +11,41 @@
 // reduce_from. TensorRegion holds the tensor axis' communicator (or none when tp = 1, where all
 // four are identities/copies) and exposes exactly these operations, on views of the space's
 // memory. Comm is any Communicator (comm::Mpi for host tensors, comm::Nccl for device tensors).
+//
+// default_comm_t<Space> is the communicator a space's tensor-parallel layers take unless told
+// otherwise: comm::Mpi on the host, comm::Nccl on a GPU (in CUDA translation units); a layer's Comm
+// argument names another (comm::Staged: several ranks sharing one GPU, as the tests do).
 
 #include "dpml/comm/communicator.hpp"
+#include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
+#if defined(__CUDACC__)
+#include "dpml/comm/nccl.hpp"
+#include "dpml/core/cuda_space.hpp"
+#endif
 
 #include <algorithm>
 #include <vector>
 
 namespace dpml::parallel {
+
+template <class Space>
+struct DefaultComm {
+  static_assert(dependent_false<Space>, "dpml: no default tensor-parallel communicator for this memory space");
+};
+template <>
+struct DefaultComm<HostSpace> {
+  using type = comm::Mpi;
+};
+#if defined(__CUDACC__)
+template <>
+struct DefaultComm<CudaSpace> {
+  using type = comm::Nccl;
+};
+#endif
+template <class Space>
+using default_comm_t = typename DefaultComm<Space>::type;
 
 template <class Comm>
 class TensorRegion {
