@@ -53,5 +53,5 @@ TEMPLATE_TEST_CASE("LayerNorm joins a residual gradient in its backward on the G
   CHECK(test::rel_l2(test::download_doubles(dxd), want) < test::kLayerTol<T>);
   // and the join is what it says: dres + the plain input gradient
   const auto plain = host.backward_input(check.host_context(), dy.cview());
-  for (std::int64_t i = 0; i < plain.numel(); ++i) CHECK(want[static_cast<std::size_t>(i)] == Approx(plain[i] + dres[i]).margin(1e-12));
+  for (std::int64_t i = 0; i < plain.numel(); ++i) CHECK(want[static_cast<std::size_t>(i)] == test::Approx(plain[i] + dres[i]).margin(1e-12));
 }
