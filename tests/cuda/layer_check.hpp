@@ -67,7 +67,9 @@ class DeviceLayerCheck {
   std::mt19937_64& gen() noexcept { return gen_; }
 
   // The host layer's parameters initialised (rounded to T, so both start alike) and copied into
-  // the device layer's, matched by position; names and shapes must agree.
+  // the device layer's, matched by position; names and (logical) shapes must agree, and each
+  // tensor goes into the device parameter's storage order (a convolution's weight: Param's
+  // StorageOrder), as the host one is read in its own.
   template <class HostLayer, class DevLayer>
   void copy_parameters(HostLayer& host, DevLayer& dev) {
     auto hp = host.parameters();
@@ -78,17 +80,19 @@ class DeviceLayerCheck {
       CAPTURE(hp[i]->name());
       REQUIRE(hp[i]->name() == dp[i]->name());
       REQUIRE(hp[i]->shape() == dp[i]->shape());
-      Tensor<double> v(hp[i]->shape());
+      Tensor<double> v(hp[i]->shape()), logical(hp[i]->shape()), stored(hp[i]->shape());
       copy(v.view(), TensorView<const double>(hp[i]->value()));
       round_to<T>(v);
       copy(hp[i]->value(), v.cview());
-      auto d = upload_as<T>(v);
+      to_logical_order(*hp[i], v.data(), logical.data());
+      to_storage_order(*dp[i], logical.data(), stored.data());
+      auto d = upload_as<T>(stored);
       copy(dp[i]->value(), d.cview());
       layers::zero_grad(*dp[i]);
     }
   }
 
-  // Every parameter's gradient, device against host.
+  // Every parameter's gradient, device against host (both in logical order).
   template <class HostLayer, class DevLayer>
   void compare_gradients(HostLayer& host, DevLayer& dev, double tol) {
     auto hp = host.parameters();
@@ -96,8 +100,10 @@ class DeviceLayerCheck {
     for (std::size_t i = 0; i < hp.size(); ++i) {
       CAPTURE(hp[i]->name());
       const auto h = hp[i]->grad();
-      const std::vector<double> want(h.begin(), h.end());
-      CHECK(rel_l2(download_doubles(dp[i]->grad()), want) < tol);
+      std::vector<double> want(static_cast<std::size_t>(h.numel())), got(want.size());
+      to_logical_order(*hp[i], h.data(), want.data());
+      to_logical_order(*dp[i], download_doubles(dp[i]->grad()).data(), got.data());
+      CHECK(rel_l2(got, want) < tol);
     }
   }
 

@@ -11,8 +11,10 @@
 #include <dpml/layers/linear.hpp>
 #include <dpml/layers/pool.hpp>
 
+#include <array>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 using namespace dpml;
@@ -107,6 +109,44 @@ TEST_CASE("Conv2d: forward matches direct convolution (stride, padding); gradien
   CHECK(test::rel_error(cf.forward(ctx, xf.cview()), cd.forward(ctx, xd.cview())) < 1e-6);
   CHECK(test::error_of([&] { cf.forward(ctx, TensorView<const float>(xf.data(), Shape{2, 2, 7, 7})); })
             .find("is not (N, 3, H, W)") != std::string::npos);
+}
+
+TEST_CASE("Conv2d with input_gradient = false: no input gradient, the same weight gradients", "[layers]") {
+  auto gen = test::rng(4);
+  Ctx ctx;
+  layers::Conv2d<double> with(2, 3, 3, {.padding = 1}), without(2, 3, 3, {.padding = 1, .input_gradient = false});
+  layers::initialize_all(with.parameters(), 6, nullptr);
+  layers::initialize_all(without.parameters(), 6, nullptr);
+  auto x = test::random_tensor<double>(Shape{2, 2, 5, 4}, gen);
+  const auto y = with.forward(ctx, x.cview());
+  CHECK(test::rel_error(without.forward(ctx, x.cview()), y) == 0.0);
+  const auto dy = test::random_tensor<double>(y.shape(), gen);
+  CHECK(with.backward_input(ctx, dy.cview()).data() != nullptr);
+  CHECK(without.backward_input(ctx, dy.cview()).data() == nullptr);
+  with.backward_weight(ctx, dy.cview());
+  without.backward_weight(ctx, dy.cview());
+  for (std::size_t i = 0; i < 2; ++i)
+    CHECK(test::rel_error(without.parameters()[i]->grad(), with.parameters()[i]->grad()) == 0.0);
+}
+
+TEST_CASE("A parameter stored in another order is initialised by its logical index", "[layers]") {
+  // A GPU convolution's weight: logical (Cout, Cin, kh, kw), stored (Cout, kh, kw, Cin).
+  const Shape shape{3, 4, 2, 5};
+  const Init init = Init::uniform(-1, 1);
+  Param<double> logical("conv.weight", shape, init), stored("conv.weight", shape, init);
+  stored.set_storage_order(StorageOrder(std::array<int, 4>{0, 2, 3, 1}));
+  layers::initialize_all(std::vector<Param<double>*>{&logical, &stored}, 9, nullptr);
+  std::vector<double> back(static_cast<std::size_t>(shape.numel()));
+  to_logical_order(stored, stored.value().data(), back.data());
+  CHECK(test::rel_error(logical.value(), back) == 0.0);
+  CHECK(test::rel_error(logical.value(), stored.value()) > 0.1);  // the memory order does differ
+  std::vector<double> again(back.size());
+  to_storage_order(stored, back.data(), again.data());
+  CHECK(test::rel_error(stored.value(), again) == 0.0);
+  // element (o, c, i, j) of the logical tensor lies at ((o·kh + i)·kw + j)·Cin + c
+  CHECK(stored.value()[((1 * 2 + 1) * 5 + 3) * 4 + 2] == logical.value()(1, 2, 1, 3));
+  CHECK(test::error_of([&] { stored.set_storage_order(StorageOrder(std::array<int, 4>{0, 2, 2, 1})); })
+            .find("not a permutation") != std::string::npos);
 }
 
 TEST_CASE("MaxPool2d, AvgPool2d, GlobalAvgPool: forward against window loops; gradients", "[layers]") {

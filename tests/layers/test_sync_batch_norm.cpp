@@ -1,6 +1,8 @@
 // Synchronised BatchNorm2d: K ranks, each with its slice of a global batch, compute exactly what
 // one rank computes over the whole batch — outputs, dL/dx, the summed dweight and dbias, and the
-// running statistics.
+// running statistics; also when the slices differ in size (the loader's split of a batch that K
+// does not divide: the count travels with the sums), with the fused ReLU.
+#include "grad_check.hpp"
 #include "test.hpp"
 
 #include <dpml/layers/batch_norm.hpp>
@@ -65,4 +67,44 @@ TEST_CASE("BatchNorm2d with synchronised statistics equals one rank over the con
     auto local = make(false);
     CHECK(test::rel_error(local.forward(ctx, xs), y1s) > 1e-3);
   }
+}
+
+TEST_CASE("BatchNorm2d synchronised over slices of different sizes, with its fused ReLU", "[layers][mpi]") {
+  auto world = test::world();
+  const auto grid = parallel::ProcessGrid::create(world, {});
+  const int K = grid.dp(), r = grid.coord(parallel::Axis::data);
+  const std::int64_t N = 2 * K + 1, C = 4, H = 3, W = 2, per = C * H * W;
+  const std::int64_t lo = r * N / K, hi = (r + 1) * N / K;  // the loader's split: sizes differ by one
+  auto gen = test::rng(22);
+  auto x = test::random_tensor<double>(Shape{N, C, H, W}, gen, -1, 2);
+  auto dy = test::random_tensor<double>(Shape{N, C, H, W}, gen);
+  auto make = [&](bool sync) {
+    layers::BatchNorm2d<double> bn(C, {.sync = sync, .relu = true});
+    auto g2 = test::rng(5);
+    test::randomise_parameters(bn, g2);
+    for (auto* p : bn.parameters()) layers::zero_grad(*p);
+    return bn;
+  };
+  Ctx one;
+  auto whole = make(false);
+  const auto y1 = whole.forward(one, x.cview());
+  const auto dx1 = whole.backward_input(one, dy.cview());
+  whole.backward_weight(one, dy.cview());
+
+  Ctx ctx;
+  ctx.grid = &grid;
+  auto part = make(true);
+  const auto xs = x.cview().slice(0, lo, hi), dys = dy.cview().slice(0, lo, hi);
+  CHECK(test::rel_error(part.forward(ctx, xs), std::vector<double>(y1.begin() + lo * per, y1.begin() + hi * per)) < 1e-13);
+  CHECK(test::rel_error(part.backward_input(ctx, dys), std::vector<double>(dx1.begin() + lo * per, dx1.begin() + hi * per)) <
+        1e-12);
+  part.backward_weight(ctx, dys);
+  for (std::size_t i = 0; i < 2; ++i) {
+    auto g = part.parameters()[i]->grad();
+    std::vector<double> sum(g.begin(), g.end());
+    world.allreduce(sum.data(), sum.size(), comm::ReduceOp::sum);
+    CHECK(test::rel_error(sum, whole.parameters()[i]->grad()) < 1e-13);
+  }
+  CHECK(test::rel_error(part.running_mean(), whole.running_mean()) < 1e-14);
+  CHECK(test::rel_error(part.running_var(), whole.running_var()) < 1e-14);
 }

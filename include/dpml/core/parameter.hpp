@@ -13,8 +13,12 @@
 // the data axis (its gradient is reduced there) unless ZeRO shards its optimizer state.
 
 #include "dpml/core/axis.hpp"
+#include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
 
+#include <array>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -29,6 +33,47 @@ struct Init {
   static Init constant(double v) { return {Kind::constant, v, 0.0}; }
   static Init uniform(double lo, double hi) { return {Kind::uniform, lo, hi}; }
   static Init normal(double mean, double std) { return {Kind::normal, mean, std}; }
+};
+
+// The order of a parameter's elements in memory, as a permutation of its dimensions: memory
+// dimension i is logical dimension (*this)[i], row-major over those (the identity for nearly every
+// parameter). A parameter keeps ONE logical shape and name on every space — what initialisation by
+// global index and checkpoints speak of — and a space whose kernels want another order stores it
+// permuted: a convolution's weight, logical (Cout, Cin, kh, kw), lies (Cout, kh, kw, Cin) on a GPU
+// (kernels::Ops<Space>::conv_weight_order). value() and grad() are views of the memory (their shape
+// is the logical one, their elements in storage order); what crosses spaces or leaves the process
+// (initialisation, copies between models, checkpoints) converts on the host with to_storage_order
+// and to_logical_order below, everything else (flat buffers, reductions, optimizers) is
+// element-wise and does not care.
+class StorageOrder {
+ public:
+  StorageOrder() = default;  // the identity
+  template <std::size_t R>
+  explicit StorageOrder(const std::array<int, R>& dims) {
+    static_assert(R <= kMaxRank);
+    for (std::size_t i = 0; i < R; ++i) dims_[i] = dims[i];
+  }
+  int operator[](int i) const noexcept { return dims_[static_cast<std::size_t>(i)]; }
+  bool is_identity() const noexcept {
+    for (int i = 0; i < kMaxRank; ++i)
+      if ((*this)[i] != i) return false;
+    return true;
+  }
+  // Whether this is a permutation of the first `rank` dimensions (and the identity beyond).
+  bool permutes(int rank) const noexcept {
+    std::array<bool, kMaxRank> seen{};
+    for (int i = 0; i < kMaxRank; ++i) {
+      const int d = (*this)[i];
+      if (d < 0 || d >= kMaxRank || seen[static_cast<std::size_t>(d)] || (i >= rank && d != i) || (i < rank && d >= rank))
+        return false;
+      seen[static_cast<std::size_t>(d)] = true;
+    }
+    return true;
+  }
+  friend bool operator==(const StorageOrder&, const StorageOrder&) = default;
+
+ private:
+  std::array<int, kMaxRank> dims_{0, 1, 2, 3, 4, 5};
 };
 
 struct Sharding {
@@ -61,14 +106,62 @@ class ParamBase {
   const Sharding& sharding() const noexcept { return sharding_; }
   const Shape& shape() const noexcept { return shape_; }
   std::int64_t numel() const noexcept { return shape_.numel(); }
+  // How value() and grad() hold the elements of shape() (StorageOrder above); set by the layer
+  // that owns the parameter, from its space's kernels.
+  const StorageOrder& storage_order() const noexcept { return order_; }
+  void set_storage_order(const StorageOrder& order) {
+    DPML_REQUIRE(order.permutes(shape_.rank()), "parameter '" << name_ << "' " << shape_.str()
+                                                              << ": the storage order is not a permutation of its "
+                                                              << shape_.rank() << " dimensions");
+    order_ = order;
+  }
 
  private:
   std::string name_;
   Shape shape_;
   Init init_;
   Sharding sharding_;
+  StorageOrder order_;
   bool duplicate_ = false;
 };
+
+namespace detail {
+// Walks p's elements in storage order: f(stored flat index, logical flat index).
+template <class F>
+void for_each_stored(const ParamBase& p, F&& f) {
+  const Shape& shape = p.shape();
+  const StorageOrder& order = p.storage_order();
+  const int r = shape.rank();
+  const Shape logical_strides = contiguous_strides(shape);
+  std::array<std::int64_t, kMaxRank> idx{}, extent{}, stride{};  // per memory dimension
+  for (int i = 0; i < r; ++i) {
+    extent[static_cast<std::size_t>(i)] = shape[order[i]];
+    stride[static_cast<std::size_t>(i)] = logical_strides[order[i]];
+  }
+  std::int64_t logical = 0;
+  for (std::int64_t stored = 0; stored < p.numel(); ++stored) {
+    f(stored, logical);
+    for (int i = r - 1; i >= 0; --i) {  // advance the memory multi-index
+      const auto u = static_cast<std::size_t>(i);
+      logical += stride[u];
+      if (++idx[u] < extent[u]) break;
+      logical -= stride[u] * extent[u];
+      idx[u] = 0;
+    }
+  }
+}
+}  // namespace detail
+
+// stored (numel, in p's storage order) from logical (numel, row-major over p.shape()); host memory.
+template <class T>
+void to_storage_order(const ParamBase& p, const T* logical, T* stored) {
+  detail::for_each_stored(p, [&](std::int64_t s, std::int64_t l) { stored[s] = logical[l]; });
+}
+// logical (row-major over p.shape()) from stored (in p's storage order); host memory.
+template <class T>
+void to_logical_order(const ParamBase& p, const T* stored, T* logical) {
+  detail::for_each_stored(p, [&](std::int64_t s, std::int64_t l) { logical[l] = stored[s]; });
+}
 
 template <class T, class Space = HostSpace>
 class Param : public ParamBase {

@@ -1,24 +1,48 @@
 #pragma once
-// BatchNorm2d over NCHW: per-channel statistics over (N, H, W), weight (C) = 1 and bias (C) = 0 at
-// init, running mean / variance updated with `momentum` in training and used in eval, as
-// PyTorch's nn.BatchNorm2d (the running variance takes the unbiased batch variance).
+// BatchNorm2d: per-channel statistics over (N, H, W), weight (C) = 1 and bias (C) = 0 at init,
+// running mean / variance updated with `momentum` in training and used in eval, as PyTorch's
+// nn.BatchNorm2d (the running variance takes the unbiased batch variance).
 //
-// Synchronised statistics (sync = true): the per-channel sums of forward (Σx with the count, then
-// Σ(x − mean)²) and of backward_input (Σdy, Σdy·x̂) are all-reduced over the data axis
-// (ctx.grid->comm(Axis::data)), so the statistics are those of the global micro-batch and K ranks
-// compute exactly what one rank computes on the concatenated batch. backward_weight needs only
-// local sums: the data-parallel gradient reduction adds the ranks' dweight, dbias afterwards.
-// Each rank must then run the same number of forwards (an empty local batch still joins).
+// Any space, one code path: kernels::Ops<Space>'s BatchNorm family (kernels/host/batch_norm.hpp,
+// kernels/cuda/conv/batch_norm.hpp, where the maths is), over the space's image layout (NCHW on
+// the host, NHWC on a GPU: kernels/image.hpp). Element types: float or double on the host; bf16,
+// fp16 or float on a GPU. Statistics (mean, rstd, the running statistics) are kept in
+// kernels::accum_t<T>: double for double, float otherwise.
+//
+// Fused tail (the fused GPU ResNet's, open to any model): relu = true gives y = relu(bn(x)), and
+// forward(ctx, x, residual) adds a residual before it, y = act(bn(x) + residual) — a ResNet
+// block's last BatchNorm, shortcut add and ReLU in one pass. backward_input masks dy by the ReLU
+// (from the saved y) and, when the forward had a residual, also writes its gradient, read with
+// residual_grad(ctx).
+//
+// backward_weight reads the per-channel sums (Σdy, Σdy·(x − mean); two C-vectors) that
+// backward_input kept in the micro-batch's slot — the pass over the activations runs once, in
+// backward_input — so it must follow backward_input of the same micro-batch, which every schedule
+// does (zero-bubble ones only delay it).
+//
+// Synchronised statistics (sync = true): each training pass all-reduces its per-channel sums over
+// the data axis in ONE collective — forward (Σ(x − k), Σ(x − k)², count) with k the running mean,
+// backward_input (Σdy, Σdy·(x − mean), count) — so the statistics are those of the global
+// micro-batch and K ranks compute exactly what one rank computes on the concatenated batch, also
+// when the ranks hold different numbers of images (the count travels with the sums). dweight and
+// dbias take this rank's sums only: the data-parallel gradient reduction adds the ranks' afterwards.
+// Every rank must run the same passes (an empty local batch still joins), and start from the same
+// running mean (the shift of the sums). The collective runs on Comm, a communicator of the space's
+// memory given by type (parallel::default_comm_t<Space>: comm::Mpi on the host, comm::Nccl on a
+// GPU; comm::Staged where ranks share a GPU) and by instance at construction; on the host it
+// defaults to ctx.grid's data-axis communicator. A device communicator must enqueue on the stream
+// of ctx.dev() (checked). Without one, and with one data rank, the statistics are this rank's.
 
+#include "dpml/comm/communicator.hpp"
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
-#include "dpml/core/tensor.hpp"
-#include "dpml/kernels/host/batch_norm.hpp"
-#include "dpml/layers/layer.hpp"
 #include "dpml/core/parameter.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/ops.hpp"
+#include "dpml/layers/layer.hpp"
 #include "dpml/parallel/grid.hpp"
+#include "dpml/parallel/tensor.hpp"
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -31,115 +55,137 @@ struct BatchNormOptions {
   double momentum = 0.1;
   double eps = 1e-5;
   bool sync = false;  // synchronised statistics across the data axis
+  bool relu = false;  // y = relu(bn(x) [+ residual])
   std::string name = "bn";
 };
 
-template <class T = float, class Space = HostSpace>
+template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
 class BatchNorm2d {
-  static_assert(std::is_same_v<Space, HostSpace>, "dpml BatchNorm2d: only the host path (kernels/host) exists so far");
+  using Ops = kernels::Ops<Space>;
+  using Stat = kernels::accum_t<T>;
+  static_assert(Space::host_accessible || requires(const Comm& c) { c.stream(); },
+                "dpml BatchNorm2d: statistics in device memory travel through a device communicator "
+                "(comm::Nccl, comm::Staged), not one that reads host memory (comm::Mpi)");
 
  public:
   using value_type = T;
   using space = Space;
-  using Input = TensorView<const T, Space>;   // (N, C, H, W)
-  using Output = TensorView<const T, Space>;  // (N, C, H, W)
+  using Input = TensorView<const T, Space>;   // (N, C, H, W) in the space's image layout
+  using Output = TensorView<const T, Space>;  // (N, C, H, W) in the space's image layout
 
-  explicit BatchNorm2d(std::int64_t channels, BatchNormOptions opts = {})
-      : C_(channels), opts_(std::move(opts)), weight_(opts_.name + ".weight", Shape{channels}, Init::constant(1.0)),
-        bias_(opts_.name + ".bias", Shape{channels}, Init::constant(0.0)), running_mean_(Shape{channels}, T(0)),
-        running_var_(Shape{channels}, T(1)) {
+  // data_comm: the data axis' communicator for sync (may be null: on the host, ctx.grid's).
+  explicit BatchNorm2d(std::int64_t channels, BatchNormOptions opts = {}, const Comm* data_comm = nullptr)
+      : C_(channels), opts_(std::move(opts)), data_comm_(data_comm),
+        weight_(opts_.name + ".weight", Shape{channels}, Init::constant(1.0)),
+        bias_(opts_.name + ".bias", Shape{channels}, Init::constant(0.0)) {
     DPML_REQUIRE(C_ > 0 && opts_.eps > 0 && opts_.momentum >= 0 && opts_.momentum <= 1,
                  "BatchNorm2d " << opts_.name << ": channels " << C_ << ", eps " << opts_.eps << ", momentum "
                                 << opts_.momentum << " out of range");
+    running_mean_ = to_space<Space>(Tensor<Stat>(Shape{channels}, Stat(0)).cview());
+    running_var_ = to_space<Space>(Tensor<Stat>(Shape{channels}, Stat(1)).cview());
   }
 
-  Output forward(Context<Space>& ctx, Input x) {
-    DPML_REQUIRE(x.rank() == 4 && x.size(1) == C_ && x.is_contiguous(),
-                 "BatchNorm2d " << opts_.name << ": input " << x.shape().str() << " is not (N, " << C_ << ", H, W)");
+  Output forward(Context<Space>& ctx, Input x) { return forward(ctx, x, Input()); }
+
+  // y = act(bn(x) + residual); residual of x's shape (a null view: none).
+  Output forward(Context<Space>& ctx, Input x, Input residual) {
+    DPML_REQUIRE(x.rank() == 4 && x.is_contiguous() && Ops::image_dims(x.shape()).C == C_,
+                 "BatchNorm2d " << opts_.name << ": input " << x.shape().str() << " is not " << image_of(C_));
+    const bool has_residual = residual.data() != nullptr;
+    DPML_REQUIRE(!has_residual || (residual.shape() == x.shape() && residual.is_contiguous()),
+                 "BatchNorm2d " << opts_.name << ": residual " << residual.shape().str() << " differs from the input "
+                                << x.shape().str());
     Saved& s = slots_.slot(ctx);
     s.x = x;
     s.training = ctx.training();
-    s.mean.resize(static_cast<std::size_t>(C_));
-    s.rstd.resize(static_cast<std::size_t>(C_));
-    const std::int64_t N = x.size(0), S = x.size(2) * x.size(3);
-    if (s.training) {
-      batch_statistics(ctx, s, N, S);
-    } else {
-      for (std::int64_t c = 0; c < C_; ++c) {
-        s.mean[c] = running_mean_[c];
-        s.rstd[c] = 1.0 / std::sqrt(static_cast<double>(running_var_[c]) + opts_.eps);
-      }
-    }
+    s.residual = has_residual;
+    s.sums_kept = false;
     auto y = ensure(s.y, x.shape());
-    kernels::host::bn_normalize(x.data(), s.mean.data(), s.rstd.data(), weight_.value().data(), bias_.value().data(), N,
-                                C_, S, y.data());
+    with_data_axis(ctx, s.training, [&](const auto* across) {
+      Ops::batch_norm_forward(ctx.dev(), x.data(), residual.data(), weight_.value().data(), bias_.value().data(),
+                              y.data(), ensure(s.mean, Shape{C_}).data(), ensure(s.rstd, Shape{C_}).data(),
+                              running_mean_.data(), running_var_.data(), Ops::image_dims(x.shape()), s.training,
+                              opts_.relu, opts_.momentum, opts_.eps, across);
+    });
     return y;
   }
 
   Input backward_input(Context<Space>& ctx, Output dy) {
     Saved& s = slots_.slot(ctx);
     check_dy(ctx, s, dy);
-    const std::int64_t N = s.x.size(0), S = s.x.size(2) * s.x.size(3);
-    std::vector<double> sums(static_cast<std::size_t>(2 * C_));  // Σdy (C), Σdy·x̂ (C)
-    kernels::host::bn_backward_sums(dy.data(), s.x.data(), s.mean.data(), s.rstd.data(), N, C_, S, sums.data(),
-                                    sums.data() + C_);
-    if (s.training && synchronised(ctx)) data_comm(ctx).allreduce(sums.data(), sums.size(), comm::ReduceOp::sum);
     auto dx = ensure(s.dx, s.x.shape());
-    kernels::host::bn_backward_input(dy.data(), s.x.data(), s.mean.data(), s.rstd.data(), weight_.value().data(),
-                                     sums.data(), sums.data() + C_, s.count, s.training, N, C_, S, dx.data());
+    T* dres = s.residual ? ensure(s.dres, s.x.shape()).data() : nullptr;
+    with_data_axis(ctx, s.training, [&](const auto* across) {
+      Ops::batch_norm_backward_input(ctx.dev(), dy.data(), s.y.data(), s.x.data(), s.mean.data(), s.rstd.data(),
+                                     weight_.value().data(), dx.data(), dres, ensure(s.sums, Shape{2, C_}).data(),
+                                     Ops::image_dims(s.x.shape()), s.training, opts_.relu, across);
+    });
+    s.sums_kept = true;
     return dx;
   }
 
+  // The gradient of the residual that forward(ctx, x, residual) added, written by backward_input.
+  Input residual_grad(Context<Space>& ctx) {
+    Saved& s = slots_.slot(ctx);
+    DPML_REQUIRE(s.residual && s.sums_kept, "BatchNorm2d " << opts_.name << ": residual_grad of micro-batch "
+                                                           << ctx.micro_batch
+                                                           << " needs a forward with a residual, then backward_input");
+    return s.dres.cview();
+  }
+
+  // dweight += Σdy·x̂, dbias += Σdy over this rank's batch, from the sums backward_input kept.
   void backward_weight(Context<Space>& ctx, Output dy) {
     Saved& s = slots_.slot(ctx);
     check_dy(ctx, s, dy);
-    std::vector<double> sums(static_cast<std::size_t>(2 * C_));  // Σdy (C), Σdy·x̂ (C), this rank's
-    kernels::host::bn_backward_sums(dy.data(), s.x.data(), s.mean.data(), s.rstd.data(), s.x.size(0), C_,
-                                    s.x.size(2) * s.x.size(3), sums.data(), sums.data() + C_);
-    auto dw = weight_.grad(), db = bias_.grad();
-    for (std::int64_t c = 0; c < C_; ++c) {
-      dw[c] += static_cast<T>(sums[C_ + c]);
-      db[c] += static_cast<T>(sums[c]);
-    }
+    DPML_REQUIRE(s.sums_kept, "BatchNorm2d " << opts_.name << ": backward_weight of micro-batch " << ctx.micro_batch
+                                             << " before its backward_input");
+    Ops::batch_norm_backward_weight(ctx.dev(), s.sums.data(), s.rstd.data(), weight_.grad().data(),
+                                    bias_.grad().data(), C_);
   }
 
   // weight (C), bias (C). The running statistics are state, not parameters: running_mean/var().
   std::vector<Param<T, Space>*> parameters() { return {&weight_, &bias_}; }
-  TensorView<T, Space> running_mean() const noexcept { return running_mean_.view(); }  // (C)
-  TensorView<T, Space> running_var() const noexcept { return running_var_.view(); }    // (C)
+  TensorView<Stat, Space> running_mean() const noexcept { return running_mean_.view(); }  // (C)
+  TensorView<Stat, Space> running_var() const noexcept { return running_var_.view(); }    // (C)
 
  private:
   struct Saved {
-    Input x;                          // (N, C, H, W), the caller's buffer
+    Input x;                              // (N, C, H, W), the caller's buffer
     bool training = true;
-    double count = 0;                 // values per channel behind the statistics (global with sync)
-    std::vector<double> mean, rstd;   // (C)
-    Tensor<T, Space> y, dx;           // (N, C, H, W)
+    bool residual = false;                // the forward added one
+    bool sums_kept = false;               // backward_input ran since the forward
+    Tensor<T, Space> y, dx, dres;         // (N, C, H, W) each
+    Tensor<Stat, Space> mean, rstd;       // (C), (C)
+    Tensor<Stat, Space> sums;             // (2, C): this rank's Σdy, Σdy·(x − mean), for backward_weight
   };
 
-  bool synchronised(const Context<Space>& ctx) const noexcept { return opts_.sync && ctx.grid != nullptr; }
-  const comm::Mpi& data_comm(const Context<Space>& ctx) const { return ctx.grid->comm(parallel::Axis::data); }
+  // run(across): across null for this rank's statistics, else a callable that sums statistics over
+  // the data axis in place (eval passes need none).
+  template <class Run>
+  void with_data_axis(const Context<Space>& ctx, bool training, Run&& run) const {
+    const Comm* dc = training ? data_comm(ctx) : nullptr;
+    const auto across = [dc](Stat* data, std::int64_t n) {
+      dc->allreduce(data, static_cast<std::size_t>(n), comm::ReduceOp::sum);
+    };
+    run(dc != nullptr ? &across : nullptr);
+  }
 
-  // Batch mean and rstd (global with sync), and the running statistics' update.
-  void batch_statistics(const Context<Space>& ctx, Saved& s, std::int64_t N, std::int64_t S) {
-    std::vector<double> sums(static_cast<std::size_t>(C_ + 1));  // Σx (C), count
-    kernels::host::bn_channel_sum(s.x.data(), N, C_, S, sums.data());
-    sums[C_] = static_cast<double>(N * S);
-    if (synchronised(ctx)) data_comm(ctx).allreduce(sums.data(), sums.size(), comm::ReduceOp::sum);
-    s.count = sums[C_];
-    DPML_REQUIRE(s.count > 1, "BatchNorm2d " << opts_.name << ": training needs more than one value per channel, got "
-                                             << s.count << " (input " << s.x.shape().str() << ")");
-    for (std::int64_t c = 0; c < C_; ++c) s.mean[c] = sums[c] / s.count;
-    std::vector<double> sqdev(static_cast<std::size_t>(C_));  // Σ(x − mean)² (C)
-    kernels::host::bn_channel_sqdev(s.x.data(), s.mean.data(), N, C_, S, sqdev.data());
-    if (synchronised(ctx)) data_comm(ctx).allreduce(sqdev.data(), sqdev.size(), comm::ReduceOp::sum);
-    const double m = opts_.momentum;
-    for (std::int64_t c = 0; c < C_; ++c) {
-      const double var = sqdev[c] / s.count;
-      s.rstd[c] = 1.0 / std::sqrt(var + opts_.eps);
-      running_mean_[c] = static_cast<T>((1 - m) * running_mean_[c] + m * s.mean[c]);
-      running_var_[c] = static_cast<T>((1 - m) * running_var_[c] + m * var * s.count / (s.count - 1));
-    }
+  // The data axis' communicator of a synchronised BatchNorm; null: this rank's statistics.
+  const Comm* data_comm(const Context<Space>& ctx) const {
+    if (!opts_.sync) return nullptr;
+    const Comm* dc = data_comm_;
+    if constexpr (std::is_same_v<Comm, comm::Mpi>)
+      if (dc == nullptr && ctx.grid != nullptr) dc = &ctx.grid->comm(parallel::Axis::data);
+    DPML_REQUIRE(dc != nullptr || ctx.grid == nullptr || ctx.grid->dp() == 1,
+                 "BatchNorm2d " << opts_.name << ": sync over " << ctx.grid->dp()
+                                << " data-parallel ranks needs the data axis' communicator for " << Space::name
+                                << " memory (BatchNorm2d(channels, options, &comm))");
+    if (dc == nullptr || dc->size() == 1) return nullptr;
+    if constexpr (requires(const Comm& c, kernels::Device<Space>& dev) { c.stream() == dev.stream(); })
+      DPML_REQUIRE(dc->stream() == ctx.dev().stream(),
+                   "BatchNorm2d " << opts_.name << ": the data axis' communicator enqueues on another stream than "
+                                                   "ctx.dev()'s (make it on the model's stream)");
+    return dc;
   }
 
   void check_dy(const Context<Space>& ctx, const Saved& s, const Output& dy) const {
@@ -147,11 +193,17 @@ class BatchNorm2d {
                  "BatchNorm2d " << opts_.name << ": dy " << dy.shape().str() << " differs from the input "
                                 << s.x.shape().str() << " of micro-batch " << ctx.micro_batch);
   }
+  // "(N, C, H, W)" with C spelled out, in the space's image layout.
+  static std::string image_of(std::int64_t C) {
+    const std::string c = std::to_string(C);
+    return Ops::image_layout == kernels::ImageLayout::nchw ? "(N, " + c + ", H, W)" : "(N, H, W, " + c + ")";
+  }
 
   std::int64_t C_;
   BatchNormOptions opts_;
+  const Comm* data_comm_;
   Param<T, Space> weight_, bias_;
-  Tensor<T, Space> running_mean_, running_var_;  // (C), (C)
+  Tensor<Stat, Space> running_mean_, running_var_;  // (C), (C)
   Slots<Saved> slots_;
 };
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <ranges>
 #include <string_view>
+#include <utility>
 
 namespace dpml::layers {
 
@@ -47,17 +48,20 @@ GlobalSlice global_slice(const Param<T, Space>& p, const parallel::ProcessGrid* 
 }
 
 // Fills a parameter according to its Init, from (seed, its name, global indices); a parameter in
-// device memory is drawn on the host and copied over (rounded to its element type).
+// device memory, or stored in another order than its logical one (core/parameter.hpp's
+// StorageOrder), is drawn on the host in logical order, permuted and copied over (rounded to its
+// element type).
 template <class T, class Space>
 void initialize(Param<T, Space>& p, std::uint64_t seed, const parallel::ProcessGrid* grid) {
   const Init& init = p.init();
   const GlobalSlice g = global_slice(p, grid);
   const Shape local = p.shape(), gstrides = contiguous_strides(g.global);
   const PhiloxStream rng(seed, name_stream(p.name()));
+  const bool in_place = Space::host_accessible && p.storage_order().is_identity();
   Tensor<T> drawn;
-  if constexpr (!Space::host_accessible) drawn = Tensor<T>(local);
+  if (!in_place) drawn = Tensor<T>(local);
   TensorView<T> value;
-  if constexpr (Space::host_accessible) value = p.value();
+  if constexpr (Space::host_accessible) value = in_place ? p.value() : drawn.view();
   else value = drawn.view();
   std::int64_t idx[kMaxRank] = {};
   for (std::int64_t flat = 0; flat < value.numel(); ++flat) {
@@ -74,7 +78,13 @@ void initialize(Param<T, Space>& p, std::uint64_t seed, const parallel::ProcessG
       idx[d] = 0;
     }
   }
-  if constexpr (!Space::host_accessible) copy(p.value(), drawn.cview());
+  if (in_place) return;
+  if (!p.storage_order().is_identity()) {
+    Tensor<T> stored(local);
+    to_storage_order(p, drawn.data(), stored.data());
+    drawn = std::move(stored);
+  }
+  copy(p.value(), drawn.cview());
 }
 
 // Sets a parameter's gradient to zero, in any space.

@@ -1,16 +1,21 @@
 #pragma once
-// Pooling layers over NCHW images (kernels/host/pool.hpp):
+// Pooling layers over images:
 //   MaxPool2d(kernel, stride = kernel, padding = 0)   keeps the argmax per output for backward
 //   AvgPool2d(kernel, stride = kernel, padding = 0)   padding counted as zeros (PyTorch default)
 //   GlobalAvgPool                                     (N, C, H, W) → (N, C)
 // MaxPool2d and AvgPool2d are one class, Pool2d<Kind>, read by a tag type.
 // None has parameters; backward_weight is empty.
+//
+// Any space, one code path: kernels::Ops<Space>'s pooling family (kernels/host/pool.hpp,
+// kernels/cuda/conv/pool.hpp), over the space's image layout (NCHW on the host, NHWC on a GPU:
+// kernels/image.hpp); GlobalAvgPool's (N, C) is the same on both. Element types: float or double
+// on the host; bf16, fp16 or float on a GPU.
 
 #include "dpml/core/error.hpp"
-#include "dpml/core/tensor.hpp"
-#include "dpml/kernels/host/pool.hpp"
-#include "dpml/layers/layer.hpp"
 #include "dpml/core/parameter.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/ops.hpp"
+#include "dpml/layers/layer.hpp"
 
 #include <cstdint>
 #include <type_traits>
@@ -27,14 +32,14 @@ struct AvgPoolKind {
 
 template <class Kind, class T = float, class Space = HostSpace>
 class Pool2d {
-  static_assert(std::is_same_v<Space, HostSpace>, "dpml pooling layers: only the host path exists so far");
+  using Ops = kernels::Ops<Space>;
   static constexpr bool is_max = std::is_same_v<Kind, MaxPoolKind>;
 
  public:
   using value_type = T;
   using space = Space;
-  using Input = TensorView<const T, Space>;   // (N, C, H, W)
-  using Output = TensorView<const T, Space>;  // (N, C, Ho, Wo)
+  using Input = TensorView<const T, Space>;   // (N, C, H, W) in the space's image layout
+  using Output = TensorView<const T, Space>;  // (N, C, Ho, Wo) in the space's image layout
 
   explicit Pool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t padding = 0)
       : k_(kernel), stride_(stride > 0 ? stride : kernel), pad_(padding) {
@@ -43,31 +48,34 @@ class Pool2d {
   }
 
   Output forward(Context<Space>& ctx, Input x) {
-    DPML_REQUIRE(x.rank() == 4 && x.is_contiguous() && x.size(2) + 2 * pad_ >= k_ && x.size(3) + 2 * pad_ >= k_,
-                 Kind::name << ": input " << x.shape().str() << " is not (N, C, H, W) with H, W ≥ kernel " << k_);
+    DPML_REQUIRE(x.rank() == 4 && x.is_contiguous(), Kind::name << ": input " << x.shape().str() << " is not an image");
+    const kernels::ImageDims d = Ops::image_dims(x.shape());
+    DPML_REQUIRE(d.H + 2 * pad_ >= k_ && d.W + 2 * pad_ >= k_,
+                 Kind::name << ": input " << x.shape().str() << " has H, W below the kernel " << k_ << " (padding "
+                            << pad_ << ")");
     Saved& s = slots_.slot(ctx);
     s.in = x.shape();
-    const auto g = geometry(s.in);
-    const std::int64_t P = x.size(0) * x.size(1);
-    auto y = ensure(s.y, Shape{x.size(0), x.size(1), g.out_h(), g.out_w()});
+    const auto g = geometry(d);
+    auto y = ensure(s.y, Ops::image_shape({d.N, d.C, g.out_h(), g.out_w()}));
     if constexpr (is_max)
-      kernels::host::max_pool_forward(x.data(), g, P, y.data(), ensure(s.argmax, y.shape()).data());
+      Ops::max_pool_forward(ctx.dev(), x.data(), y.data(), ensure(s.argmax, y.shape()).data(), d.N, d.C, g);
     else
-      kernels::host::avg_pool_forward(x.data(), g, P, y.data());
+      Ops::avg_pool_forward(ctx.dev(), x.data(), y.data(), d.N, d.C, g);
     return y;
   }
 
   Input backward_input(Context<Space>& ctx, Output dy) {
     Saved& s = slots_.slot(ctx);
-    DPML_REQUIRE(s.in.rank() == 4 && dy.shape() == s.y.shape(),
+    DPML_REQUIRE(s.in.rank() == 4 && dy.shape() == s.y.shape() && dy.is_contiguous(),
                  Kind::name << ": dy " << dy.shape().str() << " differs from the output " << s.y.shape().str()
                             << " of micro-batch " << ctx.micro_batch);
-    const auto g = geometry(s.in);
+    const kernels::ImageDims d = Ops::image_dims(s.in);
+    const auto g = geometry(d);
     auto dx = ensure(s.dx, s.in);
     if constexpr (is_max)
-      kernels::host::max_pool_backward(dy.data(), s.argmax.data(), g, s.in[0] * s.in[1], dx.data());
+      Ops::max_pool_backward(ctx.dev(), dy.data(), s.argmax.data(), dx.data(), d.N, d.C, g);
     else
-      kernels::host::avg_pool_backward(dy.data(), g, s.in[0] * s.in[1], dx.data());
+      Ops::avg_pool_backward(ctx.dev(), dy.data(), dx.data(), d.N, d.C, g);
     return dx;
   }
 
@@ -81,7 +89,7 @@ class Pool2d {
     Tensor<T, Space> y, dx;                                             // (N, C, Ho, Wo), (N, C, H, W)
     std::conditional_t<is_max, Tensor<std::int32_t, Space>, Empty> argmax;  // (N, C, Ho, Wo), max only
   };
-  kernels::host::PoolGeometry geometry(const Shape& in) const { return {in[2], in[3], k_, k_, stride_, pad_}; }
+  kernels::host::PoolGeometry geometry(const kernels::ImageDims& d) const { return {d.H, d.W, k_, k_, stride_, pad_}; }
 
   std::int64_t k_, stride_, pad_;
   Slots<Saved> slots_;
@@ -94,31 +102,33 @@ using AvgPool2d = Pool2d<AvgPoolKind, T, Space>;
 
 template <class T = float, class Space = HostSpace>
 class GlobalAvgPool {
-  static_assert(std::is_same_v<Space, HostSpace>, "dpml GlobalAvgPool: only the host path exists so far");
+  using Ops = kernels::Ops<Space>;
 
  public:
   using value_type = T;
   using space = Space;
-  using Input = TensorView<const T, Space>;   // (N, C, H, W)
+  using Input = TensorView<const T, Space>;   // (N, C, H, W) in the space's image layout
   using Output = TensorView<const T, Space>;  // (N, C)
 
   Output forward(Context<Space>& ctx, Input x) {
-    DPML_REQUIRE(x.rank() == 4 && x.is_contiguous() && x.size(2) * x.size(3) > 0,
-                 "GlobalAvgPool: input " << x.shape().str() << " is not (N, C, H, W) with H·W > 0");
+    const kernels::ImageDims d = Ops::image_dims(x.shape());
+    DPML_REQUIRE(x.rank() == 4 && x.is_contiguous() && d.H * d.W > 0,
+                 "GlobalAvgPool: input " << x.shape().str() << " is not an image with H·W > 0");
     Saved& s = slots_.slot(ctx);
     s.in = x.shape();
-    auto y = ensure(s.y, Shape{x.size(0), x.size(1)});
-    kernels::host::global_avg_pool_forward(x.data(), y.numel(), x.size(2) * x.size(3), y.data());
+    auto y = ensure(s.y, Shape{d.N, d.C});
+    Ops::global_avg_pool_forward(ctx.dev(), x.data(), y.data(), d.N, d.H * d.W, d.C);
     return y;
   }
 
   Input backward_input(Context<Space>& ctx, Output dy) {
     Saved& s = slots_.slot(ctx);
-    DPML_REQUIRE(s.in.rank() == 4 && dy.shape() == s.y.shape(),
+    DPML_REQUIRE(s.in.rank() == 4 && dy.shape() == s.y.shape() && dy.is_contiguous(),
                  "GlobalAvgPool: dy " << dy.shape().str() << " differs from the output " << s.y.shape().str()
                                       << " of micro-batch " << ctx.micro_batch);
+    const kernels::ImageDims d = Ops::image_dims(s.in);
     auto dx = ensure(s.dx, s.in);
-    kernels::host::global_avg_pool_backward(dy.data(), dy.numel(), s.in[2] * s.in[3], dx.data());
+    Ops::global_avg_pool_backward(ctx.dev(), dy.data(), dx.data(), d.N, d.H * d.W, d.C);
     return dx;
   }
 

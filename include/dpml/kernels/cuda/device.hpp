@@ -9,6 +9,8 @@
 //   shared<T>(key, n)  a buffer every layer asking for `key` gets alike — activations that live
 //                   only between two neighbouring ops of one layer and are recomputed when needed
 //                   again (the MLP's GELU output): one buffer for all blocks, not one per block
+//   resource<R>()   the one R of this Device, made on first use: library state that every layer of
+//                   a kind shares (a convolution policy's cuDNN handle, plans and workspace)
 //
 // Buffers grow on first need (the first step) and are kept: later steps allocate nothing. A Device
 // owns its stream unless it was made over an existing one (a model's, a test's).
@@ -26,6 +28,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <typeindex>
+#include <typeinfo>
 
 namespace dpml::kernels {
 
@@ -48,6 +52,12 @@ struct Device<CudaSpace> {
   template <class T>
   T* shared(std::string_view key, std::int64_t n) {
     return static_cast<T*>(shared_[std::string(key)].ensure(static_cast<std::size_t>(n) * sizeof(T), stream()));
+  }
+  template <class R>
+  R& resource() {
+    std::shared_ptr<void>& r = resources_[std::type_index(typeid(R))];
+    if (!r) r = std::make_shared<R>();
+    return *static_cast<R*>(r.get());
   }
   // Device bytes held by the scratch and shared buffers (for memory reports).
   std::size_t buffer_bytes() const noexcept {
@@ -82,6 +92,7 @@ struct Device<CudaSpace> {
   std::unique_ptr<cuda::GemmContext> gemm_ = std::make_unique<cuda::GemmContext>();
   Buffer scratch_;
   std::map<std::string, Buffer, std::less<>> shared_;
+  std::map<std::type_index, std::shared_ptr<void>> resources_;  // last: gone before the stream
 };
 
 }  // namespace dpml::kernels

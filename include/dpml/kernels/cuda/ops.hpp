@@ -3,10 +3,14 @@
 // composed of the kernel families, each defined beside its kernels in kernels/cuda/. CUDA
 // translation units only (kernels/ops.hpp includes this file under __CUDACC__).
 
+#include "dpml/kernels/cuda/conv/batch_norm.hpp"
+#include "dpml/kernels/cuda/conv/conv_ops.hpp"
+#include "dpml/kernels/cuda/conv/pool.hpp"
 #include "dpml/kernels/cuda/device.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/linear.hpp"
+#include "dpml/kernels/image.hpp"
 #include "dpml/kernels/ops.hpp"
 
 namespace dpml::kernels {
@@ -15,6 +19,10 @@ template <>
 struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::LinearOps,
                         cuda::LayerNormOps,
-                        cuda::ActivationOps {};
+                        cuda::ActivationOps,
+                        ImageOps<ImageLayout::nhwc>,
+                        cuda::ConvOps,
+                        cuda::BatchNormOps,
+                        cuda::PoolOps {};
 
 }  // namespace dpml::kernels

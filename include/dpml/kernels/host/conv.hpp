@@ -1,5 +1,6 @@
 #pragma once
-// im2col / col2im for 2-D convolution on the host, one image at a time (layout CHW).
+// 2-D convolution on the host: im2col / col2im, one image at a time (layout CHW), and
+// Ops<HostSpace>'s convolution family built on them (at the end).
 //
 // im2col unrolls every receptive field of x (C, H, W) into a column of
 // col (C·kh·kw, Ho·Wo): row (c, i, j) holds x[c, ho·stride − pad + i, wo·stride − pad + j] for
@@ -9,8 +10,15 @@
 // runs over the range of wo whose input column lies inside the image (computed once per row, no
 // per-element test), contiguous in col, so it vectorises when stride is 1.
 
+#include "dpml/kernels/device.hpp"
+#include "dpml/kernels/host/elementwise.hpp"
+#include "dpml/kernels/host/gemm.hpp"
+
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <memory>
+#include <type_traits>
 
 namespace dpml::kernels::host {
 
@@ -77,5 +85,69 @@ void col2im(const T* col, const ConvGeometry& g, T* x) {
         }
       }
 }
+
+// The host's one convolution policy: im2col and one OpenBLAS GEMM per image (Conv2d's Policy
+// argument on HostSpace; CudaSpace has its own, kernels/cuda/conv/conv_ops.hpp).
+struct Im2colGemm {};
+
+// Ops<HostSpace>'s convolution family: NCHW images (kernels/image.hpp), the weight in its logical
+// order (Cout, Cin, kh, kw) = (Cout, K) with K = Cin·kh·kw, bias (Cout). Per image n, with col the
+// (K, Ho·Wo) im2col of x[n] (one image's worth, allocated per call: memory stays at one image):
+//   forward          y[n] (Cout, Ho·Wo)  = W · col  (+ bias)
+//   backward_input   dx[n]               = col2im(Wᵀ · dy[n])                (overwritten)
+//   backward_weight  dW (Cout, K)       += dy[n] · colᵀ,  dbias += Σ dy[n]  (col recomputed)
+// g: Cin (= g.C), H, W, kernel, stride and padding; Cout the output channels.
+struct ConvOps {
+  using Dev = Device<HostSpace>;
+  using DefaultConvPolicy = Im2colGemm;
+  static constexpr std::array<int, 4> conv_weight_order{0, 1, 2, 3};  // (Cout, Cin, kh, kw) as it is
+
+  // y (N, Cout, Ho, Wo) = conv(x (N, Cin, H, W), w) + bias (null: none)
+  template <class Policy, class T>
+  static void conv2d_forward(Dev&, const T* x, const T* w, const T* bias, T* y, std::int64_t N, std::int64_t Cout,
+                             const ConvGeometry& g) {
+    check_policy<Policy>();
+    const std::int64_t K = g.col_rows(), P = g.col_cols(), HW = g.H * g.W;
+    const auto col = std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(K * P));
+    for (std::int64_t n = 0; n < N; ++n) {
+      im2col(x + n * g.C * HW, g, col.get());
+      gemm(Trans::no, Trans::no, Cout, P, K, T(1), w, col.get(), T(0), y + n * Cout * P);
+    }
+    if (bias) bias_add_channels(y, bias, N, Cout, P);
+  }
+  // dx (N, Cin, H, W) = ∂(Σ y·dy)/∂x for dy (N, Cout, Ho, Wo); overwritten
+  template <class Policy, class T>
+  static void conv2d_backward_input(Dev&, const T* dy, const T* w, T* dx, std::int64_t N, std::int64_t Cout,
+                                    const ConvGeometry& g) {
+    check_policy<Policy>();
+    const std::int64_t K = g.col_rows(), P = g.col_cols(), HW = g.H * g.W;
+    const auto dcol = std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(K * P));
+    std::fill_n(dx, N * g.C * HW, T(0));
+    for (std::int64_t n = 0; n < N; ++n) {
+      gemm(Trans::yes, Trans::no, K, P, Cout, T(1), w, dy + n * Cout * P, T(0), dcol.get());
+      col2im(dcol.get(), g, dx + n * g.C * HW);
+    }
+  }
+  // dw (Cout, Cin, kh, kw) += ∂(Σ y·dy)/∂w; dbias (Cout) += Σ dy (null: none)
+  template <class Policy, class T>
+  static void conv2d_backward_weight(Dev&, const T* dy, const T* x, T* dw, T* dbias, std::int64_t N,
+                                     std::int64_t Cout, const ConvGeometry& g) {
+    check_policy<Policy>();
+    const std::int64_t K = g.col_rows(), P = g.col_cols(), HW = g.H * g.W;
+    const auto col = std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(K * P));
+    for (std::int64_t n = 0; n < N; ++n) {
+      im2col(x + n * g.C * HW, g, col.get());
+      gemm(Trans::no, Trans::yes, Cout, K, P, T(1), dy + n * Cout * P, col.get(), T(1), dw);
+    }
+    if (dbias) bias_grad_channels(dy, dbias, N, Cout, P);
+  }
+
+ private:
+  template <class Policy>
+  static constexpr void check_policy() {
+    static_assert(std::is_same_v<Policy, Im2colGemm>,
+                  "dpml: no host convolution for this policy (HostSpace has kernels::host::Im2colGemm only)");
+  }
+};
 
 }  // namespace dpml::kernels::host

@@ -3,9 +3,13 @@
 // composed of the kernel families, each defined beside its kernels in kernels/host/.
 
 #include "dpml/kernels/host/activation.hpp"
+#include "dpml/kernels/host/batch_norm.hpp"
+#include "dpml/kernels/host/conv.hpp"
 #include "dpml/kernels/host/elementwise.hpp"
 #include "dpml/kernels/host/gemm.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
+#include "dpml/kernels/host/pool.hpp"
+#include "dpml/kernels/image.hpp"
 #include "dpml/kernels/ops.hpp"
 
 namespace dpml::kernels {
@@ -14,6 +18,10 @@ template <>
 struct Ops<HostSpace> : host::ElementwiseOps,
                         host::LinearOps,
                         host::LayerNormOps,
-                        host::ActivationOps {};
+                        host::ActivationOps,
+                        ImageOps<ImageLayout::nchw>,
+                        host::ConvOps,
+                        host::BatchNormOps,
+                        host::PoolOps {};
 
 }  // namespace dpml::kernels

@@ -1,5 +1,6 @@
 #pragma once
-// Pooling on the host over planes: x (P, H, W) with P = N·C independent planes.
+// Pooling on the host over planes: x (P, H, W) with P = N·C independent planes of NCHW images;
+// Ops<HostSpace>'s pooling family at the end.
 //
 //   max pool      y[p, ho, wo] = max of the window; argmax[p, ho, wo] = flat index h·W + w of the
 //                 winner in its plane (the first one on ties), so backward is a scatter
@@ -9,6 +10,8 @@
 //
 // Windows start at ho·stride − pad. Out-of-image positions never win a max (a window lies at least
 // partly inside the image as long as pad < kernel size, which the layers check).
+
+#include "dpml/kernels/device.hpp"
 
 #include <cstdint>
 
@@ -115,5 +118,39 @@ void global_avg_pool_backward(const T* dy, std::int64_t P, std::int64_t S, T* dx
     for (std::int64_t s = 0; s < S; ++s) dx[p * S + s] = d;
   }
 }
+
+// Ops<HostSpace>'s pooling family: NCHW images of N·C planes, geometry g (kernels/cuda/conv/
+// pool.hpp's PoolOps is the twin, over NHWC). dx is overwritten.
+struct PoolOps {
+  using Dev = Device<HostSpace>;
+  // y, argmax (N, C, Ho, Wo) from x (N, C, H, W); argmax = h·W + w of each window's maximum
+  template <class T>
+  static void max_pool_forward(Dev&, const T* x, T* y, std::int32_t* argmax, std::int64_t N, std::int64_t C,
+                               const PoolGeometry& g) {
+    host::max_pool_forward(x, g, N * C, y, argmax);
+  }
+  template <class T>
+  static void max_pool_backward(Dev&, const T* dy, const std::int32_t* argmax, T* dx, std::int64_t N, std::int64_t C,
+                                const PoolGeometry& g) {
+    host::max_pool_backward(dy, argmax, g, N * C, dx);
+  }
+  template <class T>
+  static void avg_pool_forward(Dev&, const T* x, T* y, std::int64_t N, std::int64_t C, const PoolGeometry& g) {
+    host::avg_pool_forward(x, g, N * C, y);
+  }
+  template <class T>
+  static void avg_pool_backward(Dev&, const T* dy, T* dx, std::int64_t N, std::int64_t C, const PoolGeometry& g) {
+    host::avg_pool_backward(dy, g, N * C, dx);
+  }
+  // y (N, C) = the mean of each plane of x (N, C, S), S = H·W
+  template <class T>
+  static void global_avg_pool_forward(Dev&, const T* x, T* y, std::int64_t N, std::int64_t S, std::int64_t C) {
+    host::global_avg_pool_forward(x, N * C, S, y);
+  }
+  template <class T>
+  static void global_avg_pool_backward(Dev&, const T* dy, T* dx, std::int64_t N, std::int64_t S, std::int64_t C) {
+    host::global_avg_pool_backward(dy, N * C, S, dx);
+  }
+};
 
 }  // namespace dpml::kernels::host

@@ -37,15 +37,30 @@
 // take the local sums (before the all-reduce), as PyTorch's SyncBatchNorm does, so that the data-
 // parallel average of the ranks' gradients is the whole batch's; dx takes the totals and M.
 //
+// Ranks of different sizes (CountedStatistics, the layers' form): each rank's row count travels
+// with its sums, (2C + 1) floats in one all-reduce, and the kernels that finish the statistics read
+// the total M from device memory — so a global batch that the ranks do not divide evenly (or an
+// empty rank) is still exactly the one-rank batch, and no host ever waits for M.
+//
+// Weight gradients later (the layers' backward_input / backward_weight split): batch_norm_backward
+// adds dγ, dβ in the same pass as dx; batch_norm_backward_input keeps this rank's two sums (2, C)
+// instead, and batch_norm_weight_grads turns them into dγ, dβ later — a per-channel kernel, no
+// second pass over the activations.
+//
 // Types: activations T (bf16, f16 or float), γ, β and their gradients P (float or 16-bit), the
 // statistics mean, rstd and the running statistics fp32 (C). Launchers take the stream and never
 // synchronise (the local passes; a synchronised pass waits only as long as `across` does).
+//
+// At the end: Ops<CudaSpace>'s BatchNorm family (kernels/host/batch_norm.hpp's twin) over NHWC
+// images.
 
 #include "dpml/core/cuda_error.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/device.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
 #include "dpml/kernels/cuda/reduce.hpp"
+#include "dpml/kernels/image.hpp"
 
 #include <cuda_runtime.h>
 
@@ -70,10 +85,29 @@ struct BatchNormConfig {
 // over the data-parallel ranks (one all-reduce of 2C floats, ordered on that stream) and returns
 // the rows behind the totals (`rows` summed over the ranks).
 struct LocalStatistics {};
-template <class A>
-concept StatisticsSource = std::same_as<A, LocalStatistics> || requires(const A& a, float* sums, std::int64_t n) {
-  { a(sums, n, n) } -> std::convertible_to<std::int64_t>;
+// Or, where ranks may hold different numbers of rows, CountedStatistics{allreduce} with
+//   void allreduce(float* data, std::int64_t n)
+// summing n floats over the data-parallel ranks in place, ordered on the launch's stream: the sums
+// travel with this rank's row count, (2C + 1) floats, and the kernels read the total from there.
+template <class AllReduce>
+struct CountedStatistics {
+  AllReduce allreduce;
 };
+template <class AllReduce>
+CountedStatistics<AllReduce> counted_statistics(AllReduce allreduce) {
+  return {allreduce};
+}
+namespace detail::bn {
+template <class A>
+inline constexpr bool is_counted = false;
+template <class R>
+inline constexpr bool is_counted<CountedStatistics<R>> = true;
+}  // namespace detail::bn
+template <class A>
+concept StatisticsSource = std::same_as<A, LocalStatistics> || detail::bn::is_counted<A> ||
+                           requires(const A& a, float* sums, std::int64_t n) {
+                             { a(sums, n, n) } -> std::convertible_to<std::int64_t>;
+                           };
 
 namespace detail::bn {
 
@@ -124,16 +158,18 @@ struct FinishStatistics {  // mean, rstd, the running statistics (when given), t
   float* coef;  // (2, C): a, b
   float count, momentum, eps;
   int C;
+  const float* total = nullptr;  // the ranks' total rows in device memory (counted statistics), else count
   __device__ void operator()(int c, const Sums<2>& s) const {
-    const float d = s.v[0] / count;
+    const float M = total != nullptr ? *total : count;
+    const float d = s.v[0] / M;
     const float m = load_f(shift[c]) + d;
-    const float var = fmaxf(s.v[1] / count - d * d, 0.f);
+    const float var = fmaxf(s.v[1] / M - d * d, 0.f);
     const float r = 1.f / sqrtf(var + eps);
     mean[c] = m;
     rstd[c] = r;
     if (running_mean != nullptr) {
       running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * m;
-      running_var[c] = (1.f - momentum) * running_var[c] + momentum * var * (count / (count - 1.f));
+      running_var[c] = (1.f - momentum) * running_var[c] + momentum * var * (M / (M - 1.f));
     }
     const float a = r * load_f(gamma[c]);
     coef[c] = a;
@@ -229,12 +265,14 @@ struct InputGradCoefficients {  // coef (3, C) = A, B, C0 of dx, from Σg and Σ
   float inv_m;  // 1/M
   int C;
   bool training;
+  const float* total = nullptr;  // M in device memory (counted statistics), else inv_m
   __device__ void operator()(int c, const Sums<2>& s) const {
+    const float inv = total != nullptr ? 1.f / *total : inv_m;
     const float r = rstd[c], sg = s.v[0], sgx = s.v[1] * r;  // Σg, Σg·x̂
     const float A = load_f(gamma[c]) * r;
     coef[c] = A;
-    coef[C + c] = training ? -A * r * sgx * inv_m : 0.f;
-    coef[2 * C + c] = training ? -A * sg * inv_m : 0.f;
+    coef[C + c] = training ? -A * r * sgx * inv : 0.f;
+    coef[2 * C + c] = training ? -A * sg * inv : 0.f;
   }
 };
 template <class First, class Second>
@@ -244,6 +282,17 @@ struct BothOuts {  // two out functors on the same sums
   __device__ void operator()(int c, const Sums<2>& s) const {
     first(c, s);
     second(c, s);
+  }
+};
+
+// StoreSums<2> that also writes this rank's row count after the sums: (2C + 1) floats.
+struct StoreSumsAndCount {
+  float* sums;
+  int C;
+  float rows;
+  __device__ void operator()(int c, const Sums<2>& s) const {
+    StoreSums<2>{sums, C}(c, s);
+    if (c == 0) sums[2 * static_cast<std::int64_t>(C)] = rows;
   }
 };
 
@@ -270,10 +319,12 @@ __global__ void backward_input_kernel(const T* dy, const T* y, const T* x, const
   }
 }
 
-inline void check(std::int64_t rows, std::int64_t C, const BatchNormConfig& cfg, const char* pass) {
+// local_rows: the statistics are this call's rows alone (not counted over ranks), so training
+// needs more than one.
+inline void check(std::int64_t rows, std::int64_t C, const BatchNormConfig& cfg, const char* pass, bool local_rows) {
   DPML_REQUIRE(rows >= 0 && C > 0 && C < (std::int64_t{1} << 31) && cfg.eps > 0.f,
                "batch_norm " << pass << ": rows=" << rows << " C=" << C << " eps=" << cfg.eps << " out of range");
-  DPML_REQUIRE(!cfg.training || rows > 1, "batch_norm " << pass
+  DPML_REQUIRE(!cfg.training || !local_rows || rows > 1, "batch_norm " << pass
                                                        << ": training needs more than one value per channel, got rows="
                                                        << rows << " (N·H·W)");
 }
@@ -296,7 +347,7 @@ void grad_sums(const T* dy, const T* mask, const T* x, const float* mean, Out ou
 }
 
 // Scratch of a pass: the column sums' partials (from scratch), then coef — (2, C) forward, (3, C)
-// backward — then the kept sums (2, C) of a synchronised pass.
+// backward — then the kept sums (2, C) of a synchronised pass (2C + 1 with the count).
 inline float* coefficients(float* scratch, std::int64_t rows, std::int64_t C) {
   return scratch + column_sums_scratch(rows, C, 2);
 }
@@ -316,11 +367,11 @@ std::int64_t total_rows(const Across& across, float* sums, std::int64_t rows, st
 
 }  // namespace detail::bn
 
-// Floats of scratch that batch_norm_forward and batch_norm_backward need: the column sums'
-// partials, the per-channel coefficients (2, C) forward, (3, C) backward, and the (2, C) sums
-// that a synchronised pass all-reduces.
+// Floats of scratch that batch_norm_forward and batch_norm_backward(_input) need: the column
+// sums' partials, the per-channel coefficients (2, C) forward, (3, C) backward, and the (2, C)
+// sums that a synchronised pass all-reduces (and the count of counted statistics).
 inline std::int64_t batch_norm_scratch(std::int64_t rows, std::int64_t C) {
-  return column_sums_scratch(rows, C, 2) + 5 * C;
+  return column_sums_scratch(rows, C, 2) + 5 * C + 1;
 }
 
 // x, y, residual (rows = N·H·W, C); gamma, beta (C); mean, rstd (C) fp32, written (saved for the
@@ -333,8 +384,8 @@ void batch_norm_forward(const T* x, const T* residual, const P* gamma, const P* 
                         const BatchNormConfig& cfg, float* scratch, cudaStream_t stream, const Across& across = {}) {
   static_assert(detail::is_storage_v<T> && detail::is_storage_v<P>);
   using namespace detail::bn;
-  constexpr bool synchronised = !std::is_same_v<Across, LocalStatistics>;
-  check(rows, C, cfg, "forward");
+  constexpr bool synchronised = !std::is_same_v<Across, LocalStatistics>, counted = is_counted<Across>;
+  check(rows, C, cfg, "forward", !counted);
   DPML_REQUIRE(cfg.training ? (running_mean == nullptr) == (running_var == nullptr)
                             : running_mean != nullptr && running_var != nullptr,
                "batch_norm forward (rows=" << rows << ", C=" << C << "): running_mean and running_var are both given"
@@ -347,12 +398,18 @@ void batch_norm_forward(const T* x, const T* residual, const P* gamma, const P* 
   float* coef = coefficients(scratch, rows, C);  // (2, C)
   const bool vec = detail::whole_packs(C, 8, {x, residual, y, coef, synchronised ? running_mean : nullptr});
   if (cfg.training) {
-    auto finish = [&](const auto* shift, std::int64_t count) {
+    auto finish = [&](const auto* shift, std::int64_t count, const float* total = nullptr) {
       return FinishStatistics<std::remove_cvref_t<decltype(*shift)>, P>{
           shift, gamma, beta, mean, rstd, running_mean, running_var, coef, static_cast<float>(count), cfg.momentum,
-          cfg.eps, c};
+          cfg.eps, c, total};
     };
-    if constexpr (synchronised) {
+    if constexpr (counted) {
+      const float* shift = running_mean;
+      float* sums = kept_sums(scratch, rows, C);  // (2C + 1): Σ(x − k), Σ(x − k)², this rank's rows
+      shifted_sums(x, shift, StoreSumsAndCount{sums, c, static_cast<float>(rows)}, vec, scratch, rows, C, stream);
+      across.allreduce(sums, 2 * C + 1);
+      apply_column_sums<2>(sums, finish(shift, 0, sums + 2 * C), C, stream);
+    } else if constexpr (synchronised) {
       const float* shift = running_mean;
       float* sums = kept_sums(scratch, rows, C);  // (2, C)
       shifted_sums(x, shift, StoreSums<2>{sums, c}, vec, scratch, rows, C, stream);
@@ -375,40 +432,38 @@ void batch_norm_forward(const T* x, const T* residual, const P* gamma, const P* 
   DPML_CHECK_LAUNCH();
 }
 
-// From dy (rows, C) and what the forward saw and saved (x, y when cfg.relu, mean, rstd, gamma):
-// dx (rows, C), overwritten; dresidual (rows, C), overwritten when non-null (the forward added a
-// residual); dgamma, dbeta (C) += their gradients (this rank's rows only, also when synchronised).
-// dx may alias dy. `across`: see LocalStatistics (eval needs no sums of other ranks).
-template <class T, class P, StatisticsSource Across = LocalStatistics>
-void batch_norm_backward(const T* dy, const T* y, const T* x, const float* mean, const float* rstd, const P* gamma,
-                         T* dx, T* dresidual, P* dgamma, P* dbeta, std::int64_t rows, std::int64_t C,
-                         const BatchNormConfig& cfg, float* scratch, cudaStream_t stream, const Across& across = {}) {
+namespace detail::bn {
+// The backward pass of batch_norm_backward and batch_norm_backward_input; `local` receives this
+// rank's sums Σg, Σg·(x − mean) per channel (ParamGrads: dγ, dβ now; StoreSums: kept for later).
+template <class T, class P, class LocalOut, StatisticsSource Across>
+void backward(const T* dy, const T* y, const T* x, const float* mean, const float* rstd, const P* gamma, T* dx,
+              T* dresidual, LocalOut local, std::int64_t rows, std::int64_t C, const BatchNormConfig& cfg,
+              float* scratch, cudaStream_t stream, const Across& across) {
   static_assert(detail::is_storage_v<T> && detail::is_storage_v<P>);
-  using namespace detail::bn;
-  check(rows, C, cfg, "backward");
+  constexpr bool counted = is_counted<Across>;
+  check(rows, C, cfg, "backward", !counted);
   DPML_REQUIRE(!cfg.relu || y != nullptr,
                "batch_norm backward (rows=" << rows << ", C=" << C << "): the fused ReLU needs the forward's output y");
   const int c = static_cast<int>(C);
   const T* mask = cfg.relu ? y : nullptr;
   float* coef = coefficients(scratch, rows, C);  // (3, C)
   const bool vec = detail::whole_packs(C, 8, {dy, mask, x, dx, dresidual, mean, coef});
-  const ParamGrads<P> param_grads{rstd, dgamma, dbeta};
-  auto input_coefficients = [&](std::int64_t count) {
+  auto input_coefficients = [&](std::int64_t count, const float* total = nullptr) {
     return InputGradCoefficients<P>{rstd, gamma, coef, count > 0 ? 1.f / static_cast<float>(count) : 0.f, c,
-                                    cfg.training};
+                                    cfg.training, total};
   };
-  auto local_pass = [&] {
-    grad_sums(dy, mask, x, mean, BothOuts<ParamGrads<P>, InputGradCoefficients<P>>{param_grads, input_coefficients(rows)},
+  if (std::is_same_v<Across, LocalStatistics> || !cfg.training) {  // eval: dx needs no sums of other ranks
+    grad_sums(dy, mask, x, mean, BothOuts<LocalOut, InputGradCoefficients<P>>{local, input_coefficients(rows)}, vec,
+              scratch, rows, C, stream);
+  } else if constexpr (counted) {
+    float* sums = kept_sums(scratch, rows, C);  // (2C + 1): Σg, Σg·(x − mean), this rank's rows
+    grad_sums(dy, mask, x, mean, BothOuts<LocalOut, StoreSumsAndCount>{local, {sums, c, static_cast<float>(rows)}},
               vec, scratch, rows, C, stream);
-  };
-  if constexpr (std::is_same_v<Across, LocalStatistics>) {
-    local_pass();
-  } else if (!cfg.training) {
-    local_pass();  // eval: dx needs no sums
-  } else {
+    across.allreduce(sums, 2 * C + 1);
+    apply_column_sums<2>(sums, input_coefficients(0, sums + 2 * C), C, stream);
+  } else if constexpr (!std::is_same_v<Across, LocalStatistics>) {
     float* sums = kept_sums(scratch, rows, C);  // (2, C)
-    grad_sums(dy, mask, x, mean, BothOuts<ParamGrads<P>, StoreSums<2>>{param_grads, {sums, c}}, vec, scratch, rows, C,
-              stream);
+    grad_sums(dy, mask, x, mean, BothOuts<LocalOut, StoreSums<2>>{local, {sums, c}}, vec, scratch, rows, C, stream);
     apply_column_sums<2>(sums, input_coefficients(total_rows(across, sums, rows, C, "backward")), C, stream);
   }
   if (rows == 0) return;
@@ -421,5 +476,89 @@ void batch_norm_backward(const T* dy, const T* y, const T* x, const float* mean,
   }
   DPML_CHECK_LAUNCH();
 }
+}  // namespace detail::bn
+
+// From dy (rows, C) and what the forward saw and saved (x, y when cfg.relu, mean, rstd, gamma):
+// dx (rows, C), overwritten; dresidual (rows, C), overwritten when non-null (the forward added a
+// residual); dgamma, dbeta (C) += their gradients (this rank's rows only, also when synchronised).
+// dx may alias dy. `across`: see LocalStatistics (eval needs no sums of other ranks).
+template <class T, class P, StatisticsSource Across = LocalStatistics>
+void batch_norm_backward(const T* dy, const T* y, const T* x, const float* mean, const float* rstd, const P* gamma,
+                         T* dx, T* dresidual, P* dgamma, P* dbeta, std::int64_t rows, std::int64_t C,
+                         const BatchNormConfig& cfg, float* scratch, cudaStream_t stream, const Across& across = {}) {
+  detail::bn::backward(dy, y, x, mean, rstd, gamma, dx, dresidual, detail::bn::ParamGrads<P>{rstd, dgamma, dbeta},
+                       rows, C, cfg, scratch, stream, across);
+}
+
+// batch_norm_backward without the weight gradients: this rank's sums Σg, Σg·(x − mean) go to
+// sums (2, C) fp32 instead, for batch_norm_weight_grads (a layer's backward_weight, later).
+template <class T, class P, StatisticsSource Across = LocalStatistics>
+void batch_norm_backward_input(const T* dy, const T* y, const T* x, const float* mean, const float* rstd,
+                               const P* gamma, T* dx, T* dresidual, float* sums, std::int64_t rows, std::int64_t C,
+                               const BatchNormConfig& cfg, float* scratch, cudaStream_t stream,
+                               const Across& across = {}) {
+  detail::bn::backward(dy, y, x, mean, rstd, gamma, dx, dresidual, StoreSums<2>{sums, static_cast<int>(C)}, rows, C,
+                       cfg, scratch, stream, across);
+}
+
+// dgamma += Σg·(x − mean)·rstd, dbeta += Σg (C), from the sums (2, C) of batch_norm_backward_input.
+template <class P>
+void batch_norm_weight_grads(const float* sums, const float* rstd, P* dgamma, P* dbeta, std::int64_t C,
+                             cudaStream_t stream) {
+  static_assert(detail::is_storage_v<P>);
+  apply_column_sums<2>(sums, detail::bn::ParamGrads<P>{rstd, dgamma, dbeta}, C, stream);
+}
+
+// Ops<CudaSpace>'s BatchNorm family over NHWC images of sizes d (rows = N·H·W pixels, C columns):
+// the layers' entry to the launchers above, on the Device's stream and scratch. Statistics S are
+// fp32; `across` (null: this rank's statistics) is across(float* data, n), an in-place sum over
+// the data axis on the Device's stream — counted statistics, so ranks may differ in size.
+struct BatchNormOps {
+  using Dev = Device<CudaSpace>;
+
+  template <class T, class S, class Across>
+  static void batch_norm_forward(Dev& dev, const T* x, const T* residual, const T* gamma, const T* beta, T* y, S* mean,
+                                 S* rstd, S* running_mean, S* running_var, const ImageDims& d, bool training, bool relu,
+                                 double momentum, double eps, const Across* across) {
+    check_types<T, S>();
+    const BatchNormConfig cfg{training, relu, static_cast<float>(momentum), static_cast<float>(eps)};
+    float* scratch = dev.scratch<float>(batch_norm_scratch(d.pixels(), d.C));
+    auto run = [&](const auto& source) {
+      cuda::batch_norm_forward(x, residual, gamma, beta, y, mean, rstd, running_mean, running_var, d.pixels(), d.C,
+                               cfg, scratch, dev.stream(), source);
+    };
+    if (across != nullptr) run(counted_statistics([across](float* p, std::int64_t n) { (*across)(p, n); }));
+    else run(LocalStatistics{});
+  }
+
+  template <class T, class S, class Across>
+  static void batch_norm_backward_input(Dev& dev, const T* dy, const T* y, const T* x, const S* mean, const S* rstd,
+                                        const T* gamma, T* dx, T* dresidual, S* sums, const ImageDims& d,
+                                        bool training, bool relu, const Across* across) {
+    check_types<T, S>();
+    const BatchNormConfig cfg{.training = training, .relu = relu};
+    float* scratch = dev.scratch<float>(batch_norm_scratch(d.pixels(), d.C));
+    auto run = [&](const auto& source) {
+      cuda::batch_norm_backward_input(dy, y, x, mean, rstd, gamma, dx, dresidual, sums, d.pixels(), d.C, cfg, scratch,
+                                      dev.stream(), source);
+    };
+    if (across != nullptr) run(counted_statistics([across](float* p, std::int64_t n) { (*across)(p, n); }));
+    else run(LocalStatistics{});
+  }
+
+  template <class T, class S>
+  static void batch_norm_backward_weight(Dev& dev, const S* sums, const S* rstd, T* dgamma, T* dbeta, std::int64_t C) {
+    check_types<T, S>();
+    batch_norm_weight_grads(sums, rstd, dgamma, dbeta, C, dev.stream());
+  }
+
+ private:
+  template <class T, class S>
+  static constexpr void check_types() {
+    static_assert(detail::is_storage_v<T> && std::is_same_v<S, float>,
+                  "dpml: no BatchNorm kernel for this type on CudaSpace (float, bf16 or fp16 activations; fp32 "
+                  "statistics)");
+  }
+};
 
 }  // namespace dpml::kernels::cuda
