@@ -3,6 +3,7 @@
 // composed of the kernel families, each defined beside its kernels in kernels/cuda/. CUDA
 // translation units only (kernels/ops.hpp includes this file under __CUDACC__).
 
+#include "dpml/kernels/cuda/attention.hpp"
 #include "dpml/kernels/cuda/device.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
@@ -15,6 +16,7 @@ template <>
 struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::LinearOps,
                         cuda::LayerNormOps,
-                        cuda::ActivationOps {};
+                        cuda::ActivationOps,
+                        cuda::AttentionOps {};
 
 }  // namespace dpml::kernels

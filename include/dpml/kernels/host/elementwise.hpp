@@ -74,6 +74,13 @@ struct ElementwiseOps {
   static void add(Dev&, const T* a, const T* b, T* y, std::int64_t n) {
     host::add(a, b, y, n);
   }
+  // dst (rows, cols; row stride dst_ld) = src (rows, cols; row stride src_ld): a block of columns
+  // into or out of a wider matrix (the tensor axis' gather and scatter of the last dimension)
+  template <class T>
+  static void copy_columns(Dev&, const T* src, std::int64_t src_ld, T* dst, std::int64_t dst_ld, std::int64_t rows,
+                           std::int64_t cols) {
+    for (std::int64_t r = 0; r < rows; ++r) std::copy_n(src + r * src_ld, cols, dst + r * dst_ld);
+  }
   // y (rows, cols) += bias (cols)
   template <class T>
   static void bias_add_rows(Dev&, T* y, const T* bias, std::int64_t rows, std::int64_t cols) {

@@ -3,6 +3,7 @@
 // composed of the kernel families, each defined beside its kernels in kernels/host/.
 
 #include "dpml/kernels/host/activation.hpp"
+#include "dpml/kernels/host/attention.hpp"
 #include "dpml/kernels/host/elementwise.hpp"
 #include "dpml/kernels/host/gemm.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
@@ -14,6 +15,7 @@ template <>
 struct Ops<HostSpace> : host::ElementwiseOps,
                         host::LinearOps,
                         host::LayerNormOps,
-                        host::ActivationOps {};
+                        host::ActivationOps,
+                        host::AttentionOps {};
 
 }  // namespace dpml::kernels
