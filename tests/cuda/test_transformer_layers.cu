@@ -124,7 +124,7 @@ void check_residual_join(test::DeviceLayerCheck<T>& check, HostL& host, DevL& de
         tolerance);
   const auto plain = host.forward(check.host_context(), x.cview());  // and it is what it says
   for (std::int64_t i = 0; i < plain.numel(); ++i)
-    CHECK(want[static_cast<std::size_t>(i)] == Approx(plain[i] + res[i]).margin(1e-12));
+    CHECK(want[static_cast<std::size_t>(i)] == test::Approx(plain[i] + res[i]).margin(1e-12));
 }
 
 struct Dims {

@@ -84,10 +84,10 @@ class TransformerBlock {
 
   explicit TransformerBlock(const BlockOptions& o, const parallel::TensorRegion<Comm>& region = {})
       : recompute_(o.recompute), C_(o.dim), Cp_(o.dim / region.size()),
-        hidden_((o.mlp_hidden > 0 ? o.mlp_hidden : 4 * o.dim) / region.size()), ln_1_(o.dim, named(o, "ln_1")), attn_(o.dim, o.heads, named(o, "attn"), region),
-        ln_2_(o.dim, named(o, "ln_2")),
+        hidden_((o.mlp_hidden > 0 ? o.mlp_hidden : 4 * o.dim) / region.size()), ln_1_(o.dim, named(o, "ln_1")),
+        attn_(o.dim, o.heads, named(o, "attn"), region), ln_2_(o.dim, named(o, "ln_2")),
         mlp_(MlpOptions{.dim = o.dim, .hidden = o.mlp_hidden, .name = named(o, "mlp"), .recompute_gelu = o.recompute_gelu},
-             region) {}
+             region) {}  // (the children refuse sizes tp does not divide, on every rank)
 
   Output forward(Context<Space>& ctx, Input x) {
     DPML_REQUIRE(x.rank() == 3 && x.size(2) == C_ && x.is_contiguous(),
