@@ -14,9 +14,9 @@
 // whole one (TensorRegion::keep_own_slice on the device).
 //
 // Tolerances (relative L2): fp32 1e-5 for the linears, 1e-4 for the block (only the summation
-// order of the all-reduces differs); bf16 2e-2: each rank rounds its partial sum to bf16 and the
-// sum is rounded again — two or three roundings of ≤ 2^-9 where tp = 1 has one, which compound
-// through a block (test_gpt_tp.cu's budget).
+// order of the all-reduces differs); bf16 2e-2 for the linears: each rank rounds its partial sum
+// to bf16 and the sum is rounded again — two or three roundings of ≤ 2^-9 where tp = 1 has one
+// (test_gpt_tp.cu's budget), 3e-2 for the block, through which they compound.
 #include "../cuda/layer_check.hpp"
 #include "nccl_fixture.hpp"
 
@@ -36,8 +36,8 @@ using namespace dpml::layers;
 namespace {
 
 template <class T>
-constexpr double tol(double fp32) {
-  return std::is_same_v<T, float> ? fp32 : 2e-2;
+constexpr double tol(double fp32, double bf16 = 2e-2) {
+  return std::is_same_v<T, float> ? fp32 : bf16;
 }
 
 // The tensor axis of a 2-rank world, a Device, and Comm on the Device's stream.
@@ -154,12 +154,12 @@ TEMPLATE_TEST_CASE("tp = 2 on GPUs: TransformerBlock (weight gradients at once o
         initialize<T>(b1, b2, s.grid);
         s.ctx.deferred_weight_gradients = deferred;
         CHECK(test::rel_l2(test::download_doubles(b2.forward(s.ctx, x.cview())),
-                           test::download_doubles(b1.forward(s.ctx, x.cview()))) < tol<T>(1e-4));
+                           test::download_doubles(b1.forward(s.ctx, x.cview()))) < tol<T>(1e-4, 3e-2));
         const auto dx1 = test::download_doubles(b1.backward_input(s.ctx, dy.cview()));
-        CHECK(test::rel_l2(test::download_doubles(b2.backward_input(s.ctx, dy.cview())), dx1) < tol<T>(1e-4));
+        CHECK(test::rel_l2(test::download_doubles(b2.backward_input(s.ctx, dy.cview())), dx1) < tol<T>(1e-4, 3e-2));
         b1.backward_weight(s.ctx, dy.cview());
         b2.backward_weight(s.ctx, dy.cview());
-        expect_same_gradients<T>(b1, b2, s.grid, tol<T>(1e-4));
+        expect_same_gradients<T>(b1, b2, s.grid, tol<T>(1e-4, 3e-2));
       }
     s.ctx.deferred_weight_gradients = false;
   });

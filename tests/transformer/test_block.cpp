@@ -137,8 +137,9 @@ TEST_CASE("TransformerBlock: deferred weight gradients, GELU recompute and recom
     std::vector<double> out[2], dx[2];
     std::vector<std::vector<double>> grads;
   };
-  // Both forwards, then each backward_input, with its backward_weight at once unless deferred (then
-  // both after); every parameter must be reported ready once per micro-batch.
+  // Both forwards, then each backward_input (the second into a buffer of the caller's), with its
+  // backward_weight at once unless deferred (then both after); every parameter must be reported
+  // ready once per micro-batch.
   auto run = [&](bool deferred, bool recompute, bool recompute_gelu) {
     layers::TransformerBlock<double> block({.dim = C, .heads = 2, .recompute = recompute, .recompute_gelu = recompute_gelu});
     layers::initialize_all(block.parameters(), 3, nullptr);
@@ -153,9 +154,11 @@ TEST_CASE("TransformerBlock: deferred weight gradients, GELU recompute and recom
       ctx.micro_batch = mb;
       out.out[mb] = test::to_vector(block.forward(ctx, x[mb].cview()));
     }
+    Tensor<double> own({B, Tn, C});  // micro-batch 1's input gradient into a buffer of the caller's
     for (int mb = 0; mb < 2; ++mb) {
       ctx.micro_batch = mb;
-      out.dx[mb] = test::to_vector(block.backward_input(ctx, r[mb].cview()));
+      out.dx[mb] = mb == 0 ? test::to_vector(block.backward_input(ctx, r[mb].cview()))
+                           : test::to_vector(block.backward_input_into(ctx, r[mb].cview(), own.view()));
       if (!deferred) block.backward_weight(ctx, r[mb].cview());
     }
     for (int mb = 0; deferred && mb < 2; ++mb) {

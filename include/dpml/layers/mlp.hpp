@@ -55,8 +55,8 @@ class Mlp {
 
   explicit Mlp(const MlpOptions& o, const parallel::TensorRegion<Comm>& region = {})
       : recompute_gelu_(o.recompute_gelu), hidden_local_(checked_hidden(o, region.size()) / region.size()),
-        c_fc_(o.dim, checked_hidden(o, region.size()), {.bias = true, .name = o.name + ".c_fc"}, region),
-        c_proj_(o.hidden > 0 ? o.hidden : 4 * o.dim, o.dim, {.bias = true, .name = o.name + ".c_proj"}, region) {}
+        c_fc_(o.dim, hidden_local_ * region.size(), {.bias = true, .name = o.name + ".c_fc"}, region),
+        c_proj_(hidden_local_ * region.size(), o.dim, {.bias = true, .name = o.name + ".c_proj"}, region) {}
   // hidden = 0: 4 · dim.
   Mlp(std::int64_t dim, std::int64_t hidden = 0, std::string name = "mlp", const parallel::TensorRegion<Comm>& region = {})
       : Mlp(MlpOptions{.dim = dim, .hidden = hidden, .name = std::move(name)}, region) {}
@@ -85,7 +85,7 @@ class Mlp {
     DPML_REQUIRE(s.pre.rank() > 0 && dpre.shape() == s.pre.shape(),
                  "MLP: pre-activation gradient buffer " << dpre.shape().str() << " does not match the forward of "
                                                         << "micro-batch " << ctx.micro_batch);
-    c_proj_.backward_input_into(ctx, dy, dpre);                                       // d h
+    c_proj_.backward_input_into(ctx, dy, dpre);  // d h
     Ops::gelu_backward(ctx.dev(), s.pre.data(), dpre.data(), dpre.data(), dpre.numel());  // d pre, in place
     c_fc_.backward_input_into(ctx, dpre, dx);
   }

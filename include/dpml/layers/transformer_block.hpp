@@ -22,7 +22,8 @@
 //              weight gradients and reports each child's parameters to ctx.grad_ready right after
 //              them (data-parallel buckets start block by block); backward_weight has nothing left.
 //              The returned input gradient is a ring entry: valid until the backward_input of the
-//              block after the next one (a caller that keeps it longer copies it).
+//              block after the next one (a caller that keeps it longer copies it, or names its own
+//              buffer: backward_input_into).
 //   deferred   when ctx.deferred_weight_gradients (zero-bubble schedules: W long after B), the
 //   W          block keeps per slot the gradients its children's weight gradients read — d pre
 //              (4C/tp), d ln_2, d r, d qkv (3C/tp), d ln_1 and d x (C each): 11·B·T·C at tp = 1, as
@@ -99,7 +100,11 @@ class TransformerBlock {
     return run_forward(inner, x, ensure(s.y, x.shape()));  // y outlives the shared slot
   }
 
-  Input backward_input(Context<Space>& ctx, Output dy) {
+  Input backward_input(Context<Space>& ctx, Output dy) { return backward_input_into(ctx, dy, {}); }
+
+  // The same into the caller's buffer dx (B, T, C; a null view: a ring entry, or the slot's own
+  // when deferred) — e.g. a pipeline stage's first block writing the message it sends.
+  Input backward_input_into(Context<Space>& ctx, Output dy, TensorView<T, Space> dx) {
     Saved& s = saved_.slot(ctx);
     DPML_REQUIRE(s.x.rank() == 3 && dy.shape() == s.x.shape(),
                  "TransformerBlock: dy " << dy.shape().str() << " differs from the input " << s.x.shape().str()
@@ -109,15 +114,19 @@ class TransformerBlock {
     if (recompute_) run_forward(inner, s.x, shared(ctx, "blk.rerun", s.x.shape()));  // output unused
     const Grads g = s.weights_pending ? kept_grads(s) : shared_grads(ctx, dy);
     const bool now = !s.weights_pending;
+    if (dx.data() == nullptr) dx = g.dx;
+    DPML_REQUIRE(dx.shape() == s.x.shape() && dx.is_contiguous() && dx.data() != dy.data(),
+                 "TransformerBlock: input gradient buffer " << dx.shape().str() << " is not a contiguous "
+                                                            << s.x.shape().str() << " apart from dy");
     mlp_.backward_input_into(inner, dy, g.d_ln2, g.d_pre);
     if (now) weight_gradients(Child::mlp, ctx, inner, dy, g);
     ln_2_.backward_input_into(inner, g.d_ln2, dy, g.d_r);  // d r = dy + d(mlp branch)/dr
     if (now) weight_gradients(Child::ln_2, ctx, inner, dy, g);
     attn_.backward_input_into(inner, g.d_r, g.d_ln1, g.d_att, g.d_qkv);
     if (now) weight_gradients(Child::attn, ctx, inner, dy, g);
-    ln_1_.backward_input_into(inner, g.d_ln1, g.d_r, g.dx);  // d x = d r + d(attention branch)/dx
+    ln_1_.backward_input_into(inner, g.d_ln1, g.d_r, dx);  // d x = d r + d(attention branch)/dx
     if (now) weight_gradients(Child::ln_1, ctx, inner, dy, g);
-    return g.dx;
+    return dx;
   }
 
   // Deferred (zero-bubble) only: the weight gradients from what backward_input kept, and the

@@ -1,6 +1,8 @@
 #pragma once
 // Element-wise device kernels: GELU (tanh) forward/backward, the residual add (and a scaled one),
 // and the bias gradient of a Linear (the maths of kernels/host/{activation,elementwise}.hpp).
+// ElementwiseOps adds the copies (on the copy path: cudaMemcpyAsync, cudaMemcpy2DAsync for a block
+// of columns into or out of a wider matrix).
 //
 // The element-wise kernels are memory-bound: they move 4–6 bytes per element in bf16 and do a few
 // flops, so the floor is bytes / bandwidth. Each thread handles 8 consecutive elements through

@@ -2,7 +2,8 @@
 // Element-wise sums for the host: the residual add and bias add / bias gradient, for row-major
 // (rows, cols) activations (Linear: a bias per column) and NCHW images (Conv2d, BatchNorm: a value
 // per channel). Plain contiguous loops; the inner loop runs over the fastest dimension so the
-// compiler vectorises it. Gradients accumulate (+=), as parameter gradients do.
+// compiler vectorises it. Gradients accumulate (+=), as parameter gradients do. ElementwiseOps
+// adds the copies: whole buffers, and blocks of columns into or out of a wider matrix.
 
 #include "dpml/kernels/device.hpp"
 
