@@ -1,7 +1,8 @@
 // A whole pre-LN transformer block on one rank: both backward halves against central finite
 // differences in float64 (attention and MLP layers too), causality through the block,
-// recomputation giving bit-identical gradients over interleaved micro-batches, and the float
-// instantiation agreeing with float64.
+// recomputation, deferred weight gradients and the GELU recompute giving bit-identical gradients
+// over interleaved micro-batches, the residual joins, and the float instantiation agreeing with
+// float64.
 #include "check.hpp"
 
 #include <dpml/layers/init.hpp>
@@ -12,6 +13,7 @@
 
 #include <map>
 #include <random>
+#include <span>
 #include <vector>
 
 using namespace dpml;
@@ -123,6 +125,93 @@ TEST_CASE("TransformerBlock: recomputation gives bit-identical outputs and gradi
     CAPTURE(stored.parameters()[i]->name());
     CHECK(test::to_vector(stored.parameters()[i]->grad()) == test::to_vector(recomputed.parameters()[i]->grad()));
   }
+}
+
+TEST_CASE("TransformerBlock: deferred weight gradients, GELU recompute and recomputation give bit-identical "
+          "outputs and gradients over interleaved micro-batches", "[transformer][block][deferred]") {
+  auto gen = test::rng(27);
+  const std::int64_t B = 2, Tn = 5, C = 8;
+  Tensor<double> x[2] = {test::random_tensor<double>({B, Tn, C}, gen), test::random_tensor<double>({B, Tn, C}, gen)};
+  Tensor<double> r[2] = {test::random_tensor<double>({B, Tn, C}, gen), test::random_tensor<double>({B, Tn, C}, gen)};
+  struct Run {
+    std::vector<double> out[2], dx[2];
+    std::vector<std::vector<double>> grads;
+  };
+  // Both forwards, then each backward_input (the second into a buffer of the caller's), with its
+  // backward_weight at once unless deferred (then both after); every parameter must be reported
+  // ready once per micro-batch.
+  auto run = [&](bool deferred, bool recompute, bool recompute_gelu) {
+    layers::TransformerBlock<double> block({.dim = C, .heads = 2, .recompute = recompute, .recompute_gelu = recompute_gelu});
+    layers::initialize_all(block.parameters(), 3, nullptr);
+    std::map<const void*, int> reports;
+    layers::Context<> ctx;
+    ctx.deferred_weight_gradients = deferred;
+    ctx.on_grad_ready = [&](std::span<layers::ParamBase* const> ps) {
+      for (auto* p : ps) ++reports[static_cast<const void*>(p)];
+    };
+    Run out;
+    for (int mb = 0; mb < 2; ++mb) {
+      ctx.micro_batch = mb;
+      out.out[mb] = test::to_vector(block.forward(ctx, x[mb].cview()));
+    }
+    Tensor<double> own({B, Tn, C});  // micro-batch 1's input gradient into a buffer of the caller's
+    for (int mb = 0; mb < 2; ++mb) {
+      ctx.micro_batch = mb;
+      out.dx[mb] = mb == 0 ? test::to_vector(block.backward_input(ctx, r[mb].cview()))
+                           : test::to_vector(block.backward_input_into(ctx, r[mb].cview(), own.view()));
+      if (!deferred) block.backward_weight(ctx, r[mb].cview());
+    }
+    for (int mb = 0; deferred && mb < 2; ++mb) {
+      ctx.micro_batch = mb;
+      block.backward_weight(ctx, r[mb].cview());
+    }
+    for (auto* p : block.parameters()) {
+      CAPTURE(p->name());
+      CHECK(reports[static_cast<const void*>(static_cast<layers::ParamBase*>(p))] == 2);
+      out.grads.push_back(test::to_vector(p->grad()));
+    }
+    return out;
+  };
+  const Run want = run(false, false, false);
+  for (bool deferred : {false, true})
+    for (bool recompute : {false, true})
+      for (bool recompute_gelu : {false, true}) {
+        CAPTURE(deferred, recompute, recompute_gelu);
+        const Run got = run(deferred, recompute, recompute_gelu);
+        for (int mb = 0; mb < 2; ++mb) {
+          CHECK(got.out[mb] == want.out[mb]);
+          CHECK(got.dx[mb] == want.dx[mb]);
+        }
+        CHECK(got.grads == want.grads);
+      }
+}
+
+TEST_CASE("Residual joins: attention and MLP forward(x, res) = res + forward(x); the row-parallel linear in place",
+          "[transformer][attention][mlp]") {
+  auto gen = test::rng(28);
+  const std::int64_t B = 2, Tn = 3, C = 6;
+  layers::CausalSelfAttention<double> attn(C, 3, "attn");
+  layers::Mlp<double> mlp(C, 10, "mlp");
+  layers::RowParallelLinear<double> row(4, C, {.name = "row"});
+  layers::initialize_all(attn.parameters(), 5, nullptr);
+  layers::initialize_all(mlp.parameters(), 5, nullptr);
+  layers::initialize_all(row.parameters(), 5, nullptr);
+  auto x = test::random_tensor<double>({B, Tn, C}, gen), res = test::random_tensor<double>({B, Tn, C}, gen);
+  layers::Context<> ctx;
+  auto check_join = [&](auto& layer, TensorView<const double> in) {
+    const auto joined = test::to_vector(layer.forward(ctx, in, res.cview()));
+    const auto plain = layer.forward(ctx, in);
+    for (std::int64_t i = 0; i < res.numel(); ++i) CHECK(joined[static_cast<std::size_t>(i)] == test::Approx(plain[i] + res[i]).epsilon(1e-14));
+    return joined;
+  };
+  check_join(attn, x.cview());
+  check_join(mlp, x.cview());
+  auto xr = test::random_tensor<double>({B, Tn, 4}, gen);
+  const auto joined = check_join(row, xr.cview());
+  Tensor<double> stream({B, Tn, C});
+  copy(stream.view(), res.cview());
+  CHECK(row.forward(ctx, xr.cview(), stream.cview(), stream.view()).data() == stream.data());  // in place
+  CHECK(test::rel_error(test::to_vector(stream), joined) < 1e-15);
 }
 
 static_assert(layers::check_layer<layers::TransformerBlock<double>>());

@@ -57,7 +57,8 @@ struct Context {
                                        // losses divide by it, so gradients are summed, never averaged
   const parallel::ProcessGrid* grid = nullptr;  // communicators (tensor/data axes); null = one rank
   kernels::Device<Space>* device = nullptr;     // the space's stream, handles and workspace (CudaSpace:
-                                                // required; HostSpace: none needed)
+                                                // required; HostSpace: optional, a process-wide one
+                                                // otherwise)
   // Whether a micro-batch's backward_weight may run after other micro-batches' backward_input
   // (zero-bubble schedules split W from B). When false, backward_weight follows backward_input of
   // the same micro-batch before anything else runs, so a layer (a fused block) may form its weight
@@ -72,7 +73,7 @@ struct Context {
   // What every kernels::Ops<Space> call takes first.
   kernels::Device<Space>& dev() const {
     if constexpr (std::is_same_v<Space, HostSpace>) {
-      static kernels::Device<HostSpace> host;  // stateless
+      static kernels::Device<HostSpace> host;  // its scratch and shared buffers serve every such context
       return device ? *device : host;
     } else {
       DPML_REQUIRE(device != nullptr, "layers::Context<" << Space::name << ">: no kernels::Device set (ctx.device): "

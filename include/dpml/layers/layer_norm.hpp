@@ -9,8 +9,9 @@
 //
 // Residual joined in the backward (the fused GPT's trick, open to any model): backward_input(ctx,
 // dy, dres) returns dres + dL/dx in the same pass over the rows, so a pre-LN block's residual
-// gradient costs no separate add. Any space (kernels::Ops<Space>'s LayerNorm family); statistics in
-// kernels::accum_t<T> (float, or double for double tensors).
+// gradient costs no separate add; backward_input_into writes it into the caller's buffer (a block's
+// shared scratch), in place over dres if asked. Any space (kernels::Ops<Space>'s LayerNorm family);
+// statistics in kernels::accum_t<T> (float, or double for double tensors).
 
 #include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
@@ -56,15 +57,23 @@ class LayerNorm {
   // dres (the shape of x; a null view: none) + dL/dx, in one pass.
   Input backward_input(Context<Space>& ctx, Output dy, Output dres) {
     Saved& s = slots_.slot(ctx);
+    auto dx = ensure(s.dx, s.x.shape());
+    backward_input_into(ctx, dy, dres, dx);
+    return dx;
+  }
+  // The same into the caller's buffer dx (the shape of x), which may be dres's (in place).
+  void backward_input_into(Context<Space>& ctx, Output dy, Output dres, TensorView<T, Space> dx) {
+    const Saved& s = slots_.slot(ctx);
     check_dy(s, dy);
     const bool joined = dres.data() != nullptr;
     DPML_REQUIRE(!joined || dres.shape() == s.x.shape(),
                  "LayerNorm " << weight_.name() << ": residual gradient " << dres.shape().str() << " differs from the input "
                               << s.x.shape().str());
-    auto dx = ensure(s.dx, s.x.shape());
+    DPML_REQUIRE(dx.shape() == s.x.shape() && dx.is_contiguous(),
+                 "LayerNorm " << weight_.name() << ": input gradient buffer " << dx.shape().str()
+                              << " differs from the input " << s.x.shape().str());
     Ops::layer_norm_backward_input(ctx.dev(), dy.data(), s.x.data(), weight_.value().data(), s.mean.data(),
                                    s.rstd.data(), dx.data(), s.x.numel() / C_, C_, joined ? dres.data() : nullptr);
-    return dx;
   }
 
   void backward_weight(Context<Space>& ctx, Output dy) {

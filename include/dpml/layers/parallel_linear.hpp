@@ -10,26 +10,38 @@
 //   RowParallelLinear     y = Σ_k x_k · W_kᵀ + b  W (out, in) split by columns (dim 1); x arrives
 //                         split, (..., in/tp) (typically a column-parallel output); the partial
 //                         products are summed by reduce_from (all-reduce forward, identity
-//                         backward), then the bias, replicated, is added once.
+//                         backward). The bias, replicated, is added by tensor rank 0 alone into
+//                         its partial product before the sum, so it counts once and costs no pass
+//                         of its own (the GEMM's epilogue on a GPU).
+//
+// Residual join (the fused GPT's trick, open to any model): RowParallelLinear::forward(ctx, x,
+// residual) gives y = residual + Σ_k x_k · W_kᵀ + b — rank 0 copies the residual into y and its
+// GEMM accumulates onto it (beta = 1), so a pre-LN block's skip connection costs one copy and no
+// add. Its optional last argument is the buffer to write (a null view: the layer's own per slot).
+//
+// For blocks that keep their backward buffers in shared scratch, both layers have
+// backward_input_into(ctx, dy, dx) (the column-parallel one all-reduces dx over the tensor axis
+// in place), and ColumnParallelLinear::forward_gelu_into the MLP's c_fc with its GELU fused.
 //
 // A column-parallel layer followed by a row-parallel one (attention, MLP) communicates once in
 // each direction. Every shard is initialised from its slice of the global weight
 // (layers/init.hpp; fan_in is the global in), so any tp starts from the same model. A size that
 // tp does not divide is refused on every rank alike (Scope::everywhere), naming the layer.
+//
+// Any space; Comm is the tensor axis' communicator type (parallel::default_comm_t<Space>: comm::Mpi
+// on the host, comm::Nccl on a GPU; comm::Staged for ranks sharing a GPU), made on the stream of
+// the Context's Device.
 
-#include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
-#include "dpml/kernels/host/elementwise.hpp"
+#include "dpml/kernels/ops.hpp"
 #include "dpml/layers/layer.hpp"
 #include "dpml/layers/linear.hpp"
-#include "dpml/core/parameter.hpp"
 #include "dpml/parallel/tensor.hpp"
 
-#include <cmath>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace dpml::layers {
@@ -41,6 +53,11 @@ inline std::int64_t split_size(std::int64_t n, int tp, const std::string& layer,
                                              << "degree --tp " << tp);
   return n / tp;
 }
+// `s` with its last dimension set to n.
+inline Shape with_last(Shape s, std::int64_t n) {
+  s[s.rank() - 1] = n;
+  return s;
+}
 }  // namespace detail
 
 struct ColumnParallelOptions {
@@ -49,10 +66,8 @@ struct ColumnParallelOptions {
   std::string name = "linear";
 };
 
-template <class T = float, class Space = HostSpace>
+template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
 class ColumnParallelLinear {
-  static_assert(std::is_same_v<Space, HostSpace>, "dpml ColumnParallelLinear: only the host path exists so far");
-
  public:
   using value_type = T;
   using space = Space;
@@ -60,7 +75,7 @@ class ColumnParallelLinear {
   using Output = TensorView<const T, Space>;  // (..., out/tp), or (..., out) with gather_output
 
   ColumnParallelLinear(std::int64_t in, std::int64_t out, ColumnParallelOptions o = {},
-                       const parallel::TensorRegion<comm::Mpi>& region = {})
+                       const parallel::TensorRegion<Comm>& region = {})
       : gather_(o.gather_output), region_(region),
         linear_(in, detail::split_size(out, region.size(), "ColumnParallelLinear " + o.name, "output size"),
                 LinearOptions{.bias = o.bias, .name = o.name, .weight_sharding = Sharding::split(0),
@@ -68,21 +83,27 @@ class ColumnParallelLinear {
 
   Output forward(Context<Space>& ctx, Input x) {
     Output y = linear_.forward(ctx, x);  // copy_to forward: the identity
-    if (!gather_ || region_.size() == 1) return y;
-    Shape full = y.shape();
-    full[full.rank() - 1] *= region_.size();
-    auto g = ensure(slots_.slot(ctx).gathered, full);
-    region_.gather_last_dim(y, g);
+    if (!gathers()) return y;
+    auto g = ensure(slots_.slot(ctx).gathered, detail::with_last(y.shape(), y.size(y.rank() - 1) * region_.size()));
+    region_.gather_last_dim(ctx.dev(), y, g);
     return g;
   }
 
+  // pre (..., out/tp) = x · W_kᵀ + b_k and act = gelu(pre), into the caller's buffers (an MLP's c_fc).
+  void forward_gelu_into(Context<Space>& ctx, Input x, TensorView<T, Space> pre, TensorView<T, Space> act) {
+    DPML_REQUIRE(!gathers(), "ColumnParallelLinear: forward_gelu_into keeps this rank's slice (no gather_output)");
+    linear_.forward_gelu_into(ctx, x, pre, act);
+  }
+
   Input backward_input(Context<Space>& ctx, Output dy) {
-    Input dx = linear_.backward_input(ctx, local_dy(ctx, dy));
-    if (region_.size() == 1) return dx;
-    auto sum = ensure(slots_.slot(ctx).dx, dx.shape());
-    copy(sum, dx);
-    region_.copy_to_backward(sum);
-    return sum;
+    auto dx = ensure(slots_.slot(ctx).dx, detail::with_last(dy.shape(), linear_.in_features()));
+    backward_input_into(ctx, dy, dx);
+    return dx;
+  }
+  // dx (..., in) = Σ_k dy_k · W_k over the tensor ranks k (copy_to's backward: in place).
+  void backward_input_into(Context<Space>& ctx, Output dy, TensorView<T, Space> dx) {
+    linear_.backward_input_into(ctx, local_dy(ctx, dy), dx);
+    region_.copy_to_backward(dx);
   }
 
   void backward_weight(Context<Space>& ctx, Output dy) { linear_.backward_weight(ctx, local_dy(ctx, dy)); }
@@ -95,18 +116,17 @@ class ColumnParallelLinear {
     Tensor<T, Space> dy;        // (..., out/tp)   own slice of a gathered dy
     Tensor<T, Space> dx;        // (..., in)       summed over the tensor axis
   };
+  bool gathers() const noexcept { return gather_ && region_.size() > 1; }
   // This rank's slice of dy (gather's backward).
   Output local_dy(Context<Space>& ctx, Output dy) {
-    if (!gather_ || region_.size() == 1) return dy;
-    Shape local = dy.shape();
-    local[local.rank() - 1] /= region_.size();
-    auto own = ensure(slots_.slot(ctx).dy, local);
-    region_.gather_backward(dy, own);
+    if (!gathers()) return dy;
+    auto own = ensure(slots_.slot(ctx).dy, detail::with_last(dy.shape(), dy.size(dy.rank() - 1) / region_.size()));
+    region_.gather_backward(ctx.dev(), dy, own);
     return own;
   }
 
   bool gather_;
-  parallel::TensorRegion<comm::Mpi> region_;
+  parallel::TensorRegion<Comm> region_;
   Linear<T, Space> linear_;
   Slots<Saved> slots_;
 };
@@ -116,9 +136,9 @@ struct RowParallelOptions {
   std::string name = "linear";
 };
 
-template <class T = float, class Space = HostSpace>
+template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
 class RowParallelLinear {
-  static_assert(std::is_same_v<Space, HostSpace>, "dpml RowParallelLinear: only the host path exists so far");
+  using Ops = kernels::Ops<Space>;
 
  public:
   using value_type = T;
@@ -126,51 +146,54 @@ class RowParallelLinear {
   using Input = TensorView<const T, Space>;   // (..., in/tp), this rank's slice
   using Output = TensorView<const T, Space>;  // (..., out), whole on every tensor rank
 
+  // The bias is replicated over the tensor axis (every rank computes its gradient from the whole dy).
   RowParallelLinear(std::int64_t in, std::int64_t out, RowParallelOptions o = {},
-                    const parallel::TensorRegion<comm::Mpi>& region = {})
-      : out_(out), has_bias_(o.bias), region_(region),
+                    const parallel::TensorRegion<Comm>& region = {})
+      : region_(region),
         linear_(detail::split_size(in, region.size(), "RowParallelLinear " + o.name, "input size"), out,
-                LinearOptions{.bias = false, .name = o.name, .weight_sharding = Sharding::split(1), .fan_in = in}) {
-    if (has_bias_) {
-      const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-      bias_ = Param<T, Space>(o.name + ".bias", Shape{out}, Init::uniform(-bound, bound));
-    }
-  }
+                LinearOptions{.bias = o.bias, .name = o.name, .weight_sharding = Sharding::split(1),
+                              .bias_sharding = Sharding::replicated(), .fan_in = in}) {}
 
-  Output forward(Context<Space>& ctx, Input x) {
-    Output partial = linear_.forward(ctx, x);
-    auto y = ensure(slots_.slot(ctx).y, partial.shape());
-    copy(y, partial);
+  Output forward(Context<Space>& ctx, Input x) { return forward(ctx, x, Input()); }
+
+  // y (..., out) = residual + Σ_k x_k · W_kᵀ + b. residual: (..., out), a null view for none (it may
+  // be y's own buffer: then the sum lands in place); y: where to write, a null view for the
+  // layer's own buffer of this micro-batch slot.
+  Output forward(Context<Space>& ctx, Input x, Input residual, TensorView<T, Space> y = {}) {
+    const Shape ys = detail::with_last(x.shape(), linear_.out_features());
+    if (y.data() == nullptr) y = ensure(slots_.slot(ctx).y, ys);
+    DPML_REQUIRE(y.shape() == ys, "RowParallelLinear: output buffer " << y.shape().str() << " is not " << ys.str());
+    const bool lead = region_.rank() == 0;  // adds the residual and the bias, once
+    const bool join = lead && residual.data() != nullptr;
+    if (join) {
+      DPML_REQUIRE(residual.shape() == ys, "RowParallelLinear: residual " << residual.shape().str() << " is not " << ys.str());
+      if (residual.data() != y.data()) Ops::copy(ctx.dev(), residual.data(), y.data(), y.numel());
+    }
+    linear_.forward_into(ctx, x, y, {.bias = lead, .accumulate = join});
     region_.reduce_from_forward(y);
-    if (has_bias_) kernels::host::bias_add_rows(y.data(), bias_.value().data(), y.numel() / out_, out_);
     return y;
   }
 
   // reduce_from's backward is the identity: dy goes straight to this rank's shard.
   Input backward_input(Context<Space>& ctx, Output dy) { return linear_.backward_input(ctx, dy); }
-
-  void backward_weight(Context<Space>& ctx, Output dy) {
-    linear_.backward_weight(ctx, dy);
-    if (has_bias_) kernels::host::bias_grad_rows(dy.data(), bias_.grad().data(), dy.numel() / out_, out_);
+  void backward_input_into(Context<Space>& ctx, Output dy, TensorView<T, Space> dx) {
+    linear_.backward_input_into(ctx, dy, dx);
   }
+
+  void backward_weight(Context<Space>& ctx, Output dy) { linear_.backward_weight(ctx, dy); }
+  // The same from x recomputed into another buffer (Linear::backward_weight).
+  void backward_weight(Context<Space>& ctx, Output dy, Input x) { linear_.backward_weight(ctx, dy, x); }
 
   // weight (out, in/tp), then bias (out) — the order of Linear's.
-  std::vector<Param<T, Space>*> parameters() {
-    auto p = linear_.parameters();
-    if (has_bias_) p.push_back(&bias_);
-    return p;
-  }
+  std::vector<Param<T, Space>*> parameters() { return linear_.parameters(); }
 
  private:
   struct Saved {
     Tensor<T, Space> y;  // (..., out)
   };
 
-  std::int64_t out_;
-  bool has_bias_;
-  parallel::TensorRegion<comm::Mpi> region_;
+  parallel::TensorRegion<Comm> region_;
   Linear<T, Space> linear_;
-  Param<T, Space> bias_;  // replicated over the tensor axis
   Slots<Saved> slots_;
 };
 

@@ -154,7 +154,11 @@ class Gpt {
       s.embedding_dy = dx;
       return View();
     }
-    return dx;
+    // The blocks' input gradient may lie in scratch they share (TransformerBlock); the message to
+    // the previous stage must stay until its send completes: a copy of this slot's own.
+    auto sent = layers::ensure(s.sent, dx.shape());
+    copy(sent, dx);
+    return sent;
   }
 
   void backward_weight(layers::Context<HostSpace>& ctx) {
@@ -201,6 +205,7 @@ class Gpt {
   struct Saved {
     double loss = 0.0;
     View final_h, head_dh, blocks_dy, embedding_dy;
+    Tensor<T> sent;  // (B, T, C) the gradient sent to the previous stage
   };
 
   static const GptConfig& validated(const GptConfig& c, const parallel::ProcessGrid& grid) {

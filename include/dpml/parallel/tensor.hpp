@@ -10,7 +10,12 @@
 // A column-parallel linear is copy_to → local GEMM; a row-parallel linear is local GEMM →
 // reduce_from. TensorRegion holds the tensor axis' communicator (or none when tp = 1, where all
 // four are identities/copies) and exposes exactly these operations, on views of the space's
-// memory. Comm is any Communicator (comm::Mpi for host tensors, comm::Nccl for device tensors).
+// memory. Comm is any Communicator (comm::Mpi for host tensors, comm::Nccl or comm::Staged for
+// device tensors). A device communicator must enqueue on the stream the layers' kernels run on
+// (Comm::from(group, device.stream())): its collectives are then ordered with them, and nothing
+// here synchronises the host. The gather and scatter of the last dimension take the space's
+// kernels::Device (the Context's), for a scratch buffer and the strided copy of
+// kernels::Ops<Space>::copy_columns; host callers may leave it out.
 //
 // default_comm_t<Space> is the communicator a space's tensor-parallel layers take unless told
 // otherwise: comm::Mpi on the host, comm::Nccl on a GPU (in CUDA translation units); a layer's Comm
@@ -20,13 +25,16 @@
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
+#include "dpml/kernels/ops.hpp"
 #if defined(__CUDACC__)
 #include "dpml/comm/nccl.hpp"
 #include "dpml/core/cuda_space.hpp"
 #endif
 
 #include <algorithm>
-#include <vector>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
 
 namespace dpml::parallel {
 
@@ -66,32 +74,48 @@ class TensorRegion {
   template <class T, class Space>
   void reduce_from_forward(TensorView<T, Space> y) const { all_reduce(y); }
 
-  // gather forward: local (rows, c) → full (rows, c·tp), slices in tensor-rank order.
-  template <class T>
-  void gather_last_dim(TensorView<const T> local, TensorView<T> full) const {
-    const std::int64_t c = local.size(local.rank() - 1), rows = local.numel() / std::max<std::int64_t>(c, 1);
-    DPML_REQUIRE(full.numel() == local.numel() * size(), "gather: full tensor " << full.shape().str() << " is not tp="
-                                                                                << size() << " × " << local.shape().str());
-    if (!comm_) {
-      std::copy(local.begin(), local.end(), full.begin());
-      return;
-    }
-    std::vector<T> parts(static_cast<std::size_t>(full.numel()));  // (tp, rows, c)
-    comm_->allgather(local.data(), parts.data(), static_cast<std::size_t>(local.numel()));
+  // gather forward: local (rows, c) → full (rows, c·tp), slices in tensor-rank order. The ranks'
+  // slices are all-gathered into the Device's scratch, (tp, rows, c), then each is copied into its
+  // columns of `full` (one strided copy per rank).
+  template <class T, class Space>
+  void gather_last_dim(kernels::Device<Space>& dev, TensorView<const T, Space> local, TensorView<T, Space> full) const {
+    using Ops = kernels::Ops<Space>;
+    const auto [rows, c] = rows_and_cols(local, full, "gather");
+    if (!comm_) return Ops::copy(dev, local.data(), full.data(), local.numel());
+    T* parts = dev.template scratch<T>(full.numel());  // (tp, rows, c)
+    comm_->allgather(local.data(), parts, static_cast<std::size_t>(local.numel()));
     const std::int64_t p = size();
-    for (std::int64_t k = 0; k < p; ++k)
-      for (std::int64_t r = 0; r < rows; ++r)
-        std::copy_n(parts.data() + (k * rows + r) * c, c, full.data() + r * c * p + k * c);
+    for (std::int64_t k = 0; k < p; ++k) Ops::copy_columns(dev, parts + k * rows * c, c, full.data() + k * c, c * p, rows, c);
   }
   // scatter forward / gather backward: full (rows, c·tp) → this rank's slice (rows, c).
+  template <class T, class Space>
+  void keep_own_slice(kernels::Device<Space>& dev, TensorView<const T, Space> full, TensorView<T, Space> local) const {
+    const auto [rows, c] = rows_and_cols(TensorView<const T, Space>(local), TensorView<const T, Space>(full), "scatter");
+    kernels::Ops<Space>::copy_columns(dev, full.data() + rank() * c, c * size(), local.data(), c, rows, c);
+  }
+  template <class T, class Space>
+  void gather_backward(kernels::Device<Space>& dev, TensorView<const T, Space> dfull, TensorView<T, Space> dlocal) const {
+    keep_own_slice(dev, dfull, dlocal);
+  }
+  template <class T, class Space>
+  void scatter_forward(kernels::Device<Space>& dev, TensorView<const T, Space> full, TensorView<T, Space> local) const {
+    keep_own_slice(dev, full, local);
+  }
+  template <class T, class Space>
+  void scatter_backward(kernels::Device<Space>& dev, TensorView<const T, Space> dlocal, TensorView<T, Space> dfull) const {
+    gather_last_dim(dev, dlocal, dfull);
+  }
+
+  // The same on host tensors, without a Device at hand (a temporary one holds the scratch).
+  template <class T>
+  void gather_last_dim(TensorView<const T> local, TensorView<T> full) const {
+    kernels::Device<HostSpace> dev;
+    gather_last_dim(dev, local, full);
+  }
   template <class T>
   void keep_own_slice(TensorView<const T> full, TensorView<T> local) const {
-    const std::int64_t c = local.size(local.rank() - 1), rows = local.numel() / std::max<std::int64_t>(c, 1);
-    DPML_REQUIRE(full.numel() == local.numel() * size(), "scatter: full tensor " << full.shape().str()
-                                                                                 << " is not tp=" << size() << " × "
-                                                                                 << local.shape().str());
-    const std::int64_t p = size(), k = rank();
-    for (std::int64_t r = 0; r < rows; ++r) std::copy_n(full.data() + r * c * p + k * c, c, local.data() + r * c);
+    kernels::Device<HostSpace> dev;
+    keep_own_slice(dev, full, local);
   }
   template <class T>
   void gather_backward(TensorView<const T> dfull, TensorView<T> dlocal) const { keep_own_slice(dfull, dlocal); }
@@ -103,6 +127,17 @@ class TensorRegion {
   const Comm* comm() const noexcept { return comm_; }
 
  private:
+  // (rows, c) of the local side, checking that the full side is tp times as wide.
+  template <class T, class Space, class U>
+  std::pair<std::int64_t, std::int64_t> rows_and_cols(TensorView<const T, Space> local, TensorView<U, Space> full,
+                                                      const char* what) const {
+    const std::int64_t c = local.rank() > 0 ? local.size(local.rank() - 1) : 1;
+    DPML_REQUIRE(full.numel() == local.numel() * size() && local.is_contiguous() && full.is_contiguous(),
+                 what << ": full tensor " << full.shape().str() << " is not tp=" << size() << " × "
+                      << local.shape().str() << " (both contiguous)");
+    return {local.numel() / std::max<std::int64_t>(c, 1), c};
+  }
+
   const Comm* comm_ = nullptr;
 };
 

@@ -38,6 +38,7 @@
 #include "dpml/parallel/distributed_optimizer.hpp"
 #include "dpml/parallel/grid.hpp"
 #include "dpml/parallel/pipeline/executor.hpp"
+#include "dpml/parallel/pipeline/partition.hpp"
 #include "dpml/parallel/pipeline/schedule.hpp"
 #include "dpml/parallel/strategy.hpp"
 
@@ -158,6 +159,8 @@ class GptTrainer {
                                               << ": the micro-batches do not divide the batch");
     micro_batches_ = static_cast<int>(options.global_batch / per_rank);
     schedule_ = parallel::pipeline::make_schedule(Schedule{}, grid.pp(), micro_batches_);
+    // Where this stage's W runs long after its B (ZB-H1), the blocks keep per micro-batch what W reads.
+    ctx_.deferred_weight_gradients = !parallel::pipeline::weight_follows_input(actions());
     ctx_.grid = &grid;
     ctx_.seed = options.seed;
     for (Axis a : parallel::kAxes) {

@@ -21,10 +21,17 @@
 // apply and SIMT otherwise.
 //
 // Scratch: lse (B, H, T) fp32 from the forward; delta (B, H, T) fp32 for the backward.
+//
+// Ops<CudaSpace>'s attention family (AttentionOps, at the end; kernels/host/attention.hpp's is the
+// twin) keeps lse in its AttentionState<T>, the state a layer holds per micro-batch slot, and takes
+// delta from the Device's per-op scratch.
 
+#include "dpml/core/cuda_space.hpp"
+#include "dpml/core/tensor.hpp"
 #include "dpml/kernels/cuda/attention_mma.hpp"
 #include "dpml/kernels/cuda/attention_simt.hpp"
 #include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/device.hpp"
 
 #include <cuda_runtime.h>
 
@@ -144,5 +151,31 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const float* 
     DPML_CHECK_LAUNCH();
   });
 }
+
+// Ops<CudaSpace>'s attention family, on the Device's stream (Policy: attention::Auto).
+struct AttentionOps {
+  using Dev = Device<CudaSpace>;
+  // What the forward keeps for the backward: the rows' log-sum-exp, sized by the forward (the
+  // backward also reads the forward's output, which the layer keeps anyway).
+  template <class T>
+  struct AttentionState {
+    Tensor<float, CudaSpace> lse;  // (B, H, T)
+  };
+  // qkv (B, T, H, 3, D) → out (B, T, H, D); D ∈ {32, 64, 128}
+  template <class T>
+  static void attention_forward(Dev& dev, const T* qkv, T* out, AttentionState<T>& state, std::int64_t B,
+                                std::int64_t Tn, std::int64_t H, std::int64_t D) {
+    state.lse.resize(Shape{B, H, Tn});
+    cuda::attention_forward(qkv, out, state.lse.data(), B, Tn, H, D, dev.stream());
+  }
+  // dout (B, T, H, D), with the forward's qkv, out and state → dqkv (B, T, H, 3, D), overwritten;
+  // delta (B, H, T) in the Device's scratch
+  template <class T>
+  static void attention_backward(Dev& dev, const T* dout, const T* qkv, const T* out, const AttentionState<T>& state,
+                                 T* dqkv, std::int64_t B, std::int64_t Tn, std::int64_t H, std::int64_t D) {
+    cuda::attention_backward(dout, qkv, out, state.lse.data(), dev.scratch<float>(B * H * Tn), dqkv, B, Tn, H, D,
+                             dev.stream());
+  }
+};
 
 }  // namespace dpml::kernels::cuda

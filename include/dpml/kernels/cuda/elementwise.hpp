@@ -1,6 +1,8 @@
 #pragma once
 // Element-wise device kernels: GELU (tanh) forward/backward, the residual add (and a scaled one),
 // and the bias gradient of a Linear (the maths of kernels/host/{activation,elementwise}.hpp).
+// ElementwiseOps adds the copies (on the copy path: cudaMemcpyAsync, cudaMemcpy2DAsync for a block
+// of columns into or out of a wider matrix).
 //
 // The element-wise kernels are memory-bound: they move 4–6 bytes per element in bf16 and do a few
 // flops, so the floor is bytes / bandwidth. Each thread handles 8 consecutive elements through
@@ -183,6 +185,16 @@ struct ElementwiseOps {
   template <class T>
   static void add(Dev& dev, const T* a, const T* b, T* y, std::int64_t n) {
     cuda::add(a, b, y, n, dev.stream());
+  }
+  // dst (rows, cols; row stride dst_ld) = src (rows, cols; row stride src_ld): one strided copy
+  // on the copy path (cudaMemcpy2DAsync), no kernel
+  template <class T>
+  static void copy_columns(Dev& dev, const T* src, std::int64_t src_ld, T* dst, std::int64_t dst_ld, std::int64_t rows,
+                           std::int64_t cols) {
+    if (rows * cols == 0) return;
+    DPML_CHECK_CUDA(cudaMemcpy2DAsync(dst, static_cast<std::size_t>(dst_ld) * sizeof(T), src,
+                                      static_cast<std::size_t>(src_ld) * sizeof(T), static_cast<std::size_t>(cols) * sizeof(T),
+                                      static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, dev.stream()));
   }
   template <class T>
   static void bias_add_rows(Dev& dev, T* y, const T* bias, std::int64_t rows, std::int64_t cols) {

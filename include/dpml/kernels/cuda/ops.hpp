@@ -6,6 +6,7 @@
 #include "dpml/kernels/cuda/conv/batch_norm.hpp"
 #include "dpml/kernels/cuda/conv/conv_ops.hpp"
 #include "dpml/kernels/cuda/conv/pool.hpp"
+#include "dpml/kernels/cuda/attention.hpp"
 #include "dpml/kernels/cuda/device.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
@@ -23,6 +24,7 @@ struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         ImageOps<ImageLayout::nhwc>,
                         cuda::ConvOps,
                         cuda::BatchNormOps,
-                        cuda::PoolOps {};
+                        cuda::PoolOps,
+                        cuda::AttentionOps {};
 
 }  // namespace dpml::kernels

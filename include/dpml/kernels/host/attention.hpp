@@ -19,9 +19,13 @@
 //
 // Memory: the host path stores the probabilities P, (B, H, T, T), for the backward pass — the
 // simplest exact choice for small T. It computes whole (T, T) score blocks and masks the upper
-// triangle (about twice the necessary multiply-adds). A flash-attention style device path would
-// keep only the row log-sum-exp, (B, H, T), and recompute P blockwise.
+// triangle (about twice the necessary multiply-adds). The device path (kernels/cuda/attention.hpp)
+// keeps only the row log-sum-exp, (B, H, T), and recomputes P blockwise: what a forward keeps for
+// its backward differs per space, so Ops<Space>'s attention family (AttentionOps, at the end)
+// names it, AttentionState<T>, which a layer keeps per micro-batch slot without looking inside.
 
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/device.hpp"
 #include "dpml/kernels/host/gemm.hpp"
 #include "dpml/kernels/host/softmax.hpp"
 
@@ -78,5 +82,28 @@ void attention_backward(const T* dout, const T* qkv, const T* probs, T* dqkv, st
       gemm(Trans::yes, Trans::no, Tn, D, Tn, scale, dS.data(), Tn, q, ld, T(0), dk, ld);
     }
 }
+
+// Ops<HostSpace>'s attention family (kernels/cuda/attention.hpp's AttentionOps is the twin).
+struct AttentionOps {
+  using Dev = Device<HostSpace>;
+  // What the forward keeps for the backward: the probabilities, sized by the forward.
+  template <class T>
+  struct AttentionState {
+    Tensor<T> probs;  // (B, H, T, T)
+  };
+  // qkv (B, T, H, 3, D) → out (B, T, H, D); state: what attention_backward needs
+  template <class T>
+  static void attention_forward(Dev&, const T* qkv, T* out, AttentionState<T>& state, std::int64_t B, std::int64_t Tn,
+                                std::int64_t H, std::int64_t D) {
+    state.probs.resize(Shape{B, H, Tn, Tn});
+    host::attention_forward(qkv, out, state.probs.data(), B, Tn, H, D);
+  }
+  // dout (B, T, H, D), with the forward's qkv, out and state → dqkv (B, T, H, 3, D), overwritten
+  template <class T>
+  static void attention_backward(Dev&, const T* dout, const T* qkv, const T* /*out*/, const AttentionState<T>& state,
+                                 T* dqkv, std::int64_t B, std::int64_t Tn, std::int64_t H, std::int64_t D) {
+    host::attention_backward(dout, qkv, state.probs.data(), dqkv, B, Tn, H, D);
+  }
+};
 
 }  // namespace dpml::kernels::host

@@ -2,7 +2,8 @@
 // Element-wise sums for the host: the residual add and bias add / bias gradient, for row-major
 // (rows, cols) activations (Linear: a bias per column) and NCHW images (Conv2d, BatchNorm: a value
 // per channel). Plain contiguous loops; the inner loop runs over the fastest dimension so the
-// compiler vectorises it. Gradients accumulate (+=), as parameter gradients do.
+// compiler vectorises it. Gradients accumulate (+=), as parameter gradients do. ElementwiseOps
+// adds the copies: whole buffers, and blocks of columns into or out of a wider matrix.
 
 #include "dpml/kernels/device.hpp"
 
@@ -73,6 +74,13 @@ struct ElementwiseOps {
   template <class T>
   static void add(Dev&, const T* a, const T* b, T* y, std::int64_t n) {
     host::add(a, b, y, n);
+  }
+  // dst (rows, cols; row stride dst_ld) = src (rows, cols; row stride src_ld): a block of columns
+  // into or out of a wider matrix (the tensor axis' gather and scatter of the last dimension)
+  template <class T>
+  static void copy_columns(Dev&, const T* src, std::int64_t src_ld, T* dst, std::int64_t dst_ld, std::int64_t rows,
+                           std::int64_t cols) {
+    for (std::int64_t r = 0; r < rows; ++r) std::copy_n(src + r * src_ld, cols, dst + r * dst_ld);
   }
   // y (rows, cols) += bias (cols)
   template <class T>

@@ -5,6 +5,7 @@
 #include "dpml/kernels/host/activation.hpp"
 #include "dpml/kernels/host/batch_norm.hpp"
 #include "dpml/kernels/host/conv.hpp"
+#include "dpml/kernels/host/attention.hpp"
 #include "dpml/kernels/host/elementwise.hpp"
 #include "dpml/kernels/host/gemm.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
@@ -22,6 +23,7 @@ struct Ops<HostSpace> : host::ElementwiseOps,
                         ImageOps<ImageLayout::nchw>,
                         host::ConvOps,
                         host::BatchNormOps,
-                        host::PoolOps {};
+                        host::PoolOps,
+                        host::AttentionOps {};
 
 }  // namespace dpml::kernels
