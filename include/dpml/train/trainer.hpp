@@ -245,11 +245,11 @@ class PipelineStep {
     return Shape::from_range(header.begin() + 1, header.begin() + 1 + header[0]);
   }
   void check(Message m, const Shape& learnt, int mb, const char* what) const {
-    DPML_REQUIRE(m.shape() == with_rows(learnt, inputs_[static_cast<std::size_t>(mb)].size(0)),
+    DPML_REQUIRE(m.is_contiguous() && m.shape() == with_rows(learnt, inputs_[static_cast<std::size_t>(mb)].size(0)),
                  "pipeline stage " << pipe_.rank() << " " << what << " " << m.shape().str() << " for micro-batch " << mb
                                    << " of " << inputs_[static_cast<std::size_t>(mb)].size(0)
                                    << " samples; its first step sent " << learnt.str()
-                                   << " — a tensor crossing stages must have the samples as its first dimension");
+                                   << " — a tensor crossing stages must be contiguous, the samples its first dimension");
   }
 
   Stage& stage_;
@@ -381,8 +381,9 @@ class Trainer {
   }
 
  private:
-  // The model itself, or a LayerStage of it; Stage& either way through stage().
-  using StageStorage = std::conditional_t<StagedModel<Model>, ModelLoss, Stage>;
+  // A LayerStage of the model, or nothing (the model is its own stage); stage() either way.
+  struct NoStage {};
+  using StageStorage = std::conditional_t<StagedModel<Model>, NoStage, Stage>;
 
   static TrainOptions checked(const TrainOptions& o, const parallel::DistributedOptimizerOptions& dist) {
     DPML_REQUIRE_EVERYWHERE(o.micro_batches >= 1, "--micro-batches must be at least 1, got " << o.micro_batches);
