@@ -185,7 +185,9 @@ class PipelineStep {
     const auto i = at(mb);
     if (probing_ && stage_.is_last_stage()) return;  // nothing to learn: it sends nothing
     sent_fwd_[i] = stage_.forward(ctx_, inputs_[i], recv_fwd_[i].cview(), targets_[i]);
-    if (!stage_.is_last_stage() && !probing_) check(sent_fwd_[i], out_shape_, mb, "sends on");
+    if (stage_.is_last_stage()) return;
+    if (probing_) out_shape_ = sent_fwd_[i].shape();
+    check(sent_fwd_[i], out_shape_, mb, "sends on");
   }
   void backward_input(int mb) {
     const auto i = at(mb);
@@ -198,7 +200,7 @@ class PipelineStep {
   }
   TensorView<value_type, Space> recv_forward_buffer(int mb) {
     const auto i = static_cast<std::size_t>(mb);
-    if (probing_) in_shape_ = exchange_shape(Shape(), pipe_.rank() - 1);
+    if (probing_) in_shape_ = receive_shape();
     recv_fwd_[i].resize(with_rows(in_shape_, inputs_[i].size(0)));
     return recv_fwd_[i].view();
   }
@@ -209,7 +211,7 @@ class PipelineStep {
   }
   Message send_forward_buffer(int mb) {
     const auto i = static_cast<std::size_t>(mb);
-    if (probing_) out_shape_ = exchange_shape(sent_fwd_[i].shape(), pipe_.rank() + 1);
+    if (probing_) send_shape(out_shape_);
     return sent_fwd_[i];
   }
   Message send_backward_buffer(int mb) { return sent_bwd_[static_cast<std::size_t>(mb)]; }
@@ -232,24 +234,25 @@ class PipelineStep {
     s[0] = rows;
     return s;
   }
-  // The probe's shape header: sent to the next stage (peer > rank) or received from the previous.
-  Shape exchange_shape(Shape shape, int peer) {
-    std::array<std::int64_t, kMaxRank + 1> header{};
-    if (peer > pipe_.rank()) {
-      header[0] = shape.rank();
-      std::copy(shape.begin(), shape.end(), header.begin() + 1);
-      pipe_.send(header.data(), header.size(), peer, kShapeTag);
-      return shape;
-    }
-    pipe_.recv(header.data(), header.size(), peer, kShapeTag);
+  // The probe's header, (rank, dims…): to the next stage, from the previous one.
+  using Header = std::array<std::int64_t, kMaxRank + 1>;
+  void send_shape(const Shape& shape) const {
+    Header header{shape.rank()};
+    std::copy(shape.begin(), shape.end(), header.begin() + 1);
+    pipe_.send(header.data(), header.size(), pipe_.rank() + 1, kShapeTag);
+  }
+  Shape receive_shape() const {
+    Header header{};
+    pipe_.recv(header.data(), header.size(), pipe_.rank() - 1, kShapeTag);
     return Shape::from_range(header.begin() + 1, header.begin() + 1 + header[0]);
   }
+  // What crosses the boundary must be `learnt` with the micro-batch's samples first, contiguous.
   void check(Message m, const Shape& learnt, int mb, const char* what) const {
-    DPML_REQUIRE(m.is_contiguous() && m.shape() == with_rows(learnt, inputs_[static_cast<std::size_t>(mb)].size(0)),
-                 "pipeline stage " << pipe_.rank() << " " << what << " " << m.shape().str() << " for micro-batch " << mb
-                                   << " of " << inputs_[static_cast<std::size_t>(mb)].size(0)
-                                   << " samples; its first step sent " << learnt.str()
-                                   << " — a tensor crossing stages must be contiguous, the samples its first dimension");
+    const Shape expected = with_rows(learnt, inputs_[static_cast<std::size_t>(mb)].size(0));
+    DPML_REQUIRE(m.is_contiguous() && m.shape() == expected,
+                 "pipeline stage " << pipe_.rank() << " " << what << " " << m.shape().str() << (m.is_contiguous() ? "" : " (strided)")
+                                   << " for micro-batch " << mb << ", expected " << expected.str()
+                                   << ": a tensor crossing stages must be contiguous, with the samples as its first dimension");
   }
 
   Stage& stage_;
