@@ -4,7 +4,9 @@
 //   mpiexec -n 4 build/cpu/examples/fashion_mnist/fashion_mnist --epochs 3
 //
 // Every rank reads its shard of each global batch; gradients are reduced in buckets while
-// backward runs; the result equals one process training on the same global batches.
+// backward runs; the result equals one process training on the same global batches. The trainer
+// is train::ClassifierTrainer (train::Trainer with softmax cross-entropy and accuracy); --zero picks
+// the strategy type DataParallel<Zero1>.
 #include <dpml/comm/launch.hpp>
 #include <dpml/data/image.hpp>
 #include <dpml/data/loader.hpp>
@@ -16,6 +18,7 @@
 #include <dpml/optim/schedule.hpp>
 #include <dpml/optim/sgd.hpp>
 #include <dpml/parallel/grid.hpp>
+#include <dpml/parallel/strategy.hpp>
 #include <dpml/train/args.hpp>
 #include <dpml/train/classifier.hpp>
 #include <dpml/train/progress.hpp>
@@ -41,7 +44,7 @@ struct Flags {
   std::uint64_t seed = 1;
 };
 
-template <class Rule, class Model>
+template <class Rule, class Strategy, class Model>
 int train(const Flags& f, const ProcessGrid& grid, Model& model, typename Rule::Options rule) {
   const int rank = grid.world_rank(), dp = grid.dp(), dp_rank = grid.coord(Axis::data);
   const auto train_set = data::fashion_mnist(data::Split::train, f.data_dir);
@@ -52,8 +55,8 @@ int train(const Flags& f, const ProcessGrid& grid, Model& model, typename Rule::
   data::Loader test_loader(test_set, data::DistributedSampler(test_set.size(), {.global_batch = 1000, .shuffle = false, .drop_last = false}, dp_rank, dp),
                            {.mean = data::kFashionMnistMean, .std = data::kFashionMnistStd});
 
-  train::ClassifierTrainer<Model, Rule> trainer(model, grid, rule, {.zero = f.zero, .clip = f.clip},
-                                                {.micro_batches = f.micro_batches, .seed = f.seed});
+  train::ClassifierTrainer<Model, Rule, Strategy> trainer(model, grid, rule, {.clip = f.clip},
+                                                          {.micro_batches = f.micro_batches, .seed = f.seed});
   const std::int64_t steps_per_epoch = train_loader.batches_per_epoch(), total = steps_per_epoch * f.epochs;
   const optim::WarmupCosineLR schedule{.max_lr = f.lr, .min_lr = f.min_lr, .warmup_steps = std::min(f.warmup, total - 1),
                                        .decay_steps = total};
@@ -93,10 +96,13 @@ int train(const Flags& f, const ProcessGrid& grid, Model& model, typename Rule::
 
 template <class Model>
 int with_optimizer(const Flags& f, const ProcessGrid& grid, Model& model) {
-  if (f.optimizer == "sgd")
-    return train<optim::Sgd>(f, grid, model, {.momentum = f.momentum, .weight_decay = f.weight_decay, .nesterov = f.nesterov});
-  DPML_REQUIRE_EVERYWHERE(f.optimizer == "adamw", "--optimizer " << f.optimizer << " is not one of sgd, adamw");
-  return train<optim::AdamW>(f, grid, model, {.weight_decay = f.weight_decay});
+  return parallel::with_strategy("1f1b", f.zero, [&]<class Strategy>() {
+    if (f.optimizer == "sgd")
+      return train<optim::Sgd, Strategy>(f, grid, model,
+                                         {.momentum = f.momentum, .weight_decay = f.weight_decay, .nesterov = f.nesterov});
+    DPML_REQUIRE_EVERYWHERE(f.optimizer == "adamw", "--optimizer " << f.optimizer << " is not one of sgd, adamw");
+    return train<optim::AdamW, Strategy>(f, grid, model, {.weight_decay = f.weight_decay});
+  });
 }
 }  // namespace
 

@@ -90,10 +90,13 @@
 #include "dpml/models/resnet.hpp"
 
 #include "dpml/train/args.hpp"
+#include "dpml/train/batch.hpp"
 #include "dpml/train/checkpointing.hpp"
 #include "dpml/train/classifier.hpp"
 #include "dpml/train/gpt_trainer.hpp"
+#include "dpml/train/layer_stage.hpp"
 #include "dpml/train/progress.hpp"
+#include "dpml/train/trainer.hpp"
 
 #if defined(DPML_WITH_CUDA)
 #if defined(DPML_WITH_NCCL)

@@ -13,6 +13,7 @@
 #include <dpml/models/resnet.hpp>
 #include <dpml/optim/adamw.hpp>
 #include <dpml/optim/sgd.hpp>
+#include <dpml/parallel/strategy.hpp>
 #include <dpml/train/classifier.hpp>
 
 #include <map>
@@ -48,12 +49,14 @@ data::Batch batch_rows(int step, std::int64_t lo, std::int64_t hi) {
 template <class Model, class Rule>
 std::vector<double> train_steps(Model& model, const ProcessGrid& grid, typename Rule::Options rule, bool zero, int micro_batches) {
   layers::initialize_all(model.parameters(), 42, &grid);
-  train::ClassifierTrainer<Model, Rule> trainer(model, grid, rule, {.bucket_bytes = 512, .zero = zero, .clip = 0.5},
-                                                {.micro_batches = micro_batches});
   std::vector<double> losses;
-  const int r = grid.coord(Axis::data), k = grid.dp();
-  for (int s = 0; s < kSteps; ++s)
-    losses.push_back(trainer.train_step(batch_rows(s, kGlobalBatch * r / k, kGlobalBatch * (r + 1) / k), 0.05).loss);
+  parallel::with_strategy("1f1b", zero, [&]<class Strategy>() {
+    train::ClassifierTrainer<Model, Rule, Strategy> trainer(model, grid, rule, {.bucket_bytes = 512, .clip = 0.5},
+                                                            {.micro_batches = micro_batches});
+    const int r = grid.coord(Axis::data), k = grid.dp();
+    for (int s = 0; s < kSteps; ++s)
+      losses.push_back(trainer.train_step(batch_rows(s, kGlobalBatch * r / k, kGlobalBatch * (r + 1) / k), 0.05).loss);
+  });
   return losses;
 }
 

@@ -4,7 +4,8 @@
 // Σ_n −log softmax(z_n)[label_n] / ctx.global_batch (N when global_batch is 0), so that summing
 // over micro-batches and data-parallel ranks gives the mean loss, and gradients are summed, never
 // averaged. backward returns dlogits = (softmax − onehot) / global_batch, a view into a buffer kept
-// per micro-batch slot.
+// per micro-batch slot. forward also adds its share to a running sum that take_loss() returns
+// (and zeroes): the loss API the trainer reads once per step.
 
 #include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace dpml::layers {
 
@@ -23,6 +25,8 @@ class SoftmaxCrossEntropy {
  public:
   using value_type = T;
   using space = Space;
+  using Input = TensorView<const T, Space>;              // logits (N, C), and dlogits
+  using Target = TensorView<const std::int32_t, Space>;  // labels (N)
 
   // logits (N, C), labels (N) in [0, C).
   float forward(Context<Space>& ctx, TensorView<const T, Space> logits, TensorView<const std::int32_t, Space> labels) {
@@ -39,7 +43,9 @@ class SoftmaxCrossEntropy {
     s.divisor = ctx.global_batch > 0 ? static_cast<double>(ctx.global_batch) : static_cast<double>(N);
     auto probs = ensure(s.probs, logits.shape());
     const double sum = kernels::host::softmax_cross_entropy_forward(logits.data(), labels.data(), N, C, probs.data());
-    return static_cast<float>(N > 0 ? sum / s.divisor : 0.0);
+    const float loss = static_cast<float>(N > 0 ? sum / s.divisor : 0.0);
+    running_ += loss;
+    return loss;
   }
 
   // dlogits (N, C) of the same micro-batch's forward.
@@ -52,6 +58,9 @@ class SoftmaxCrossEntropy {
     return d;
   }
 
+  // The losses forward returned since the last take, summed; then zero.
+  double take_loss() { return std::exchange(running_, 0.0); }
+
  private:
   struct Saved {
     TensorView<const std::int32_t, Space> labels;  // (N), the caller's buffer
@@ -59,6 +68,7 @@ class SoftmaxCrossEntropy {
     Tensor<T, Space> probs, dlogits;               // (N, C)
   };
   Slots<Saved> slots_;
+  double running_ = 0.0;
 };
 
 }  // namespace dpml::layers

@@ -38,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dpml::models {
@@ -69,6 +70,8 @@ class Gpt {
   using ParamT = Param<T, HostSpace>;
   using View = TensorView<const T>;
   using Tokens = TensorView<const std::int32_t>;
+  using Input = Tokens;   // a pipeline stage's micro-batch (train::StagedModel)
+  using Target = Tokens;
 
   Gpt(const GptConfig& c, const parallel::ProcessGrid& grid)
       : cfg_(validated(c, grid)), grid_(grid), region_(&grid.comm(Axis::tensor)),
@@ -117,6 +120,7 @@ class Gpt {
     Saved& s = saved_.slot(ctx);
     s.final_h = ln_f_->forward(ctx, h);
     s.loss = targets.data() == nullptr ? 0.0 : head_->forward(ctx, s.final_h, targets);
+    loss_sum_ += s.loss;
     return View();
   }
 
@@ -139,6 +143,8 @@ class Gpt {
   }
   // The loss of the slot's last forward (last stage only): summed over its tokens / ctx.global_batch.
   double loss(const layers::Context<HostSpace>& ctx) { return saved_[ctx.micro_batch].loss; }
+  // The losses of the forwards since the last call, summed (last stage only; 0 elsewhere).
+  double take_loss() { return std::exchange(loss_sum_, 0.0); }
 
   // One micro-batch backward_input. Last stage: from its own loss; others: `received` (B, T, C).
   // Returns the gradient to send to the previous stage (empty on the first stage).
@@ -233,6 +239,7 @@ class Gpt {
   std::optional<layers::VocabParallelCrossEntropy<T>> head_;
   comm::Mpi tied_group_{MPI_COMM_NULL};
   layers::Slots<Saved> saved_;
+  double loss_sum_ = 0.0;
 };
 
 }  // namespace dpml::models

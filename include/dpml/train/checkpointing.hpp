@@ -1,5 +1,5 @@
 #pragma once
-// Checkpoints of a GptTrainer in layout-independent form, resume on any layout, and GPT-2 export.
+// Checkpoints of a train::Trainer in layout-independent form, resume on any layout, and GPT-2 export.
 //
 // A training checkpoint (checkpoint/checkpoint.hpp writes it: one directory per step, atomic,
 // asynchronous, last K kept) holds
@@ -11,12 +11,17 @@
 //   <param>.exp_avg, <param>.exp_avg_sq
 //                           the update rule's state (Rule::state_names), also as global tensors
 //                           of the parameter's shape;
-//   config                  model.* (sizes: checked on load, a mismatch names the flag),
-//                           data.global_batch / data.seq_len (checked: the data position means
-//                           nothing under another batch), train.step (steps run),
+//   config                  model.* (a GPT's sizes: checked on load, a mismatch names the flag),
+//                           data.global_batch, a GPT's data.seq_len (checked: the data position
+//                           means nothing under another batch), train.step (steps run),
 //                           train.optimizer_step (updates made: skipped steps differ),
 //                           train.epoch / train.batch (the next batch), train.seed;
 //   layout                  (tp, pp, dp, zero) of the writer — for information only.
+//
+// What is a model's own comes from two overloads in detail:: — model_fields (the config entries
+// it records and checks) and stored_rows (a tensor saved without its padding rows) — given for
+// models::Gpt here; any other model (a Sequential cut into stages, …) records none and saves every
+// tensor whole. A pipeline stage saves the parameters it trains, under their global names.
 //
 // ZeRO-1: the optimizer state lives in segments of the flat buffer that cut across parameters.
 // Saving all-gathers each state slot over the data axis (one allgatherv per segment, every data
@@ -89,21 +94,54 @@ using checkpoint::Slice;
 template <class Trainer>
 using value_t = std::remove_cvref_t<decltype(*std::declval<Trainer&>().optimizer().flat().values().data())>;
 
-// A parameter as a block of its layout-independent global tensor (wte.weight: without padding).
+// Model sizes and data settings a checkpoint must agree with: (config key, flag, value).
+struct ConfigField {
+  const char* key;
+  const char* flag;
+  std::int64_t value;
+};
+
+// Any model: only the global batch (samples per step; 0 where the batches carry it).
+template <class Model>
+std::vector<ConfigField> model_fields(const Model&, std::int64_t global_batch, std::int64_t /*seq_len*/) {
+  return {{"data.global_batch", "--global-batch", global_batch}};
+}
+// A GPT: its sizes, and the tokens per sequence (0: its max_seq).
+template <class T>
+std::vector<ConfigField> model_fields(const models::Gpt<T>& m, std::int64_t global_batch, std::int64_t seq_len) {
+  const auto& c = m.config();
+  return {{"model.vocab", "--vocab-size", c.vocab},       {"model.max_seq", "--seq-length", c.max_seq},
+          {"model.layers", "--num-layers", c.layers},     {"model.heads", "--num-attention-heads", c.heads},
+          {"model.dim", "--hidden-size", c.dim},          {"data.global_batch", "--global-batch", global_batch},
+          {"data.seq_len", "--seq-length", seq_len > 0 ? seq_len : c.max_seq}};
+}
+
+// Rows of parameter p's global tensor that are saved (the rest is padding): any model, all.
+template <class Model>
+std::int64_t stored_rows(const Model&, const ParamBase&, std::int64_t rows) {
+  return rows;
+}
+// A GPT: wte.weight's rows V ≤ r < V_pad are padding, the last rows of the last shards.
+template <class T>
+std::int64_t stored_rows(const models::Gpt<T>& m, const ParamBase& p, std::int64_t rows) {
+  return p.name() == "wte.weight" ? m.config().vocab : rows;
+}
+
+// A parameter as a block of its layout-independent global tensor (without padding rows).
 struct GlobalBlock {
   std::vector<std::int64_t> shape;  // global
   Slice slice;                      // this rank's block; its elements are the first of the local tensor
 };
 
-template <class T>
-GlobalBlock block_of(const Param<T>& p, const parallel::ProcessGrid& grid, const models::GptConfig& cfg) {
+template <class T, class Model>
+GlobalBlock block_of(const Param<T>& p, const parallel::ProcessGrid& grid, const Model& model) {
   const auto g = layers::global_slice(p, &grid);
   GlobalBlock b{std::vector<std::int64_t>(g.global.begin(), g.global.end()), {}};
   b.slice = p.sharding().is_replicated() ? checkpoint::full_slice(b.shape)
                                          : checkpoint::slice_along(b.shape, g.dim, g.offset, p.shape()[g.dim]);
-  if (p.name() == "wte.weight") {  // rows V ≤ r < V_pad are padding: the last rows of the last shards
-    b.shape[0] = cfg.vocab;
-    b.slice[0] = {std::min(b.slice[0].begin, cfg.vocab), std::min(b.slice[0].end, cfg.vocab)};
+  if (const std::int64_t rows = stored_rows(model, p, b.shape[0]); rows < b.shape[0]) {
+    b.shape[0] = rows;
+    b.slice[0] = {std::min(b.slice[0].begin, rows), std::min(b.slice[0].end, rows)};
   }
   return b;
 }
@@ -180,26 +218,16 @@ void scatter_flat_state(Trainer& t, std::size_t k, const std::vector<T>& full) {
 
 inline std::string state_tensor_name(const std::string& param, const char* slot) { return param + "." + slot; }
 
-// Model sizes and data settings a checkpoint must agree with: (config key, flag, value).
-struct ConfigField {
-  const char* key;
-  const char* flag;
-  std::int64_t value;
-};
 template <class Trainer>
 std::vector<ConfigField> checked_fields(Trainer& t, std::int64_t seq_len) {
-  const auto& c = t.model().config();
-  return {{"model.vocab", "--vocab-size", c.vocab},       {"model.max_seq", "--seq-length", c.max_seq},
-          {"model.layers", "--num-layers", c.layers},     {"model.heads", "--num-attention-heads", c.heads},
-          {"model.dim", "--hidden-size", c.dim},          {"data.global_batch", "--global-batch", t.train_options().global_batch},
-          {"data.seq_len", "--seq-length", seq_len}};
+  return model_fields(t.model(), t.options().global_batch, seq_len);
 }
 
 }  // namespace detail
 
 struct CheckpointerOptions {
   int keep_last = 3;              // complete checkpoints kept (<= 0: all)
-  std::int64_t seq_len = 0;       // tokens per training sequence (recorded and checked); 0: model max_seq
+  std::int64_t seq_len = 0;       // a GPT's tokens per training sequence (recorded and checked); 0: its max_seq
   // Brings the trainer's host state up to date before a save stages it (a device trainer's
   // to_host()); runs after the save in flight has committed; its time counts as blocking.
   std::function<void()> refresh;
@@ -217,9 +245,7 @@ class Checkpointer {
  public:
   Checkpointer(Trainer& trainer, std::string root, CheckpointerOptions options = {})
       : trainer_(trainer), options_(options),
-        writer_(trainer.grid().world(), std::move(root), {.keep_last = options.keep_last}) {
-    if (options_.seq_len == 0) options_.seq_len = trainer.model().config().max_seq;
-  }
+        writer_(trainer.grid().world(), std::move(root), {.keep_last = options.keep_last}) {}
 
   const std::string& root() const noexcept { return writer_.root(); }
 
@@ -235,7 +261,7 @@ class Checkpointer {
     auto& opt = dist.optimizer();
     const auto& flat = dist.flat();
     const auto& params = flat.params();
-    const auto& cfg = t.model().config();
+    const auto& model = t.model();
     writer_.wait();  // the previous save commits before this one stages (or a refresh overwrites what it reads)
     if (options_.refresh) options_.refresh();
     const bool state_in_place = options_.in_place && !Trainer::zero;
@@ -244,7 +270,7 @@ class Checkpointer {
       if (!state_in_place) detail::gather_flat_state(t, k, held_[k]);
       for (std::size_t i = 0; i < params.size(); ++i) {
         if (params[i]->is_duplicate()) continue;
-        const auto b = detail::block_of(*params[i], t.grid(), cfg);
+        const auto b = detail::block_of(*params[i], t.grid(), model);
         const T* state = state_in_place ? opt.state(i, k).data() : held_[k].data() + flat.offsets()[i];
         writer_.add_in_place(detail::state_tensor_name(params[i]->name(), opt.state_names()[k]), b.shape, b.slice,
                              std::span<const T>(state, static_cast<std::size_t>(checkpoint::volume(b.slice))));
@@ -252,7 +278,7 @@ class Checkpointer {
     }
     for (const auto* p : params) {
       if (p->is_duplicate()) continue;
-      const auto b = detail::block_of(*p, t.grid(), cfg);
+      const auto b = detail::block_of(*p, t.grid(), model);
       const std::span<const T> value(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice)));
       if (options_.in_place) writer_.add_in_place(p->name(), b.shape, b.slice, value);
       else writer_.add(p->name(), b.shape, b.slice, value);
@@ -264,7 +290,7 @@ class Checkpointer {
     info.config.set("train.optimizer_step", dist.optimizer().step_count());
     info.config.set("train.epoch", pos.epoch);
     info.config.set("train.batch", pos.batch);
-    info.config.set("train.seed", std::to_string(t.train_options().seed));  // u64: kept exact as text
+    info.config.set("train.seed", std::to_string(t.options().seed));  // u64: kept exact as text
     if (options_.extra_config) options_.extra_config(info.config);
     const auto& g = t.grid();
     info.layout = {.tp = g.tp(), .pp = g.pp(), .dp = g.dp(), .zero = Trainer::zero ? 1 : 0};
@@ -334,11 +360,10 @@ inline std::optional<std::string> resolve_resume(const comm::Mpi& world, const s
 }
 
 // Restores a trainer from checkpoint directory `dir` (collective); returns the data position.
-// `seq_len`: tokens per training sequence of this run (0: the model's max_seq).
+// `seq_len`: a GPT's tokens per training sequence of this run (0: its max_seq).
 template <class Trainer>
 TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t seq_len = 0) {
   const auto& world = t.grid().world();
-  if (seq_len == 0) seq_len = t.model().config().max_seq;
   TrainPosition pos;
   std::int64_t optimizer_step = 0;
   std::string error;
@@ -362,16 +387,16 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
     auto& dist = t.optimizer();
     const auto& flat = dist.flat();
     const auto& params = flat.params();
-    const auto& cfg = t.model().config();
+    const auto& model = t.model();
     for (auto* p : params) {  // duplicates too: the tied copy reads wte.weight
-      const auto b = detail::block_of(*p, t.grid(), cfg);
+      const auto b = detail::block_of(*p, t.grid(), model);
       reader.read(p->name(), b.shape, b.slice,
                   std::span(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
     }
     for (std::size_t k = 0; k < dist.optimizer().state_names().size(); ++k) {
       std::vector<detail::value_t<Trainer>> state(static_cast<std::size_t>(flat.numel()));  // zeros: padding rows have no state
       for (std::size_t i = 0; i < params.size(); ++i) {
-        const auto b = detail::block_of(*params[i], t.grid(), cfg);
+        const auto b = detail::block_of(*params[i], t.grid(), model);
         reader.read(detail::state_tensor_name(params[i]->name(), dist.optimizer().state_names()[k]), b.shape, b.slice,
                     std::span(state.data() + flat.offsets()[i], static_cast<std::size_t>(checkpoint::volume(b.slice))));
       }
@@ -435,12 +460,13 @@ void export_gpt2(Trainer& t, const std::string& path) {
   namespace fs = std::filesystem;
   const auto& world = t.grid().world();
   const std::string parts = path + ".parts";
-  const auto& cfg = t.model().config();
+  const auto& model = t.model();
+  const auto& cfg = model.config();
   {
     checkpoint::CheckpointWriter writer(world, parts, {.keep_last = 1});
     for (const auto* p : t.optimizer().flat().params()) {
       if (p->is_duplicate()) continue;
-      const auto b = detail::block_of(*p, t.grid(), cfg);
+      const auto b = detail::block_of(*p, t.grid(), model);
       writer.add(p->name(), b.shape, b.slice,
                  std::span<const detail::value_t<Trainer>>(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
     }
@@ -474,12 +500,13 @@ void export_gpt2(Trainer& t, const std::string& path) {
 // be there with GPT-2's shape for this model; extra entries (GPT-2's attention masks) are ignored.
 template <class Trainer>
 void import_gpt2(Trainer& t, const std::string& path) {
-  const auto& cfg = t.model().config();
+  const auto& model = t.model();
+  const auto& cfg = model.config();
   std::string error;
   try {
     const checkpoint::SafetensorsFile file(path);
     for (auto* p : t.optimizer().flat().params()) {
-      const auto b = detail::block_of(*p, t.grid(), cfg);
+      const auto b = detail::block_of(*p, t.grid(), model);
       const auto file_shape = detail::gpt2_shape(p->name(), b.shape);
       const checkpoint::SafetensorsEntry* e = file.find(p->name());
       DPML_REQUIRE(e != nullptr, "'" << path << "' has no tensor '" << p->name() << "'");

@@ -3,6 +3,13 @@
 //
 //   StageBlocks::of(L, p, s)   the contiguous blocks of stage s; when p does not divide L the first
 //                              L mod p stages take one block more (L = 14, p = 4: 4 4 3 3)
+//   partition(weights, cuttable, p, policy)
+//                              a chain of layers of any weights (their parameter counts) cut into p
+//                              contiguous stages: at the user's split points (Partition::at), or
+//                              balanced — the largest stage's weight as small as it can be, ties
+//                              going to the cut whose largest stage has the fewest layers, then to
+//                              the earliest cut. A stage may begin only where cuttable says so
+//                              (where a tensor can cross between stages).
 //   plan_buffers(actions, m, ops)
 //                              a buffer per micro-batch in flight, reused once its micro-batch is
 //                              done with it: micro-batch mb holds its buffer from its first action
@@ -20,8 +27,11 @@
 #include "dpml/parallel/pipeline/schedule.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
+#include <utility>
 #include <vector>
 
 namespace dpml::parallel::pipeline {
@@ -34,6 +44,69 @@ struct StageBlocks {
     return {stage * base + std::min<std::int64_t>(stage, extra), base + (stage < extra ? 1 : 0)};
   }
 };
+
+// How a chain of layers is cut into pipeline stages: the first layer of stages 1 … p−1, increasing
+// (Partition::at({3}) with p = 2: layers 0–2 on stage 0, the rest on stage 1); none given: balanced
+// by parameter count.
+struct Partition {
+  std::vector<std::int64_t> starts;
+  static Partition balanced() { return {}; }
+  static Partition at(std::vector<std::int64_t> starts) { return {std::move(starts)}; }
+};
+
+// The layers of each of `stages` stages. weights: (layers) parameters of each layer; cuttable:
+// (layers) whether a stage may begin at that layer (entry 0 is not read). Every stage holds at
+// least one layer. Raised on every rank alike: a split that is not increasing, out of range, at a
+// layer where no stage may begin, or more stages than places to cut.
+inline std::vector<StageBlocks> partition(const std::vector<std::int64_t>& weights, const std::vector<bool>& cuttable,
+                                          int stages, const Partition& policy = {}) {
+  const auto n = static_cast<std::int64_t>(weights.size());
+  DPML_REQUIRE_EVERYWHERE(cuttable.size() == weights.size(), "pipeline partition: " << cuttable.size()
+                                                                << " cut flags for " << n << " layers");
+  DPML_REQUIRE_EVERYWHERE(stages >= 1 && stages <= n, "pipeline partition: " << n << " layers cannot make " << stages
+                                                                              << " stages (each stage needs a layer)");
+  std::vector<std::int64_t> starts = policy.starts;
+  if (starts.empty() && stages > 1) {
+    // best[k][i]: the least cost of layers [0, i) as k stages; a stage's cost is its weight, then
+    // its layer count (weight · (n + 1) + layers: weight decides, layers break ties).
+    std::vector<std::int64_t> prefix(static_cast<std::size_t>(n) + 1, 0);
+    for (std::int64_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + weights[static_cast<std::size_t>(i)];
+    auto cost = [&](std::int64_t j, std::int64_t i) { return (prefix[i] - prefix[j]) * (n + 1) + (i - j); };
+    constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+    const auto p = static_cast<std::size_t>(stages);
+    std::vector<std::vector<std::int64_t>> best(p + 1, std::vector<std::int64_t>(static_cast<std::size_t>(n) + 1, none));
+    std::vector<std::vector<std::int64_t>> cut = best;  // the start of the k-th stage in best[k][i]
+    for (std::int64_t i = 1; i <= n; ++i) best[1][i] = cost(0, i);
+    for (std::size_t k = 2; k <= p; ++k)
+      for (std::int64_t i = static_cast<std::int64_t>(k); i <= n; ++i)
+        for (std::int64_t j = static_cast<std::int64_t>(k) - 1; j < i; ++j) {
+          if (!cuttable[static_cast<std::size_t>(j)] || best[k - 1][j] == none) continue;
+          const std::int64_t c = std::max(best[k - 1][j], cost(j, i));
+          if (c < best[k][i]) best[k][i] = c, cut[k][i] = j;
+        }
+    DPML_REQUIRE_EVERYWHERE(best[p][n] != none, "pipeline partition: " << n << " layers have too few places where a "
+                                                                       << "tensor crosses between them for " << stages << " stages");
+    starts.assign(p - 1, 0);
+    for (std::int64_t k = stages, i = n; k > 1; --k) i = starts[static_cast<std::size_t>(k - 2)] = cut[static_cast<std::size_t>(k)][i];
+  }
+  DPML_REQUIRE_EVERYWHERE(static_cast<int>(starts.size()) == stages - 1,
+                          "pipeline partition: " << starts.size() << " split points for " << stages << " stages (need "
+                                                 << stages - 1 << ")");
+  std::vector<StageBlocks> out;
+  std::int64_t first = 0;
+  for (int s = 0; s < stages; ++s) {
+    const std::int64_t end = s + 1 < stages ? starts[static_cast<std::size_t>(s)] : n;
+    DPML_REQUIRE_EVERYWHERE(end > first && (end < n || s + 1 == stages),
+                            "pipeline partition: stage " << s << " would hold layers [" << first << ", " << end << ") of " << n
+                                                         << (s + 1 < stages ? ", none left for the next" : ""));
+    DPML_REQUIRE_EVERYWHERE(s + 1 == stages || cuttable[static_cast<std::size_t>(end)],
+                            "pipeline partition: no stage may begin at layer " << end
+                                                                               << " (what enters it is not a tensor of the model's type)");
+    out.push_back({first, end - first});
+    first = end;
+  }
+  return out;
+}
 
 struct BufferPlan {
   std::vector<int> index;  // (micro-batches) the buffer of each micro-batch; −1: it never holds one

@@ -1,0 +1,520 @@
+#pragma once
+// train::Trainer<Model, Loss, Strategy, Rule, Space>: one training step of any model under any
+// (dp, tp, pp) layout — the one trainer of dpml.
+//
+//   Model     any Layer (a Sequential, a Stack, a layer of one's own: the library cuts a
+//             Sequential/Stack into pp stages, LayerStage in train/layer_stage.hpp), or a model
+//             with pipeline-stage members of its own (StagedModel: models::Gpt)
+//   Loss      a loss layer (LossLayer: forward(ctx, logits, targets) adds to a running sum,
+//             backward(ctx) gives dlogits, take_loss()), or ModelLoss where the model's last
+//             stage computes its loss itself
+//   Strategy  parallel::Parallel<TensorParallel, PipelineParallel<Schedule>, DataParallel<…>>
+//   Rule      the update rule (optim::Sgd, optim::AdamW, …)
+//   Space     the memory space (the model's)
+//
+// One step on this data rank's batch (any TrainBatch: train/batch.hpp):
+//   m micro-batches, rows [n·i/m, n·(i+1)/m) of the batch (TrainOptions::micro_batches)
+//   the schedule's actions for this stage (GPipe | 1F1B | ZB-H1) through the pipeline executor:
+//     F  forward of micro-batch i (first stage: the batch's inputs; others: the activation
+//        received); the last stage adds the loss
+//     B  backward_input (last stage: from the loss; others: the gradient received)
+//     W  backward_weight → ctx.grad_ready → gradient buckets reduce over the data axis
+//   tied parameters (a model's tied_parameter(), finish_tied_gradients(): GPT's embedding on its
+//   first and last stage) held back from their bucket until summed
+//   non-finite check (TrainOptions::on_nonfinite), DistributedOptimizer: global norm, clip,
+//   update, ZeRO-1 all-gather (DataParallel<Zero1>)
+// The loss divides by the target elements of the whole step (Context::global_batch), so the
+// summed gradients are the sequential run's on the same global batch whatever the layout; the
+// step's loss is reported on every rank. ctx.deferred_weight_gradients is set from the schedule:
+// true iff on this stage some W does not follow its B (ZB-H1 on stages > 0).
+//
+// Message shapes: what crosses a stage boundary is a tensor whose first dimension counts the
+// micro-batch's samples; the rest of its shape is learnt once per input shape by a forward of
+// micro-batch 0 in eval mode through the stages, each sending the next one the shape before the
+// data (a probe: no weight, no statistic changes). A boundary whose first dimension is not the
+// samples is refused, naming the stage.
+//
+// Non-finite steps: after the data-parallel reduction and before the update, one all-reduce asks
+// whether the loss or any gradient this rank updates is NaN/inf. `skip` drops the step (no
+// update, the optimizer's step count unchanged; rank 0 prints a line naming the step), `stop`
+// raises an Error on every rank naming the step and the first non-finite gradient in model order
+// (pipeline stage, then registration order), `ignore` updates anyway (no check).
+//
+// The trainer names the grid's communicators for the collective watchdog (comm/watchdog.hpp) and
+// tells it the step. Checkpoints (train/checkpointing.hpp) read and restore its state through
+// model(), grid(), options(), optimizer(), step() / set_step().
+//
+// Space: HostSpace runs today. On CudaSpace three things change and nothing else: the batch is
+// uploaded once per step, the pipeline transport is parallel::cuda::StreamTransport over the
+// grid's device communicators, and the DistributedOptimizer takes Space and its device
+// communicators — a static_assert stands at each of those places until they are wired.
+
+#include "dpml/comm/mpi.hpp"
+#include "dpml/comm/watchdog.hpp"
+#include "dpml/core/error.hpp"
+#include "dpml/core/parameter.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/device.hpp"
+#include "dpml/layers/layer.hpp"
+#include "dpml/optim/optimizer.hpp"
+#include "dpml/parallel/distributed_optimizer.hpp"
+#include "dpml/parallel/grid.hpp"
+#include "dpml/parallel/pipeline/executor.hpp"
+#include "dpml/parallel/pipeline/partition.hpp"
+#include "dpml/parallel/pipeline/schedule.hpp"
+#include "dpml/parallel/strategy.hpp"
+#include "dpml/train/batch.hpp"
+#include "dpml/train/layer_stage.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace dpml::train {
+
+// What a step with a non-finite loss or gradient does (--on-nonfinite).
+enum class NonFinite { stop, skip, ignore };
+
+inline NonFinite parse_nonfinite(const std::string& s) {
+  DPML_REQUIRE_EVERYWHERE(s == "stop" || s == "skip" || s == "ignore", "--on-nonfinite " << s << " is not one of stop, skip, ignore");
+  return s == "stop" ? NonFinite::stop : s == "skip" ? NonFinite::skip : NonFinite::ignore;
+}
+
+// The Loss of a model whose last stage computes its loss itself (read with model.take_loss()).
+struct ModelLoss {};
+
+// A model that is its own pipeline stage (models::Gpt, LayerStage): this rank's share of the
+// model, one micro-batch per call.
+//   forward(ctx, x, received, targets)  x: the first stage's input; received: what the previous
+//                                       stage sent; targets: the last stage's. Returns what to
+//                                       send on (empty on the last stage, which adds its loss)
+//   backward_input(ctx, received)       from the loss (last stage) or the gradient received;
+//                                       returns the gradient to send back (empty on the first)
+//   backward_weight(ctx)                weight gradients += this micro-batch's (may run later)
+//   take_loss()                         the losses added since the last take (last stage)
+// Optional: tied_parameter() and finish_tied_gradients() (see the top of the file).
+template <class M>
+concept StagedModel = requires(M& m, const M& cm, layers::Context<typename M::space>& ctx, const typename M::Input& x,
+                               const typename M::Target& t, TensorView<const typename M::value_type, typename M::space> v) {
+  { cm.is_first_stage() } -> std::convertible_to<bool>;
+  { cm.is_last_stage() } -> std::convertible_to<bool>;
+  { m.forward(ctx, x, v, t) } -> std::convertible_to<decltype(v)>;
+  { m.backward_input(ctx, v) } -> std::convertible_to<decltype(v)>;
+  m.backward_weight(ctx);
+  { m.take_loss() } -> std::convertible_to<double>;
+  m.parameters();
+};
+
+struct TrainOptions {
+  int micro_batches = 1;               // per step: gradient accumulation and the pipeline's micro-batches
+  std::int64_t global_batch = 0;       // samples per step over all data ranks; 0: the batch carries it
+  std::uint64_t seed = 0;              // dropout and other in-model randomness
+  NonFinite on_nonfinite = NonFinite::stop;
+  parallel::pipeline::Partition partition = {};  // where a Sequential/Stack is cut (pp > 1): balanced by default
+};
+
+struct StepResult {
+  double loss = 0.0;                 // mean over the global batch (per target element)
+  double grad_norm = 0.0;            // NaN when the step was skipped
+  bool skipped = false;              // non-finite, NonFinite::skip: no update
+  double seconds = 0.0;
+  double exposed_comm_seconds = 0.0; // waiting for data-parallel reductions after backward
+  parallel::pipeline::StepTimings pipeline;  // this stage: busy per op kind, waits, total
+};
+
+namespace detail {
+
+template <class Model, class Loss, bool = StagedModel<Model>>
+struct StageFor {
+  using type = Model;
+  static_assert(std::is_same_v<Loss, ModelLoss>, "dpml Trainer: this model computes its loss itself: Loss = train::ModelLoss");
+};
+template <class Model, class Loss>
+struct StageFor<Model, Loss, false> {
+  static_assert(layers::check_layer<Model>(), "dpml Trainer: the model is neither a Layer nor a StagedModel");
+  using type = LayerStage<Model, Loss>;
+};
+
+// pipeline::Stage over one step of a StagedModel: the micro-batches' views, message buffers, and
+// the shapes of the messages (learnt by the probe; see the top of the file).
+template <class Stage>
+class PipelineStep {
+ public:
+  using value_type = typename Stage::value_type;
+  using Space = typename Stage::space;
+  using Input = typename Stage::Input;
+  using Target = typename Stage::Target;
+  using Message = TensorView<const value_type, Space>;
+
+  PipelineStep(Stage& stage, layers::Context<Space>& ctx, const comm::Mpi& pipe) : stage_(stage), ctx_(ctx), pipe_(pipe) {}
+
+  // inputs (n, …), targets (n, …) of this data rank; `first_sample`: the global index of row 0.
+  void set_batch(const Input& inputs, const Target& targets, int m, std::int64_t first_sample) {
+    const std::int64_t n = inputs.size(0);
+    inputs_.clear(), targets_.clear(), offsets_.clear();
+    for (int i = 0; i < m; ++i) {
+      const std::int64_t lo = n * i / m, hi = n * (i + 1) / m;
+      inputs_.push_back(inputs.slice(0, lo, hi));
+      targets_.push_back(targets.slice(0, lo, hi));
+      offsets_.push_back(first_sample + lo);
+    }
+    const auto count = static_cast<std::size_t>(m);
+    if (recv_fwd_.size() < count) recv_fwd_.resize(count), recv_bwd_.resize(count);
+    sent_fwd_.assign(count, Message());
+    sent_bwd_.assign(count, Message());
+  }
+
+  // Whether the message shapes for inputs shaped like this step's are known (pp = 1: none needed).
+  bool knows_shapes() const { return pipe_.size() == 1 || (probed_ && key_ == key(inputs_.at(0))); }
+  // The probe runs while this is set: the schedule's forward of micro-batch 0 only.
+  void set_probing(bool on) {
+    probing_ = on;
+    if (!on) probed_ = true, key_ = key(inputs_.at(0));
+  }
+
+  void forward(int mb) {
+    const auto i = at(mb);
+    if (probing_ && stage_.is_last_stage()) return;  // nothing to learn: it sends nothing
+    sent_fwd_[i] = stage_.forward(ctx_, inputs_[i], recv_fwd_[i].cview(), targets_[i]);
+    if (stage_.is_last_stage()) return;
+    if (probing_) out_shape_ = sent_fwd_[i].shape();
+    check(sent_fwd_[i], out_shape_, mb, "sends on");
+  }
+  void backward_input(int mb) {
+    const auto i = at(mb);
+    sent_bwd_[i] = stage_.backward_input(ctx_, recv_bwd_[i].cview());
+    if (!stage_.is_first_stage()) check(sent_bwd_[i], in_shape_, mb, "sends back");
+  }
+  void backward_weight(int mb) {
+    at(mb);
+    stage_.backward_weight(ctx_);
+  }
+  TensorView<value_type, Space> recv_forward_buffer(int mb) {
+    const auto i = static_cast<std::size_t>(mb);
+    if (probing_) in_shape_ = receive_shape();
+    recv_fwd_[i].resize(with_rows(in_shape_, inputs_[i].size(0)));
+    return recv_fwd_[i].view();
+  }
+  TensorView<value_type, Space> recv_backward_buffer(int mb) {
+    const auto i = static_cast<std::size_t>(mb);
+    recv_bwd_[i].resize(with_rows(out_shape_, inputs_[i].size(0)));
+    return recv_bwd_[i].view();
+  }
+  Message send_forward_buffer(int mb) {
+    const auto i = static_cast<std::size_t>(mb);
+    if (probing_) send_shape(out_shape_);
+    return sent_fwd_[i];
+  }
+  Message send_backward_buffer(int mb) { return sent_bwd_[static_cast<std::size_t>(mb)]; }
+
+ private:
+  static constexpr int kShapeTag = 32767;  // MPI's least tag bound; the transport's tags are 2·mb + flow
+
+  std::size_t at(int mb) {
+    const auto i = static_cast<std::size_t>(mb);
+    ctx_.micro_batch = mb;
+    ctx_.sample_offset = offsets_[i];
+    return i;
+  }
+  static Shape key(const Input& x) {
+    Shape k = x.shape();
+    k[0] = 0;
+    return k;
+  }
+  static Shape with_rows(Shape s, std::int64_t rows) {
+    s[0] = rows;
+    return s;
+  }
+  // The probe's header, (rank, dims…): to the next stage, from the previous one.
+  using Header = std::array<std::int64_t, kMaxRank + 1>;
+  void send_shape(const Shape& shape) const {
+    Header header{shape.rank()};
+    std::copy(shape.begin(), shape.end(), header.begin() + 1);
+    pipe_.send(header.data(), header.size(), pipe_.rank() + 1, kShapeTag);
+  }
+  Shape receive_shape() const {
+    Header header{};
+    pipe_.recv(header.data(), header.size(), pipe_.rank() - 1, kShapeTag);
+    return Shape::from_range(header.begin() + 1, header.begin() + 1 + header[0]);
+  }
+  // What crosses the boundary must be `learnt` with the micro-batch's samples first, contiguous.
+  void check(Message m, const Shape& learnt, int mb, const char* what) const {
+    const Shape expected = with_rows(learnt, inputs_[static_cast<std::size_t>(mb)].size(0));
+    DPML_REQUIRE(m.is_contiguous() && m.shape() == expected,
+                 "pipeline stage " << pipe_.rank() << " " << what << " " << m.shape().str() << (m.is_contiguous() ? "" : " (strided)")
+                                   << " for micro-batch " << mb << ", expected " << expected.str()
+                                   << ": a tensor crossing stages must be contiguous, with the samples as its first dimension");
+  }
+
+  Stage& stage_;
+  layers::Context<Space>& ctx_;
+  const comm::Mpi& pipe_;
+  std::vector<Input> inputs_;
+  std::vector<Target> targets_;
+  std::vector<std::int64_t> offsets_;
+  std::vector<Tensor<value_type, Space>> recv_fwd_, recv_bwd_;
+  std::vector<Message> sent_fwd_, sent_bwd_;
+  Shape in_shape_, out_shape_, key_;  // dimension 0 is set per micro-batch
+  bool probing_ = false, probed_ = false;
+};
+
+}  // namespace detail
+
+template <class Model, class Loss, class Strategy, optim::UpdateRule Rule, class Space = typename Model::space>
+class Trainer {
+  static_assert(std::is_same_v<Space, typename Model::space>, "dpml Trainer: Space must be the model's space");
+  static_assert(std::is_same_v<Space, HostSpace>,
+                "dpml Trainer: CudaSpace needs the device DistributedOptimizer and pipeline transport (see the top of "
+                "train/trainer.hpp)");
+
+ public:
+  using value_type = typename Model::value_type;
+  using Stage = typename detail::StageFor<Model, Loss>::type;  // LayerStage<Model, Loss>, or the model itself
+  using Optimizer = parallel::DistributedOptimizer<Rule, value_type>;
+  using ParamT = Param<value_type, Space>;
+  using Schedule = typename Strategy::schedule;
+  static constexpr bool zero = Strategy::zero;
+
+  // `dist.zero` comes from the Strategy (DataParallel<Zero1>); `loss`: the last stage's loss layer.
+  Trainer(Model& model, const parallel::ProcessGrid& grid, typename Rule::Options rule,
+          parallel::DistributedOptimizerOptions dist, TrainOptions options, Loss loss = {})
+      : model_(model), grid_(grid), options_(checked(options, dist)),
+        stage_(make_stage(model, std::move(loss), grid, options.partition)),
+        optimizer_(stage().parameters(), &grid, rule, with_zero(dist)),
+        step_(stage(), ctx_, grid.comm(Axis::pipeline)),
+        schedule_(parallel::pipeline::make_schedule(Schedule{}, grid.pp(), options.micro_batches)) {
+    ctx_.grid = &grid;
+    ctx_.seed = options.seed;
+    ctx_.device = &device_;
+    ctx_.deferred_weight_gradients = !parallel::pipeline::weight_follows_input(actions());
+    ctx_.on_grad_ready = [this](std::span<ParamBase* const> ps) { optimizer_.on_grad_ready(ps); };
+    for (Axis a : parallel::kAxes) {
+      comm::watchdog::name_group(grid.comm(a).native(), parallel::axis_name(a));
+      for (Axis b : parallel::kAxes)
+        if (static_cast<int>(a) < static_cast<int>(b))
+          comm::watchdog::name_group(grid.comm(a, b).native(), std::string(parallel::axis_name(a)) + "+" + parallel::axis_name(b));
+    }
+    if constexpr (requires { stage().tied_parameter(); })
+      if (const auto* tied = stage().tied_parameter()) optimizer_.buckets().hold(tied);
+  }
+
+  // One optimizer step on this data rank's batch; lr from the caller's schedule.
+  template <TrainBatch Batch>
+  StepResult train_step(const Batch& batch, double lr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ctx_.mode = layers::Mode::train;
+    comm::watchdog::set_step(ctx_.step + 1);
+    prepare(batch);
+    optimizer_.begin_step(options_.micro_batches);
+    StepResult r;
+    r.pipeline = run(actions());
+    if constexpr (requires { stage().finish_tied_gradients(); }) stage().finish_tied_gradients();
+    optimizer_.buckets().finish();  // reduced gradients, checked before the update
+    r.loss = sum_over_last_stage(stage().take_loss());
+    ++ctx_.step;
+    if (options_.on_nonfinite != NonFinite::ignore && !finite_step(r.loss)) {
+      handle_nonfinite(r.loss);  // throws with `stop`
+      r.skipped = true;
+      r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    } else {
+      const auto report = optimizer_.finish_step(lr);
+      r.grad_norm = report.grad_norm;
+      r.exposed_comm_seconds = report.exposed_comm_seconds;
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+
+  // The loss on a batch without training (eval mode; the schedule's forward actions only).
+  template <TrainBatch Batch>
+  double evaluate(const Batch& batch) {
+    ctx_.mode = layers::Mode::eval;
+    prepare(batch);
+    std::vector<parallel::pipeline::Action> forward_only;
+    for (const auto& a : actions())
+      if (a.op == parallel::pipeline::Op::Forward || a.op == parallel::pipeline::Op::SendForward ||
+          a.op == parallel::pipeline::Op::RecvForward)
+        forward_only.push_back(a);
+    (void)run(forward_only);
+    ctx_.mode = layers::Mode::train;
+    return sum_over_last_stage(stage().take_loss());
+  }
+
+  // A value the last pipeline stage computed (a loss, a count), summed over the data axis (tensor
+  // rank 0 counts, the other tensor ranks hold copies): the same on every rank. Collective.
+  double sum_over_last_stage(double value) const {
+    const bool counts = stage().is_last_stage() && grid_.coord(Axis::tensor) == 0;
+    return grid_.world().allreduce(counts ? value : 0.0, comm::ReduceOp::sum);
+  }
+
+  Model& model() noexcept { return model_; }
+  // This rank's pipeline stage: a LayerStage of the model, or the model itself.
+  Stage& stage() noexcept {
+    if constexpr (StagedModel<Model>) return model_;
+    else return stage_;
+  }
+  const Stage& stage() const noexcept {
+    if constexpr (StagedModel<Model>) return model_;
+    else return stage_;
+  }
+  // The parameters this rank trains (its stage's).
+  const std::vector<ParamT*>& parameters() noexcept { return optimizer_.flat().params(); }
+  const parallel::ProcessGrid& grid() const noexcept { return grid_; }
+  const TrainOptions& options() const noexcept { return options_; }
+  Optimizer& optimizer() noexcept { return optimizer_; }
+  layers::Context<Space>& context() noexcept { return ctx_; }
+  kernels::Device<Space>& device() noexcept { return device_; }
+  int micro_batches() const noexcept { return options_.micro_batches; }
+  const parallel::pipeline::Schedule& schedule() const noexcept { return schedule_; }
+  // Steps run so far (skipped ones included); a checkpoint restores it with set_step, together
+  // with the optimizer's own count of updates.
+  std::int64_t step() const noexcept { return ctx_.step; }
+  void set_step(std::int64_t step) {
+    DPML_REQUIRE(step >= 0, "trainer step " << step << " is negative");
+    ctx_.step = static_cast<std::uint64_t>(step);
+  }
+
+ private:
+  // A LayerStage of the model, or nothing (the model is its own stage); stage() either way.
+  struct NoStage {};
+  using StageStorage = std::conditional_t<StagedModel<Model>, NoStage, Stage>;
+
+  static TrainOptions checked(const TrainOptions& o, const parallel::DistributedOptimizerOptions& dist) {
+    DPML_REQUIRE_EVERYWHERE(o.micro_batches >= 1, "--micro-batches must be at least 1, got " << o.micro_batches);
+    DPML_REQUIRE_EVERYWHERE(o.global_batch >= 0, "the global batch " << o.global_batch << " is negative");
+    DPML_REQUIRE_EVERYWHERE(!dist.zero || Strategy::zero,
+                            "ZeRO-1 is chosen by the Strategy type (DataParallel<Zero1>), not by DistributedOptimizerOptions::zero");
+    return o;
+  }
+  static parallel::DistributedOptimizerOptions with_zero(parallel::DistributedOptimizerOptions d) {
+    d.zero = Strategy::zero;
+    return d;
+  }
+  static StageStorage make_stage(Model& model, Loss loss, const parallel::ProcessGrid& grid,
+                                 const parallel::pipeline::Partition& partition) {
+    if constexpr (StagedModel<Model>) {
+      DPML_REQUIRE_EVERYWHERE(model.is_first_stage() == (grid.coord(Axis::pipeline) == 0) &&
+                                  model.is_last_stage() == (grid.coord(Axis::pipeline) == grid.pp() - 1),
+                              "dpml Trainer: the model was built for another pipeline layout than this grid's");
+      return {};
+    } else {
+      return Stage(model, std::move(loss), grid, partition);
+    }
+  }
+
+  const std::vector<parallel::pipeline::Action>& actions() const {
+    return schedule_[static_cast<std::size_t>(grid_.coord(Axis::pipeline))];
+  }
+  parallel::pipeline::StepTimings run(const std::vector<parallel::pipeline::Action>& actions) {
+    return parallel::pipeline::run_stage(actions, step_, grid_.comm(Axis::pipeline));
+  }
+
+  // Checks this rank's share of the batch, cuts it into micro-batches, and learns the message
+  // shapes if this input shape is new.
+  template <TrainBatch Batch>
+  void prepare(const Batch& batch) {
+    using Traits = BatchTraits<Batch>;
+    const auto inputs = Traits::inputs(batch);
+    const auto targets = Traits::targets(batch);
+    const std::int64_t n = inputs.size(0), carried = Traits::global_rows(batch);
+    const std::int64_t global = carried > 0 ? carried : options_.global_batch;
+    DPML_REQUIRE(global > 0, "the trainer needs TrainOptions::global_batch: this batch type does not carry the step's global size");
+    const int ranks = grid_.dp(), r = grid_.coord(Axis::data);
+    const std::int64_t first = global * r / ranks, expected = global * (r + 1) / ranks - first;
+    DPML_REQUIRE(n == expected && targets.size(0) == n,
+                 "rank " << grid_.world_rank() << " holds " << n << " samples (targets " << targets.size(0) << "), expected "
+                         << expected << ": its share of the global batch " << global << " over dp " << ranks);
+    DPML_REQUIRE(n >= options_.micro_batches || n == 0, "rank " << grid_.world_rank() << " holds " << n
+                                                                << " samples, fewer than the " << options_.micro_batches
+                                                                << " micro-batches");
+    ctx_.global_batch = n > 0 ? global * (targets.numel() / n) : global;  // target elements of the step
+    step_.set_batch(inputs, targets, options_.micro_batches, first);
+    if (!step_.knows_shapes()) probe_shapes();
+  }
+
+  // See "Message shapes" at the top of the file.
+  void probe_shapes() {
+    using parallel::pipeline::Action;
+    using parallel::pipeline::Op;
+    const int s = grid_.coord(Axis::pipeline);
+    std::vector<Action> probe;
+    if (s > 0) probe.push_back({Op::RecvForward, 0});
+    probe.push_back({Op::Forward, 0});
+    if (s < grid_.pp() - 1) probe.push_back({Op::SendForward, 0});
+    const auto mode = ctx_.mode;
+    ctx_.mode = layers::Mode::eval;
+    step_.set_probing(true);
+    (void)run(probe);
+    step_.set_probing(false);
+    ctx_.mode = mode;
+  }
+
+  static constexpr int kNoParam = std::numeric_limits<int>::max();
+  // Collective: the loss and every reduced gradient this rank updates are finite on all ranks.
+  bool finite_step(double loss) {
+    int bad = std::isfinite(loss) ? 0 : 1;
+    if (!bad) bad = first_nonfinite_local() != kNoParam;
+    return grid_.world().allreduce(bad, comm::ReduceOp::max) == 0;
+  }
+  // Index (registration order) of this rank's first parameter with a non-finite reduced gradient
+  // among the ranges it updates, or kNoParam.
+  int first_nonfinite_local() {
+    auto& buckets = optimizer_.buckets();
+    const auto& offsets = optimizer_.flat().offsets();
+    const value_type* shard = buckets.shard_grads().data();
+    int first = kNoParam;
+    for (const auto& s : buckets.own_segments())
+      for (std::int64_t i = 0; i < s.count; ++i)
+        if (!std::isfinite(static_cast<double>(shard[s.shard_offset + i]))) {
+          const auto at = std::upper_bound(offsets.begin(), offsets.end(), s.flat_offset + i) - offsets.begin() - 1;
+          first = std::min(first, static_cast<int>(at));
+          break;  // later elements of the segment belong to the same or later parameters
+        }
+    return first;
+  }
+  // After finite_step() returned false (collective): names the first non-finite gradient in model
+  // order, then stops (Error on every rank) or reports the skip (rank 0).
+  void handle_nonfinite(double loss) {
+    const auto& world = grid_.world();
+    const int local = first_nonfinite_local();
+    // Model order: pipeline stage first, then registration order within the stage.
+    constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+    const std::int64_t key = local == kNoParam ? none : std::int64_t{grid_.coord(Axis::pipeline)} * kNoParam + local;
+    const std::int64_t best = world.allreduce(key, comm::ReduceOp::min);
+    const int holder = world.allreduce(key == best && best != none ? world.rank() : kNoParam, comm::ReduceOp::min);
+    std::string name;
+    if (holder != kNoParam) {
+      if (world.rank() == holder) name = optimizer_.flat().params()[static_cast<std::size_t>(local)]->name();
+      std::uint64_t n = name.size();
+      world.broadcast(&n, 1, holder);
+      name.resize(n);
+      world.broadcast(name.data(), n, holder);
+    }
+    std::string what = "step " + std::to_string(ctx_.step) + ": non-finite ";
+    what += std::isfinite(loss) ? "gradient" : "loss (" + std::to_string(loss) + ")";
+    what += name.empty() ? "; every gradient is finite" : "; first non-finite gradient: '" + name + "'";
+    DPML_REQUIRE_EVERYWHERE(options_.on_nonfinite != NonFinite::stop, what << " — stopping (--on-nonfinite stop)");
+    if (world.rank() == 0) std::printf("dpml: %s — skipping the step, no update (--on-nonfinite skip)\n", what.c_str());
+  }
+
+  Model& model_;
+  const parallel::ProcessGrid& grid_;
+  TrainOptions options_;
+  kernels::Device<Space> device_;
+  layers::Context<Space> ctx_;
+  [[no_unique_address]] StageStorage stage_;
+  Optimizer optimizer_;
+  detail::PipelineStep<Stage> step_;
+  parallel::pipeline::Schedule schedule_;
+};
+
+}  // namespace dpml::train
