@@ -4,6 +4,7 @@
 // translation units only (kernels/ops.hpp includes this file under __CUDACC__).
 
 #include "dpml/kernels/cuda/device.hpp"
+#include "dpml/kernels/cuda/dropout.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/linear.hpp"
@@ -15,6 +16,7 @@ template <>
 struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::LinearOps,
                         cuda::LayerNormOps,
-                        cuda::ActivationOps {};
+                        cuda::ActivationOps,
+                        cuda::DropoutOps {};
 
 }  // namespace dpml::kernels

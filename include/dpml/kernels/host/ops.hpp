@@ -14,6 +14,7 @@ template <>
 struct Ops<HostSpace> : host::ElementwiseOps,
                         host::LinearOps,
                         host::LayerNormOps,
-                        host::ActivationOps {};
+                        host::ActivationOps,
+                        host::DropoutOps {};
 
 }  // namespace dpml::kernels
