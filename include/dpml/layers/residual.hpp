@@ -25,7 +25,7 @@ namespace dpml::layers {
 
 // out = a + b (same shapes), resizing `out`; returns a view of it.
 template <class T, class Space>
-TensorView<const T, Space> residual_add(Context<Space>& ctx, Tensor<T, Space>& out,
+TensorView<const T, Space> residual_add(const Context<Space>& ctx, Tensor<T, Space>& out,
                                         std::type_identity_t<TensorView<const T, Space>> a,
                                         std::type_identity_t<TensorView<const T, Space>> b) {
   DPML_REQUIRE(a.shape() == b.shape() && a.is_contiguous() && b.is_contiguous(),
