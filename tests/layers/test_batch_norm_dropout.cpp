@@ -1,8 +1,10 @@
 // BatchNorm2d (train/eval, running statistics, gradients) and Dropout (reproducible masks, keep
-// rate, identity in eval, gradients, masks independent of the data-parallel layout), on one rank.
+// rate, identity in eval, gradients, the documented Philox rule element by element, masks
+// independent of the data-parallel layout), on one rank.
 #include "grad_check.hpp"
 #include "test.hpp"
 
+#include <dpml/core/philox.hpp>
 #include <dpml/layers/batch_norm.hpp>
 #include <dpml/layers/dropout.hpp>
 #include <dpml/layers/init.hpp>
@@ -180,6 +182,33 @@ TEST_CASE("Dropout: reproducible masks from (seed, step, sample, stream), keep r
   const auto ye = a.forward(ctx, x.cview());
   CHECK(ye.data() == x.data());
   CHECK(a.backward_input(ctx, x.cview()).data() == x.data());
+}
+
+// The rule of dropout.hpp's comment, element by element from PhiloxStream::uniform, against the
+// mask drawn four words per Philox block (kernels/dropout_rule.hpp, which the device kernel calls
+// too): samples of 21 elements (not a multiple of 4), a sample offset, both element types.
+TEMPLATE_TEST_CASE("Dropout: the mask is word g·2³² + e of Philox stream (id·φ + step), kept iff ≥ p", "[layers]", float,
+                   double) {
+  using T = TestType;
+  auto gen = test::rng(14);
+  auto x = test::random_tensor<T>(Shape{5, 3, 7}, gen);
+  Ctx ctx;
+  ctx.seed = 0x1234'5678'9abcull;
+  ctx.step = 17;
+  ctx.sample_offset = 9;
+  const double p = 0.35;
+  layers::Dropout<T> d(p, 6);
+  d.forward(ctx, x.cview());
+  const auto m = d.mask(0);
+  const PhiloxStream rng(ctx.seed, 6 * 0x9E3779B97F4A7C15ull + ctx.step);
+  const T keep = static_cast<T>(1.0 / (1.0 - p));
+  for (std::int64_t n = 0; n < 5; ++n)
+    for (std::int64_t e = 0; e < 21; ++e) {
+      CAPTURE(n, e);
+      const bool kept = rng.uniform((static_cast<std::uint64_t>(ctx.sample_offset + n) << 32) + static_cast<std::uint64_t>(e)) >=
+                        static_cast<float>(p);
+      CHECK(m[n * 21 + e] == (kept ? keep : T(0)));
+    }
 }
 
 // The mask of a global batch split as the loader splits it — data rank r of K holds samples

@@ -1,7 +1,8 @@
 // Composition as types: Sequential and Residual grad-checked as whole models, a layer defined
-// here (outside include/dpml) plugged into them, every parameter reported ready exactly once, and
-// micro-batch slots (forward mb0, forward mb1, backward mb0, backward mb1 = one after the other),
-// and the bottleneck ResNet (ResNet-50) built from them.
+// here (outside include/dpml) plugged into them, every parameter reported ready exactly once (also
+// when a fused child reports its own inside backward_input), micro-batch slots (forward mb0,
+// forward mb1, backward mb0, backward mb1 = one after the other), and the bottleneck ResNet
+// (ResNet-50) built from them.
 #include "grad_check.hpp"
 #include "test.hpp"
 
@@ -15,6 +16,7 @@
 #include <dpml/layers/pool.hpp>
 #include <dpml/layers/residual.hpp>
 #include <dpml/layers/sequential.hpp>
+#include <dpml/layers/stack.hpp>
 #include <dpml/models/bottleneck_resnet.hpp>
 
 #include <map>
@@ -63,6 +65,38 @@ class Scale {
   layers::Slots<Saved> saved_;
 };
 static_assert(layers::Layer<Scale<double>>);
+
+// A fused layer as a transformer block is one: when W follows B at once
+// (!ctx.deferred_weight_gradients) it forms its weight gradient inside backward_input and reports
+// it there, else in backward_weight. It reports its own parameters, so it is a Container.
+template <class T>
+class FusedScale {
+ public:
+  using value_type = T;
+  using space = HostSpace;
+  using Input = TensorView<const T>;
+  using Output = TensorView<const T>;
+  static constexpr bool reports_grad_ready = true;
+
+  Output forward(layers::Context<HostSpace>& ctx, Input x) { return inner_.forward(ctx, x); }
+  Input backward_input(layers::Context<HostSpace>& ctx, Output dy) {
+    auto dx = inner_.backward_input(ctx, dy);
+    if (!ctx.deferred_weight_gradients) weight(ctx, dy);
+    return dx;
+  }
+  void backward_weight(layers::Context<HostSpace>& ctx, Output dy) {
+    if (ctx.deferred_weight_gradients) weight(ctx, dy);
+  }
+  std::vector<layers::Param<T>*> parameters() { return inner_.parameters(); }
+
+ private:
+  void weight(layers::Context<HostSpace>& ctx, Output dy) {
+    inner_.backward_weight(ctx, dy);
+    layers::report_grad_ready(ctx, inner_);
+  }
+  Scale<T> inner_;
+};
+static_assert(layers::Container<FusedScale<double>>);
 
 namespace {
 std::vector<std::string> names(auto& model) {
@@ -174,6 +208,51 @@ TEST_CASE("Nested containers report every parameter ready exactly once, after it
   }
   CHECK(order.front() == "2.scale");           // last child first
   CHECK(order.back() == "0.linear.bias");
+}
+
+// A child that reports its own parameters inside backward_input (a fused block) is not reported
+// again by Sequential, Residual or Stack, with W right after B or deferred.
+TEST_CASE("Containers do not report again a child that reports its own parameters", "[layers]") {
+  using namespace layers;
+  using Body = Sequential<Linear<double>, FusedScale<double>>;
+  using Model = Sequential<Linear<double>, Residual<Body>, Stack<FusedScale<double>>>;
+  auto make = [] {
+    std::vector<FusedScale<double>> blocks(2);
+    Model m(Linear<double>(3, 4), Residual<Body>(Body(Linear<double>(4, 4), FusedScale<double>{})),
+            Stack<FusedScale<double>>(std::move(blocks), "stack"));
+    initialize_all(m.parameters(), 3, nullptr);
+    return m;
+  };
+  auto gen = test::rng(36);
+  auto x = test::random_tensor<double>(Shape{2, 3}, gen);
+  auto dy = test::random_tensor<double>(Shape{2, 4}, gen);
+  std::vector<std::vector<double>> grads[2];
+  for (bool deferred : {false, true}) {
+    CAPTURE(deferred);
+    Model model = make();
+    std::map<std::string, int> reported;
+    Ctx ctx;
+    ctx.deferred_weight_gradients = deferred;
+    ctx.on_grad_ready = [&](std::span<ParamBase* const> ps) {
+      for (auto* base : ps) {
+        auto* p = static_cast<Param<double>*>(base);
+        ++reported[p->name()];
+        double norm = 0;
+        for (double g : p->grad()) norm += g * g;
+        CHECK(norm > 0);  // the gradient is there when reported
+      }
+    };
+    model.forward(ctx, x.cview());
+    model.backward_input(ctx, dy.cview());
+    model.backward_weight(ctx, dy.cview());
+    REQUIRE(reported.size() == model.parameters().size());
+    for (auto& [name, count] : reported) {
+      CAPTURE(name);
+      CHECK(count == 1);
+    }
+    for (auto* p : model.parameters()) grads[deferred].emplace_back(p->grad().begin(), p->grad().end());
+  }
+  CHECK(grads[0] == grads[1]);
 }
 
 TEST_CASE("Micro-batch slots: interleaved forward/backward of two micro-batches equals one after the other", "[layers]") {

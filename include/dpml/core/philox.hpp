@@ -49,7 +49,9 @@ class PhiloxStream {
   DPML_HD constexpr std::uint32_t u32(std::uint64_t offset) const { return block(offset / 4)[offset % 4]; }
 
   // Uniform in [0, 1): the top 24 bits, exactly representable in float.
-  DPML_HD constexpr float uniform(std::uint64_t offset) const { return float(u32(offset) >> 8) * 0x1p-24f; }
+  DPML_HD constexpr float uniform(std::uint64_t offset) const { return uniform_of(u32(offset)); }
+  // The same uniform from a word already drawn (callers that use all four words of a block).
+  DPML_HD static constexpr float uniform_of(std::uint32_t word) { return float(word >> 8) * 0x1p-24f; }
 
   // Standard normal by Box–Muller from words 2·offset and 2·offset+1 (one block holds two pairs).
   DPML_HD float normal(std::uint64_t offset) const {

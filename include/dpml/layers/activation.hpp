@@ -1,41 +1,50 @@
 #pragma once
-// Element-wise activation layers: ReLU and GELU (tanh approximation, as GPT-2), any shape.
+// Element-wise activation layers: ReLU and GELU (tanh approximation, as GPT-2), any shape, any space.
 //
-// Both are one class, Activation<Fn, T, Space>, read by a tag type that names the kernel pair
-// (kernels/host/activation.hpp). Forward keeps a view of its input (the previous layer's slot
-// buffer) since both backward kernels need x; there are no parameters, so backward_weight is empty.
+// Both are one class, Activation<Fn, T, Space>, read by a tag type that names the pair of
+// kernels::Ops<Space> members it runs (the activation family: kernels/host/activation.hpp and
+// kernels/cuda/elementwise.hpp). Forward keeps a view of its input (the previous layer's slot
+// buffer) since both backward kernels take x; there are no parameters, so backward_weight is empty.
 
 #include "dpml/core/error.hpp"
-#include "dpml/core/tensor.hpp"
-#include "dpml/kernels/host/activation.hpp"
-#include "dpml/layers/layer.hpp"
 #include "dpml/core/parameter.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/ops.hpp"
+#include "dpml/layers/layer.hpp"
 
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 namespace dpml::layers {
 
+// Tags: Fn::forward<Ops>(dev, x, y, n) and Fn::backward<Ops>(dev, x, dy, dx, n) call Ops's members.
 struct ReluFn {
   static constexpr const char* name = "ReLU";
-  template <class T>
-  static void forward(const T* x, T* y, std::int64_t n) { kernels::host::relu_forward(x, y, n); }
-  template <class T>
-  static void backward(const T* x, const T* dy, T* dx, std::int64_t n) { kernels::host::relu_backward(x, dy, dx, n); }
+  template <class Ops, class Dev, class T>
+  static void forward(Dev& dev, const T* x, T* y, std::int64_t n) {
+    Ops::relu_forward(dev, x, y, n);
+  }
+  template <class Ops, class Dev, class T>
+  static void backward(Dev& dev, const T* x, const T* dy, T* dx, std::int64_t n) {
+    Ops::relu_backward(dev, x, dy, dx, n);
+  }
 };
 
 struct GeluFn {
   static constexpr const char* name = "GELU";
-  template <class T>
-  static void forward(const T* x, T* y, std::int64_t n) { kernels::host::gelu_forward(x, y, n); }
-  template <class T>
-  static void backward(const T* x, const T* dy, T* dx, std::int64_t n) { kernels::host::gelu_backward(x, dy, dx, n); }
+  template <class Ops, class Dev, class T>
+  static void forward(Dev& dev, const T* x, T* y, std::int64_t n) {
+    Ops::gelu_forward(dev, x, y, n);
+  }
+  template <class Ops, class Dev, class T>
+  static void backward(Dev& dev, const T* x, const T* dy, T* dx, std::int64_t n) {
+    Ops::gelu_backward(dev, x, dy, dx, n);
+  }
 };
 
 template <class Fn, class T = float, class Space = HostSpace>
 class Activation {
-  static_assert(std::is_same_v<Space, HostSpace>, "dpml activation layers: only the host path exists so far");
+  using Ops = kernels::Ops<Space>;
 
  public:
   using value_type = T;
@@ -48,17 +57,17 @@ class Activation {
     Saved& s = slots_.slot(ctx);
     s.x = x;
     auto y = ensure(s.y, x.shape());
-    Fn::forward(x.data(), y.data(), x.numel());
+    Fn::template forward<Ops>(ctx.dev(), x.data(), y.data(), x.numel());
     return y;
   }
 
   Input backward_input(Context<Space>& ctx, Output dy) {
     Saved& s = slots_.slot(ctx);
-    DPML_REQUIRE(s.x.rank() > 0 && dy.shape() == s.x.shape(), Fn::name << ": dy " << dy.shape().str()
+    DPML_REQUIRE(s.x.rank() > 0 && dy.shape() == s.x.shape() && dy.is_contiguous(), Fn::name << ": dy " << dy.shape().str()
                                                                        << " differs from the input " << s.x.shape().str()
                                                                        << " of micro-batch " << ctx.micro_batch);
     auto dx = ensure(s.dx, s.x.shape());
-    Fn::backward(s.x.data(), dy.data(), dx.data(), dx.numel());
+    Fn::template backward<Ops>(ctx.dev(), s.x.data(), dy.data(), dx.data(), dx.numel());
     return dx;
   }
 

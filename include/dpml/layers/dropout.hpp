@@ -10,23 +10,27 @@
 // (stream_id · φ + t) at offset g · 2³² + e, so masks never overlap for fewer than 2³² elements
 // per sample and 2³² samples per step. The backward halves reuse the mask kept per slot.
 // Tensor-parallel ranks of one data rank draw the same mask (their activations are replicated).
+//
+// Any space: the rule above is kernels/dropout_rule.hpp's DropoutRule, which the host loop and the
+// device kernel both call (kernels::Ops<Space>'s dropout family), so a CudaSpace Dropout keeps
+// exactly the elements the host one keeps. The mask is kept per slot as T values (0 or 1/(1 − p)
+// rounded to T), read by both backward halves and by mask().
 
 #include "dpml/core/error.hpp"
-#include "dpml/core/philox.hpp"
-#include "dpml/core/tensor.hpp"
-#include "dpml/kernels/host/activation.hpp"
-#include "dpml/layers/layer.hpp"
 #include "dpml/core/parameter.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/dropout_rule.hpp"
+#include "dpml/kernels/ops.hpp"
+#include "dpml/layers/layer.hpp"
 
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 namespace dpml::layers {
 
 template <class T = float, class Space = HostSpace>
 class Dropout {
-  static_assert(std::is_same_v<Space, HostSpace>, "dpml Dropout: only the host path exists so far");
+  using Ops = kernels::Ops<Space>;
 
  public:
   using value_type = T;
@@ -52,17 +56,11 @@ class Dropout {
                  "Dropout " << stream_id_ << ": " << per_sample << " elements per sample or samples ["
                             << ctx.sample_offset << ", " << ctx.sample_offset + samples
                             << ") beyond the mask's counter range");
-    const PhiloxStream rng(ctx.seed, stream_id_ * 0x9E3779B97F4A7C15ull + ctx.step);
-    auto mask = ensure(s.mask, x.shape());
-    const T keep = static_cast<T>(1.0 / (1.0 - p_));
-    const float p = static_cast<float>(p_);
-    for (std::int64_t n = 0; n < samples; ++n) {
-      const std::uint64_t base = static_cast<std::uint64_t>(ctx.sample_offset + n) << 32;
-      T* row = mask.data() + n * per_sample;
-      for (std::int64_t e = 0; e < per_sample; ++e) row[e] = rng.uniform(base + static_cast<std::uint64_t>(e)) >= p ? keep : T(0);
-    }
+    auto mask = ensure(s.mask, x.shape());  // (samples, per_sample)
+    Ops::dropout_mask(ctx.dev(), mask.data(), samples, per_sample, ctx.sample_offset,
+                      kernels::DropoutRule(ctx.seed, stream_id_, ctx.step, static_cast<float>(p_)), 1.0 / (1.0 - p_));
     auto y = ensure(s.y, x.shape());
-    kernels::host::dropout_apply(x.data(), mask.data(), y.data(), y.numel());
+    Ops::dropout_apply(ctx.dev(), x.data(), mask.data(), y.data(), y.numel());
     return y;
   }
 
@@ -73,7 +71,7 @@ class Dropout {
                             << " of micro-batch " << ctx.micro_batch);
     if (!s.active) return dy;
     auto dx = ensure(s.dx, s.shape);
-    kernels::host::dropout_apply(dy.data(), s.mask.data(), dx.data(), dx.numel());
+    Ops::dropout_apply(ctx.dev(), dy.data(), s.mask.data(), dx.data(), dx.numel());
     return dx;
   }
 

@@ -1,13 +1,14 @@
 #pragma once
 // Flatten: (N, d1, d2, …) → (N, d1·d2·…), a view of the same elements (no copy); backward
-// reshapes dy back to the input's shape.
+// reshapes dy back to the input's shape. Any space: a reshape runs no kernel. It flattens in the
+// input's memory order, whatever layout that is (NCHW on the host): the order of the features the
+// next layer sees is the producer's.
 
 #include "dpml/core/error.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/core/parameter.hpp"
 
-#include <type_traits>
 #include <vector>
 
 namespace dpml::layers {

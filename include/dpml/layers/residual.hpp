@@ -7,13 +7,14 @@
 //   backward_weight  body's, then the shortcut's, each followed by report_grad_ready
 //   parameters()     body's, prefixed "body.", then the shortcut's, prefixed "shortcut."
 //
-// residual_add(out, a, b) is the add itself, for other layers (transformer blocks) to use.
+// residual_add(ctx, out, a, b) is the add itself (kernels::Ops<Space>::add on ctx's device), for
+// other layers (transformer blocks) to use. Any space: the children's and the add's.
 
 #include "dpml/core/error.hpp"
-#include "dpml/core/tensor.hpp"
-#include "dpml/kernels/host/elementwise.hpp"
-#include "dpml/layers/layer.hpp"
 #include "dpml/core/parameter.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/ops.hpp"
+#include "dpml/layers/layer.hpp"
 
 #include <string>
 #include <type_traits>
@@ -23,13 +24,14 @@
 namespace dpml::layers {
 
 // out = a + b (same shapes), resizing `out`; returns a view of it.
-template <class T>
-TensorView<const T, HostSpace> residual_add(Tensor<T, HostSpace>& out, TensorView<const T, HostSpace> a,
-                                            TensorView<const T, HostSpace> b) {
+template <class T, class Space>
+TensorView<const T, Space> residual_add(const Context<Space>& ctx, Tensor<T, Space>& out,
+                                        std::type_identity_t<TensorView<const T, Space>> a,
+                                        std::type_identity_t<TensorView<const T, Space>> b) {
   DPML_REQUIRE(a.shape() == b.shape() && a.is_contiguous() && b.is_contiguous(),
                "residual add of shapes " << a.shape().str() << " and " << b.shape().str());
   auto y = ensure(out, a.shape());
-  kernels::host::add(a.data(), b.data(), y.data(), y.numel());
+  kernels::Ops<Space>::add(ctx.dev(), a.data(), b.data(), y.data(), y.numel());
   return y;
 }
 
@@ -48,7 +50,6 @@ class Residual {
   using Output = typename Body::Output;
   using ParamT = Param<value_type, space>;
   static constexpr bool reports_grad_ready = true;
-  static_assert(std::is_same_v<space, HostSpace>, "dpml Residual: only the host path exists so far");
   static_assert(std::is_same_v<Input, TensorView<const value_type, space>> && std::is_same_v<Input, Output>,
                 "dpml Residual: the body maps a tensor view to one of the same shape");
 
@@ -71,14 +72,14 @@ class Residual {
     if constexpr (has_shortcut) sx = shortcut_.forward(ctx, x);
     DPML_REQUIRE(fx.shape() == sx.shape(), "Residual: the body gives " << fx.shape().str() << " but the shortcut "
                                                                         << sx.shape().str());
-    return residual_add(slots_.slot(ctx).y, sx, fx);
+    return residual_add(ctx, slots_.slot(ctx).y, sx, fx);
   }
 
   Input backward_input(Context<space>& ctx, Output dy) {
     Input dbody = body_.backward_input(ctx, dy);
     Input dshort = dy;
     if constexpr (has_shortcut) dshort = shortcut_.backward_input(ctx, dy);
-    return residual_add(slots_.slot(ctx).dx, dshort, dbody);
+    return residual_add(ctx, slots_.slot(ctx).dx, dshort, dbody);
   }
 
   void backward_weight(Context<space>& ctx, Output dy) {

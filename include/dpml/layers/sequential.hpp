@@ -11,7 +11,8 @@
 //                    child's index ("0.weight", "2.conv.bias")
 //
 // Children are checked with check_layer<>, so a type that is not a Layer fails with a message that
-// names the missing member; adjacent children must agree on the view passed between them.
+// names the missing member; adjacent children must agree on the view passed between them. Any
+// space (all children share one): Sequential only chains views and runs no kernel of its own.
 
 #include "dpml/core/error.hpp"
 #include "dpml/layers/layer.hpp"

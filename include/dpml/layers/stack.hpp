@@ -6,15 +6,19 @@
 // Like Sequential it is itself a Layer: forward chains the children; backward_input runs them in
 // reverse and remembers each child's incoming gradient per micro-batch slot; backward_weight
 // replays those into each child's backward_weight (last child first) and reports each child's
-// parameters as finished (report_grad_ready), so gradient buckets can start early. Children are
-// named "<index>" + their own names, or "<first_index + i>" when the stack holds a slice of a
+// parameters as finished (report_grad_ready), so gradient buckets can start early; a child that is
+// itself a Container (a fused block reporting inside its backward_input) reports its own. Children
+// are named "<index>" + their own names, or "<first_index + i>" when the stack holds a slice of a
 // deeper model (a pipeline stage keeps the global block numbers, so names — hence initial weights
-// and checkpoints — are the same in every layout).
+// and checkpoints — are the same in every layout). Any space: Stack only chains views and runs no
+// kernel of its own.
 
+#include "dpml/core/error.hpp"
 #include "dpml/layers/layer.hpp"
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 

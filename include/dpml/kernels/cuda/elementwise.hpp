@@ -1,8 +1,8 @@
 #pragma once
-// Element-wise device kernels: GELU (tanh) forward/backward, the residual add (and a scaled one),
-// and the bias gradient of a Linear (the maths of kernels/host/{activation,elementwise}.hpp).
-// ElementwiseOps adds the copies (on the copy path: cudaMemcpyAsync, cudaMemcpy2DAsync for a block
-// of columns into or out of a wider matrix).
+// Element-wise device kernels: ReLU and GELU (tanh) forward/backward, the residual add (and a
+// scaled one), the product (dropout's y = x · mask), and the bias gradient of a Linear (the maths
+// of kernels/host/{activation,elementwise}.hpp). ElementwiseOps adds the copies (on the copy path:
+// cudaMemcpyAsync, cudaMemcpy2DAsync for a block of columns into or out of a wider matrix).
 //
 // The element-wise kernels are memory-bound: they move 4–6 bytes per element in bf16 and do a few
 // flops, so the floor is bytes / bandwidth. Each thread handles 8 consecutive elements through
@@ -62,6 +62,9 @@ struct AddOp {
 struct ScaledAddOp {
   float scale;
   __device__ float operator()(float a, float b) const { return (a + b) * scale; }
+};
+struct MulOp {
+  __device__ float operator()(float a, float b) const { return a * b; }
 };
 struct ReluOp {
   __device__ float operator()(float x, float) const { return x > 0.f ? x : 0.f; }
@@ -146,6 +149,12 @@ void relu_backward(const T* y, const T* dy, T* dx, std::int64_t n, cudaStream_t 
 template <class T>
 void add(const T* a, const T* b, T* y, std::int64_t n, cudaStream_t stream) {
   detail::ew::map2(a, b, y, n, detail::ew::AddOp{}, stream);
+}
+
+// y = a · b, n elements (dropout: y = x · mask); y may alias a or b.
+template <class T>
+void mul(const T* a, const T* b, T* y, std::int64_t n, cudaStream_t stream) {
+  detail::ew::map2(a, b, y, n, detail::ew::MulOp{}, stream);
 }
 
 // y = (a + b) · scale, n elements (an average of two contributions: comm/nccl_copy_engine.hpp);

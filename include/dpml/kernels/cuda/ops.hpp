@@ -3,11 +3,12 @@
 // composed of the kernel families, each defined beside its kernels in kernels/cuda/. CUDA
 // translation units only (kernels/ops.hpp includes this file under __CUDACC__).
 
+#include "dpml/kernels/cuda/attention.hpp"
 #include "dpml/kernels/cuda/conv/batch_norm.hpp"
 #include "dpml/kernels/cuda/conv/conv_ops.hpp"
 #include "dpml/kernels/cuda/conv/pool.hpp"
-#include "dpml/kernels/cuda/attention.hpp"
 #include "dpml/kernels/cuda/device.hpp"
+#include "dpml/kernels/cuda/dropout.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/linear.hpp"
@@ -25,6 +26,7 @@ struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::ConvOps,
                         cuda::BatchNormOps,
                         cuda::PoolOps,
-                        cuda::AttentionOps {};
+                        cuda::AttentionOps,
+                        cuda::DropoutOps {};
 
 }  // namespace dpml::kernels

@@ -3,9 +3,9 @@
 // composed of the kernel families, each defined beside its kernels in kernels/host/.
 
 #include "dpml/kernels/host/activation.hpp"
+#include "dpml/kernels/host/attention.hpp"
 #include "dpml/kernels/host/batch_norm.hpp"
 #include "dpml/kernels/host/conv.hpp"
-#include "dpml/kernels/host/attention.hpp"
 #include "dpml/kernels/host/elementwise.hpp"
 #include "dpml/kernels/host/gemm.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
@@ -24,6 +24,7 @@ struct Ops<HostSpace> : host::ElementwiseOps,
                         host::ConvOps,
                         host::BatchNormOps,
                         host::PoolOps,
-                        host::AttentionOps {};
+                        host::AttentionOps,
+                        host::DropoutOps {};
 
 }  // namespace dpml::kernels
