@@ -5,8 +5,10 @@
 
 #include "dpml/kernels/cuda/device.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
+#include "dpml/kernels/cuda/grad_norm.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/linear.hpp"
+#include "dpml/kernels/cuda/update.hpp"
 #include "dpml/kernels/ops.hpp"
 
 namespace dpml::kernels {
@@ -15,6 +17,8 @@ template <>
 struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::LinearOps,
                         cuda::LayerNormOps,
-                        cuda::ActivationOps {};
+                        cuda::ActivationOps,
+                        cuda::UpdateOps,
+                        cuda::GradNormOps {};
 
 }  // namespace dpml::kernels

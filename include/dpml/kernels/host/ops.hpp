@@ -5,7 +5,9 @@
 #include "dpml/kernels/host/activation.hpp"
 #include "dpml/kernels/host/elementwise.hpp"
 #include "dpml/kernels/host/gemm.hpp"
+#include "dpml/kernels/host/grad_norm.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
+#include "dpml/kernels/host/update.hpp"
 #include "dpml/kernels/ops.hpp"
 
 namespace dpml::kernels {
@@ -14,6 +16,8 @@ template <>
 struct Ops<HostSpace> : host::ElementwiseOps,
                         host::LinearOps,
                         host::LayerNormOps,
-                        host::ActivationOps {};
+                        host::ActivationOps,
+                        host::UpdateOps,
+                        host::GradNormOps {};
 
 }  // namespace dpml::kernels
