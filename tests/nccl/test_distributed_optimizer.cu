@@ -16,10 +16,12 @@
 //   master     (bf16) the fp32 master weights against the host weights within kBf16Tol, and the
 //              bf16 values equal to the master rounded, bit for bit
 // A gradient overflowing on one rank makes every rank skip the step (StepReport::skipped), the
-// weights bit-identical and the step count unchanged.
+// weights bit-identical and the step count unchanged. On two ranks with a GPU each, the data axis
+// once more over comm::CopyEngine (the gradient buffer registered: all-reduces on the copy engines).
 #include "../cuda/device.hpp"
 #include "nccl_fixture.hpp"
 
+#include <dpml/comm/nccl_copy_engine.hpp>
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/core/parameter.hpp>
 #include <dpml/kernels/cuda/device.hpp>
@@ -127,9 +129,9 @@ std::vector<double> doubles(const std::vector<T>& v) {
   return test::to_double(v);
 }
 
-template <class Rule, class T, class Comm>
-void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<Comm>& comms, kernels::Device<CudaSpace>& dev,
-                  bool zero, double clip) {
+template <class Rule, class T, class Comm, class DataComm>
+void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<Comm, DataComm>& comms,
+                  kernels::Device<CudaSpace>& dev, bool zero, double clip) {
   CAPTURE(std::is_same_v<Rule, optim::AdamW> ? "adamw" : "sgd", std::is_same_v<T, bf16> ? "bf16" : "float", grid.tp(),
           grid.dp(), zero, clip);
   const double tol = std::is_same_v<T, bf16> ? test::kBf16Tol : test::kFp32Tol;
@@ -137,7 +139,7 @@ void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<
   Model<T> m(grid);
   const parallel::DistributedOptimizerOptions o{.bucket_bytes = 512, .zero = zero, .clip = clip};
   parallel::DistributedOptimizer<Rule, double> host(m.host_params(), &grid, options_of<Rule>(), o);
-  parallel::DistributedOptimizer<Rule, T, CudaSpace, Comm> device(m.device_params(), &grid, options_of<Rule>(), o, comms, dev);
+  parallel::DistributedOptimizer<Rule, T, CudaSpace, DataComm> device(m.device_params(), &grid, options_of<Rule>(), o, comms, dev);
   for (const auto* p : m.device_params()) {
     const auto at = reinterpret_cast<std::uintptr_t>(p->value().data()) - reinterpret_cast<std::uintptr_t>(device.flat().values().data());
     CHECK(at % (64 * sizeof(T)) == 0);  // 64-element-aligned offsets
@@ -174,14 +176,14 @@ void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<
   }
 }
 
-template <class Rule, class T, class Comm>
-void check_skip(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<Comm>& comms, kernels::Device<CudaSpace>& dev,
-                bool zero) {
+template <class Rule, class T, class Comm, class DataComm>
+void check_skip(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<Comm, DataComm>& comms,
+                kernels::Device<CudaSpace>& dev, bool zero) {
   CAPTURE(zero);
   Model<T> m(grid);
   const parallel::DistributedOptimizerOptions o{.bucket_bytes = 512, .zero = zero, .clip = 1.0};
   parallel::DistributedOptimizer<Rule, double> host(m.host_params(), &grid, options_of<Rule>(), o);
-  parallel::DistributedOptimizer<Rule, T, CudaSpace, Comm> device(m.device_params(), &grid, options_of<Rule>(), o, comms, dev);
+  parallel::DistributedOptimizer<Rule, T, CudaSpace, DataComm> device(m.device_params(), &grid, options_of<Rule>(), o, comms, dev);
   Tensor<T> before(Shape{device.flat().numel()}), after(Shape{device.flat().numel()});
   copy(before.view(), TensorView<const T, CudaSpace>(device.flat().values()));
   backward(grid, m, host, device, 1, /*overflow=*/true);
@@ -217,4 +219,16 @@ TEST_CASE("device runtime: data parallel, plain and ZeRO-1, equals the host runt
 TEST_CASE("device runtime: tp 2 × dp counts replicas and duplicates once, equals the host runtime", "[gpu][tp]") {
   if (test::world().size() % 2 != 0) return;
   test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) { run_layout<Comm>({.tp = 2}); });
+}
+
+TEST_CASE("device runtime: two GPUs of one host reduce on their copy engines (comm::CopyEngine)", "[gpu][data]") {
+  if (test::world().size() != 2 || test::gpu_comm() != test::GpuComm::nccl) return;  // two ranks, a GPU each
+  const auto grid = parallel::ProcessGrid::create(test::world(), {});
+  kernels::Device<CudaSpace> dev;
+  {  // a communicator per set of buckets: each registers its gradient buffer once
+    const parallel::DeviceGrid<comm::Nccl, comm::CopyEngine> comms(grid, dev);
+    check_layout<optim::AdamW, bf16>(grid, comms, dev, false, 0.5);
+  }
+  const parallel::DeviceGrid<comm::Nccl, comm::CopyEngine> comms(grid, dev);
+  check_layout<optim::Sgd, float>(grid, comms, dev, false, 0.0);
 }

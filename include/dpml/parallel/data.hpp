@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <chrono>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -66,6 +67,13 @@ class GradientBuckets {
   GradientBuckets(FlatParameters<T, Space>& flat, const Comm* data_comm, GradReduction mode, kernels::Device<Space>& dev)
       : flat_(flat), comm_(data_comm && data_comm->size() > 1 ? data_comm : nullptr), mode_(mode) {
     if (comm_) link_.emplace(dev, *comm_);
+    // A communicator that moves registered buffers itself (comm::CopyEngine: two GPUs of one host
+    // all-reducing on their copy engines) is handed the gradients it reduces: one set of buckets
+    // per such communicator. (The registration changes the communicator's shared state, not what
+    // the caller sees of it: hence the cast.)
+    if constexpr (requires(Comm& c, void* p, std::size_t n) { c.register_buffer(p, n); })
+      if (comm_ && mode == GradReduction::all_reduce)
+        const_cast<Comm&>(*comm_).register_buffer(flat.grads().data(), static_cast<std::size_t>(flat.numel()) * sizeof(T));
     DPML_REQUIRE(mode != GradReduction::reduce_scatter || flat.layout().shards == data_size(),
                  "gradient buckets: ZeRO-1 over " << data_size() << " data ranks needs flat buffers laid out in "
                                                   << data_size() << " shards, not " << flat.layout().shards);

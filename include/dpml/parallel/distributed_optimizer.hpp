@@ -68,7 +68,7 @@ struct DistributedOptimizerOptions {
 
 struct StepReport {
   double grad_norm = 0.0;          // before clipping
-  double exposed_comm_seconds = 0.0;
+  double exposed_comm_seconds = 0.0;  // host time waiting for collectives (GPU streams: the launches only)
   bool skipped = false;            // a non-finite norm: no update, the step count unchanged
 };
 
