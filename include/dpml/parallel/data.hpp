@@ -29,7 +29,7 @@
 #include "dpml/core/flat_parameters.hpp"
 #include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
-#include "dpml/kernels/ops.hpp"
+#include "dpml/kernels/device.hpp"
 #include "dpml/parallel/comm_link.hpp"
 #include "dpml/parallel/tensor.hpp"  // default_comm_t
 

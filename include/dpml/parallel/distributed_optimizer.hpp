@@ -152,11 +152,11 @@ class DistributedOptimizer {
   std::vector<master_type> read_state(std::string_view slot, std::int64_t offset, std::int64_t count) {
     check_range("read", offset, count);
     std::vector<master_type> out(static_cast<std::size_t>(count), master_type(0));
-    if (slot == "master" && !Optimizer::keeps_master) {  // the values: every rank holds all of them
-      SpaceCopy<HostSpace, Space>::copy(out.data(), flat_.values().data() + offset,
-                                        static_cast<std::size_t>(count) * sizeof(master_type));
-      return out;
-    }
+    if constexpr (!Optimizer::keeps_master)
+      if (slot == "master") {  // the values: every rank holds all of them
+        SpaceCopy<HostSpace, Space>::copy(out.data(), flat_.values().data() + offset, static_cast<std::size_t>(count) * sizeof(T));
+        return out;
+      }
     const std::size_t k = slot_index(slot);
     for_each_owned(offset, count, [&](std::span<master_type> state, std::int64_t at, std::int64_t lo, std::int64_t n) {
       SpaceCopy<HostSpace, Space>::copy(out.data() + (lo - offset), state.data() + (lo - at),
@@ -170,15 +170,17 @@ class DistributedOptimizer {
     return read_state(slot, flat_.offsets()[flat_.index_of(&p)], p.numel());
   }
   // Writes elements [offset, offset + values.size()) of slot `slot`: every rank passes the same
-  // values and keeps what it owns. ("master" without mixed precision writes the values.) Local.
+  // values and keeps what it owns. Local. "master" writes the values themselves without mixed
+  // precision; with it, the fp32 master weights only (the values follow at the next update: write
+  // them through the parameters too, or write the values and reload_master()).
   void write_state(std::string_view slot, std::int64_t offset, std::span<const master_type> values) {
     const auto count = static_cast<std::int64_t>(values.size());
     check_range("write", offset, count);
-    if (slot == "master" && !Optimizer::keeps_master) {
-      SpaceCopy<Space, HostSpace>::copy(flat_.values().data() + offset, values.data(),
-                                        static_cast<std::size_t>(count) * sizeof(master_type));
-      return;
-    }
+    if constexpr (!Optimizer::keeps_master)
+      if (slot == "master") {
+        SpaceCopy<Space, HostSpace>::copy(flat_.values().data() + offset, values.data(), static_cast<std::size_t>(count) * sizeof(T));
+        return;
+      }
     for_each_owned(offset, count, [&](std::span<master_type> state, std::int64_t at, std::int64_t lo, std::int64_t n) {
       SpaceCopy<Space, HostSpace>::copy(state.data() + (lo - at), values.data() + (lo - offset),
                                         static_cast<std::size_t>(n) * sizeof(master_type));
