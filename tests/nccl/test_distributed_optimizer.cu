@@ -103,7 +103,8 @@ struct Model {
 };
 
 // One step's backward on both: gradients (rounded to T) set and reported in backward order;
-// `overflow` puts an infinity into parameter f's gradient on the last rank.
+// `overflow` puts an infinity into the tensor-split parameter c's gradient on the last rank (a
+// shard: counted in the norm on whichever tensor rank holds it).
 template <class T, class HostOpt, class DevOpt>
 void backward(const parallel::ProcessGrid& g, Model<T>& m, HostOpt& h, DevOpt& d, int step, bool overflow = false) {
   h.begin_step(1);
@@ -112,7 +113,7 @@ void backward(const parallel::ProcessGrid& g, Model<T>& m, HostOpt& h, DevOpt& d
     Tensor<T> rounded(Shape{kSpecs[p].n});
     for (std::int64_t i = 0; i < kSpecs[p].n; ++i) {
       rounded[i] = T(static_cast<float>(grad_of(g, p, i, step)));
-      if (overflow && p == 5 && i == 0 && g.world_rank() == g.world_size() - 1) rounded[i] = T(INFINITY);
+      if (overflow && p == 2 && i == 0 && g.world_rank() == g.world_size() - 1) rounded[i] = T(INFINITY);
       m.host[p]->grad()[i] = test::as_double(rounded[i]);
     }
     copy(m.device[p]->grad(), rounded.cview());  // waits for begin_step's zeroing first
