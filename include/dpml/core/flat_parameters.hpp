@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <limits>
 #include <ranges>
+#include <utility>
 #include <vector>
 
 namespace dpml {
