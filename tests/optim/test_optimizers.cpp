@@ -1,13 +1,17 @@
 // SGD and AdamW against steps written out by hand (PyTorch's formulas, in double), in double and
-// float parameters; Optimizer over parameters and over sub-ranges of a flat buffer (as ZeRO-1 runs it).
+// float parameters; Optimizer over parameters and over sub-ranges of a flat buffer (as ZeRO-1 runs it);
+// bf16 parameters with fp32 master weights (mixed precision); the gradient scale and the skip on a
+// non-finite one.
 #include "test.hpp"
 
+#include <dpml/core/bf16.hpp>
 #include <dpml/optim/adamw.hpp>
 #include <dpml/optim/optimizer.hpp>
 #include <dpml/optim/schedule.hpp>
 #include <dpml/optim/sgd.hpp>
 
 #include <cmath>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -165,4 +169,49 @@ TEST_CASE("optimizer: state and step count restored into a new optimizer continu
   }
   CHECK(v_resumed == v);  // bit for bit
   CHECK(whole.step_count() == 5);
+}
+
+TEST_CASE("optimizer: bf16 parameters keep fp32 master weights and state, the values the master rounded", "[optim][mixed]") {
+  // One AdamW run on float values and one on bf16 values that start equal, with the same (bf16)
+  // gradients: the bf16 run's master weights and moments are the float run's bit for bit, and every
+  // bf16 value is its master rounded to nearest even.
+  const std::size_t n = 37;
+  auto gen = dpml::test::rng(21);
+  std::vector<float> vf(n), gf(n);
+  std::vector<bf16> vb(n), gb(n);
+  test::fill_uniform<float>(vf.begin(), vf.end(), gen);
+  for (std::size_t i = 0; i < n; ++i) vf[i] = static_cast<float>(vb[i] = bf16(vf[i]));
+  const optim::AdamWOptions o{.weight_decay = 0.1};
+  optim::Optimizer<optim::AdamW, float> f({{"w", vf, gf}}, o);
+  optim::Optimizer<optim::AdamW, bf16> b({{"w", vb, gb}}, o);
+  static_assert(decltype(b)::keeps_master && !decltype(f)::keeps_master);
+  static_assert(std::is_same_v<decltype(b)::master_type, float>);
+  for (int s = 0; s < 3; ++s) {
+    for (std::size_t i = 0; i < n; ++i) gf[i] = static_cast<float>(gb[i] = bf16(static_cast<float>(std::sin(0.3 * i + s))));
+    f.step(0.05);
+    b.step(0.05);
+  }
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    bad += b.master(0)[i] != vf[i] || vb[i].bits != bf16(vf[i]).bits;
+    for (std::size_t k = 0; k < 2; ++k) bad += b.state(0, k)[i] != f.state(0, k)[i];
+  }
+  CHECK(bad == 0);
+  // The master again from the values (a checkpoint wrote them).
+  vb[3] = bf16(2.5f);
+  b.reload_master();
+  CHECK(b.master(0)[3] == 2.5f);
+}
+
+TEST_CASE("optimizer: a gradient scale multiplies the gradients; a non-finite one skips the update", "[optim]") {
+  std::vector<double> v{1.0, -2.0}, g{0.5, 0.25}, w = v, h{0.25, 0.125};
+  optim::Optimizer<optim::Sgd, double> scaled({{"w", v, g}}, {.momentum = 0.9}), halved({{"w", w, h}}, {.momentum = 0.9});
+  const double half = 0.5, inf = std::numeric_limits<double>::infinity();
+  scaled.step(0.1, &half);
+  halved.step(0.1);
+  CHECK(v == w);
+  const auto kept = v;
+  scaled.step(0.1, &inf);
+  CHECK(v == kept);
+  CHECK(scaled.state(0, 0)[0] == halved.state(0, 0)[0]);
 }

@@ -1,11 +1,15 @@
-// DistributedOptimizer equals one process applying AdamW (with clipping) to the summed gradient,
-// with and without ZeRO-1, on any number of data ranks.
+// DistributedOptimizer equals one process applying the rule (AdamW, SGD with Nesterov momentum;
+// with clipping) to the summed gradient, with and without ZeRO-1, on any number of data ranks; the
+// norm counts tensor-parallel replicas and duplicates once; a non-finite norm skips the update;
+// the optimizer state read and written by name is the same with and without ZeRO.
 #include "test.hpp"
 
 #include <dpml/optim/adamw.hpp>
 #include <dpml/optim/clip.hpp>
+#include <dpml/optim/sgd.hpp>
 #include <dpml/parallel/distributed_optimizer.hpp>
 
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -28,9 +32,31 @@ struct Params {
   }
 };
 double grad_of(int rank, std::size_t p, std::int64_t i, int step) { return std::sin(rank + 3.0 * p + 0.1 * i + step); }
+
+template <class Rule>
+typename Rule::Options options_of() {
+  if constexpr (std::is_same_v<Rule, optim::AdamW>) return {.weight_decay = 0.1};
+  else return {.momentum = 0.9, .weight_decay = 0.01, .nesterov = true};
+}
+
+// Each rank's gradients of step `step`, reported in backward order; edit(k, grad) may change
+// parameter k's before it is reported.
+template <class Opt, class Edit = void (*)(std::size_t, TensorView<double>)>
+void backward(Opt& opt, Params& ps, int rank, int step, Edit edit = [](std::size_t, TensorView<double>) {}) {
+  opt.begin_step(1);
+  for (std::size_t k = ps.ptrs.size(); k-- > 0;) {
+    auto g = ps.ptrs[k]->grad();
+    for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = grad_of(rank, k, i, step);
+    edit(k, g);
+    ParamBase* one[] = {ps.ptrs[k]};
+    opt.on_grad_ready(one);
+  }
+}
 }  // namespace
 
-TEST_CASE("distributed optimizer: equals sequential AdamW on the summed gradient", "[data][zero]") {
+TEMPLATE_TEST_CASE("distributed optimizer: equals the sequential rule on the summed gradient", "[data][zero]",
+                   optim::AdamW, optim::Sgd) {
+  using Rule = TestType;
   const auto world = test::world();
   const int p = world.size();
   auto grid = ProcessGrid::create(world, {});
@@ -38,17 +64,11 @@ TEST_CASE("distributed optimizer: equals sequential AdamW on the summed gradient
     for (double clip : {0.0, 0.5}) {
       CAPTURE(zero, clip);
       Params dist, seq;
-      parallel::DistributedOptimizer<optim::AdamW, double> opt(dist.ptrs, &grid, {.weight_decay = 0.1},
-                                                               {.bucket_bytes = 256, .zero = zero, .clip = clip});
-      auto ref = optim::Optimizer<optim::AdamW, double>::over(seq.ptrs, {.weight_decay = 0.1});
+      parallel::DistributedOptimizer<Rule, double> opt(dist.ptrs, &grid, options_of<Rule>(),
+                                                       {.bucket_bytes = 256, .zero = zero, .clip = clip});
+      auto ref = optim::Optimizer<Rule, double>::over(seq.ptrs, options_of<Rule>());
       for (int step = 1; step <= 3; ++step) {
-        opt.begin_step(1);
-        for (std::size_t k = dist.ptrs.size(); k-- > 0;) {
-          auto g = dist.ptrs[k]->grad();
-          for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = grad_of(world.rank(), k, i, step);
-          ParamBase* one[] = {dist.ptrs[k]};
-          opt.buckets().on_grad_ready(one);
-        }
+        backward(opt, dist, world.rank(), step);
         const auto report = opt.finish_step(1e-2);
 
         double sq = 0;
@@ -62,11 +82,106 @@ TEST_CASE("distributed optimizer: equals sequential AdamW on the summed gradient
         }
         const double norm = std::sqrt(sq);
         CHECK(report.grad_norm == test::Approx(norm).epsilon(1e-12));
+        CHECK_FALSE(report.skipped);
         if (clip > 0) optim::clip_grad_norm(seq.ptrs, clip);
         ref.step(1e-2);
       }
+      CHECK(opt.optimizer().step_count() == 3);
       double worst = 0;
       for (std::size_t k = 0; k < seq.ptrs.size(); ++k) worst = std::max(worst, test::rel_error(dist.ptrs[k]->value(), seq.ptrs[k]->value()));
       CHECK(worst < 1e-12);
+      // The state by name (collective under ZeRO) equals the sequential optimizer's.
+      for (std::size_t k = 0; k < seq.ptrs.size(); ++k) {
+        const auto got = opt.read_state(Rule::state_names[0], *dist.ptrs[k]);
+        const auto want = ref.state(k, 0);
+        CHECK(test::rel_error(got, want) < 1e-12);
+      }
     }
+}
+
+TEST_CASE("distributed optimizer: the norm counts tensor-parallel replicas and duplicates once", "[data][tp]") {
+  const auto world = test::world();
+  if (world.size() % 2 != 0) return;  // tp 2
+  auto grid = ProcessGrid::create(world, {.tp = 2});
+  const int tp = grid.coord(Axis::tensor), dp = grid.coord(Axis::data);
+  for (bool zero : {false, true}) {
+    CAPTURE(zero);
+    // A tensor-parallel shard (different on each tensor rank), a replicated tensor (the same on
+    // both: layers sum its gradient over the tensor axis) and a duplicate (counted by its owner).
+    Param<double> shard("shard", Shape{37}, Init::constant(0), Sharding::split(0));
+    Param<double> replica("replica", Shape{11}, Init::constant(0));
+    Param<double> copy("copy", Shape{5}, Init::constant(0));
+    copy.mark_duplicate();
+    std::vector<Param<double>*> ps{&shard, &replica, &copy};
+    parallel::DistributedOptimizer<optim::Sgd, double> opt(ps, &grid, {}, {.bucket_bytes = 64, .zero = zero});
+    opt.begin_step(1);
+    auto fill = [&](Param<double>& q, double base, int rank) {
+      auto g = q.grad();
+      for (std::int64_t i = 0; i < g.numel(); ++i) g[i] = base + 0.01 * i + 0.1 * rank;
+    };
+    fill(shard, 1.0 + tp, dp);
+    fill(replica, 2.0, dp);
+    fill(copy, 3.0, dp);
+    const auto report = opt.finish_step(0.0);
+    double sq = 0;  // the global model: both shards, the replica once, no copy; summed over dp
+    for (int t = 0; t < 2; ++t)
+      for (std::int64_t i = 0; i < 37; ++i) {
+        double g = 0;
+        for (int d = 0; d < grid.dp(); ++d) g += 1.0 + t + 0.01 * i + 0.1 * d;
+        sq += g * g;
+      }
+    for (std::int64_t i = 0; i < 11; ++i) {
+      double g = 0;
+      for (int d = 0; d < grid.dp(); ++d) g += 2.0 + 0.01 * i + 0.1 * d;
+      sq += g * g;
+    }
+    CHECK(report.grad_norm == test::Approx(std::sqrt(sq)).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("distributed optimizer: a non-finite norm skips the update and the step", "[data]") {
+  const auto world = test::world();
+  auto grid = ProcessGrid::create(world, {});
+  for (bool zero : {false, true}) {
+    CAPTURE(zero);
+    Params ps;
+    std::vector<std::vector<double>> before;
+    for (auto* q : ps.ptrs) before.emplace_back(q->value().begin(), q->value().end());
+    parallel::DistributedOptimizer<optim::AdamW, double> opt(ps.ptrs, &grid, {}, {.bucket_bytes = 256, .zero = zero, .clip = 1.0});
+    backward(opt, ps, world.rank(), 1, [&](std::size_t k, TensorView<double> g) {
+      if (k == 2 && world.rank() == world.size() - 1) g[5] = std::numeric_limits<double>::infinity();  // one rank overflows
+    });
+    const auto report = opt.finish_step(1e-2);
+    CHECK(report.skipped);
+    CHECK_FALSE(std::isfinite(report.grad_norm));
+    CHECK(opt.optimizer().step_count() == 0);
+    for (std::size_t k = 0; k < ps.ptrs.size(); ++k)
+      CHECK(std::vector<double>(ps.ptrs[k]->value().begin(), ps.ptrs[k]->value().end()) == before[k]);
+    backward(opt, ps, world.rank(), 2);  // the next, finite step updates
+    CHECK_FALSE(opt.finish_step(1e-2).skipped);
+    CHECK(opt.optimizer().step_count() == 1);
+  }
+}
+
+TEST_CASE("distributed optimizer: state written by name is read back alike with and without ZeRO", "[data][zero]") {
+  const auto world = test::world();
+  auto grid = ProcessGrid::create(world, {});
+  Params a, b;
+  parallel::DistributedOptimizer<optim::AdamW, double> plain(a.ptrs, &grid, {}, {.bucket_bytes = 256});
+  parallel::DistributedOptimizer<optim::AdamW, double> sharded(b.ptrs, &grid, {}, {.bucket_bytes = 256, .zero = true});
+  CHECK(plain.state_slots() == std::vector<std::string>{"exp_avg", "exp_avg_sq", "master"});
+  for (std::size_t k = 0; k < a.ptrs.size(); ++k) {
+    std::vector<double> v(static_cast<std::size_t>(a.ptrs[k]->numel()));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 100.0 * static_cast<double>(k) + static_cast<double>(i);
+    plain.write_state("exp_avg_sq", *a.ptrs[k], v);  // every rank the same values
+    sharded.write_state("exp_avg_sq", *b.ptrs[k], v);
+  }
+  for (std::size_t k = 0; k < a.ptrs.size(); ++k) {
+    const auto x = plain.read_state("exp_avg_sq", *a.ptrs[k]), y = sharded.read_state("exp_avg_sq", *b.ptrs[k]);
+    CHECK(x == y);
+    CHECK(x.back() == 100.0 * static_cast<double>(k) + static_cast<double>(x.size() - 1));
+    CHECK(plain.read_state("master", *a.ptrs[k]) == std::vector<double>(a.ptrs[k]->value().begin(), a.ptrs[k]->value().end()));
+  }
+  CHECK(test::error_of([&] { (void)plain.read_state("momentum", 0, 1); }).find("slots: exp_avg, exp_avg_sq, master") !=
+        std::string::npos);
 }

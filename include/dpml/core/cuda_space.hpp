@@ -28,13 +28,15 @@ struct CudaSpace {
 };
 
 namespace detail {
-// Set-up and test copies (Param::bind, to_space): the device is synchronised first, because the
-// library's work runs on non-blocking streams, which a plain cudaMemcpy does not wait for. Copies
-// inside a step go through kernels::Ops<CudaSpace>::copy, on the step's stream.
+// Set-up and test copies (Param::bind, to_space): the device is synchronised before and after,
+// because the library's work runs on non-blocking streams, which a plain cudaMemcpy does not wait
+// for, and a copy from pageable host memory may return before its DMA has landed. Copies inside a
+// step go through kernels::Ops<CudaSpace>::copy, on the step's stream.
 inline void cuda_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   if (!bytes) return;
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   DPML_CHECK_CUDA(cudaMemcpy(dst, src, bytes, kind));
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
 }
 }  // namespace detail
 

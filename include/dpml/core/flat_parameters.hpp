@@ -1,21 +1,57 @@
 #pragma once
-// FlatParameters: every parameter of a model moved onto two contiguous buffers, one of values and
-// one of gradients, in registration order. The optimizer, the gradient buckets and ZeRO then work
-// on large contiguous ranges (one all-reduce per bucket, one update loop per shard) instead of one
-// small tensor at a time.
+// FlatParameters: every parameter of a model moved onto two contiguous buffers in one memory
+// space, one of values and one of gradients, in registration order. The optimizer, the gradient
+// buckets and ZeRO then work on large contiguous ranges (one collective per bucket, one update
+// launch for all ranges) instead of one small tensor at a time; layers keep reading and writing
+// through their Params' views, which now point into the buffers.
 //
-//   values (n_total)   [ p0 | p1 | … | pk ]     offsets()[i] = start of parameter i
-//   grads  (n_total)   [ p0 | p1 | … | pk ]
+// The buffers are cut into *buckets* of whole parameters, taken from the last parameter backwards
+// (the order in which backward finishes them), each holding at least `bucket_elements` unless the
+// parameters run out. The layout (FlatLayout) adds zero padding so that
+//
+//   every parameter starts at a multiple of `align`     (64 elements on a GPU: 16-byte vector
+//                                                       loads and cuBLASLt's pointer alignment)
+//   every bucket starts and ends at a multiple of       (it splits into `shards` equal parts,
+//   align · shards                                      each aligned: ZeRO-1's equal shards)
+//
+//   values (numel())  [ b_last … | pad ][ … | p_{k-1} pad p_k | pad ]      offsets()[i] = start of p_i
+//   grads  (numel())  the same layout                    buckets()[0] = the bucket at the end
+//
+// Padding starts at zero in both buffers and stays zero (zero gradients leave zero values alone
+// under every update rule). With the default layout on the host (align 1, one shard, one bucket)
+// the buffers are the parameters back to back, as before buckets existed.
 
+#include "dpml/core/error.hpp"
 #include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <ranges>
+#include <utility>
 #include <vector>
 
 namespace dpml {
+
+// Elements every parameter's offset is a multiple of in a space: 1 in host memory, 64 elsewhere
+// (128 bytes of bf16, 256 of fp32: every vector width and cuBLASLt's 16-byte requirement).
+template <class Space>
+inline constexpr std::int64_t flat_alignment = Space::host_accessible ? 1 : 64;
+
+struct FlatLayout {
+  std::int64_t align = 1;                                               // parameter offsets: multiples of this
+  std::int64_t bucket_elements = std::numeric_limits<std::int64_t>::max();  // at least this many per bucket
+  std::int64_t shards = 1;                                              // buckets split into this many equal parts
+};
+
+// A bucket: parameters [first_param, last_param) in registration order, elements [offset, offset + count)
+// of the buffers (padding included: count is a multiple of align · shards).
+struct FlatBucket {
+  std::size_t first_param = 0, last_param = 0;
+  std::int64_t offset = 0, count = 0;
+};
 
 template <class T, class Space = HostSpace>
 class FlatParameters {
@@ -23,15 +59,15 @@ class FlatParameters {
   using ParamT = Param<T, Space>;
 
   template <std::ranges::range Params>
-  explicit FlatParameters(Params&& params) {
-    std::int64_t total = 0;
-    for (ParamT* p : params) {
-      params_.push_back(p);
-      offsets_.push_back(total);
-      total += p->numel();
-    }
-    values_ = Tensor<T, Space>(Shape{total});
-    grads_ = Tensor<T, Space>(Shape{total});
+  explicit FlatParameters(Params&& params, FlatLayout layout = {.align = flat_alignment<Space>}) : layout_(layout) {
+    DPML_REQUIRE(layout.align >= 1 && layout.shards >= 1 && layout.bucket_elements >= 1,
+                 "flat parameter layout: align " << layout.align << ", shards " << layout.shards << " and bucket size "
+                                                 << layout.bucket_elements << " must be positive");
+    for (ParamT* p : params) params_.push_back(p);
+    plan();
+    values_ = Tensor<T, Space>(Shape{numel_});
+    grads_ = Tensor<T, Space>(Shape{numel_});
+    zero_padding();
     for (std::size_t i = 0; i < params_.size(); ++i)
       params_[i]->bind(values_.data() + offsets_[i], grads_.data() + offsets_[i]);
   }
@@ -44,11 +80,15 @@ class FlatParameters {
     for (ParamT* p : params_) p->unbind();
   }
 
-  std::int64_t numel() const noexcept { return values_.numel(); }
+  std::int64_t numel() const noexcept { return numel_; }  // padding included
   TensorView<T, Space> values() const noexcept { return values_.view(); }
   TensorView<T, Space> grads() const noexcept { return grads_.view(); }
   const std::vector<ParamT*>& params() const noexcept { return params_; }
   const std::vector<std::int64_t>& offsets() const noexcept { return offsets_; }
+  const FlatLayout& layout() const noexcept { return layout_; }
+  // Production order: buckets()[0] holds the last parameters.
+  const std::vector<FlatBucket>& buckets() const noexcept { return buckets_; }
+  std::size_t bucket_of(std::size_t param_index) const { return bucket_of_.at(param_index); }
   // Index of a parameter in registration order (for bucket bookkeeping).
   std::size_t index_of(const ParamBase* p) const {
     auto it = std::find(params_.begin(), params_.end(), p);
@@ -63,8 +103,65 @@ class FlatParameters {
   }
 
  private:
+  static std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
+
+  // Bucket membership from the back, then offsets from the front.
+  void plan() {
+    std::vector<std::pair<std::size_t, std::size_t>> members;  // [first, last) per bucket, production order
+    for (std::size_t end = params_.size(); end > 0;) {
+      std::size_t begin = end;
+      std::int64_t n = 0;
+      while (begin > 0 && n < layout_.bucket_elements) n += params_[--begin]->numel();
+      members.emplace_back(begin, end);
+      end = begin;
+    }
+    const std::int64_t quantum = layout_.align * layout_.shards;
+    offsets_.assign(params_.size(), 0);
+    bucket_of_.assign(params_.size(), 0);
+    buckets_.resize(members.size());
+    std::int64_t at = 0;
+    for (std::size_t b = members.size(); b-- > 0;) {  // from the buffer's start
+      FlatBucket& bucket = buckets_[b];
+      bucket.first_param = members[b].first;
+      bucket.last_param = members[b].second;
+      bucket.offset = at;
+      for (std::size_t i = bucket.first_param; i < bucket.last_param; ++i) {
+        offsets_[i] = round_up(at, layout_.align);
+        at = offsets_[i] + params_[i]->numel();
+        bucket_of_[i] = b;
+      }
+      at = round_up(at, quantum);
+      bucket.count = at - bucket.offset;
+    }
+    numel_ = at;
+  }
+
+  // Zeros into every element no parameter covers (copied from the host: the gaps are short).
+  void zero_padding() {
+    std::vector<std::pair<std::int64_t, std::int64_t>> gaps;  // [begin, end)
+    std::int64_t at = 0, widest = 0;
+    auto gap_to = [&](std::int64_t end) {
+      if (end <= at) return;
+      gaps.emplace_back(at, end);
+      widest = std::max(widest, end - at);
+    };
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      gap_to(offsets_[i]);
+      at = offsets_[i] + params_[i]->numel();
+    }
+    gap_to(numel_);
+    const std::vector<std::byte> zeros(static_cast<std::size_t>(widest) * sizeof(T), std::byte{0});
+    for (const auto& [begin, end] : gaps)
+      for (T* base : {values_.data(), grads_.data()})
+        SpaceCopy<Space, HostSpace>::copy(base + begin, zeros.data(), static_cast<std::size_t>(end - begin) * sizeof(T));
+  }
+
+  FlatLayout layout_;
   std::vector<ParamT*> params_;
   std::vector<std::int64_t> offsets_;
+  std::vector<FlatBucket> buckets_;
+  std::vector<std::size_t> bucket_of_;
+  std::int64_t numel_ = 0;
   Tensor<T, Space> values_, grads_;
 };
 

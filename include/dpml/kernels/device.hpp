@@ -77,6 +77,13 @@ struct Device<HostSpace> {
   std::map<std::string, Buffer, std::less<>> shared_;
 };
 
+// The one Device<HostSpace> that host code without a Context of its own (optimizers, gradient
+// buckets) hands to the ops: it holds nothing.
+inline Device<HostSpace>& host_device() {
+  static Device<HostSpace> host;
+  return host;
+}
+
 template <class T>
 using accum_t = std::conditional_t<std::is_same_v<std::remove_const_t<T>, double>, double, float>;
 

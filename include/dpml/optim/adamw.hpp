@@ -6,15 +6,17 @@
 //   v  = β2 · v + (1 − β2) · g²
 //   p -= (lr / (1 − β1^t)) · m / (√v / √(1 − β2^t) + ε)       t = 1 on the first update
 //
-// AdamW is an update rule (a tag with Options, state_names and update()); Optimizer<AdamW, T>
-// (optim/optimizer.hpp) runs it over a list of contiguous ranges, and ZeRO-1 runs it on a shard.
+// AdamW is an update rule (optim/rule.hpp): Optimizer<AdamW, T, Space> runs its step functor over
+// contiguous ranges on the host or the GPU, and ZeRO-1 runs it on a shard. The coefficients are
+// computed once per step in double and rounded to the update's type (as PyTorch does: 1 − 0.999f
+// would be off by 1e-5 relative).
 
+#include "dpml/core/config.hpp"
 #include "dpml/core/error.hpp"
-#include "dpml/optim/sgd.hpp"  // detail::update_t
+#include "dpml/optim/rule.hpp"
 
 #include <array>
 #include <cmath>
-#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -25,6 +27,20 @@ struct AdamWOptions {  // PyTorch's defaults
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+};
+
+// One element of an AdamW step in A (s[0]: exp_avg, s[1]: exp_avg_sq).
+template <class A>
+struct AdamWStep {
+  A b1, b2, c1, c2, eps, decay, step_size, inv_sqrt_bc2;
+  DPML_HD void operator()(A& p, A g, A* s) const {
+    using std::sqrt;
+    const A m = b1 * s[0] + c1 * g;
+    const A v = b2 * s[1] + c2 * g * g;
+    s[0] = m;
+    s[1] = v;
+    p = p * decay - step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps);
+  }
 };
 
 struct AdamW {
@@ -38,27 +54,22 @@ struct AdamW {
     DPML_REQUIRE(o.weight_decay >= 0.0, "AdamW weight decay " << o.weight_decay << " is negative");
   }
 
-  // One step on a contiguous range; exp_avg and exp_avg_sq have value.size() elements each.
+  // The t-th step (t ≥ 1) with learning rate lr.
+  template <class A>
+  static AdamWStep<A> step(const Options& o, double lr, std::int64_t t) {
+    DPML_REQUIRE(t >= 1, "AdamW step " << t << " must be >= 1 (bias correction divides by 1 - beta^step)");
+    const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
+    return {static_cast<A>(o.beta1),          static_cast<A>(o.beta2),          static_cast<A>(1.0 - o.beta1),
+            static_cast<A>(1.0 - o.beta2),    static_cast<A>(o.eps),            static_cast<A>(1.0 - lr * o.weight_decay),
+            static_cast<A>(lr / bc1),         static_cast<A>(1.0 / std::sqrt(bc2))};
+  }
+
+  // One step on contiguous host arrays; exp_avg and exp_avg_sq have value.size() elements each.
   template <class T>
-  static void update(std::span<T> value, std::span<const T> grad, std::span<T> exp_avg, std::span<T> exp_avg_sq,
-                     const Options& o, double lr, std::int64_t step) {
-    DPML_REQUIRE(step >= 1, "AdamW step " << step << " must be >= 1 (bias correction divides by 1 - beta^step)");
-    using A = detail::update_t<T>;
-    const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
-    // 1 − β in double, then rounded (as PyTorch does): 1 − 0.999f would be off by 1e-5 relative.
-    const A b1 = static_cast<A>(o.beta1), b2 = static_cast<A>(o.beta2), eps = static_cast<A>(o.eps);
-    const A c1 = static_cast<A>(1.0 - o.beta1), c2 = static_cast<A>(1.0 - o.beta2);
-    const A decay = static_cast<A>(1.0 - lr * o.weight_decay);
-    const A step_size = static_cast<A>(lr / bc1), inv_sqrt_bc2 = static_cast<A>(1.0 / std::sqrt(bc2));
-    for (std::size_t i = 0, n = value.size(); i < n; ++i) {
-      const A g = static_cast<A>(grad[i]);
-      const A m = b1 * static_cast<A>(exp_avg[i]) + c1 * g;
-      const A v = b2 * static_cast<A>(exp_avg_sq[i]) + c2 * g * g;
-      exp_avg[i] = static_cast<T>(m);
-      exp_avg_sq[i] = static_cast<T>(v);
-      value[i] = static_cast<T>(static_cast<A>(value[i]) * decay - step_size * m / (std::sqrt(v) * inv_sqrt_bc2 + eps));
-    }
+  static void update(std::span<T> value, std::span<const T> grad, std::span<master_t<T>> exp_avg,
+                     std::span<master_t<T>> exp_avg_sq, const Options& o, double lr, std::int64_t step) {
+    detail::update_host<AdamW, T, 2>(value, grad, {exp_avg, exp_avg_sq}, o, lr, step);
   }
 };
 

@@ -9,11 +9,11 @@
 // (e.g. passes only the tp-rank-0 share of replicated tensors, or pre-divides them). Every rank
 // must reach the same total, so they all scale alike. Returns the total norm. A non-finite norm
 // (an overflow, a NaN gradient) leaves the gradients untouched and is returned as is, for the
-// caller to skip the step.
+// caller to skip the step. The coefficient is the parallel runtime's (kernels/host/grad_norm.hpp).
 
 #include "dpml/core/parameter.hpp"
+#include "dpml/kernels/host/grad_norm.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -36,9 +36,11 @@ double clip_spans(std::span<const std::span<T>> grads, double max_norm, Reduce&&
   double local = 0.0;
   for (const auto& g : grads)
     for (const T x : g) local += static_cast<double>(x) * static_cast<double>(x);
-  const double norm = std::sqrt(static_cast<double>(reduce(local)));
-  const double coef = std::min(1.0, max_norm / (norm + 1e-6));
-  if (std::isfinite(norm) && coef < 1.0)
+  const double total = static_cast<double>(reduce(local));
+  double coef = 1.0;  // NaN for a non-finite norm
+  kernels::host::GradNormOps::clip_scale(kernels::host_device(), &total, &coef, max_norm);
+  const double norm = std::sqrt(total);
+  if (std::isfinite(coef) && coef < 1.0)
     for (const auto& g : grads)
       for (T& x : g) x = static_cast<T>(static_cast<double>(x) * coef);
   return norm;

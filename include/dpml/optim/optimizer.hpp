@@ -1,22 +1,34 @@
 #pragma once
-// Optimizer<Rule, T>: one generic class that applies an update rule (Sgd, AdamW: tags with
-// Options, state_names and a static update()) to a list of contiguous ranges, each a (value, grad)
-// pair of spans with its own state tensors (state_names.size() of them, zero-initialised, same
-// length as the range).
+// Optimizer<Rule, T, Space>: one generic class that applies an update rule (Sgd, AdamW: see
+// optim/rule.hpp) to a list of contiguous ranges in one memory space, each a (value, grad) pair of
+// spans, on the host or the GPU alike: the rule's step functor runs through
+// kernels::Ops<Space>::update (a loop on the host, one kernel launch for all ranges on the GPU).
 //
-// The ranges are whatever the caller owns: one per parameter (Optimizer::over(params)), one for a
-// whole flat buffer (FlatParameters), or this rank's segments of it under ZeRO-1 — the rule only
-// ever sees spans. The step counter t (1 on the first update) is shared by all ranges.
+// The ranges are whatever the caller owns: one per parameter (Optimizer::over(params)), the
+// parameters of a flat buffer, or this rank's segments of it under ZeRO-1 — the rule only ever sees
+// elements. State lives in one buffer per slot (state_names.size() of them, zero-initialised),
+// range i's elements at the same place in each; with 16-bit T (master_t<T> = float) a master
+// buffer of the same layout holds the fp32 weights, initialised from the values, and every update
+// rounds it into the values. The step counter t (1 on the first update) is shared by all ranges.
 //
-// State access (state(range, k), step_count / set_step_count) is what a checkpoint saves and
-// restores: range names key the tensors, state_names() name the slots.
+//   state (per slot)  [ range 0 | range 1 | … ]        state(i, k): range i's part of slot k
+//   master            [ range 0 | range 1 | … ]        (mixed precision only) master(i)
+//
+// State access (state(i, k), master(i), step_count / set_step_count) is what a checkpoint saves
+// and restores: range names key the tensors, state_names() name the slots. The spans it returns
+// are in the optimizer's memory space (read them on the host only for HostSpace).
 //
 //   auto opt = Optimizer<AdamW, float>::over(model.parameters(), {.weight_decay = 0.1});
 //   opt.step(schedule(opt.step_count() + 1));    // or opt.step(schedule)
 
 #include "dpml/core/error.hpp"
 #include "dpml/core/parameter.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/ops.hpp"
+#include "dpml/kernels/update.hpp"
+#include "dpml/optim/rule.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <concepts>
@@ -25,23 +37,18 @@
 #include <ranges>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace dpml::optim {
 
-// A contiguous range the optimizer updates: value (n) and its gradient (n).
+// A contiguous range the optimizer updates: value (n) and its gradient (n), in the optimizer's space.
 template <class T>
 struct Range {
   std::string name;
   std::span<T> value;
   std::span<const T> grad;
-};
-
-template <class R>
-concept UpdateRule = requires(const typename R::Options& o) {
-  { R::state_names.size() } -> std::convertible_to<std::size_t>;
-  R::validate(o);
 };
 
 // A learning-rate schedule: lr of the t-th update (t = 1 first). See optim/schedule.hpp.
@@ -50,22 +57,44 @@ concept Schedule = requires(const S& s, std::int64_t t) {
   { s(t) } -> std::convertible_to<double>;
 };
 
-template <UpdateRule Rule, class T>
+template <UpdateRule Rule, class T, class Space = HostSpace>
 class Optimizer {
+  using Ops = kernels::Ops<Space>;
+
  public:
   using Options = typename Rule::Options;
+  using master_type = master_t<T>;
   static constexpr std::size_t kStates = Rule::state_names.size();
+  // Mixed precision: fp32 master weights beside 16-bit values.
+  static constexpr bool keeps_master = !std::is_same_v<master_type, T>;
 
-  Optimizer(std::vector<Range<T>> ranges, Options options) : ranges_(std::move(ranges)), options_(options) {
+  // Host optimizers.
+  Optimizer(std::vector<Range<T>> ranges, Options options)
+    requires std::same_as<Space, HostSpace>
+      : Optimizer(std::move(ranges), options, kernels::host_device()) {}
+  // Any space: the kernels run on `dev` (its stream on a GPU), which must outlive the optimizer.
+  Optimizer(std::vector<Range<T>> ranges, Options options, kernels::Device<Space>& dev)
+      : ranges_(std::move(ranges)), options_(options), dev_(&dev) {
     Rule::validate(options_);
+    before_.push_back(0);
     for (const auto& r : ranges_) {
       DPML_REQUIRE(r.value.size() == r.grad.size(), "optimizer range '" << r.name << "': value has " << r.value.size()
                                                                         << " elements, gradient " << r.grad.size());
-      std::array<std::vector<T>, kStates> s;
-      for (auto& v : s) v.assign(r.value.size(), T(0));
-      state_.push_back(std::move(s));
+      before_.push_back(before_.back() + static_cast<std::int64_t>(r.value.size()));
     }
+    for (auto& s : state_) {
+      s = Tensor<master_type, Space>(Shape{total()});
+      Ops::zero(*dev_, s.data(), total());
+    }
+    if constexpr (keeps_master) {
+      master_ = Tensor<master_type, Space>(Shape{total()});
+      reload_master();
+    }
+    build_spans();
   }
+
+  Optimizer(Optimizer&&) noexcept = default;
+  Optimizer& operator=(Optimizer&&) noexcept = default;
 
   // One range per parameter, in the order given. The spans are taken now: build the optimizer
   // after FlatParameters has bound the parameters, not before.
@@ -82,14 +111,14 @@ class Optimizer {
     return Optimizer(std::move(ranges), options);
   }
 
-  // One update of every range with learning rate `lr`.
-  void step(double lr) {
+  // One update of every range with learning rate `lr`, each gradient multiplied by *grad_scale (one
+  // element in this space, nullptr: 1). A non-finite *grad_scale leaves everything as it was (the
+  // step count still advances: the caller that knows the scale is non-finite sets it back).
+  void step(double lr, const master_type* grad_scale = nullptr) {
     DPML_REQUIRE(std::isfinite(lr) && lr >= 0.0, "learning rate " << lr << " at step " << steps_ + 1 << " is not a finite, non-negative number");
     ++steps_;
-    for (std::size_t i = 0; i < ranges_.size(); ++i)
-      [&]<std::size_t... K>(std::index_sequence<K...>) {
-        Rule::update(ranges_[i].value, ranges_[i].grad, std::span<T>(state_[i][K])..., options_, lr, steps_);
-      }(std::make_index_sequence<kStates>{});
+    Ops::update(*dev_, Rule::template step<master_type>(options_, lr, steps_), spans_.data(), spans_.numel(), arrays(),
+                grad_scale);
   }
   // One update with the schedule's rate for this step; returns that rate.
   template <Schedule S>
@@ -114,16 +143,65 @@ class Optimizer {
   const Range<T>& range(std::size_t i) const { return ranges_.at(i); }
   static constexpr const auto& state_names() noexcept { return Rule::state_names; }
   // State slot k (named state_names()[k]) of range i: as many elements as the range.
-  std::span<T> state(std::size_t i, std::size_t k) {
+  std::span<master_type> state(std::size_t i, std::size_t k) {
     DPML_REQUIRE(i < ranges_.size() && k < kStates, "optimizer state (" << i << ", " << k << ") out of "
                                                                          << ranges_.size() << " ranges x " << kStates << " slots");
-    return state_[i][k];
+    return {state_[k].data() + before_[i], ranges_[i].value.size()};
+  }
+  // Range i's master weights (mixed precision only).
+  std::span<master_type> master(std::size_t i)
+    requires keeps_master
+  {
+    DPML_REQUIRE(i < ranges_.size(), "optimizer master weights of range " << i << " out of " << ranges_.size());
+    return {master_.data() + before_[i], ranges_[i].value.size()};
+  }
+  // The master weights again from the values (mixed precision), after something other than step()
+  // wrote the values: initialisation, a checkpoint's weights. Synchronous.
+  void reload_master() {
+    if constexpr (keeps_master) {
+      std::vector<T> v;
+      std::vector<master_type> m;
+      for (std::size_t i = 0; i < ranges_.size(); ++i) {
+        const std::size_t n = ranges_[i].value.size();
+        v.resize(n);
+        m.resize(n);
+        SpaceCopy<HostSpace, Space>::copy(v.data(), ranges_[i].value.data(), n * sizeof(T));
+        std::transform(v.begin(), v.end(), m.begin(), [](T x) { return static_cast<master_type>(x); });
+        SpaceCopy<Space, HostSpace>::copy(master_.data() + before_[i], m.data(), n * sizeof(master_type));
+      }
+    }
   }
 
  private:
+  std::int64_t total() const noexcept { return before_.back(); }
+
+  // The ranges cut into spans the space's update takes (the device gives each span one block).
+  void build_spans() {
+    std::vector<kernels::UpdateSpan<T>> spans;
+    for (std::size_t i = 0; i < ranges_.size(); ++i) {
+      const auto n = static_cast<std::int64_t>(ranges_[i].value.size());
+      for (std::int64_t at = 0; at < n; at += Ops::max_update_span)
+        spans.push_back({ranges_[i].value.data() + at, ranges_[i].grad.data() + at, before_[i] + at,
+                         std::min(Ops::max_update_span, n - at)});
+    }
+    spans_ = Tensor<kernels::UpdateSpan<T>, Space>(Shape{static_cast<std::int64_t>(spans.size())});
+    SpaceCopy<Space, HostSpace>::copy(spans_.data(), spans.data(), spans.size() * sizeof(spans[0]));
+  }
+
+  kernels::UpdateState<master_type, static_cast<int>(kStates)> arrays() const {
+    kernels::UpdateState<master_type, static_cast<int>(kStates)> a;
+    a.master = keeps_master ? master_.data() : nullptr;
+    for (std::size_t k = 0; k < kStates; ++k) a.slot[k] = state_[k].data();
+    return a;
+  }
+
   std::vector<Range<T>> ranges_;
-  std::vector<std::array<std::vector<T>, kStates>> state_;
+  std::vector<std::int64_t> before_;  // (ranges + 1) range i's first element in the state buffers
   Options options_;
+  kernels::Device<Space>* dev_;
+  std::array<Tensor<master_type, Space>, kStates> state_;  // (total) each
+  Tensor<master_type, Space> master_;                       // (total) mixed precision only
+  Tensor<kernels::UpdateSpan<T>, Space> spans_;
   std::int64_t steps_ = 0;
 };
 

@@ -3,22 +3,21 @@
 //
 //   g  = grad + weight_decay · p
 //   b  = momentum · b + g                     (b starts at 0, so step 1 gives b = g, as in PyTorch)
-//   d  = nesterov ? g + momentum · b : b      (momentum 0: d = g)
+//   d  = nesterov ? g + momentum · b : b      (momentum 0: d = g, and b is neither read nor written)
 //   p -= lr · d
 //
-// Sgd is an update rule (a tag with Options, state_names and update()); Optimizer<Sgd, T>
-// (optim/optimizer.hpp) runs it over a list of contiguous ranges, and ZeRO-1 runs it on a shard.
-// With dampening fixed at 0, PyTorch's "first step copies g into the buffer" equals the
-// zero-initialised recurrence above, so update() needs no special first step.
+// Sgd is an update rule (optim/rule.hpp): Optimizer<Sgd, T, Space> runs its step functor over
+// contiguous ranges on the host or the GPU, and ZeRO-1 runs it on a shard. With dampening fixed
+// at 0, PyTorch's "first step copies g into the buffer" equals the zero-initialised recurrence
+// above, so the step needs no special first step.
 
+#include "dpml/core/config.hpp"
 #include "dpml/core/error.hpp"
+#include "dpml/optim/rule.hpp"
 
 #include <array>
-#include <cmath>
-#include <cstddef>
 #include <cstdint>
 #include <span>
-#include <type_traits>
 
 namespace dpml::optim {
 
@@ -28,11 +27,20 @@ struct SgdOptions {
   bool nesterov = false;
 };
 
-namespace detail {
-// Arithmetic type of an update: double for double parameters, float otherwise (PyTorch's fp32).
-template <class T>
-using update_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-}  // namespace detail
+// One element of an SGD step in A (s[0]: the momentum buffer).
+template <class A>
+struct SgdStep {
+  A momentum, weight_decay, lr;
+  bool nesterov;
+  DPML_HD void operator()(A& p, A g, A* s) const {
+    g += weight_decay * p;
+    if (momentum != A(0)) {
+      s[0] = momentum * s[0] + g;
+      g = nesterov ? g + momentum * s[0] : s[0];
+    }
+    p -= lr * g;
+  }
+};
 
 struct Sgd {
   using Options = SgdOptions;
@@ -44,28 +52,17 @@ struct Sgd {
     DPML_REQUIRE(!o.nesterov || o.momentum > 0.0, "SGD Nesterov momentum needs momentum > 0");
   }
 
-  // One step on a contiguous range; `momentum` has value.size() elements (unused when momentum is 0).
-  // `step` (1 on the first update) is unused: SGD has no bias correction.
+  // The step with learning rate lr (SGD has no bias correction: the step number is unused).
+  template <class A>
+  static SgdStep<A> step(const Options& o, double lr, std::int64_t /*t*/) {
+    return {static_cast<A>(o.momentum), static_cast<A>(o.weight_decay), static_cast<A>(lr), o.nesterov};
+  }
+
+  // One step on contiguous host arrays; `momentum` has value.size() elements.
   template <class T>
-  static void update(std::span<T> value, std::span<const T> grad, std::span<T> momentum, const Options& o, double lr,
-                     std::int64_t /*step*/) {
-    using A = detail::update_t<T>;
-    const A mu = static_cast<A>(o.momentum), wd = static_cast<A>(o.weight_decay), eta = static_cast<A>(lr);
-    const std::size_t n = value.size();
-    if (o.momentum == 0.0) {
-      for (std::size_t i = 0; i < n; ++i) {
-        const A p = static_cast<A>(value[i]);
-        value[i] = static_cast<T>(p - eta * (static_cast<A>(grad[i]) + wd * p));
-      }
-      return;
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      const A p = static_cast<A>(value[i]);
-      const A g = static_cast<A>(grad[i]) + wd * p;
-      const A b = mu * static_cast<A>(momentum[i]) + g;
-      momentum[i] = static_cast<T>(b);
-      value[i] = static_cast<T>(p - eta * (o.nesterov ? g + mu * b : b));
-    }
+  static void update(std::span<T> value, std::span<const T> grad, std::span<master_t<T>> momentum, const Options& o,
+                     double lr, std::int64_t step) {
+    detail::update_host<Sgd, T, 1>(value, grad, {momentum}, o, lr, step);
   }
 };
 

@@ -1,76 +1,106 @@
 #pragma once
-// Data parallelism: gradient buckets reduced across the data axis while backward still runs.
+// Data parallelism: gradient buckets reduced across the data axis while backward still runs, on
+// either memory space.
 //
-// The flat gradient buffer (FlatParameters) is cut into buckets of whole parameters, taken in
-// reverse registration order (the order in which backward finishes them), each at least
-// `bucket_bytes` (PyTorch DDP's default is 25 MB) unless parameters run out. Containers report
-// each child's parameters after its backward_weight (Context::grad_ready); when every parameter
-// of a bucket has been reported for every micro-batch of the step, the bucket's reduction starts
-// at once with non-blocking MPI, overlapping the rest of backward. finish() starts whatever was
-// not reported (so nothing can hang) and waits.
+// The buckets are those of the flat buffers (FlatParameters: whole parameters, taken in reverse
+// registration order — the order in which backward finishes them — each at least the layout's
+// bucket size). Containers report each child's parameters after its backward_weight
+// (Context::grad_ready → on_grad_ready); when every parameter of a bucket has been reported for
+// every micro-batch of the step, the bucket's reduction starts at once, overlapping the rest of
+// backward: a non-blocking MPI call on the host, a collective enqueued on the communicator's
+// stream after an event of the compute stream on a GPU (CommLink, parallel/comm_link.hpp: no host
+// synchronisation). finish() starts whatever was not reported (so nothing can hang) and makes the
+// results visible to what runs next (waits for the MPI requests; the compute stream waits for the
+// communication stream).
 //
 // Two reductions (GradReduction):
 //   all_reduce      every data rank ends with the summed gradient (plain DDP)
 //   reduce_scatter  ZeRO-1: each data rank ends with the summed gradient of its own part of
-//                   every bucket (its shard); after the optimizer updated the shard's values,
-//                   all_gather_values() gives every rank the full updated values.
+//                   every bucket (its shard: the buffers' layout makes every bucket split into
+//                   `data ranks` equal, aligned parts), in shard_grads(); after the optimizer
+//                   updated the shard's values, all_gather_values() gives every rank the full
+//                   updated values.
 // Gradients are *summed*: losses already divide by the global batch (Context::global_batch), so
-// the sum is the gradient of the global mean, equal to the sequential run's.
+// the sum is the gradient of the global mean, equal to the sequential run's (on both spaces: no
+// averaging collective).
 
 #include "dpml/comm/communicator.hpp"
-#include "dpml/comm/mpi.hpp"
-#include "dpml/core/tensor.hpp"
-#include "dpml/core/parameter.hpp"
+#include "dpml/core/error.hpp"
 #include "dpml/core/flat_parameters.hpp"
+#include "dpml/core/parameter.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/device.hpp"
+#include "dpml/parallel/comm_link.hpp"
+#include "dpml/parallel/tensor.hpp"  // default_comm_t
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 namespace dpml::parallel {
 
 enum class GradReduction { all_reduce, reduce_scatter };
 
-template <class T>
+template <class T, class Space = HostSpace, class Comm = default_comm_t<Space>>
 class GradientBuckets {
+  using Link = CommLink<Comm, Space>;
+
  public:
-  // A contiguous range of the flat buffer owned by this rank under ZeRO (all of it otherwise).
+  // A contiguous range of the flat buffer this rank updates: its shard of a bucket under ZeRO-1,
+  // the whole bucket otherwise.
   struct Segment {
     std::int64_t flat_offset = 0;   // into FlatParameters::values()/grads()
     std::int64_t count = 0;
     std::int64_t shard_offset = 0;  // into shard_grads()
   };
 
-  GradientBuckets(FlatParameters<T>& flat, const comm::Mpi* data_comm, std::size_t bucket_bytes,
-                  GradReduction mode = GradReduction::all_reduce)
+  // Host buckets over an MPI communicator of the data axis (nullptr or one rank: nothing to reduce).
+  GradientBuckets(FlatParameters<T, Space>& flat, const Comm* data_comm, GradReduction mode = GradReduction::all_reduce)
+    requires std::same_as<Space, HostSpace>
+      : GradientBuckets(flat, data_comm, mode, kernels::host_device()) {}
+  // Any space: collectives on `data_comm`, ordered after the work of `dev` (its stream on a GPU).
+  GradientBuckets(FlatParameters<T, Space>& flat, const Comm* data_comm, GradReduction mode, kernels::Device<Space>& dev)
       : flat_(flat), comm_(data_comm && data_comm->size() > 1 ? data_comm : nullptr), mode_(mode) {
-    build_buckets(std::max<std::size_t>(bucket_bytes, sizeof(T)) / sizeof(T));
+    if (comm_) link_.emplace(dev, *comm_);
+    // A communicator that moves registered buffers itself (comm::CopyEngine: two GPUs of one host
+    // all-reducing on their copy engines) is handed the gradients it reduces: one set of buckets
+    // per such communicator. (The registration changes the communicator's shared state, not what
+    // the caller sees of it: hence the cast.)
+    if constexpr (requires(Comm& c, void* p, std::size_t n) { c.register_buffer(p, n); })
+      if (comm_ && mode == GradReduction::all_reduce)
+        const_cast<Comm&>(*comm_).register_buffer(flat.grads().data(), static_cast<std::size_t>(flat.numel()) * sizeof(T));
+    DPML_REQUIRE(mode != GradReduction::reduce_scatter || flat.layout().shards == data_size(),
+                 "gradient buckets: ZeRO-1 over " << data_size() << " data ranks needs flat buffers laid out in "
+                                                  << data_size() << " shards, not " << flat.layout().shards);
+    state_.resize(flat.buckets().size());
+    reports_.assign(flat.params().size(), 0);
     build_segments();
   }
 
-  std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  std::size_t bucket_count() const noexcept { return state_.size(); }
   // Buckets whose reduction has started this step (before finish(): the overlapped ones).
   std::size_t buckets_started() const noexcept {
-    return static_cast<std::size_t>(std::count_if(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.started; }));
+    return static_cast<std::size_t>(std::count_if(state_.begin(), state_.end(), [](const State& b) { return b.started; }));
   }
   GradReduction mode() const noexcept { return mode_; }
   int data_size() const noexcept { return comm_ ? comm_->size() : 1; }
 
   // Keep the bucket holding `p` from starting before finish(), e.g. a tied weight whose gradient
   // another pipeline stage adds to after backward (the caller sums it in between).
-  void hold(const ParamBase* p) { buckets_[bucket_of_param_[flat_.index_of(p)]].held = true; }
+  void hold(const ParamBase* p) { state_[flat_.bucket_of(flat_.index_of(p))].held = true; }
 
   // Each parameter will be reported `reports_per_param` times this step (its micro-batch count).
   void begin_step(int reports_per_param) {
     reports_per_param_ = reports_per_param;
     std::fill(reports_.begin(), reports_.end(), 0);
-    for (auto& b : buckets_) {
-      b.missing = b.last_param - b.first_param;
-      b.started = false;
+    for (std::size_t b = 0; b < state_.size(); ++b) {
+      state_[b].missing = flat_.buckets()[b].last_param - flat_.buckets()[b].first_param;
+      state_[b].started = false;
     }
     exposed_seconds_ = 0;
   }
@@ -80,8 +110,8 @@ class GradientBuckets {
     for (auto* p : params) {
       const std::size_t i = flat_.index_of(p);
       if (++reports_[i] == reports_per_param_) {
-        Bucket& b = buckets_[bucket_of_param_[i]];
-        if (--b.missing == 0 && !b.held) start(b);
+        const std::size_t b = flat_.bucket_of(i);
+        if (--state_[b].missing == 0 && !state_[b].held) start(b);
       }
     }
     progress();
@@ -89,122 +119,98 @@ class GradientBuckets {
 
   // Let MPI advance in-flight reductions (MPICH progresses only inside MPI calls).
   void progress() {
-    for (auto& b : buckets_)
-      if (b.request) (void)b.request->test();
+    for (auto& b : state_)
+      if (b.pending) (void)b.pending->test();
   }
 
-  // Start what was not reported, wait for every bucket. The time spent here is the exposed
-  // (non-overlapped) communication of the step.
+  // Start what was not reported, and make every bucket's result visible to what runs next. The
+  // host time spent here is the exposed (non-overlapped) communication of the step; on a GPU the
+  // host does not wait (comm::Staged aside), so it measures only the launch.
   void finish() {
     const auto t0 = std::chrono::steady_clock::now();
-    for (auto& b : buckets_)
-      if (!b.started) start(b);
-    for (auto& b : buckets_)
-      if (b.request) {
-        b.request->wait();
-        b.request.reset();
-      }
+    for (std::size_t b = 0; b < state_.size(); ++b)
+      if (!state_[b].started) start(b);
+    wait_all();
     exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // ZeRO-1: this rank's segments and their summed gradients (valid after finish()).
+  // This rank's segments and their summed gradients (valid after finish()).
   const std::vector<Segment>& own_segments() const noexcept { return segments_; }
-  TensorView<T> shard_grads() const noexcept {
-    return mode_ == GradReduction::reduce_scatter ? shard_grads_.view() : flat_.grads();
-  }
+  TensorView<T, Space> shard_grads() const noexcept { return sharded_ ? shard_grads_.view() : flat_.grads(); }
   std::int64_t shard_numel() const noexcept { return shard_numel_; }
 
-  // ZeRO-1, after the optimizer updated this rank's segments of the values: every rank gets all.
+  // ZeRO-1, after the optimizer updated this rank's segments of the values: every rank gets all
+  // (in place: each bucket's parts of all ranks, gathered into the bucket).
   void all_gather_values() {
     if (mode_ != GradReduction::reduce_scatter || !comm_) return;
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<comm::Request> reqs;
-    for (const auto& b : buckets_) {
-      T* base = flat_.values().data() + b.flat_offset;
-      reqs.push_back(comm_->iallgatherv(base + b.displs[static_cast<std::size_t>(comm_->rank())], base, b.counts));
-    }
-    for (auto& r : reqs) r.wait();
+    T* values = flat_.values().data();
+    for (std::size_t b = 0; b < state_.size(); ++b)
+      state_[b].pending = link_->allgather(values + segments_[b].flat_offset, values + flat_.buckets()[b].offset,
+                                           static_cast<std::size_t>(segments_[b].count));
+    wait_all();
     exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   double exposed_seconds() const noexcept { return exposed_seconds_; }
 
  private:
-  struct Bucket {
-    std::size_t first_param = 0, last_param = 0;  // [first, last) in registration order
-    std::int64_t flat_offset = 0, count = 0;
-    std::vector<int> counts, displs;             // per data rank (ZeRO)
-    std::int64_t shard_offset = 0;
+  struct State {
     std::size_t missing = 0;
     bool started = false;
     bool held = false;
-    std::optional<comm::Request> request;
+    std::optional<typename Link::Pending> pending;
   };
 
-  void build_buckets(std::size_t elements_per_bucket) {
-    const auto& params = flat_.params();
-    const auto& offs = flat_.offsets();
-    bucket_of_param_.assign(params.size(), 0);
-    reports_.assign(params.size(), 0);
-    std::size_t end = params.size();
-    while (end > 0) {  // from the last parameter backwards
-      std::size_t begin = end;
-      std::int64_t n = 0;
-      while (begin > 0 && static_cast<std::size_t>(n) < elements_per_bucket) n += params[--begin]->numel();
-      Bucket b;
-      b.first_param = begin;
-      b.last_param = end;
-      b.flat_offset = offs[begin];
-      b.count = n;
-      for (std::size_t i = begin; i < end; ++i) bucket_of_param_[i] = buckets_.size();
-      buckets_.push_back(std::move(b));
-      end = begin;
-    }
-  }
-
   void build_segments() {
-    const int p = data_size(), r = comm_ ? comm_->rank() : 0;
+    sharded_ = mode_ == GradReduction::reduce_scatter && comm_;
+    const std::int64_t p = data_size(), r = comm_ ? comm_->rank() : 0;
     std::int64_t shard = 0;
-    for (auto& b : buckets_) {
-      if (mode_ == GradReduction::reduce_scatter) {
-        for (int k = 0; k < p; ++k) {
-          b.counts.push_back(static_cast<int>(comm::block_count(static_cast<std::size_t>(b.count), p, k)));
-          b.displs.push_back(static_cast<int>(comm::block_offset(static_cast<std::size_t>(b.count), p, k)));
-        }
-        b.shard_offset = shard;
-        segments_.push_back({b.flat_offset + b.displs[static_cast<std::size_t>(r)], b.counts[static_cast<std::size_t>(r)], shard});
-        shard += b.counts[static_cast<std::size_t>(r)];
+    for (const FlatBucket& b : flat_.buckets()) {
+      if (sharded_) {
+        const std::int64_t c = b.count / p;
+        segments_.push_back({b.offset + r * c, c, shard});
+        shard += c;
       } else {
-        segments_.push_back({b.flat_offset, b.count, b.flat_offset});
+        segments_.push_back({b.offset, b.count, b.offset});
       }
     }
-    shard_numel_ = mode_ == GradReduction::reduce_scatter ? shard : flat_.numel();
-    if (mode_ == GradReduction::reduce_scatter) shard_grads_ = Tensor<T>(Shape{shard});
+    shard_numel_ = sharded_ ? shard : flat_.numel();
+    if (sharded_) shard_grads_ = Tensor<T, Space>(Shape{shard});
   }
 
-  void start(Bucket& b) {
-    b.started = true;
-    T* grads = flat_.grads().data() + b.flat_offset;
-    const std::size_t n = static_cast<std::size_t>(b.count);
-    if (mode_ == GradReduction::all_reduce) {
-      if (comm_) b.request = comm_->iallreduce(grads, n, comm::ReduceOp::sum);
-    } else if (comm_) {
-      b.request = comm_->ireduce_scatterv(grads, shard_grads_.data() + b.shard_offset, b.counts, comm::ReduceOp::sum);
-    } else {
-      std::copy_n(grads, n, shard_grads_.data() + b.shard_offset);
-    }
+  void start(std::size_t b) {
+    state_[b].started = true;
+    if (!comm_) return;  // one data rank: the gradients are the sums, and the shard is all of it
+    const FlatBucket& bucket = flat_.buckets()[b];
+    T* grads = flat_.grads().data() + bucket.offset;
+    if (mode_ == GradReduction::all_reduce)
+      state_[b].pending = link_->allreduce(grads, static_cast<std::size_t>(bucket.count));
+    else
+      state_[b].pending = link_->reduce_scatter(grads, shard_grads_.data() + segments_[b].shard_offset,
+                                                static_cast<std::size_t>(segments_[b].count));
   }
 
-  FlatParameters<T>& flat_;
-  const comm::Mpi* comm_;
+  void wait_all() {
+    for (auto& b : state_)
+      if (b.pending) {
+        b.pending->wait();
+        b.pending.reset();
+      }
+    if (link_) link_->join();
+  }
+
+  FlatParameters<T, Space>& flat_;
+  const Comm* comm_;
   GradReduction mode_;
-  std::vector<Bucket> buckets_;
-  std::vector<std::size_t> bucket_of_param_;
+  std::optional<Link> link_;  // with a communicator of more than one rank
+  std::vector<State> state_;  // per flat bucket, production order
   std::vector<int> reports_;
   int reports_per_param_ = 1;
-  std::vector<Segment> segments_;
+  std::vector<Segment> segments_;  // per flat bucket
+  bool sharded_ = false;           // ZeRO-1 over several data ranks
   std::int64_t shard_numel_ = 0;
-  Tensor<T> shard_grads_;
+  Tensor<T, Space> shard_grads_;   // (shard_numel) when sharded
   double exposed_seconds_ = 0;
 };
 

@@ -15,8 +15,12 @@
 // ranges' running lengths (a few dozen ranges: the table stays in L1).
 //
 // Bytes: one read of the gradients (4 or 2 bytes each); the floor is that read.
+//
+// GradNormOps (at the end) is Ops<CudaSpace>'s gradient-norm family, the device side of
+// kernels/host/grad_norm.hpp: the parallel runtime's norm and clipping scale stay on the device.
 
 #include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/device.hpp"
 
 #include <cub/device/device_reduce.cuh>
 #include <cuda_runtime.h>
@@ -60,10 +64,11 @@ struct RangeSquare {
   }
 };
 
-__global__ void clip_kernel(const double* __restrict__ squared_sum, float* __restrict__ coef, double max_norm,
+template <class S>
+__global__ void clip_kernel(const double* __restrict__ squared_sum, S* __restrict__ coef, double max_norm,
                             double inv_scale) {
   const double norm = sqrt(*squared_sum) * inv_scale;
-  *coef = isfinite(norm) ? static_cast<float>(inv_scale * fmin(1.0, max_norm / (norm + 1e-6))) : NAN;
+  *coef = isfinite(norm) ? static_cast<S>(inv_scale * fmin(1.0, max_norm / (norm + 1e-6))) : static_cast<S>(NAN);
 }
 }  // namespace detail::gnorm
 
@@ -149,8 +154,38 @@ inline void clip_coefficient(const double* squared_sum, float* coef, double max_
                              double inv_scale = 1.0) {
   DPML_REQUIRE(max_norm > 0.0, "clip_coefficient: max_norm " << max_norm << " must be positive");
   DPML_REQUIRE(inv_scale > 0.0, "clip_coefficient: inv_scale " << inv_scale << " must be positive");
-  detail::gnorm::clip_kernel<<<1, 1, 0, stream>>>(squared_sum, coef, max_norm, inv_scale);
+  detail::gnorm::clip_kernel<float><<<1, 1, 0, stream>>>(squared_sum, coef, max_norm, inv_scale);
   DPML_CHECK_LAUNCH();
 }
+
+// Ops<CudaSpace>'s gradient-norm family (kernels/host/grad_norm.hpp is the host one); the CUB
+// workspace comes from the Device's per-op scratch.
+struct GradNormOps {
+  using Dev = Device<CudaSpace>;
+
+  // *out (device double) = Σ data[i]² over the `count` ranges [begin[r], begin[r] + before[r + 1] −
+  // before[r]); begin (count) and before (count + 1, before[count] = total) in device memory;
+  // no ranges: *out = 0.
+  template <class T>
+  static void sum_squares(Dev& dev, const T* data, const std::int64_t* begin, const std::int64_t* before, int count,
+                          std::int64_t total, double* out) {
+    if (count == 0 || total == 0) {
+      DPML_CHECK_CUDA(cudaMemsetAsync(out, 0, sizeof(double), dev.stream()));
+      return;
+    }
+    const std::size_t bytes = grad_norm_ranges_workspace<T>(total);
+    grad_norm_squared_ranges(data, begin, before, count, total, out, dev.scratch<std::byte>(static_cast<std::int64_t>(bytes)),
+                             bytes, dev.stream());
+  }
+
+  // *scale (device) = min(1, max_norm / (√*squared + 1e-6)) (max_norm = ∞: 1), NaN when the norm is
+  // not finite (the update kernel then skips the step).
+  template <class S>
+  static void clip_scale(Dev& dev, const double* squared, S* scale, double max_norm) {
+    DPML_REQUIRE(max_norm > 0.0, "clip_scale: max_norm " << max_norm << " must be positive");
+    detail::gnorm::clip_kernel<S><<<1, 1, 0, dev.stream()>>>(squared, scale, max_norm, 1.0);
+    DPML_CHECK_LAUNCH();
+  }
+};
 
 }  // namespace dpml::kernels::cuda

@@ -10,8 +10,10 @@
 #include "dpml/kernels/cuda/device.hpp"
 #include "dpml/kernels/cuda/dropout.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
+#include "dpml/kernels/cuda/grad_norm.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/linear.hpp"
+#include "dpml/kernels/cuda/update.hpp"
 #include "dpml/kernels/image.hpp"
 #include "dpml/kernels/ops.hpp"
 
@@ -27,6 +29,8 @@ struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::BatchNormOps,
                         cuda::PoolOps,
                         cuda::AttentionOps,
-                        cuda::DropoutOps {};
+                        cuda::DropoutOps,
+                        cuda::UpdateOps,
+                        cuda::GradNormOps {};
 
 }  // namespace dpml::kernels

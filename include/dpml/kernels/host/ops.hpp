@@ -8,8 +8,10 @@
 #include "dpml/kernels/host/conv.hpp"
 #include "dpml/kernels/host/elementwise.hpp"
 #include "dpml/kernels/host/gemm.hpp"
+#include "dpml/kernels/host/grad_norm.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
 #include "dpml/kernels/host/pool.hpp"
+#include "dpml/kernels/host/update.hpp"
 #include "dpml/kernels/image.hpp"
 #include "dpml/kernels/ops.hpp"
 
@@ -25,6 +27,8 @@ struct Ops<HostSpace> : host::ElementwiseOps,
                         host::BatchNormOps,
                         host::PoolOps,
                         host::AttentionOps,
-                        host::DropoutOps {};
+                        host::DropoutOps,
+                        host::UpdateOps,
+                        host::GradNormOps {};
 
 }  // namespace dpml::kernels

@@ -1,0 +1,65 @@
+#pragma once
+// DeviceGrid<Comm, DataComm>: the communicators of a ProcessGrid's axes for *device* buffers, built
+// once from the grid's MPI groups (which stay the host's: bootstrap, host data, checkpoints). The
+// trainer hands them to whoever moves device tensors: the tensor axis to TensorRegion<Comm> (the
+// tensor-parallel layers), the data axis to the gradient buckets and ZeRO
+// (DistributedOptimizer), the pipeline axis to the pipeline transport, the world to the global
+// gradient norm.
+//
+//   tensor, world    on the compute stream of `dev`: their results are needed by the very next
+//                    kernel (a row-parallel output, the clipping scale), so nothing overlaps them
+//   data, pipeline   on streams of their own: bucket reductions and activations in flight overlap
+//                    compute, ordered against it by events (parallel/comm_link.hpp)
+//
+// Comm is comm::Nccl (a GPU per rank) or comm::Staged (ranks sharing a GPU, through host memory);
+// DataComm may differ for the data axis: comm::CopyEngine for two GPUs of one host. Construction is
+// collective over the world (each axis' communicator over its group, in the same order on every
+// rank). Instantiated only in CUDA translation units (the communicators are CUDA types).
+//
+//   kernels::Device<CudaSpace> dev;
+//   parallel::DeviceGrid<comm::Nccl> comms(grid, dev);
+//   TensorRegion<comm::Nccl> tp(&comms.tensor());
+
+#include "dpml/core/axis.hpp"
+#include "dpml/kernels/device.hpp"
+#include "dpml/parallel/grid.hpp"
+
+#include <concepts>
+
+namespace dpml::parallel {
+
+template <class Comm, class DataComm = Comm>
+class DeviceGrid {
+ public:
+  template <class Space>
+  DeviceGrid(const ProcessGrid& grid, kernels::Device<Space>& dev)
+      : grid_(&grid),
+        tensor_(Comm::from(grid.comm(Axis::tensor), dev.stream())),
+        data_(DataComm::from(grid.comm(Axis::data))),
+        pipeline_(Comm::from(grid.comm(Axis::pipeline))),
+        world_(Comm::from(grid.world(), dev.stream())) {}
+
+  DeviceGrid(const DeviceGrid&) = delete;
+  DeviceGrid& operator=(const DeviceGrid&) = delete;
+
+  const ProcessGrid& grid() const noexcept { return *grid_; }
+  const Comm& tensor() const noexcept { return tensor_; }
+  const DataComm& data() const noexcept { return data_; }
+  const Comm& pipeline() const noexcept { return pipeline_; }
+  const Comm& world() const noexcept { return world_; }
+  // The communicator of axis `a` (one type for all axes).
+  const Comm& comm(Axis a) const noexcept
+    requires std::same_as<Comm, DataComm>
+  {
+    return a == Axis::tensor ? tensor_ : a == Axis::data ? data_ : pipeline_;
+  }
+
+ private:
+  const ProcessGrid* grid_;
+  Comm tensor_;
+  DataComm data_;
+  Comm pipeline_;
+  Comm world_;
+};
+
+}  // namespace dpml::parallel
