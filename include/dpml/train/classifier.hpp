@@ -62,7 +62,6 @@ class ClassifierTrainer {
     ctx_.mode = layers::Mode::train;
     ctx_.global_batch = batch.global_size;
     optimizer_.begin_step(options_.micro_batches);
-    double loss = 0.0;
     std::int64_t correct = 0;
     const auto images = batch.images.cview();
     // The loader's convention: data rank r of K holds [⌊r·G/K⌋, ⌊(r+1)·G/K⌋) of the G samples.
@@ -74,7 +73,7 @@ class ClassifierTrainer {
       auto x = images.slice(0, lo, hi);
       auto labels = batch.labels.cview().slice(0, lo, hi);
       auto logits = model_.forward(ctx_, x);
-      loss += loss_.forward(ctx_, logits, labels);
+      loss_.forward(ctx_, logits, labels);
       correct += count_correct(logits, labels);
       auto dlogits = loss_.backward(ctx_);
       model_.backward_input(ctx_, dlogits);
@@ -82,7 +81,7 @@ class ClassifierTrainer {
     }
     const auto report = optimizer_.finish_step(lr);
     ++ctx_.step;
-    double sums[2] = {loss, static_cast<double>(correct)};
+    double sums[2] = {loss_.take_loss(), static_cast<double>(correct)};
     grid_.comm(Axis::data).allreduce(sums, 2, comm::ReduceOp::sum);
     StepResult r;
     r.loss = sums[0];

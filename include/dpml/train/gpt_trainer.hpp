@@ -103,14 +103,12 @@ class GptStage {
     sent_bwd_.assign(static_cast<std::size_t>(m), View());
     for (auto* v : {&recv_fwd_, &recv_bwd_})
       for (auto& t : *v) t.resize(Shape{mb_size, len, C});
-    loss_ = 0.0;
   }
 
   void forward(int mb) {
     ctx_.micro_batch = mb;
     const auto i = static_cast<std::size_t>(mb);
     sent_fwd_[i] = model_.forward(ctx_, inputs_[i], recv_fwd_[i].cview(), targets_[i]);
-    if (model_.is_last_stage()) loss_ += model_.loss(ctx_);
   }
   void backward_input(int mb) {
     ctx_.micro_batch = mb;
@@ -126,7 +124,7 @@ class GptStage {
   View send_forward_buffer(int mb) { return sent_fwd_[static_cast<std::size_t>(mb)]; }
   View send_backward_buffer(int mb) { return sent_bwd_[static_cast<std::size_t>(mb)]; }
 
-  double loss() const noexcept { return loss_; }  // this stage's summed micro-batch losses (last stage)
+  double take_loss() { return model_.take_loss(); }  // this stage's summed micro-batch losses (last stage)
   int micro_batches() const noexcept { return static_cast<int>(inputs_.size()); }
 
  private:
@@ -135,7 +133,6 @@ class GptStage {
   std::vector<TensorView<const std::int32_t>> inputs_, targets_;
   std::vector<Tensor<T>> recv_fwd_, recv_bwd_;  // (mb, T, C)
   std::vector<View> sent_fwd_, sent_bwd_;
-  double loss_ = 0.0;
 };
 }  // namespace detail
 
@@ -186,7 +183,7 @@ class GptTrainer {
     r.pipeline = parallel::pipeline::run_stage(actions(), stage_, grid_.comm(Axis::pipeline));
     model_.finish_tied_gradients();
     optimizer_.buckets().finish();  // reduced gradients, checked before the update
-    r.loss = step_loss(stage_.loss());
+    r.loss = step_loss(stage_.take_loss());
     ++ctx_.step;
     if (options_.on_nonfinite != NonFinite::ignore && !finite_step(r.loss)) {
       handle_nonfinite(r.loss);  // throws with `stop`
@@ -215,7 +212,7 @@ class GptTrainer {
         forward_only.push_back(a);
     (void)parallel::pipeline::run_stage(forward_only, stage_, grid_.comm(Axis::pipeline));
     ctx_.mode = layers::Mode::train;
-    return step_loss(stage_.loss());
+    return step_loss(stage_.take_loss());
   }
 
   // Continues `prompt` by `count` tokens (temperature > 0, top_k ≤ 0: the whole vocabulary).

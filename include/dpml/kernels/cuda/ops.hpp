@@ -3,8 +3,11 @@
 // composed of the kernel families, each defined beside its kernels in kernels/cuda/. CUDA
 // translation units only (kernels/ops.hpp includes this file under __CUDACC__).
 
+#include "dpml/kernels/cuda/cross_entropy.hpp"
 #include "dpml/kernels/cuda/device.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
+#include "dpml/kernels/cuda/embedding.hpp"
+#include "dpml/kernels/cuda/id_check.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/linear.hpp"
 #include "dpml/kernels/ops.hpp"
@@ -15,6 +18,9 @@ template <>
 struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::LinearOps,
                         cuda::LayerNormOps,
-                        cuda::ActivationOps {};
+                        cuda::ActivationOps,
+                        cuda::EmbeddingOps,
+                        cuda::CrossEntropyOps,
+                        cuda::IdCheckOps {};
 
 }  // namespace dpml::kernels

@@ -3,8 +3,11 @@
 // composed of the kernel families, each defined beside its kernels in kernels/host/.
 
 #include "dpml/kernels/host/activation.hpp"
+#include "dpml/kernels/host/cross_entropy.hpp"
 #include "dpml/kernels/host/elementwise.hpp"
+#include "dpml/kernels/host/embedding.hpp"
 #include "dpml/kernels/host/gemm.hpp"
+#include "dpml/kernels/host/id_check.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
 #include "dpml/kernels/ops.hpp"
 
@@ -14,6 +17,9 @@ template <>
 struct Ops<HostSpace> : host::ElementwiseOps,
                         host::LinearOps,
                         host::LayerNormOps,
-                        host::ActivationOps {};
+                        host::ActivationOps,
+                        host::EmbeddingOps,
+                        host::CrossEntropyOps,
+                        host::IdCheckOps {};
 
 }  // namespace dpml::kernels
