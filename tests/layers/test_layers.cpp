@@ -239,7 +239,9 @@ TEST_CASE("SoftmaxCrossEntropy: mean over the global batch; dlogits against fini
     }
     return sum / 10;
   };
-  CHECK(std::abs(loss.forward(ctx, z.cview(), labels.cview()) - reference()) < 1e-6);
+  loss.forward(ctx, z.cview(), labels.cview());
+  CHECK(std::abs(loss.take_loss() - reference()) < 1e-6);
+  CHECK(loss.take_loss() == 0.0);  // taken: the running sum starts again
   const auto d = loss.backward(ctx);
   REQUIRE(d.shape() == Shape{4, 5});
   for (std::int64_t i = 0; i < z.numel(); ++i) {
@@ -253,8 +255,55 @@ TEST_CASE("SoftmaxCrossEntropy: mean over the global batch; dlogits against fini
     CHECK(std::abs(d[i] - (plus - minus) / (2 * h)) < 1e-8);
   }
   ctx.global_batch = 0;  // falls back to the local N
-  CHECK(std::abs(loss.forward(ctx, z.cview(), labels.cview()) - reference() * 10 / 4) < 1e-6);
+  loss.forward(ctx, z.cview(), labels.cview());
+  CHECK(std::abs(loss.take_loss() - reference() * 10 / 4) < 1e-6);
   labels[2] = 5;
   CHECK(test::error_of([&] { loss.forward(ctx, z.cview(), labels.cview()); })
-            .find("label 5 of sample 2 is not in [0, 5)") != std::string::npos);
+            .find("label 5 at position 2 is outside the classes [0, 5)") != std::string::npos);
+}
+
+TEST_CASE("SoftmaxCrossEntropy: micro-batches add up; in place; padded classes; evaluation forms no dlogits",
+          "[layers]") {
+  auto gen = test::rng(7);
+  Ctx ctx;
+  ctx.global_batch = 6;
+  auto z = test::random_tensor<double>(Shape{3, 7}, gen, -3, 3);
+  Tensor<std::int32_t> labels(Shape{3});
+  for (int n = 0; n < 3; ++n) labels[n] = (n * 2) % 5;
+  layers::SoftmaxCrossEntropy<double> plain;
+  layers::SoftmaxCrossEntropy<double> padded({.valid = 5});  // columns 5 and 6 are padding
+  layers::SoftmaxCrossEntropy<double> in_place({.in_place = true, .valid = 5});
+  auto reference = [&](std::int64_t valid) {  // Σ over the 3 rows of the first `valid` columns, / 6
+    double sum = 0;
+    for (int n = 0; n < 3; ++n) {
+      double e = 0;
+      for (int j = 0; j < valid; ++j) e += std::exp(z(n, j));
+      sum += std::log(e) - z(n, labels[n]);
+    }
+    return sum / 6;
+  };
+  for (int mb = 0; mb < 2; ++mb) {  // two micro-batches of the same rows: twice the loss
+    ctx.micro_batch = mb;
+    plain.forward(ctx, z.cview(), labels.cview());
+  }
+  CHECK(plain.take_loss() == test::Approx(2 * reference(7)).epsilon(1e-12));
+
+  ctx.micro_batch = 0;
+  padded.forward(ctx, z.cview(), labels.cview());
+  CHECK(padded.take_loss() == test::Approx(reference(5)).epsilon(1e-12));
+  const auto dv = padded.backward(ctx);
+  const std::vector<double> d(dv.begin(), dv.end());
+  for (int n = 0; n < 3; ++n) CHECK((d[n * 7 + 5] == 0.0 && d[n * 7 + 6] == 0.0));  // padding: no gradient
+
+  auto logits = test::random_tensor<double>(Shape{3, 7}, gen);
+  std::copy(z.begin(), z.end(), logits.begin());
+  in_place.forward(ctx, logits.cview(), labels.cview());
+  CHECK(in_place.take_loss() == test::Approx(reference(5)).epsilon(1e-12));
+  CHECK(in_place.backward(ctx).data() == logits.data());  // dlogits over the logits
+  CHECK(std::vector<double>(logits.begin(), logits.end()) == d);
+
+  ctx.mode = layers::Mode::eval;
+  plain.forward(ctx, z.cview(), labels.cview());
+  CHECK(plain.take_loss() == test::Approx(reference(7)).epsilon(1e-12));
+  CHECK(test::error_of([&] { plain.backward(ctx); }).find("without a training forward") != std::string::npos);
 }

@@ -9,26 +9,30 @@
 // that fall in its shard (zero rows for the others); reduce_from sums the shards, so exactly one
 // rank contributes each row and the sum is exact: the output equals tp = 1 bit for bit. The
 // position table wpe is replicated and added after the sum. Padding rows (V ≤ row < V_pad) are
-// initialised like the others but never read and never receive a gradient; a token outside
-// [0, V) is an Error. Both tables start from N(0, 0.02²) (GPT-2), drawn by global index
+// initialised like the others but never looked up (the tied head's GEMM forms their logits, then
+// masks them) and never receive a gradient; a token outside [0, V) is an Error. Both tables start from N(0, 0.02²) (GPT-2), drawn by global index
 // (layers/init.hpp), so the real rows are the same whatever V_pad and tp are.
 //
 // The token ids get no gradient: backward_input returns an empty view. backward_weight adds
-// the gradients into this rank's rows of wte (deterministic, kernels/host/embedding.hpp) and
-// into wpe. The LM head tied to wte (layers/vocab_parallel_cross_entropy.hpp) adds its gradient
-// into the same wte.grad().
+// the gradients into this rank's rows of wte (deterministic on both spaces: in token order on the
+// host, a sorted scatter on a GPU, kernels/{host,cuda}/embedding.hpp) and into wpe. The LM head
+// tied to wte (layers/vocab_parallel_cross_entropy.hpp) adds its gradient into the same wte.grad().
+//
+// Any space, through kernels::Ops<Space>'s embedding family; the tensor axis' communicator is Comm
+// (comm::Mpi on the host, comm::Nccl on a GPU by default). Token range check (Ops::IdCheck,
+// kernels/host/id_check.hpp): on the host a bad token throws in forward; on a GPU it is found by a
+// kernel, with no host synchronisation, and thrown at a later forward once that kernel's result has
+// arrived, or by check_tokens() (which waits for it).
 
-#include "dpml/comm/mpi.hpp"
-#include "dpml/core/tensor.hpp"
-#include "dpml/kernels/host/embedding.hpp"
-#include "dpml/layers/layer.hpp"
 #include "dpml/core/parameter.hpp"
+#include "dpml/core/tensor.hpp"
+#include "dpml/kernels/ops.hpp"
+#include "dpml/layers/layer.hpp"
 #include "dpml/parallel/tensor.hpp"
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace dpml::layers {
@@ -67,9 +71,9 @@ struct EmbeddingOptions {
   double init_std = 0.02;
 };
 
-template <class T = float, class Space = HostSpace>
+template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
 class Embedding {
-  static_assert(std::is_same_v<Space, HostSpace>, "dpml Embedding: only the host path (kernels/host) exists so far");
+  using Ops = kernels::Ops<Space>;
 
  public:
   using value_type = T;
@@ -77,10 +81,11 @@ class Embedding {
   using Input = TensorView<const std::int32_t, Space>;  // (B, T) token ids
   using Output = TensorView<const T, Space>;            // (B, T, C)
 
-  explicit Embedding(const EmbeddingOptions& o, const parallel::TensorRegion<comm::Mpi>& region = {})
+  explicit Embedding(const EmbeddingOptions& o, const parallel::TensorRegion<Comm>& region = {})
       : opts_(o), region_(region), part_(VocabPartition::make(o.vocab, region.size(), region.rank(), o.pad_multiple)),
         wte_(o.token_name + ".weight", Shape{part_.local(), o.dim}, Init::normal(0.0, o.init_std), Sharding::split(0)),
-        wpe_(o.position_name + ".weight", Shape{o.max_seq, o.dim}, Init::normal(0.0, o.init_std)) {}
+        wpe_(o.position_name + ".weight", Shape{o.max_seq, o.dim}, Init::normal(0.0, o.init_std)),
+        check_(kernels::IdRange{"Embedding " + wte_.name(), "token", "the vocabulary"}) {}
 
   Output forward(Context<Space>& ctx, Input tokens) {
     DPML_REQUIRE(tokens.rank() == 2 && tokens.is_contiguous(),
@@ -88,18 +93,14 @@ class Embedding {
     const std::int64_t B = tokens.size(0), Tn = tokens.size(1), C = opts_.dim;
     DPML_REQUIRE(Tn <= opts_.max_seq, "Embedding " << wpe_.name() << ": sequence length " << Tn
                                                    << " exceeds the position table's " << opts_.max_seq << " rows");
-    for (std::int64_t n = 0; n < tokens.numel(); ++n)
-      DPML_REQUIRE(tokens[n] >= 0 && tokens[n] < opts_.vocab, "Embedding " << wte_.name() << ": token " << tokens[n]
-                                                                            << " at position " << n
-                                                                            << " is outside the vocabulary [0, "
-                                                                            << opts_.vocab << ")");
+    check_.scan(ctx.dev(), tokens.data(), tokens.numel(), opts_.vocab);
     Saved& s = slots_.slot(ctx);
     s.tokens = tokens;
     auto y = ensure(s.y, Shape{B, Tn, C});
-    kernels::host::embedding_token_forward(tokens.data(), wte_.value().data(), y.data(), B * Tn, C, part_.begin,
-                                           part_.end);
+    Ops::embedding_token_forward(ctx.dev(), tokens.data(), wte_.value().data(), y.data(), B * Tn, C, part_.begin,
+                                 part_.end);
     region_.reduce_from_forward(y);
-    kernels::host::embedding_position_forward(wpe_.value().data(), y.data(), B, Tn, C);
+    Ops::embedding_position_forward(ctx.dev(), wpe_.value().data(), y.data(), B, Tn, C);
     return y;
   }
 
@@ -112,17 +113,21 @@ class Embedding {
     const std::int64_t B = s.tokens.size(0), Tn = s.tokens.size(1), C = opts_.dim;
     DPML_REQUIRE(dy.shape() == (Shape{B, Tn, C}), "Embedding " << wte_.name() << ": dy " << dy.shape().str()
                                                                << " is not (B, T, C) = " << s.y.shape().str());
-    kernels::host::embedding_token_backward(s.tokens.data(), dy.data(), wte_.grad().data(), B * Tn, C, part_.begin,
-                                            part_.end);
-    kernels::host::embedding_position_backward(dy.data(), wpe_.grad().data(), B, Tn, C);
+    Ops::embedding_token_backward(ctx.dev(), s.tokens.data(), dy.data(), wte_.grad().data(), B * Tn, C, part_.begin,
+                                  part_.end, opts_.vocab);
+    Ops::embedding_position_backward(ctx.dev(), dy.data(), wpe_.grad().data(), B, Tn, C);
   }
 
   std::vector<Param<T, Space>*> parameters() { return {&wte_, &wpe_}; }
 
+  // Throws if a token of any forward so far lay outside the vocabulary; on a GPU it waits for the
+  // last forward's check (the host has checked already).
+  void check_tokens() { check_.raise_if_bad(); }
+
   // The tied LM head reads and adds into these.
   Param<T, Space>& token_weight() noexcept { return wte_; }  // (V_pad / tp, C)
   const VocabPartition& partition() const noexcept { return part_; }
-  const parallel::TensorRegion<comm::Mpi>& region() const noexcept { return region_; }
+  const parallel::TensorRegion<Comm>& region() const noexcept { return region_; }
 
  private:
   struct Saved {
@@ -131,9 +136,10 @@ class Embedding {
   };
 
   EmbeddingOptions opts_;
-  parallel::TensorRegion<comm::Mpi> region_;
+  parallel::TensorRegion<Comm> region_;
   VocabPartition part_;
   Param<T, Space> wte_, wpe_;
+  typename Ops::IdCheck check_;
   Slots<Saved> slots_;
 };
 

@@ -4,154 +4,176 @@
 // on one rank.
 //
 //   logits_k = h · W_kᵀ           h (N, C) whole on every rank; W_k (V_pad/tp, C) this rank's
-//                                 rows of wte → (N, V_pad/tp) local logits
-//   m  = max over all ranks       each rank's row maxima, gathered (N, tp), then the max: the
-//                                 same shift on every rank (gather is a conjugate op: no MPI here)
-//   S  = Σ_k Σ_j exp(z − m)       and z_target (from the rank whose shard holds the target, 0
-//                                 elsewhere): one all_reduce over the tensor axis, (N, 2)
-//   loss = Σ_n (log S_n + m_n − z_target,n) / ctx.global_batch
+//                                 rows of wte → (N, V_pad/tp) local logits, own buffer per slot
+//   per row, this shard's (max m_k, Σ exp(z − m_k), z_target if the shard holds it): written in
+//   slot k of a zeroed (tp, 3, N) buffer, which ONE all_reduce (sum) over the tensor axis fills
+//   with every shard's triple — exactly, since the other slots add zeros (no MPI/NCCL here: the
+//   region's conjugate operation)
+//   M = max_k m_k,  S = Σ_k s_k · exp(m_k − M),  loss = Σ_n (M + log S − z_target) / global_batch
+//   (kernels/{host,cuda}/cross_entropy.hpp; with tp = 1 one fused pass over each row instead)
 //
-// Padding columns (rows of wte at or past V) are masked: they are left out of the GEMM, the max
-// and the sum, exactly as −inf logits would be, so the loss is the unpadded one for any tp.
+// Padding columns (rows of wte at or past V) are masked: the GEMM computes them (whole, aligned
+// shards), but they are left out of the max and the sum, as −inf logits would be, and get zero
+// gradient, so the loss is the unpadded one for any tp and padding rows of wte never get a
+// gradient.
 //
 // ctx.global_batch counts TOKENS here: the number of target tokens in the whole step (all data
 // ranks, all micro-batches), so that summed micro-batch losses give the mean per-token loss and
 // gradients add up unscaled. With global_batch = 0 the divisor is this call's N.
 //
-// Forward already forms dlogits = (softmax − onehot(target)) / global_batch (the loss is the
-// root of the graph, its own gradient is 1), kept per slot. Then
-//   backward_input:  dh = dlogits · W_k, summed over the tensor axis (copy_to's backward,
-//                    because h entered every rank whole)
-//   backward_weight: W_k.grad += dlogitsᵀ · h   — the tied embedding's gradient.
-// Not a Layer (the loss is a scalar root), like SoftmaxCrossEntropy. forward returns the loss
-// as double whatever T is: float64 gradient checks need it unrounded.
+// The loss API of layers/cross_entropy.hpp (forward adds to a running sum in the space's memory,
+// take_loss() reads it), with the head's own parameter gradient split off:
+//   forward(ctx, h, targets)  the logits, the loss and — in training — dlogits = (softmax −
+//                             onehot(target)) / global_batch written over the logits in place
+//                             (the loss is the root of the graph; the logits' producer is this
+//                             layer, which does not need them again)
+//   backward(ctx)             dh = dlogits · W_k, summed over the tensor axis (copy_to's backward,
+//                             because h entered every rank whole)
+//   backward_weight(ctx)      W_k.grad += dlogitsᵀ · h   — the tied embedding's gradient
+//   take_loss()               the running sum; the same on every tensor rank (count it once)
+// Memory per slot: the (N, V_pad/tp) logits (then dlogits) and dh (N, C).
+//
+// next_token_logits(ctx, h_row) gives one row's logits over the whole vocabulary on the host, for
+// sampling; logits(ctx) the slot's shard of logits (evaluation) or dlogits (training). Any space, through kernels::Ops<Space>; Comm is the tensor axis' communicator.
 
-#include "dpml/comm/mpi.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
-#include "dpml/kernels/host/gemm.hpp"
+#include "dpml/kernels/ops.hpp"
+#include "dpml/layers/cross_entropy.hpp"
 #include "dpml/layers/embedding.hpp"
 #include "dpml/layers/layer.hpp"
-#include "dpml/core/parameter.hpp"
 #include "dpml/parallel/tensor.hpp"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
-#include <type_traits>
+#include <vector>
 
 namespace dpml::layers {
 
-template <class T = float, class Space = HostSpace>
+template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
 class VocabParallelCrossEntropy {
-  static_assert(std::is_same_v<Space, HostSpace>,
-                "dpml VocabParallelCrossEntropy: only the host path (kernels/host) exists so far");
+  using Ops = kernels::Ops<Space>;
+  using Stat = kernels::accum_t<T>;
 
  public:
   using value_type = T;
   using space = Space;
+  using Input = TensorView<const T, Space>;              // h (..., C)
+  using Target = TensorView<const std::int32_t, Space>;  // targets (...) in [0, V)
 
   // weight: this rank's (V_pad/tp, C) rows of the tied token table, described by `part`.
   VocabParallelCrossEntropy(Param<T, Space>& weight, VocabPartition part,
-                            const parallel::TensorRegion<comm::Mpi>& region = {})
-      : weight_(&weight), part_(part), region_(region) {
+                            const parallel::TensorRegion<Comm>& region = {})
+      : weight_(&weight), part_(part), region_(region),
+        check_(kernels::IdRange{"VocabParallelCrossEntropy", "target", "the vocabulary"}) {
     DPML_REQUIRE(weight.shape().rank() == 2 && weight.shape()[0] == part.local(),
                  "VocabParallelCrossEntropy: weight " << weight.name() << " " << weight.shape().str()
                                                       << " does not hold the shard's " << part.local() << " rows");
   }
-  explicit VocabParallelCrossEntropy(Embedding<T, Space>& tied)
+  explicit VocabParallelCrossEntropy(Embedding<T, Space, Comm>& tied)
       : VocabParallelCrossEntropy(tied.token_weight(), tied.partition(), tied.region()) {}
 
-  // h (..., C), targets (...) int32 in [0, V) → the loss summed over tokens / ctx.global_batch.
-  double forward(Context<Space>& ctx, TensorView<const T, Space> h, TensorView<const std::int32_t, Space> targets) {
+  // h (..., C), targets (...): the loss summed over tokens / ctx.global_batch, added to the running sum.
+  void forward(Context<Space>& ctx, Input h, Target targets) {
     const std::int64_t C = weight_->shape()[1];
-    DPML_REQUIRE(h.is_contiguous() && h.rank() >= 1 && h.size(h.rank() - 1) == C && h.numel() / C == targets.numel(),
+    DPML_REQUIRE(h.is_contiguous() && targets.is_contiguous() && h.rank() >= 1 && h.size(h.rank() - 1) == C &&
+                     h.numel() / C == targets.numel(),
                  "VocabParallelCrossEntropy: h " << h.shape().str() << " is not (targets " << targets.shape().str()
                                                  << ", C=" << C << ")");
-    const std::int64_t N = targets.numel(), Vl = part_.valid();
-    for (std::int64_t n = 0; n < N; ++n)
-      DPML_REQUIRE(targets[n] >= 0 && targets[n] < part_.vocab, "VocabParallelCrossEntropy: target "
-                                                                    << targets[n] << " at position " << n
-                                                                    << " is outside the vocabulary [0, "
-                                                                    << part_.vocab << ")");
+    const std::int64_t N = targets.numel(), Vl = part_.local();
+    check_.scan(ctx.dev(), targets.data(), N, part_.vocab);
     Saved& s = slots_.slot(ctx);
     s.h = h;
-    auto dz = ensure(s.dlogits, Shape{N, Vl});  // (N, Vl): logits, then probabilities, then dlogits
-    if (Vl > 0)
-      kernels::host::gemm(kernels::host::Trans::no, kernels::host::Trans::yes, N, Vl, C, T(1), h.data(), C,
-                          weight_->value().data(), C, T(0), dz.data(), Vl);
-
-    // Row maxima, made global by gathering one per rank.
-    Tensor<T, Space> local_max(Shape{N, 1}), all_max(Shape{N, static_cast<std::int64_t>(region_.size())});
-    for (std::int64_t n = 0; n < N; ++n) {
-      T m = -std::numeric_limits<T>::infinity();
-      for (std::int64_t j = 0; j < Vl; ++j) m = std::max(m, dz(n, j));
-      local_max[n] = m;
-    }
-    region_.gather_last_dim(local_max.cview(), all_max.view());
-    // (N, 2): Σ exp(z − m) over this shard, and the target's logit if this shard holds it.
-    Tensor<T, Space> sums(Shape{N, 2}, T(0));
-    for (std::int64_t n = 0; n < N; ++n) {
-      const T m = *std::max_element(&all_max(n, 0), &all_max(n, 0) + all_max.size(1));
-      all_max(n, 0) = m;
-      const std::int64_t t = targets[n] - part_.begin;
-      if (t >= 0 && t < Vl) sums(n, 1) = dz(n, t);
-      double s_exp = 0;
-      for (std::int64_t j = 0; j < Vl; ++j) {
-        dz(n, j) = std::exp(dz(n, j) - m);
-        s_exp += dz(n, j);
-      }
-      sums(n, 0) = static_cast<T>(s_exp);
-    }
-    region_.all_reduce(sums.view());
-
+    s.trained = ctx.training();
+    auto z = ensure(s.logits, Shape{N, Vl});  // (N, Vl): logits, then dlogits
+    Ops::linear_forward(ctx.dev(), h.data(), weight_->value().data(), static_cast<const T*>(nullptr), z.data(), N, C,
+                        Vl);
+    T* d = s.trained ? z.data() : nullptr;
     const double divisor = ctx.global_batch > 0 ? static_cast<double>(ctx.global_batch) : static_cast<double>(N);
-    const T scale = static_cast<T>(1.0 / divisor);
-    double loss = 0;
-    for (std::int64_t n = 0; n < N; ++n) {
-      const T S = sums(n, 0), m = all_max(n, 0);
-      loss += std::log(static_cast<double>(S)) + static_cast<double>(m) - static_cast<double>(sums(n, 1));
-      const T inv = T(1) / S;
-      for (std::int64_t j = 0; j < Vl; ++j) dz(n, j) *= inv * scale;
-      const std::int64_t t = targets[n] - part_.begin;
-      if (t >= 0 && t < Vl) dz(n, t) -= scale;
+    double* sum = sum_.running(ctx);
+    if (region_.size() == 1) {
+      Ops::softmax_xent(ctx.dev(), z.data(), targets.data(), d, sum, N, Vl, part_.valid(), 1.0 / divisor);
+      return;
     }
-    return loss / divisor;
+    auto stats = ensure(stats_, Shape{region_.size(), 3, N});  // (tp, 3, N)
+    Ops::vocab_xent_partials(ctx.dev(), z.data(), targets.data(), stats.data(), N, Vl, part_.begin, part_.vocab,
+                             region_.size(), region_.rank());
+    region_.all_reduce(stats);
+    Ops::vocab_xent_finish(ctx.dev(), z.data(), targets.data(), stats.data(), d, sum, N, Vl, part_.begin, part_.vocab,
+                           region_.size(), 1.0 / divisor);
   }
 
-  // dh (..., C), summed over the tensor axis.
-  TensorView<const T, Space> backward_input(Context<Space>& ctx) {
-    Saved& s = slots_.slot(ctx);
-    const std::int64_t C = weight_->shape()[1], N = s.dlogits.size(0), Vl = s.dlogits.size(1);
+  // dh (..., C) of the slot's training forward, summed over the tensor axis.
+  Input backward(Context<Space>& ctx) {
+    Saved& s = trained_slot(ctx);
+    const std::int64_t C = weight_->shape()[1];
     auto dh = ensure(s.dh, s.h.shape());
-    if (Vl > 0)
-      kernels::host::gemm(kernels::host::Trans::no, kernels::host::Trans::no, N, C, Vl, T(1), s.dlogits.data(), Vl,
-                          weight_->value().data(), C, T(0), dh.data(), C);
-    else
-      std::fill(dh.begin(), dh.end(), T(0));
+    Ops::linear_backward_input(ctx.dev(), s.logits.data(), weight_->value().data(), dh.data(), s.logits.size(0), C,
+                               part_.local());
     region_.copy_to_backward(dh);
     return dh;
   }
 
-  // weight.grad (V_pad/tp, C) += dlogitsᵀ · h over the shard's real rows.
+  // weight.grad (V_pad/tp, C) += dlogitsᵀ · h (zero on the padding rows).
   void backward_weight(Context<Space>& ctx) {
-    Saved& s = slots_.slot(ctx);
-    const std::int64_t C = weight_->shape()[1], N = s.dlogits.size(0), Vl = s.dlogits.size(1);
-    if (Vl > 0)
-      kernels::host::gemm(kernels::host::Trans::yes, kernels::host::Trans::no, Vl, C, N, T(1), s.dlogits.data(), Vl,
-                          s.h.data(), C, T(1), weight_->grad().data(), C);
+    Saved& s = trained_slot(ctx);
+    Ops::linear_backward_weight(ctx.dev(), s.logits.data(), s.h.data(), weight_->grad().data(), static_cast<T*>(nullptr),
+                                s.logits.size(0), weight_->shape()[1], part_.local());
   }
+
+  double take_loss() {
+    const double loss = sum_.take();
+    check_.raise_if_bad();
+    return loss;
+  }
+
+  // Logits (V) of one row h_row (C) over the whole vocabulary, on the host (for sampling): this
+  // rank's shard in a zeroed row of V_pad, summed over the tensor axis (a gather: the other ranks
+  // add zeros there).
+  std::vector<float> next_token_logits(const Context<Space>& ctx, Input h_row) {
+    const std::int64_t C = weight_->shape()[1];
+    DPML_REQUIRE(h_row.numel() == C && h_row.is_contiguous(),
+                 "VocabParallelCrossEntropy: next_token_logits takes one row of C=" << C << ", got "
+                                                                                  << h_row.shape().str());
+    auto row = ensure(row_, Shape{part_.padded});  // (V_pad)
+    Ops::zero(ctx.dev(), row.data(), part_.padded);
+    Ops::linear_forward(ctx.dev(), h_row.data(), weight_->value().data(), static_cast<const T*>(nullptr),
+                        row.data() + part_.begin, 1, C, part_.local());
+    region_.all_reduce(row);
+    Tensor<T> host(Shape{part_.padded});
+    copy(host.view(), TensorView<const T, Space>(row));
+    std::vector<float> logits(static_cast<std::size_t>(part_.vocab));
+    for (std::int64_t v = 0; v < part_.vocab; ++v) logits[static_cast<std::size_t>(v)] = static_cast<float>(host[v]);
+    return logits;
+  }
+
+  // The slot's (N, V_pad/tp) buffer: this shard's logits after an evaluation forward, its dlogits
+  // after a training one.
+  Input logits(const Context<Space>& ctx) { return slots_.slot(ctx).logits.cview(); }
+
+  const VocabPartition& partition() const noexcept { return part_; }
 
  private:
   struct Saved {
-    TensorView<const T, Space> h;      // (..., C), the caller's buffer
-    Tensor<T, Space> dlogits;          // (N, valid rows of the shard)
-    Tensor<T, Space> dh;               // (..., C)
+    Input h;                   // (..., C), the caller's buffer
+    bool trained = false;      // the last forward formed dlogits
+    Tensor<T, Space> logits;   // (N, V_pad/tp): logits, then dlogits in training
+    Tensor<T, Space> dh;       // (..., C)
   };
+
+  Saved& trained_slot(Context<Space>& ctx) {
+    Saved& s = slots_.slot(ctx);
+    DPML_REQUIRE(s.trained, "VocabParallelCrossEntropy: backward without a training forward for micro-batch "
+                                << ctx.micro_batch);
+    return s;
+  }
 
   Param<T, Space>* weight_;
   VocabPartition part_;
-  parallel::TensorRegion<comm::Mpi> region_;
+  parallel::TensorRegion<Comm> region_;
+  typename Ops::IdCheck check_;
+  LossSum<Space> sum_;
+  Tensor<Stat, Space> stats_;  // (tp, 3, N), between the two passes only
+  Tensor<T, Space> row_;       // (V_pad): next_token_logits
   Slots<Saved> slots_;
 };
 

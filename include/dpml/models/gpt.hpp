@@ -33,7 +33,6 @@
 #include "dpml/parallel/pipeline/partition.hpp"
 #include "dpml/parallel/tensor.hpp"
 
-#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -111,7 +110,7 @@ class Gpt {
   const StageBlocks& blocks_range() const noexcept { return range_; }
 
   // One micro-batch forward. First stage: `tokens` (B, T); other stages: `received` (B, T, C).
-  // Last stage: `targets` (B, T) give the loss (see loss()); returns the activation to send (B, T, C).
+  // Last stage: `targets` (B, T) add to the loss (see take_loss()); returns the activation to send (B, T, C).
   // With empty targets (inference) the last stage stops at ln_f; see next_token_logits().
   View forward(layers::Context<HostSpace>& ctx, Tokens tokens, View received, Tokens targets) {
     View h = first_ ? embedding_->forward(ctx, tokens) : received;
@@ -119,8 +118,7 @@ class Gpt {
     if (!last_) return h;
     Saved& s = saved_.slot(ctx);
     s.final_h = ln_f_->forward(ctx, h);
-    s.loss = targets.data() == nullptr ? 0.0 : head_->forward(ctx, s.final_h, targets);
-    loss_sum_ += s.loss;
+    if (targets.data() != nullptr) head_->forward(ctx, s.final_h, targets);
     return View();
   }
 
@@ -129,29 +127,21 @@ class Gpt {
   std::vector<float> next_token_logits(const layers::Context<HostSpace>& ctx, std::int64_t b) {
     const View h = saved_[ctx.micro_batch].final_h;  // (B, T, C)
     const std::int64_t len = h.size(1), C = h.size(2);
-    const ParamT& w = first_ ? embedding_->token_weight() : *tied_copy_;
-    const auto part = layers::VocabPartition::make(cfg_.vocab, grid_.tp(), grid_.coord(Axis::tensor), cfg_.pad_multiple);
-    Tensor<float> local(Shape{1, part.local()}, -INFINITY), full(Shape{1, part.padded});
-    const T* row = h.data() + (b * len + len - 1) * C;
-    for (std::int64_t v = 0; v < part.valid(); ++v) {
-      double z = 0;
-      for (std::int64_t c = 0; c < C; ++c) z += static_cast<double>(row[c]) * static_cast<double>(w.value()(v, c));
-      local(0, v) = static_cast<float>(z);
-    }
-    region_.gather_last_dim(local.cview(), full.view());
-    return std::vector<float>(full.begin(), full.begin() + cfg_.vocab);
+    return head_->next_token_logits(ctx, View(h.data() + (b * len + len - 1) * C, Shape{C}));
   }
-  // The loss of the slot's last forward (last stage only): summed over its tokens / ctx.global_batch.
-  double loss(const layers::Context<HostSpace>& ctx) { return saved_[ctx.micro_batch].loss; }
-  // The losses of the forwards since the last call, summed (last stage only; 0 elsewhere).
-  double take_loss() { return std::exchange(loss_sum_, 0.0); }
+  // The losses of the last stage's forwards since the last take (summed over their tokens /
+  // ctx.global_batch), then zeroed; 0 on other stages. The first stage's token check surfaces here too.
+  double take_loss() {
+    if (first_) embedding_->check_tokens();
+    return last_ ? head_->take_loss() : 0.0;
+  }
 
   // One micro-batch backward_input. Last stage: from its own loss; others: `received` (B, T, C).
   // Returns the gradient to send to the previous stage (empty on the first stage).
   View backward_input(layers::Context<HostSpace>& ctx, View received) {
     Saved& s = saved_.slot(ctx);
     if (last_) {
-      s.head_dh = head_->backward_input(ctx);
+      s.head_dh = head_->backward(ctx);
       received = ln_f_->backward_input(ctx, s.head_dh);
     }
     s.blocks_dy = received;
@@ -209,7 +199,6 @@ class Gpt {
 
  private:
   struct Saved {
-    double loss = 0.0;
     View final_h, head_dh, blocks_dy, embedding_dy;
     Tensor<T> sent;  // (B, T, C) the gradient sent to the previous stage
   };
@@ -239,7 +228,6 @@ class Gpt {
   std::optional<layers::VocabParallelCrossEntropy<T>> head_;
   comm::Mpi tied_group_{MPI_COMM_NULL};
   layers::Slots<Saved> saved_;
-  double loss_sum_ = 0.0;
 };
 
 }  // namespace dpml::models

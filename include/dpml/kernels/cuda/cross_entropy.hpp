@@ -1,8 +1,11 @@
 #pragma once
-// Fused softmax + cross-entropy, forward and backward in one kernel, over (N, V) logits.
+// Fused softmax + cross-entropy, forward and backward in one kernel, over (N, V) logits (the
+// maths of kernels/host/cross_entropy.hpp).
 //
 //   loss_n     = logsumexp(x_n) − x_n[target_n]
-//   dlogits_n  = (softmax(x_n) − onehot(target_n)) · dloss        written over the logits
+//   dlogits_n  = (softmax(x_n) − onehot(target_n)) · dloss        written over the logits, or into a
+//                                                                 buffer of their own; or not at all
+//                                                                 (dlogits null: evaluation)
 //
 // One block per row and no probability buffer. Where a row fits in shared memory (V·sizeof(T)
 // up to the device's per-block limit: GPT-2's 50304 bf16 logits are 98 KiB, two blocks per SM)
@@ -16,21 +19,38 @@
 // followed by a loss kernel.
 //
 // Columns [V_real, V) are padding (GPT-2's vocabulary 50257 padded to 50304): they are left out of
-// the softmax and get zero gradient. A negative target marks an ignored row: zero loss, zero
-// gradient. `dloss` is the loss's scale (1/N for a mean over the rows). Losses are fp32, per row.
+// the softmax and get zero gradient. A target outside [0, V_real) (negative: by choice) marks an
+// ignored row: zero loss, zero gradient, and no read outside the row. `dloss` is the loss's scale
+// (1/N for a mean over the rows). Losses are fp32, per row; add_row_losses sums them, in double and
+// in a fixed order, into a running device scalar (the loss layers' sum: nothing is read back in
+// the step).
 //
 // Vocabulary-parallel (Megatron's, for a tensor-parallel LM head): each tensor rank holds the
 // logits of its columns [begin, begin + V) of the padded vocabulary; the streaming form's two
-// passes, with the row's max and Σ exp combined over the ranks between them by the caller's
-// all-reduces of a (4, N) fp32 workspace `stats` (4·N floats, not logits: 256 KiB at N = 16384):
+// passes, with the row's max and Σ exp combined over the ranks between them. The layers'
+// (layers/vocab_parallel_cross_entropy.hpp) form needs one all-reduce (sum) only, the tensor
+// region's conjugate operation, of a (tp, 3, N) fp32 `stats` buffer:
+//   vocab_parallel_xent_partials  pass 1: slot `rank` of stats gets this shard's (max m, Σ exp(x − m),
+//                                 the target's logit if the shard holds it, else 0), every other
+//                                 slot 0, so that the sum gathers every shard's triple exactly
+//   all-reduce (sum) stats        (tp·3·N floats: 384 KiB at tp = 2, N = 16384)
+//   vocab_parallel_xent_combine   pass 2: M = max_k m_k, S = Σ_k s_k · exp(m_k − M), the loss (the
+//                                 same on every rank) and dlogits
+// The fused model (models/cuda/gpt.hpp, until it is removed) uses the form with a max all-reduce
+// and then a sum all-reduce of a (4, N) fp32 workspace `stats` (4·N floats, not logits: 256 KiB at
+// N = 16384):
 //   vocab_parallel_xent_stats     pass 1: stats[0] = stats[3] = this shard's max m, stats[1] =
 //                                 Σ exp(x − m), stats[2] = the target's logit if the shard holds it
 //   all-reduce (max) stats[0]     the row's max M over the vocabulary
 //   vocab_parallel_xent_rescale   stats[1] ·= exp(m − M)
 //   all-reduce (sum) stats[1..2]  Σ exp(x − M) over the vocabulary, and the target's logit
 //   vocab_parallel_xent_finish    pass 2: the loss (the same on every rank) and dlogits in place
+//
+// CrossEntropyOps at the end is Ops<CudaSpace>'s cross-entropy family (the host twin:
+// kernels/host/cross_entropy.hpp); its row losses live in Device::scratch.
 
 #include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/device.hpp"
 
 #include <cuda_runtime.h>
 
@@ -79,31 +99,33 @@ __device__ __forceinline__ float2 row_max_sum(const T* x, std::int64_t count) {
   return make_float2(m, s);
 }
 
-// Pass 2 over a row of V logits, of which the first `count` are real: dlogits = (exp(x − lse) −
-// [j = target]) · scale in place, zero on the padding (target: the row's, in this row's columns;
-// outside them it matches no j).
+// Pass 2 over a row x of V logits, of which the first `count` are real: out = (exp(x − lse) −
+// [j = target]) · scale, zero on the padding (target: the row's, in this row's columns; outside
+// them it matches no j). out may be x: each element is read before it is written, by one thread.
 template <class T>
-__device__ __forceinline__ void write_dlogits(T* x, std::int64_t V, std::int64_t count, float lse, std::int64_t target,
-                                              float scale) {
+__device__ __forceinline__ void write_dlogits(const T* x, T* out, std::int64_t V, std::int64_t count, float lse,
+                                              std::int64_t target, float scale) {
   for (std::int64_t j = threadIdx.x; j < V; j += kThreads) {
     const float p = j < count ? __expf(load_f(x[j]) - lse) : 0.f;
-    x[j] = from_f<T>((p - (j == target ? 1.f : 0.f)) * scale);
+    out[j] = from_f<T>((p - (j == target ? 1.f : 0.f)) * scale);
   }
 }
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    forward_backward_kernel(T* logits, const std::int32_t* __restrict__ targets, float* __restrict__ losses,
-                            float dloss, std::int64_t V, std::int64_t V_real) {
-  T* x = logits + static_cast<std::int64_t>(blockIdx.x) * V;  // (V)
+    forward_backward_kernel(const T* logits, T* dlogits, const std::int32_t* __restrict__ targets,
+                            float* __restrict__ losses, float dloss, std::int64_t V, std::int64_t V_real) {
+  const std::int64_t offset = static_cast<std::int64_t>(blockIdx.x) * V;
+  const T* x = logits + offset;  // (V)
   const std::int32_t target = targets[blockIdx.x];
   const float2 ms = row_max_sum(x, V_real);
   const float lse = ms.x + logf(ms.y);  // every thread holds the row's logsumexp
 
-  const bool ignored = target < 0;
+  const bool ignored = target < 0 || target >= V_real;
   if (threadIdx.x == 0) losses[blockIdx.x] = ignored ? 0.f : lse - load_f(x[target]);
-  __syncthreads();  // the target logit is read before pass 2 overwrites it
-  write_dlogits(x, V, V_real, lse, target, ignored ? 0.f : dloss);
+  if (dlogits == nullptr) return;  // the whole block alike
+  __syncthreads();  // the target logit is read before pass 2 may overwrite it (in place)
+  write_dlogits(x, dlogits + offset, V, V_real, lse, target, ignored ? 0.f : dloss);
 }
 
 // `v` reduced over the block with `op` (identity `id`); every thread gets the result. Reusable
@@ -126,13 +148,15 @@ __device__ __forceinline__ float block_reduce(float v, Op op, float id) {
 // up to the order of the sums.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    resident_forward_backward_kernel(T* logits, const std::int32_t* __restrict__ targets,
+    resident_forward_backward_kernel(const T* logits, T* dlogits, const std::int32_t* __restrict__ targets,
                                      float* __restrict__ losses, float dloss, std::int64_t V, std::int64_t V_real) {
   constexpr int E = 16 / static_cast<int>(sizeof(T));
   extern __shared__ uint4 row[];  // (V / E) chunks
-  uint4* x = reinterpret_cast<uint4*>(logits + static_cast<std::int64_t>(blockIdx.x) * V);
+  const std::int64_t offset = static_cast<std::int64_t>(blockIdx.x) * V;
+  const uint4* x = reinterpret_cast<const uint4*>(logits + offset);
   const int chunks = static_cast<int>(V / E), real = static_cast<int>(V_real);
   const std::int32_t target = targets[blockIdx.x];
+  const bool ignored = target < 0 || target >= V_real;
   float m = -INFINITY;
 #pragma unroll 4
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
@@ -154,8 +178,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   s = block_reduce(s, [](float a, float b) { return a + b; }, 0.f);
   const float lse = m + logf(s);
-  const float scale = target < 0 ? 0.f : dloss;
-  if (target < 0 && threadIdx.x == 0) losses[blockIdx.x] = 0.f;
+  if (threadIdx.x == 0)  // the row in shared memory is complete: block_reduce synchronised
+    losses[blockIdx.x] = ignored ? 0.f : lse - load_f(reinterpret_cast<const T*>(row)[target]);
+  if (dlogits == nullptr) return;
+  const float scale = ignored ? 0.f : dloss;
+  uint4* out = reinterpret_cast<uint4*>(dlogits + offset);  // may be x: it is not read again
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
     const uint4 v = row[c];
     const T* e = reinterpret_cast<const T*>(&v);
@@ -164,11 +191,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < E; ++k) {
       const int j = c * E + k;
-      const float xv = load_f(e[k]);
-      if (j == target) losses[blockIdx.x] = lse - xv;
-      ge[k] = from_f<T>(((j < real ? __expf(xv - lse) : 0.f) - (j == target ? 1.f : 0.f)) * scale);
+      ge[k] = from_f<T>(((j < real ? __expf(load_f(e[k]) - lse) : 0.f) - (j == target ? 1.f : 0.f)) * scale);
     }
-    x[c] = g;
+    out[c] = g;
   }
 }
 
@@ -208,7 +233,66 @@ __global__ void __launch_bounds__(kThreads)
   const float lse = stats[blockIdx.x] + logf(stats[N + blockIdx.x]);
   const bool ignored = target < 0;
   if (threadIdx.x == 0) losses[blockIdx.x] = ignored ? 0.f : lse - stats[2 * N + blockIdx.x];
-  write_dlogits(x, V, real_in_shard(begin, V, V_real), lse, target - begin, ignored ? 0.f : dloss);
+  write_dlogits(x, x, V, real_in_shard(begin, V, V_real), lse, target - begin, ignored ? 0.f : dloss);
+}
+
+// The layers' vocabulary-parallel form (header comment), pass 1: one block per row.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    vocab_parallel_partials_kernel(const T* logits, const std::int32_t* __restrict__ targets,
+                                   float* __restrict__ stats, std::int64_t N, std::int64_t V, std::int64_t begin,
+                                   std::int64_t V_real, int tp, int rank) {
+  const std::int64_t n = blockIdx.x, real = real_in_shard(begin, V, V_real);
+  const T* x = logits + n * V;
+  const float2 ms = row_max_sum(x, real);
+  const std::int64_t t = targets[n] - begin;
+  for (int i = threadIdx.x; i < 3 * tp; i += kThreads) {  // (slot k, field f) = (i / 3, i % 3)
+    const int k = i / 3, f = i % 3;
+    float v = 0.f;
+    if (k == rank) v = f == 0 ? ms.x : f == 1 ? ms.y : (t >= 0 && t < real ? load_f(x[t]) : 0.f);
+    stats[static_cast<std::int64_t>(i) * N + n] = v;
+  }
+}
+
+// Pass 2, after the all-reduce (sum) of stats: every thread merges the row's tp triples (a few
+// broadcast reads), then the loss and this shard's dlogits (out may be the logits).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    vocab_parallel_combine_kernel(const T* logits, T* dlogits, const std::int32_t* __restrict__ targets,
+                                  const float* __restrict__ stats, float* __restrict__ losses, float dloss,
+                                  std::int64_t N, std::int64_t V, std::int64_t begin, std::int64_t V_real, int tp) {
+  const std::int64_t n = blockIdx.x;
+  float M = -INFINITY, S = 0.f, z = 0.f;
+  for (int k = 0; k < tp; ++k) M = fmaxf(M, stats[3 * k * N + n]);
+  for (int k = 0; k < tp; ++k) {
+    const float m = stats[3 * k * N + n];
+    if (m != -INFINITY) S += stats[(3 * k + 1) * N + n] * __expf(m - M);
+    z += stats[(3 * k + 2) * N + n];  // one shard holds the target: the others gave 0
+  }
+  const float lse = M + logf(S);
+  const std::int32_t target = targets[n];
+  const bool ignored = target < 0 || target >= V_real;
+  if (threadIdx.x == 0) losses[n] = ignored ? 0.f : lse - z;
+  if (dlogits == nullptr) return;
+  write_dlogits(logits + n * V, dlogits + n * V, V, real_in_shard(begin, V, V_real), lse, target - begin,
+                ignored ? 0.f : dloss);
+}
+
+// *sum += scale · Σ losses (N): one block, each thread's strided share in double, then the warps in
+// order — the same sum on every run.
+__global__ void __launch_bounds__(kThreads)
+    add_row_losses_kernel(const float* __restrict__ losses, std::int64_t N, double scale, double* __restrict__ sum) {
+  __shared__ double partial[kThreads / 32];
+  double v = 0;
+  for (std::int64_t i = threadIdx.x; i < N; i += kThreads) v += losses[i];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+    *sum += total * scale;
+  }
 }
 
 // The most dynamic shared memory a block of the current device may have (the opt-in limit, less
@@ -225,17 +309,18 @@ inline std::size_t max_resident_bytes() {
 
 }  // namespace detail::xent
 
-// logits (N, V): in, replaced by dlogits; targets (N) in [0, V_real) or negative (ignored);
-// losses (N) fp32, out.
+// logits (N, V); dlogits (N, V): out, may be logits (in place), or null (losses only); targets (N)
+// in [0, V_real), others ignored; losses (N) fp32, out.
 template <class T>
-void softmax_cross_entropy(T* logits, const std::int32_t* targets, float* losses, float dloss, std::int64_t N,
-                           std::int64_t V, std::int64_t V_real, cudaStream_t stream) {
+void softmax_cross_entropy(const T* logits, T* dlogits, const std::int32_t* targets, float* losses, float dloss,
+                           std::int64_t N, std::int64_t V, std::int64_t V_real, cudaStream_t stream) {
   static_assert(detail::is_storage_v<T>);
   DPML_REQUIRE(V_real > 0 && V_real <= V, "softmax_cross_entropy: V_real=" << V_real << " outside (0, V=" << V << "]");
   if (N == 0) return;
   DPML_REQUIRE(N < (std::int64_t{1} << 31), "softmax_cross_entropy: " << N << " rows is too many for one grid");
   const auto bytes = static_cast<std::size_t>(V) * sizeof(T);
-  if (bytes % 16 == 0 && detail::aligned16(logits) && bytes <= detail::xent::max_resident_bytes()) {
+  if (bytes % 16 == 0 && detail::aligned16(logits) && (dlogits == nullptr || detail::aligned16(dlogits)) &&
+      bytes <= detail::xent::max_resident_bytes()) {
     constexpr auto kernel = detail::xent::resident_forward_backward_kernel<T>;
     static const bool opted_in = [] {  // above 48 KiB a kernel must ask for its shared memory
       DPML_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -243,11 +328,25 @@ void softmax_cross_entropy(T* logits, const std::int32_t* targets, float* losses
       return true;
     }();
     (void)opted_in;
-    kernel<<<static_cast<unsigned>(N), detail::xent::kThreads, bytes, stream>>>(logits, targets, losses, dloss, V, V_real);
+    kernel<<<static_cast<unsigned>(N), detail::xent::kThreads, bytes, stream>>>(logits, dlogits, targets, losses, dloss,
+                                                                                  V, V_real);
   } else {
     detail::xent::forward_backward_kernel<<<static_cast<unsigned>(N), detail::xent::kThreads, 0, stream>>>(
-        logits, targets, losses, dloss, V, V_real);
+        logits, dlogits, targets, losses, dloss, V, V_real);
   }
+  DPML_CHECK_LAUNCH();
+}
+// logits (N, V): in, replaced by dlogits.
+template <class T>
+void softmax_cross_entropy(T* logits, const std::int32_t* targets, float* losses, float dloss, std::int64_t N,
+                           std::int64_t V, std::int64_t V_real, cudaStream_t stream) {
+  softmax_cross_entropy(static_cast<const T*>(logits), logits, targets, losses, dloss, N, V, V_real, stream);
+}
+
+// *sum (one double, device) += scale · Σ losses (N); deterministic.
+inline void add_row_losses(const float* losses, std::int64_t N, double scale, double* sum, cudaStream_t stream) {
+  if (N == 0) return;
+  detail::xent::add_row_losses_kernel<<<1, detail::xent::kThreads, 0, stream>>>(losses, N, scale, sum);
   DPML_CHECK_LAUNCH();
 }
 
@@ -284,5 +383,74 @@ void vocab_parallel_xent_finish(T* logits, const std::int32_t* targets, const fl
       logits, targets, stats, losses, dloss, N, V, begin, V_real);
   DPML_CHECK_LAUNCH();
 }
+
+// The layers' vocabulary-parallel form (header comment), pass 1: logits (N, V), this rank's columns
+// [begin, begin + V) of a vocabulary of V_real real columns; targets (N) global ids; stats
+// (tp, 3, N) fp32, written whole.
+template <class T>
+void vocab_parallel_xent_partials(const T* logits, const std::int32_t* targets, float* stats, std::int64_t N,
+                                  std::int64_t V, std::int64_t begin, std::int64_t V_real, int tp, int rank,
+                                  cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  DPML_REQUIRE(begin >= 0 && V > 0 && V_real > 0 && rank >= 0 && rank < tp,
+               "vocab-parallel cross entropy: shard [" << begin << ", " << begin + V << ") of " << V_real
+                                                       << " real columns, rank " << rank << " of " << tp);
+  if (N == 0) return;
+  DPML_REQUIRE(N < (std::int64_t{1} << 31), "vocab-parallel cross entropy: " << N << " rows is too many for one grid");
+  detail::xent::vocab_parallel_partials_kernel<<<static_cast<unsigned>(N), detail::xent::kThreads, 0, stream>>>(
+      logits, targets, stats, N, V, begin, V_real, tp, rank);
+  DPML_CHECK_LAUNCH();
+}
+// Pass 2, after the all-reduce (sum) of stats over the tensor axis: losses (N) fp32 and dlogits
+// (N, V) of this shard (may be logits; null: losses only), as softmax_cross_entropy's.
+template <class T>
+void vocab_parallel_xent_combine(const T* logits, T* dlogits, const std::int32_t* targets, const float* stats,
+                                 float* losses, float dloss, std::int64_t N, std::int64_t V, std::int64_t begin,
+                                 std::int64_t V_real, int tp, cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  if (N == 0) return;
+  detail::xent::vocab_parallel_combine_kernel<<<static_cast<unsigned>(N), detail::xent::kThreads, 0, stream>>>(
+      logits, dlogits, targets, stats, losses, dloss, N, V, begin, V_real, tp);
+  DPML_CHECK_LAUNCH();
+}
+
+// Ops<CudaSpace>'s cross-entropy family (kernels/host/cross_entropy.hpp's twin); the per-row
+// losses live in the op's scratch, the running loss is one double on the device.
+struct CrossEntropyOps {
+  using Dev = Device<CudaSpace>;
+  // logits (N, V), real columns [0, V_real); targets (N); dlogits (N, V) or null, may be logits;
+  // *loss_sum += scale · Σ_n loss_n
+  template <class T>
+  static void softmax_xent(Dev& dev, const T* logits, const std::int32_t* targets, T* dlogits, double* loss_sum,
+                           std::int64_t N, std::int64_t V, std::int64_t V_real, double scale) {
+    float* losses = dev.scratch<float>(N);  // (N)
+    softmax_cross_entropy(logits, dlogits, targets, losses, static_cast<float>(scale), N, V, V_real, dev.stream());
+    add_row_losses(losses, N, scale, loss_sum, dev.stream());
+  }
+  // Vocabulary-parallel pass 1: stats (tp, 3, N) fp32
+  template <class T>
+  static void vocab_xent_partials(Dev& dev, const T* logits, const std::int32_t* targets, float* stats, std::int64_t N,
+                                  std::int64_t V, std::int64_t begin, std::int64_t V_real, int tp, int rank) {
+    vocab_parallel_xent_partials(logits, targets, stats, N, V, begin, V_real, tp, rank, dev.stream());
+  }
+  // Pass 2, after the all-reduce (sum) of stats over the tensor axis
+  template <class T>
+  static void vocab_xent_finish(Dev& dev, const T* logits, const std::int32_t* targets, const float* stats, T* dlogits,
+                                double* loss_sum, std::int64_t N, std::int64_t V, std::int64_t begin,
+                                std::int64_t V_real, int tp, double scale) {
+    float* losses = dev.scratch<float>(N);  // (N)
+    vocab_parallel_xent_combine(logits, dlogits, targets, stats, losses, static_cast<float>(scale), N, V, begin, V_real,
+                                tp, dev.stream());
+    add_row_losses(losses, N, scale, loss_sum, dev.stream());
+  }
+  // The running sum (1, device), then zeroed: one small copy, and the host waits for the stream.
+  static double take_loss(Dev& dev, double* loss_sum) {
+    double v = 0;
+    DPML_CHECK_CUDA(cudaMemcpyAsync(&v, loss_sum, sizeof(double), cudaMemcpyDeviceToHost, dev.stream()));
+    DPML_CHECK_CUDA(cudaMemsetAsync(loss_sum, 0, sizeof(double), dev.stream()));
+    dev.synchronize();
+    return v;
+  }
+};
 
 }  // namespace dpml::kernels::cuda

@@ -11,8 +11,12 @@
 // table rows — untouched rows of a 50k-row table are never read.
 //
 // The position backward sums over the batch in order, one thread per (t, c): also deterministic.
+//
+// EmbeddingOps at the end is Ops<CudaSpace>'s embedding family (kernels/host/embedding.hpp's twin);
+// the token backward's workspace is the op's Device::scratch.
 
 #include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/device.hpp"
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime.h>
@@ -185,5 +189,38 @@ void embedding_position_backward(const T* dy, T* dP, std::int64_t B, std::int64_
                                                                                    static_cast<int>(C));
   DPML_CHECK_LAUNCH();
 }
+
+// Ops<CudaSpace>'s embedding family.
+struct EmbeddingOps {
+  using Dev = Device<CudaSpace>;
+  // y (N, C) = W[tokens[n] − begin] for tokens in [begin, end), zero rows for the others;
+  // tokens (N); W (end − begin, C)
+  template <class T>
+  static void embedding_token_forward(Dev& dev, const std::int32_t* tokens, const T* W, T* y, std::int64_t N,
+                                      std::int64_t C, std::int64_t begin, std::int64_t end) {
+    cuda::embedding_token_forward(tokens, W, y, N, C, begin, end, dev.stream());
+  }
+  // y (B, Tn, C) += P[t]; P (≥ Tn, C)
+  template <class T>
+  static void embedding_position_forward(Dev& dev, const T* P, T* y, std::int64_t B, std::int64_t Tn, std::int64_t C) {
+    cuda::embedding_position_forward(P, y, B, Tn, C, dev.stream());
+  }
+  // dW (end − begin, C) += the rows of dy (N, C) whose token lies in the shard, in token order;
+  // tokens in [0, vocab), the sort's key width (an id outside it breaks the sorted runs: wrong sums,
+  // never a write outside the table; the layer's IdCheck reports it)
+  template <class T>
+  static void embedding_token_backward(Dev& dev, const std::int32_t* tokens, const T* dy, T* dW, std::int64_t N,
+                                       std::int64_t C, std::int64_t begin, std::int64_t end, std::int64_t vocab) {
+    const std::size_t bytes = embedding_backward_workspace(N, vocab);
+    cuda::embedding_token_backward(tokens, dy, dW, N, C, begin, end, vocab, dev.scratch<unsigned char>(
+                                       static_cast<std::int64_t>(bytes)), bytes, dev.stream());
+  }
+  // dP[t] += Σ_b dy[b, t]; dy (B, Tn, C)
+  template <class T>
+  static void embedding_position_backward(Dev& dev, const T* dy, T* dP, std::int64_t B, std::int64_t Tn,
+                                          std::int64_t C) {
+    cuda::embedding_position_backward(dy, dP, B, Tn, C, dev.stream());
+  }
+};
 
 }  // namespace dpml::kernels::cuda

@@ -7,10 +7,13 @@
 #include "dpml/kernels/cuda/conv/batch_norm.hpp"
 #include "dpml/kernels/cuda/conv/conv_ops.hpp"
 #include "dpml/kernels/cuda/conv/pool.hpp"
+#include "dpml/kernels/cuda/cross_entropy.hpp"
 #include "dpml/kernels/cuda/device.hpp"
 #include "dpml/kernels/cuda/dropout.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
+#include "dpml/kernels/cuda/embedding.hpp"
 #include "dpml/kernels/cuda/grad_norm.hpp"
+#include "dpml/kernels/cuda/id_check.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/linear.hpp"
 #include "dpml/kernels/cuda/update.hpp"
@@ -31,6 +34,9 @@ struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::AttentionOps,
                         cuda::DropoutOps,
                         cuda::UpdateOps,
-                        cuda::GradNormOps {};
+                        cuda::GradNormOps,
+                        cuda::EmbeddingOps,
+                        cuda::CrossEntropyOps,
+                        cuda::IdCheckOps {};
 
 }  // namespace dpml::kernels

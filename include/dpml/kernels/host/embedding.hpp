@@ -9,6 +9,11 @@
 // and the tensor axis sums the shards). The backward passes are deterministic: one thread walks
 // the tokens in order and adds each gradient row into its table row, so repeated tokens
 // accumulate in a fixed order — no atomics, bit-identical from run to run.
+//
+// EmbeddingOps at the end is Ops<HostSpace>'s embedding family (kernels/ops.hpp); its CUDA twin is
+// in kernels/cuda/embedding.hpp, with the same ops and arguments.
+
+#include "dpml/kernels/device.hpp"
 
 #include <cstdint>
 
@@ -64,5 +69,34 @@ void embedding_position_backward(const T* dy, T* dP, std::int64_t B, std::int64_
       for (std::int64_t c = 0; c < C; ++c) dp[c] += g[c];
     }
 }
+
+// Ops<HostSpace>'s embedding family.
+struct EmbeddingOps {
+  using Dev = Device<HostSpace>;
+  // y (N, C) = W[tokens[n] − begin] for tokens in [begin, end), zero rows for the others;
+  // tokens (N); W (end − begin, C)
+  template <class T>
+  static void embedding_token_forward(Dev&, const std::int32_t* tokens, const T* W, T* y, std::int64_t N,
+                                      std::int64_t C, std::int64_t begin, std::int64_t end) {
+    host::embedding_token_forward(tokens, W, y, N, C, begin, end);
+  }
+  // y (B, Tn, C) += P[t]; P (≥ Tn, C)
+  template <class T>
+  static void embedding_position_forward(Dev&, const T* P, T* y, std::int64_t B, std::int64_t Tn, std::int64_t C) {
+    host::embedding_position_forward(P, y, B, Tn, C);
+  }
+  // dW (end − begin, C) += the rows of dy (N, C) whose token lies in the shard, in token order;
+  // tokens in [0, vocab) (the device's sort needs the bound; the host loop does not)
+  template <class T>
+  static void embedding_token_backward(Dev&, const std::int32_t* tokens, const T* dy, T* dW, std::int64_t N,
+                                       std::int64_t C, std::int64_t begin, std::int64_t end, std::int64_t /*vocab*/) {
+    host::embedding_token_backward(tokens, dy, dW, N, C, begin, end);
+  }
+  // dP[t] += Σ_b dy[b, t]; dy (B, Tn, C)
+  template <class T>
+  static void embedding_position_backward(Dev&, const T* dy, T* dP, std::int64_t B, std::int64_t Tn, std::int64_t C) {
+    host::embedding_position_backward(dy, dP, B, Tn, C);
+  }
+};
 
 }  // namespace dpml::kernels::host

@@ -6,9 +6,12 @@
 #include "dpml/kernels/host/attention.hpp"
 #include "dpml/kernels/host/batch_norm.hpp"
 #include "dpml/kernels/host/conv.hpp"
+#include "dpml/kernels/host/cross_entropy.hpp"
 #include "dpml/kernels/host/elementwise.hpp"
+#include "dpml/kernels/host/embedding.hpp"
 #include "dpml/kernels/host/gemm.hpp"
 #include "dpml/kernels/host/grad_norm.hpp"
+#include "dpml/kernels/host/id_check.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
 #include "dpml/kernels/host/pool.hpp"
 #include "dpml/kernels/host/update.hpp"
@@ -29,6 +32,9 @@ struct Ops<HostSpace> : host::ElementwiseOps,
                         host::AttentionOps,
                         host::DropoutOps,
                         host::UpdateOps,
-                        host::GradNormOps {};
+                        host::GradNormOps,
+                        host::EmbeddingOps,
+                        host::CrossEntropyOps,
+                        host::IdCheckOps {};
 
 }  // namespace dpml::kernels
