@@ -286,7 +286,7 @@ class Trainer {
 
   // `dist.zero` comes from the Strategy (DataParallel<Zero1>); `loss`: the last stage's loss layer.
   Trainer(Model& model, const parallel::ProcessGrid& grid, typename Rule::Options rule,
-          parallel::DistributedOptimizerOptions dist, TrainOptions options, Loss loss = {})
+          parallel::DistributedOptimizerOptions dist, TrainOptions options, Loss loss = Loss())
       : model_(model), grid_(grid), options_(checked(options, dist)),
         stage_(make_stage(model, std::move(loss), grid, options.partition)),
         optimizer_(stage().parameters(), &grid, rule, with_zero(dist)),
