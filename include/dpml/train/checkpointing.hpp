@@ -107,8 +107,8 @@ std::vector<ConfigField> model_fields(const Model&, std::int64_t global_batch, s
   return {{"data.global_batch", "--global-batch", global_batch}};
 }
 // A GPT: its sizes, and the tokens per sequence (0: its max_seq).
-template <class T>
-std::vector<ConfigField> model_fields(const models::Gpt<T>& m, std::int64_t global_batch, std::int64_t seq_len) {
+template <class T, class Space, class Comm>
+std::vector<ConfigField> model_fields(const models::Gpt<T, Space, Comm>& m, std::int64_t global_batch, std::int64_t seq_len) {
   const auto& c = m.config();
   return {{"model.vocab", "--vocab-size", c.vocab},       {"model.max_seq", "--seq-length", c.max_seq},
           {"model.layers", "--num-layers", c.layers},     {"model.heads", "--num-attention-heads", c.heads},
@@ -122,8 +122,8 @@ std::int64_t stored_rows(const Model&, const ParamBase&, std::int64_t rows) {
   return rows;
 }
 // A GPT: wte.weight's rows V ≤ r < V_pad are padding, the last rows of the last shards.
-template <class T>
-std::int64_t stored_rows(const models::Gpt<T>& m, const ParamBase& p, std::int64_t rows) {
+template <class T, class Space, class Comm>
+std::int64_t stored_rows(const models::Gpt<T, Space, Comm>& m, const ParamBase& p, std::int64_t rows) {
   return p.name() == "wte.weight" ? m.config().vocab : rows;
 }
 
@@ -133,8 +133,8 @@ struct GlobalBlock {
   Slice slice;                      // this rank's block; its elements are the first of the local tensor
 };
 
-template <class T, class Model>
-GlobalBlock block_of(const Param<T>& p, const parallel::ProcessGrid& grid, const Model& model) {
+template <class T, class Space, class Model>
+GlobalBlock block_of(const Param<T, Space>& p, const parallel::ProcessGrid& grid, const Model& model) {
   const auto g = layers::global_slice(p, &grid);
   GlobalBlock b{std::vector<std::int64_t>(g.global.begin(), g.global.end()), {}};
   b.slice = p.sharding().is_replicated() ? checkpoint::full_slice(b.shape)
