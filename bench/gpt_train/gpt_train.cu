@@ -1,6 +1,13 @@
-// gpt_train: GPT-2 training throughput on one GPU or tensor/pipeline/data parallel on several (models/cuda/gpt.hpp), bf16 (or --precision
+// gpt_train: GPT-2 training throughput on one GPU or tensor/pipeline/data parallel on several, bf16 (or --precision
 // fp16, with dynamic loss scaling) with fp32 master weights, AdamW (β = 0.9, 0.95, weight decay 0.1), global-norm clipping at 1.0 — the setup of
 // bench/reference/torch_gpt.py, so the two print comparable JSON lines.
+//
+//   --model fused      models/cuda/gpt.hpp, the hand-fused GPU model (default), and its own multi-GPU wiring (StageTrainer below)
+//   --model composed   models::Gpt<bf16, CudaSpace> composed from the layers (models/gpt.hpp), trained by the library's trainer
+//              (train::GptTrainer over a parallel::DeviceGrid: the same --tp, --pp, --pipeline-schedule, --micro-batch and
+//              --use-distributed-optimizer); bf16 only, NCCL for the data axis; no per-family profile (the layers carry no
+//              profiler); model_buffers_gib counts its flat parameters, gradients and optimizer state (activations are
+//              tensors of the layers': mem_gib counts them). Run both in one job to compare them on the same GPU.
 //
 //   tokens/s   B·T · timed steps / wall time of the timed steps (each step ends with the loss
 //              copied to the host, as a training loop that prints it does)
@@ -42,18 +49,25 @@
 #include <dpml/core/cuda_error.hpp>
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/data/token_shards.hpp>
+#include <dpml/kernels/cuda/device.hpp>
 #include <dpml/kernels/cuda/gemm/dispatch.hpp>
+#include <dpml/layers/init.hpp>
 #include <dpml/models/cuda/gpt.hpp>
 #include <dpml/models/cuda/gpt_pipeline.hpp>
+#include <dpml/models/gpt.hpp>
+#include <dpml/optim/adamw.hpp>
 #include <dpml/parallel/cuda/distributed_optimizer.hpp>
 #include <dpml/parallel/cuda/gradient_sync.hpp>
+#include <dpml/parallel/device_grid.hpp>
 #include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/pipeline/schedule.hpp>
 #include <dpml/parallel/strategy.hpp>
+#include <dpml/train/gpt_trainer.hpp>
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -87,6 +101,7 @@ struct Options {
   int tp = 1;                        // tensor-parallel degree
   std::int64_t micro_batch = 0;      // sequences per micro-batch (0: --batch, one micro-batch)
   std::string schedule = "1f1b";     // pipeline schedule
+  std::string model_kind = "fused";  // fused | composed
   int micro_batches() const { return static_cast<int>(batch / micro_batch); }
 };
 
@@ -112,6 +127,8 @@ void usage(const char* argv0) {
       "  --dp-comm nccl|copy-engine  data parallel: all-reduce the buckets with NCCL's kernels, or (2 GPUs of one\n"
       "                   host) on the GPUs' copy engines, leaving the SMs to the backward (comm/nccl_copy_engine.hpp) (nccl)\n"
       "  --use-distributed-optimizer  ZeRO-1: shard the fp32 master weights and AdamW moments over the ranks\n"
+      "  --model fused|composed  the hand-fused GPU model (models/cuda/gpt.hpp) or the one composed from the layers\n"
+      "                   (models/gpt.hpp) trained by the library's trainer (fused)\n"
       "  --tied-grad auto|gather|allreduce  data parallel: the tied wte gradient's embedding part from all ranks'\n"
       "                   token rows gathered (its LM-head part all-reduced during the backward), or wte all-reduced\n"
       "                   whole after the backward; auto: gather where it moves fewer bytes (auto)\n"
@@ -160,6 +177,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--tp" || a == "--tensor-model-parallel-size") o.tp = std::atoi(v);
     else if (a == "--micro-batch") o.micro_batch = std::atoll(v);
     else if (a == "--pipeline-schedule") o.schedule = v;
+    else if (a == "--model") o.model_kind = v;
 
     else DPML_REQUIRE_EVERYWHERE(false, "gpt_train: unknown option " << a << " (see --help)");
   }
@@ -177,6 +195,11 @@ Options parse(int argc, char** argv) {
   DPML_REQUIRE_EVERYWHERE(!o.distributed_optimizer || o.dp_comm == "nccl",
                           "gpt_train: --use-distributed-optimizer reduce-scatters over NCCL; --dp-comm " << o.dp_comm
                               << " is not supported with it");
+  DPML_REQUIRE_EVERYWHERE(o.model_kind == "fused" || o.model_kind == "composed",
+                          "gpt_train: --model " << o.model_kind << " is not fused or composed");
+  DPML_REQUIRE_EVERYWHERE(o.model_kind == "fused" || (o.precision == "bf16" && o.grad_reduce == "bf16" && o.dp_comm == "nccl"),
+                          "gpt_train: --model composed trains in bf16 and reduces the gradients in bf16 over NCCL (--precision "
+                              << o.precision << ", --grad-reduce " << o.grad_reduce << ", --dp-comm " << o.dp_comm << ")");
   DPML_REQUIRE_EVERYWHERE(o.bucket_mb > 0, "gpt_train: --bucket-mb " << o.bucket_mb << " must be positive");
   DPML_REQUIRE_EVERYWHERE(o.pp >= 1, "gpt_train: --pp " << o.pp << " must be positive");
   DPML_REQUIRE_EVERYWHERE(o.tp >= 1, "gpt_train: --tp " << o.tp << " must be positive");
@@ -238,28 +261,34 @@ class Batches {
     cudaFreeHost(host_);
     cudaFree(device_);
   }
-  // Uploads step s's batch on `stream`.
+  // Uploads step s's batch on `stream` (the fused model).
   void load(std::int64_t s, cudaStream_t stream) {
     DPML_CHECK_CUDA(cudaStreamSynchronize(stream));  // the host buffer is free again
+    fill(s, host_, host_ + n_);
+    DPML_CHECK_CUDA(cudaMemcpyAsync(device_, host_, 2 * n_ * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+  }
+  // Step s's batch in host memory (the composed model's trainer uploads it).
+  void load(std::int64_t s, data::TokenBatch& b) { fill(s, b.inputs.data(), b.targets.data()); }
+  // inputs, targets (n) of step s.
+  void fill(std::int64_t s, std::int32_t* inputs, std::int32_t* targets) const {
     if (stream_.empty()) {
       std::uint64_t x = 0x243F6A8885A308D3ull ^ static_cast<std::uint64_t>(s) ^ (static_cast<std::uint64_t>(rank_) << 40);
       for (std::int64_t i = 0; i < 2 * n_; ++i) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        host_[i] = static_cast<std::int32_t>(x % static_cast<std::uint64_t>(vocab_));
+        (i < n_ ? inputs[i] : targets[i - n_]) = static_cast<std::int32_t>(x % static_cast<std::uint64_t>(vocab_));
       }
     } else {
       const std::int64_t windows = (static_cast<std::int64_t>(stream_.size()) - 1) / n_;
       const std::int64_t base = ((s * ranks_ + rank_) % windows) * n_;
       for (std::int64_t i = 0; i < n_; ++i) {
-        host_[i] = stream_[base + i];
-        host_[n_ + i] = stream_[base + i + 1];
-        DPML_REQUIRE(host_[i] < vocab_ && host_[n_ + i] < vocab_, "gpt_train: --data has token " << std::max(host_[i], host_[n_ + i])
-                                                                                                  << " outside --vocab " << vocab_);
+        inputs[i] = stream_[base + i];
+        targets[i] = stream_[base + i + 1];
+        DPML_REQUIRE(inputs[i] < vocab_ && targets[i] < vocab_, "gpt_train: --data has token " << std::max(inputs[i], targets[i])
+                                                                                               << " outside --vocab " << vocab_);
       }
     }
-    DPML_CHECK_CUDA(cudaMemcpyAsync(device_, host_, 2 * n_ * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
   }
   const std::int32_t* inputs() const { return device_; }
   const std::int32_t* targets() const { return device_ + n_; }
@@ -314,20 +343,47 @@ class StageTrainer {
   std::unique_ptr<models::cuda::GptPipeline<Precision>> stages_;
 };
 
+// What one run measured, on every rank alike (the slowest rank's times, the largest memory).
+struct Measured {
+  double ms_step = 0, exposed_ms = 0, ms_min = 0, ms_median = 0, launch_median = 0, mem_gib = 0, buffers_gib = 0;
+  std::vector<double> losses;     // per step (the last pipeline stage's, broadcast)
+  std::int64_t skipped = 0;       // steps without an update (fp16 overflows)
+  const char* tied_grad = "none"; // how the tied wte gradient was reduced over the data axis
+  std::vector<double> family_ms;  // per kernel family of models::cuda::kFamilyNames (the fused model only)
+};
+
+// Times `train_step` (which appends its step's host time to step_ms and its launch time to
+// launch_ms, and ends synchronised) over the warm-up and timed steps; fills the times of `m`.
+template <class Step>
+void time_steps(const Options& o, const comm::Mpi& world, cudaStream_t stream, std::vector<double>& step_ms,
+                std::vector<double>& launch_ms, Step&& train_step, Measured& m) {
+  for (int i = 0; i < o.warmup; ++i) train_step();
+  if (world.size() > 1) world.barrier();  // the ranks start the timed steps together
+  m.ms_step = world.allreduce(dpml::bench::ms_per_step(o.steps, stream, train_step), comm::ReduceOp::max);
+  // The timed steps' fastest and median host times, the slowest rank's: a DP step slower at its
+  // minimum pays a fixed cost; one slower at the median only, jitter that the other rank waits for.
+  std::vector<double> timed(step_ms.end() - o.steps, step_ms.end());
+  std::sort(timed.begin(), timed.end());
+  m.ms_min = world.allreduce(timed.front(), comm::ReduceOp::max);
+  m.ms_median = world.allreduce(timed[timed.size() / 2], comm::ReduceOp::max);
+  std::vector<double> launches(launch_ms.end() - o.steps, launch_ms.end());
+  std::sort(launches.begin(), launches.end());
+  m.launch_median = world.allreduce(launches[launches.size() / 2], comm::ReduceOp::max);
+}
+
+auto since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The fused model (models/cuda/gpt.hpp) and its own wiring.
 template <class Precision>
-int run(const Options& o, const comm::Mpi& world) {
+Measured run_fused(const Options& o, const comm::Mpi& world, const parallel::ProcessGrid& grid) {
   using Act = typename Precision::type;
-  const auto grid = parallel::ProcessGrid::create(world, {.tp = o.tp, .pp = o.pp});
-  const int ranks = world.size(), dp = grid.dp();
+  const int dp = grid.dp();
   DPML_REQUIRE_EVERYWHERE(o.dp_comm != "copy-engine" || dp == 2,
                           "gpt_train: --dp-comm copy-engine needs a data axis of 2 ranks on one host; this layout has dp = "
-                              << dp << " (" << ranks << " ranks, --tp " << o.tp << ", --pp " << o.pp << ")");
-  cudaDeviceProp prop{};
-  int device = 0;
-  DPML_CHECK_CUDA(cudaGetDevice(&device));
-  DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
-  const double peak = measure_peak_tflops(8192);
-
+                              << dp << " (" << world.size() << " ranks, --tp " << o.tp << ", --pp " << o.pp << ")");
+  Measured m;
   std::size_t free0 = 0, total = 0, free1 = 0;
   DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
   StageTrainer<Precision> trainer(o, grid);
@@ -363,44 +419,105 @@ int run(const Options& o, const comm::Mpi& world) {
   model.init_random(1337);  // the same on every rank
   const optim::AdamWOptions adam{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   const cudaStream_t s = model.stream();
-  std::int64_t step = 0, skipped = 0;  // skipped: overflowed fp16 steps (no update)
+  std::int64_t step = 0;
   // step_ms: host wall time of each step (each ends synchronised); launch_ms: of its launches alone
   // (until the loss read): near step_ms, the GPU waits for the host.
-  std::vector<double> losses, step_ms, launch_ms;
-  auto since = [](auto start) { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(); };
+  std::vector<double> step_ms, launch_ms;
   auto train_step = [&] {
     const auto start = std::chrono::steady_clock::now();
     ++step;
     batches.load(step, s);
     trainer.forward_backward(batches.inputs(), batches.targets());
     const double lr = o.lr * std::min(1.0, static_cast<double>(step) / std::max(1, o.warmup));
-    trainer.update(lr, step - skipped, adam, 1.0);
+    trainer.update(lr, step - m.skipped, adam, 1.0);
     launch_ms.push_back(since(start));
-    losses.push_back(trainer.loss());  // synchronises: the step is done
-    if constexpr (Precision::loss_scaling) skipped += !std::isfinite(trainer.finish_step());  // the loss scale
+    m.losses.push_back(trainer.loss());  // synchronises: the step is done
+    if constexpr (Precision::loss_scaling) m.skipped += !std::isfinite(trainer.finish_step());  // the loss scale
     step_ms.push_back(since(start));
   };
-  for (int i = 0; i < o.warmup; ++i) train_step();
-  if (ranks > 1) world.barrier();  // the ranks start the timed steps together
-  const double ms_step = world.allreduce(dpml::bench::ms_per_step(o.steps, s, train_step), comm::ReduceOp::max);
-  const double exposed = world.allreduce(exposed_ms(), comm::ReduceOp::max);
-  // The timed steps' fastest and median host times, the slowest rank's: a DP step slower at its
-  // minimum pays a fixed cost; one slower at the median only, jitter that the other rank waits for.
-  std::vector<double> timed(step_ms.end() - o.steps, step_ms.end());
-  std::sort(timed.begin(), timed.end());
-  const double ms_min = world.allreduce(timed.front(), comm::ReduceOp::max);
-  const double ms_median = world.allreduce(timed[timed.size() / 2], comm::ReduceOp::max);
-  std::vector<double> launches(launch_ms.end() - o.steps, launch_ms.end());
-  std::sort(launches.begin(), launches.end());
-  const double launch_median = world.allreduce(launches[launches.size() / 2], comm::ReduceOp::max);
-  const auto family_ms = dpml::bench::family_ms<models::cuda::Profiler>(model, train_step);
+  time_steps(o, world, s, step_ms, launch_ms, train_step, m);
+  m.exposed_ms = world.allreduce(exposed_ms(), comm::ReduceOp::max);
+  const auto families = dpml::bench::family_ms<models::cuda::Profiler>(model, train_step);
+  m.family_ms.assign(families.begin(), families.end());
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
-  const double mem_gib = world.allreduce(static_cast<double>(free0 - free1) / (1 << 30), comm::ReduceOp::max);
-  const double buffers_gib = world.allreduce(static_cast<double>(model.device_bytes()) / (1 << 30), comm::ReduceOp::max);
-  grid.comm(Axis::pipeline).broadcast(losses.data(), losses.size(), o.pp - 1);  // the last stage has them
+  m.mem_gib = world.allreduce(static_cast<double>(free0 - free1) / (1 << 30), comm::ReduceOp::max);
+  m.buffers_gib = world.allreduce(static_cast<double>(model.device_bytes()) / (1 << 30), comm::ReduceOp::max);
+  m.tied_grad = dp == 1 ? "none" : model.gathers_tied_gradient() ? "gather" : "allreduce";
+  return m;
+}
+
+// The composed model (models/gpt.hpp) under the library's trainer: the same step on the same
+// batches, through train::GptTrainer over a DeviceGrid.
+Measured run_composed(const Options& o, const comm::Mpi& world, const parallel::ProcessGrid& grid) {
+  using T = bf16;
+  const int dp = grid.dp();
+  Measured m;
+  std::size_t free0 = 0, total = 0, free1 = 0;
+  DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
+  kernels::Device<CudaSpace> dev;
+  const parallel::DeviceGrid<comm::Nccl> comms(grid, dev);
+  const models::GptConfig cfg{.vocab = o.model.vocab, .max_seq = o.model.max_seq, .layers = o.model.layers,
+                              .heads = o.model.heads, .dim = o.model.dim, .pad_multiple = 128,
+                              .recompute_gelu = o.model.recompute_gelu};
+  models::Gpt<T, CudaSpace> model(cfg, comms);
+  layers::initialize_all(model.parameters(), 1337, &grid);  // GPT-2's: N(0, 0.02), LayerNorms 1 and 0, biases 0
+  Batches batches(o, grid.coord(Axis::data), dp);
+  data::TokenBatch batch{Tensor<std::int32_t>(Shape{o.batch, o.seq}), Tensor<std::int32_t>(Shape{o.batch, o.seq})};
+  const optim::AdamWOptions adam{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const parallel::DistributedOptimizerOptions dist{.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20)), .clip = 1.0};
+  const train::GptTrainOptions topt{.micro_batch = o.micro_batch, .global_batch = o.batch * dp, .seed = 1337,
+                                    .on_nonfinite = train::NonFinite::skip};
+  parallel::with_strategy(o.schedule, o.distributed_optimizer, [&]<class Strategy>() {
+    train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, comm::Nccl> trainer(model, comms, dev, adam, dist, topt);
+    std::int64_t step = 0;
+    std::vector<double> step_ms, launch_ms;
+    double exposed_s = 0;
+    auto train_step = [&] {
+      const auto start = std::chrono::steady_clock::now();
+      ++step;
+      batches.load(step, batch);
+      const double lr = o.lr * std::min(1.0, static_cast<double>(step) / std::max(1, o.warmup));
+      const auto r = trainer.train_step(batch, lr);  // ends with the norm and the loss read: synchronised
+      m.losses.push_back(r.loss);
+      m.skipped += r.skipped;
+      exposed_s = r.exposed_comm_seconds;
+      launch_ms.push_back(r.pipeline.total * 1e3);  // the host's launches of the forward and backward
+      step_ms.push_back(since(start));
+    };
+    time_steps(o, world, dev.stream(), step_ms, launch_ms, train_step, m);
+    m.exposed_ms = world.allreduce(exposed_s * 1e3, comm::ReduceOp::max);
+    auto& opt = trainer.optimizer();
+    std::size_t owned = 0;  // elements of optimizer state this rank holds (its shard under ZeRO-1)
+    for (std::size_t i = 0; i < opt.optimizer().range_count(); ++i) owned += opt.optimizer().range(i).value.size();
+    using Opt = std::remove_reference_t<decltype(opt.optimizer())>;
+    const std::size_t bytes = 2 * static_cast<std::size_t>(opt.flat().numel()) * sizeof(T) +
+                              owned * (Opt::kStates + (Opt::keeps_master ? 1 : 0)) * sizeof(typename Opt::master_type);
+    m.buffers_gib = world.allreduce(static_cast<double>(bytes) / (1 << 30), comm::ReduceOp::max);
+    dev.synchronize();
+    DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
+    m.mem_gib = world.allreduce(static_cast<double>(free0 - free1) / (1 << 30), comm::ReduceOp::max);
+  });
+  m.tied_grad = dp == 1 ? "none" : "allreduce";
+  return m;
+}
+
+template <class Precision>
+int run(const Options& o, const comm::Mpi& world) {
+  const auto grid = parallel::ProcessGrid::create(world, {.tp = o.tp, .pp = o.pp});
+  const int ranks = world.size(), dp = grid.dp();
+  cudaDeviceProp prop{};
+  int device = 0;
+  DPML_CHECK_CUDA(cudaGetDevice(&device));
+  DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  const double peak = measure_peak_tflops(8192);
+  const bool composed = o.model_kind == "composed";
+  Measured r = composed ? run_composed(o, world, grid) : run_fused<Precision>(o, world, grid);
+  grid.comm(Axis::pipeline).broadcast(r.losses.data(), r.losses.size(), o.pp - 1);  // the last stage has them
   if (world.rank() != 0) return 0;
 
+  const auto& losses = r.losses;
+  const double ms_step = r.ms_step;
   const double tokens = static_cast<double>(o.batch * o.seq) * dp;
   const double tok_s = tokens / (ms_step * 1e-3);
   const double n_params = static_cast<double>(o.model.parameter_count());
@@ -410,7 +527,7 @@ int run(const Options& o, const comm::Mpi& world) {
   for (double l : losses) finite = finite && std::isfinite(l);
 
   const int m = o.micro_batches();
-  const std::string name = std::string("dpml") + (o.model.recompute_gelu ? "" : "-saved-gelu") +
+  const std::string name = std::string("dpml") + (composed ? "-composed" : "") + (o.model.recompute_gelu ? "" : "-saved-gelu") +
                            (Precision::loss_scaling ? "-fp16" : "") + (o.tp > 1 ? "-tp" + std::to_string(o.tp) : "") +
                            (dp > 1 ? "-dp" + std::to_string(dp) : "") +
                            (dp > 1 && o.grad_reduce == "fp32" ? "-fp32-reduce" : "") +
@@ -419,34 +536,37 @@ int run(const Options& o, const comm::Mpi& world) {
                            (o.pp > 1 ? "-pp" + std::to_string(o.pp) + "-" + o.schedule : "") +
                            (m > 1 ? "-m" + std::to_string(m) : "");
   const char* impl = name.c_str();
-  // How the tied wte gradient was reduced over the data axis (Gpt::listen chose for --tied-grad auto).
-  const char* tied_grad = dp == 1 ? "none" : model.gathers_tied_gradient() ? "gather" : "allreduce";
-  std::printf("{\"bench\":\"gpt_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
+  std::printf("{\"bench\":\"gpt_train\",\"impl\":\"%s\",\"model\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
               "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
               "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
               "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld,"
               "\"ranks\":%d,\"tp\":%d,\"dp\":%d,\"pp\":%d,\"schedule\":\"%s\",\"micro_batch\":%lld,\"micro_batches\":%d,"
               "\"bucket_mb\":%.1f,\"grad_reduce\":\"%s\",\"dp_comm\":\"%s\",\"distributed_optimizer\":%s,\"tied_grad\":\"%s\",\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f}\n",
-              impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
+              impl, o.model_kind.c_str(), prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
               o.model.recompute_gelu ? "true" : "false", n_params, o.steps, o.warmup,
-              ms_step, tok_s, model_tflops, peak, model_tflops / peak, mem_gib, buffers_gib, losses.front(), losses.back(),
-              finite ? "true" : "false", Precision::name.data(), static_cast<long long>(skipped), ranks, o.tp, dp, o.pp,
+              ms_step, tok_s, model_tflops, peak, model_tflops / peak, r.mem_gib, r.buffers_gib, losses.front(), losses.back(),
+              finite ? "true" : "false", Precision::name.data(), static_cast<long long>(r.skipped), ranks, o.tp, dp, o.pp,
               o.pp > 1 || m > 1 ? o.schedule.c_str() : "none", static_cast<long long>(o.micro_batch), m, o.bucket_mb,
-              o.grad_reduce.c_str(), dp > 1 ? o.dp_comm.c_str() : "none", o.distributed_optimizer ? "true" : "false", tied_grad, exposed, ms_min, ms_median, launch_median);
-  dpml::bench::print_families("gpt_train_family", impl, family_ms, models::cuda::kFamilyNames);
+              o.grad_reduce.c_str(), dp > 1 ? o.dp_comm.c_str() : "none", o.distributed_optimizer ? "true" : "false", r.tied_grad,
+              r.exposed_ms, r.ms_min, r.ms_median, r.launch_median);
+  std::array<double, static_cast<int>(models::cuda::Family::count)> families{};
+  if (!r.family_ms.empty()) {
+    std::copy(r.family_ms.begin(), r.family_ms.end(), families.begin());
+    dpml::bench::print_families("gpt_train_family", impl, families, models::cuda::kFamilyNames);
+  }
 
-  std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld (%d × %lld) T=%lld on %d × %s (tp %d × dp %d × pp %d), %s + fp32 master, AdamW, clip 1.0\n",
+  std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld (%d × %lld) T=%lld on %d × %s (tp %d × dp %d × pp %d), %s + fp32 master, AdamW, clip 1.0, %s model\n",
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
               static_cast<long long>(o.batch), m, static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq), ranks,
-              prop.name, o.tp, dp, o.pp, Precision::name.data());
+              prop.name, o.tp, dp, o.pp, Precision::name.data(), o.model_kind.c_str());
   std::printf("| tokens/s | ms/step | MFU (vs %.0f TFLOP/s measured) | memory GiB | loss first → last |\n|---|---|---|---|---|\n",
               peak);
-  std::printf("| %.0f | %.2f | %.1f%% | %.2f | %.3f → %.3f |\n\n", tok_s, ms_step, 100 * model_tflops / peak, mem_gib,
+  std::printf("| %.0f | %.2f | %.1f%% | %.2f | %.3f → %.3f |\n\n", tok_s, ms_step, 100 * model_tflops / peak, r.mem_gib,
               losses.front(), losses.back());
-  dpml::bench::print_family_table(family_ms, models::cuda::kFamilyNames);
+  if (!r.family_ms.empty()) dpml::bench::print_family_table(families, models::cuda::kFamilyNames);
   if (!finite) {
     std::fprintf(stderr, "gpt_train: a loss was not finite\n");
     return 1;

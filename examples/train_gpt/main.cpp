@@ -1,21 +1,25 @@
 // train_gpt: a GPT trained with data, tensor and pipeline parallelism on the CPU ranks of an MPI
-// launch, or on one GPU (--device cuda), then sampled. Flags follow Megatron-LM's names.
+// launch or on GPUs (--device cuda, one rank per GPU), then sampled. Flags follow Megatron-LM's
+// names.
 //
 //   mpiexec -n 8 build/cpu/examples/train_gpt/train_gpt --tp 2 --pp 2 --schedule zb-h1
-//   build/cuda/examples/train_gpt/train_gpt --device cuda --micro-batch 32 --global-batch 32
+//   mpiexec -n 2 build/cuda/examples/train_gpt/train_gpt --device cuda --tp 2 --micro-batch 16 --global-batch 32
 //
-// --device cuda (CUDA builds): models::cuda::Gpt trains on the rank's GPU in bf16 with fp32 master
-// weights; the host trainer mirrors its state for checkpoints, export and sampling
-// (train/cuda/gpt_trainer.hpp), so GPU checkpoints resume on CPU layouts and the other way round.
-// One rank; --global-batch / --micro-batch micro-batches accumulate per step; head dim 32, 64 or 128;
-// --fp16 trains in fp16 with a dynamic loss scale (--initial-loss-scale, --loss-scale-window).
+// One model and one trainer on both: models::Gpt (models/gpt.hpp, composed from the layers) and
+// train::GptTrainer (train/trainer.hpp). --device cuda (CUDA builds) builds them on CudaSpace in
+// bf16 with fp32 master weights and optimizer state, each rank on its own GPU talking NCCL — or,
+// where a node has fewer GPUs than ranks (or --gpu-comm staged), its ranks share the GPUs round
+// robin and talk through comm::Staged (device buffers staged through the host over MPI: for tests
+// and small machines). --tp, --pp, --schedule, --zero as on the CPU; the GELU output is recomputed
+// in the backward and the vocabulary padded to 128 rows per tensor rank. Head dim 32, 64 or 128.
 //
 // Data: a text file or directory (byte-level, vocabulary 256; default: the Debian `fortunes`
 // package), or llm.c token shards (--data-path 'dir/*.bin' --vocab-size N).
 //
 // Checkpoints (train/checkpointing.hpp): --save DIR --save-interval N --keep K saves
 // asynchronously every N steps and at the end; --resume latest (or DIR/step-N) continues from
-// the newest complete checkpoint — on any layout — or starts fresh with a message when DIR has
+// the newest complete checkpoint — on any layout and either device: a GPU run saves its fp32
+// master weights and moments in the CPU's format — or starts fresh with a message when DIR has
 // none. --export FILE.safetensors writes the model with GPT-2's names at the end; --import
 // FILE.safetensors starts from such a file. --on-nonfinite skip|stop; --collective-timeout S
 // (the watchdog, comm/watchdog.hpp). examples/restart/ shows restart loops around this program.
@@ -25,9 +29,10 @@
 //   kill-after:R:N world rank R SIGKILLs itself after its N-th step of this launch (its save
 //                 of that step, if any, still in flight)
 //   hang:R:N      world rank R stops calling collectives before step N (sleeps)
-//   nan:N         step N sees a NaN weight (wpe.weight[0], restored after the step)
+//   nan:N         step N sees a NaN weight (wpe.weight[0], restored after the step; --device cpu)
 //   slow-save:MS  every rank sleeps MS ms after starting each save (a wider window mid-save)
 #include <dpml/comm/launch.hpp>
+#include <dpml/comm/watchdog.hpp>
 #include <dpml/data/text.hpp>
 #include <dpml/data/token_shards.hpp>
 #include <dpml/layers/init.hpp>
@@ -37,15 +42,20 @@
 #include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/strategy.hpp>
 #include <dpml/train/args.hpp>
-#include <dpml/train/gpt_trainer.hpp>
-#include <dpml/comm/watchdog.hpp>
 #include <dpml/train/checkpointing.hpp>
+#include <dpml/train/gpt_trainer.hpp>
 #include <dpml/train/progress.hpp>
 #ifdef DPML_WITH_CUDA
 #include <dpml/comm/local_rank.hpp>
-#include <dpml/train/cuda/gpt_trainer.hpp>
+#include <dpml/comm/nccl.hpp>
+#include <dpml/comm/staged.hpp>
+#include <dpml/core/bf16.hpp>
+#include <dpml/core/cuda_space.hpp>
+#include <dpml/kernels/cuda/device.hpp>
+#include <dpml/parallel/device_grid.hpp>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -56,6 +66,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 using namespace dpml;
 
@@ -81,9 +92,8 @@ struct Flags {
   int keep = 3;
   std::string on_nonfinite = "stop";
   std::string device = "cpu";
+  std::string gpu_comm = "auto";
   bool fp16 = false;
-  double initial_loss_scale = 65536.0;
-  std::int64_t loss_scale_window = 1000;
   double collective_timeout = 300.0;
 };
 
@@ -126,86 +136,188 @@ auto* find_parameter(Model& model, const std::string& name) {
   return static_cast<std::remove_reference_t<decltype(*model.parameters().front())>*>(nullptr);
 }
 
-// Who runs the steps: the host trainer itself, or (--device cuda) the GPU in bf16 or (--fp16)
-// fp16, with the host trainer as the mirror of its state that checkpoints, export and sampling
-// read (sync_host() first).
-template <class HostTrainer>
-class Steps {
- public:
-  Steps(HostTrainer& host, const Flags& f, const optim::AdamWOptions& adamw) : host_(host) {
-    if (f.device == "cpu") return;
-#ifdef DPML_WITH_CUDA
-    comm::select_device(host.grid().world());
-    const train::cuda::DeviceOptions o{.adamw = adamw, .clip = f.clip,
-                                       .loss_scale = {.initial = f.initial_loss_scale, .window = f.loss_scale_window}};
-    if (f.fp16) fp16_.emplace(host, f.seq, o);
-    else bf16_.emplace(host, f.seq, o);
-#else
-    (void)adamw;
-    DPML_REQUIRE_EVERYWHERE(false, "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset)");
-#endif
-  }
-  train::GptStepResult train_step(const data::TokenBatch& b, double lr) {
-    train::GptStepResult r;
-    if (!on_gpu([&](auto& gpu) { r = gpu.train_step(b, lr); })) r = host_.train_step(b, lr);
-    return r;
-  }
-  double evaluate(const data::TokenBatch& b) {
-    double loss = 0.0;
-    if (!on_gpu([&](auto& gpu) { loss = gpu.evaluate(b); })) loss = host_.evaluate(b);
-    return loss;
-  }
-  bool on_device() {
-    return on_gpu([](auto&) {});
-  }
-  // The host trainer's state up to date (device → host: a no-op on the CPU).
-  void sync_host() {
-    const auto t0 = std::chrono::steady_clock::now();
-    on_gpu([](auto& gpu) { gpu.to_host(); });
-    sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  double sync_seconds() const noexcept { return sync_seconds_; }
-  // The GPU trainer's own state (fp16: the loss scale) in a checkpoint's config, and back.
-  void save_config(checkpoint::Json& config) {
-    on_gpu([&](auto& gpu) { gpu.save_config(config); });
-  }
-  void load_config(const std::string& dir) {
-    on_gpu([&](auto& gpu) { gpu.load_config(checkpoint::CheckpointReader(dir).manifest().config); });
-  }
-
- private:
-  // Calls f(the GPU trainer) if there is one; returns whether there was.
-  template <class F>
-  bool on_gpu([[maybe_unused]] F&& f) {
-#ifdef DPML_WITH_CUDA
-    if (bf16_) return f(*bf16_), true;
-    if (fp16_) return f(*fp16_), true;
-#endif
-    return false;
-  }
-
-  HostTrainer& host_;
-  double sync_seconds_ = 0.0;
-#ifdef DPML_WITH_CUDA
-  std::optional<train::cuda::GptTrainer<HostTrainer, models::cuda::Bf16>> bf16_;
-  std::optional<train::cuda::GptTrainer<HostTrainer, models::cuda::Fp16>> fp16_;
-#endif
-};
-
 bool is_token_shards(const std::string& path) {
   return path.find('*') != std::string::npos || (path.size() > 4 && path.substr(path.size() - 4) == ".bin");
 }
+
+// What every run shares: the flags, the faults to inject, the data, the launch.
+struct Run {
+  const Flags& f;
+  const Faults& faults;
+  const comm::Mpi& world;
+  data::TokenWindows& train_data;
+  data::TokenWindows& val_data;
+  double unigram;
+};
+
+// Resume or import, the training loop with its checkpoints, progress line and metrics, then the
+// export and the sample — the same for a CPU and a GPU trainer.
+template <class Trainer>
+int train_and_sample(Trainer& trainer, const Run& run) {
+  const Flags& f = run.f;
+  const Faults& faults = run.faults;
+  const comm::Mpi& world = run.world;
+  auto& model = trainer.model();
+  constexpr bool on_host = std::is_same_v<typename std::remove_reference_t<decltype(model)>::space, HostSpace>;
+  const optim::WarmupCosineLR lr{.max_lr = f.lr, .min_lr = f.min_lr, .warmup_steps = f.warmup, .decay_steps = f.iters};
+  // Where to start: a checkpoint, a GPT-2 file, or the initialisation.
+  train::TrainPosition start;
+  std::optional<std::string> resume_dir;
+  if (!f.resume.empty()) {
+    resume_dir = train::resolve_resume(world, f.resume, f.save);
+    if (!resume_dir && world.rank() == 0) std::printf("no checkpoint in '%s': starting fresh\n", f.save.c_str());
+  }
+  if (resume_dir) {
+    start = train::load_checkpoint(trainer, *resume_dir, f.seq);
+    if (world.rank() == 0)
+      std::printf("resumed from '%s' at step %lld (epoch %lld, batch %lld)\n", resume_dir->c_str(),
+                  static_cast<long long>(start.step), static_cast<long long>(start.epoch), static_cast<long long>(start.batch));
+  } else if (!f.import_path.empty()) {
+    train::import_gpt2(trainer, f.import_path);
+    if (world.rank() == 0) std::printf("imported '%s'\n", f.import_path.c_str());
+  }
+  std::optional<train::Checkpointer<Trainer>> ckpt;
+  if (!f.save.empty()) ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .seq_len = f.seq});
+  std::ofstream loss_log;
+  if (!f.loss_log.empty() && world.rank() == 0) loss_log.open(f.loss_log, std::ios::trunc);
+  train::Progress progress(f.iters, world.rank(), "tok/s");
+  train::MetricsLog metrics(f.metrics, world.rank());
+  const double tokens_per_step = static_cast<double>(f.global_batch * f.seq);
+  auto& train_data = run.train_data;
+  std::int64_t epoch = start.epoch, b = start.batch;
+  train_data.set_epoch(epoch);
+  double val = NAN;
+  bool finished = true;  // false: stopped by --exit-interval (no export, no sample)
+  const auto loop_start = std::chrono::steady_clock::now();
+  for (std::int64_t step = start.step + 1; step <= f.iters; ++step) {
+    if (b == train_data.batches_per_epoch()) train_data.set_epoch(++epoch), b = 0;
+    if (step == faults.hang_step && world.rank() == faults.hang_rank)
+      std::this_thread::sleep_for(std::chrono::hours(1));  // stops calling collectives: the watchdog reports it
+    const double rate = lr(step);
+    train::StepResult r;
+    if constexpr (on_host) {
+      auto* poisoned = step == faults.nan_step ? find_parameter(model, "wpe.weight") : nullptr;
+      const float kept = poisoned ? poisoned->value()[0] : 0.0f;
+      if (poisoned) poisoned->value()[0] = std::numeric_limits<float>::quiet_NaN();
+      r = trainer.train_step(train_data.batch(b++), rate);
+      if (poisoned) poisoned->value()[0] = kept;
+    } else {
+      r = trainer.train_step(train_data.batch(b++), rate);
+    }
+    if (loss_log.is_open()) loss_log << step << ' ' << std::hexfloat << r.loss << std::defaultfloat << ' ' << r.loss << std::endl;
+    if (ckpt) {
+      ckpt->poll();
+      if ((f.save_interval > 0 && step % f.save_interval == 0) || step == f.iters ||
+          (f.exit_interval > 0 && step % f.exit_interval == 0)) {
+        ckpt->save_async({.step = step, .epoch = epoch, .batch = b});
+        if (faults.slow_save_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_save_ms));
+      }
+    }
+    if (world.rank() == faults.kill_steps_rank && step - start.step == faults.kill_steps) std::raise(SIGKILL);
+    if (step % f.eval_interval == 0 || step == f.iters) val = trainer.evaluate(run.val_data.batch(0));
+    metrics.write({{"step", double(step)}, {"loss", r.loss}, {"val_loss", val}, {"lr", rate},
+                   {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
+                   {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
+                   {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}});
+    if (step % f.log_interval == 0 || step == 1 || step == f.iters) {
+      // A named list: nvcc's front end mangles this braced list written in the call.
+      const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}};
+      progress.print(step, r.loss, tokens_per_step / r.seconds, extra);
+    }
+    if (f.exit_interval > 0 && step % f.exit_interval == 0 && step < f.iters) {
+      if (world.rank() == 0) std::printf("exiting after step %lld (--exit-interval %lld)\n", static_cast<long long>(step),
+                                         static_cast<long long>(f.exit_interval));
+      finished = false;
+      break;
+    }
+  }
+  if (ckpt) {
+    const double blocked = ckpt->blocking_seconds();  // inside the training loop
+    const auto t0 = std::chrono::steady_clock::now();
+    ckpt->wait();
+    const double last = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (world.rank() == 0 && ckpt->saves() > 0) {
+      const double n = ckpt->saves();
+      std::printf("checkpoints: %d saved in '%s'; training blocked %.1f ms per save, %.1f ms from save to commit; "
+                  "the last committed %.1f ms after training\n",
+                  ckpt->saves(), f.save.c_str(), 1e3 * blocked / n, 1e3 * ckpt->total_seconds() / n, 1e3 * last);
+    }
+  }
+  if (!finished) return 0;
+  if (!f.export_path.empty()) {
+    train::export_gpt2(trainer, f.export_path);
+    if (world.rank() == 0) std::printf("exported '%s'\n", f.export_path.c_str());
+  }
+  if (world.rank() == 0)
+    std::printf("final validation loss %.3f nats (%.3f bits/byte) vs unigram entropy %.3f nats\n", val,
+                val / std::log(2.0), run.unigram);
+  if (f.sample_tokens > 0) {
+    std::vector<std::int32_t> prompt;
+    for (unsigned char c : f.prompt) prompt.push_back(c);
+    const auto out = trainer.generate(prompt, static_cast<int>(f.sample_tokens), f.temperature, f.top_k, f.seed);
+    if (world.rank() == 0 && f.vocab == data::kByteVocab)
+      std::printf("---- sample (temperature %.2f, top-k %d) ----\n%s\n----\n", f.temperature, f.top_k,
+                  data::bytes_to_text(out).c_str());
+  }
+  return 0;
+}
+
+optim::AdamWOptions adamw_of(const Flags& f) { return {.beta2 = 0.95, .weight_decay = f.weight_decay}; }
+train::GptTrainOptions train_options_of(const Flags& f) {
+  return {.micro_batch = f.micro_batch, .global_batch = f.global_batch, .seed = f.seed,
+          .on_nonfinite = train::parse_nonfinite(f.on_nonfinite)};
+}
+
+#ifdef DPML_WITH_CUDA
+// --device cuda: the model and trainer on this rank's GPU (Comm: comm::Nccl, or comm::Staged
+// where ranks share GPUs), bf16 with fp32 master weights.
+template <class Comm>
+int train_on_gpu(models::GptConfig config, const parallel::ProcessGrid& grid, const Run& run) {
+  const Flags& f = run.f;
+  config.recompute_gelu = true;                           // one GELU output for all blocks
+  config.pad_multiple = std::max<std::int64_t>(1, 128 / f.tp);  // V padded to a multiple of 128 (for tp | 128)
+  kernels::Device<CudaSpace> dev;
+  const parallel::DeviceGrid<Comm> comms(grid, dev);
+  models::Gpt<bf16, CudaSpace, Comm> model(config, comms);
+  layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to bf16
+  return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
+    train::GptTrainer<Strategy, optim::AdamW, bf16, CudaSpace, Comm> trainer(model, comms, dev, adamw_of(f), {.clip = f.clip},
+                                                                             train_options_of(f));
+    return train_and_sample(trainer, run);
+  });
+}
+
+// A GPU per rank (NCCL) where every node has enough of them, unless --gpu-comm staged; else each
+// node's ranks share its GPUs round robin and talk through comm::Staged. Collective.
+bool gpus_shared(const comm::Mpi& world, const std::string& choice) {
+  DPML_REQUIRE_EVERYWHERE(choice == "auto" || choice == "nccl" || choice == "staged",
+                          "--gpu-comm " << choice << " is not one of auto, nccl, staged");
+  const comm::NodeRank local = comm::node_local_rank(world);
+  const int devices = cuda_device_count();
+  DPML_REQUIRE_EVERYWHERE(world.allreduce(devices == 0 ? 1 : 0, comm::ReduceOp::max) == 0,
+                          "--device cuda: a rank of this launch sees no CUDA device");
+  const bool short_of_gpus = world.allreduce(local.size > devices ? 1 : 0, comm::ReduceOp::max) != 0;
+  if (choice == "nccl" || (choice == "auto" && !short_of_gpus)) {
+    comm::select_device(world);  // one GPU each, or one clear Error on every rank
+    return false;
+  }
+  comm::set_device(local.rank % devices);
+  if (world.rank() == 0)
+    std::printf("dpml train_gpt: %d ranks per node on %d GPU(s): device buffers travel through the host (comm::Staged)\n",
+                local.size, devices);
+  return true;
+}
+#endif
 }  // namespace
 
 int main(int argc, char** argv) {
   return dpml::run(argc, argv, [&](const comm::Mpi& world) {
     Flags f;
     train::Args args("train_gpt", "Trains a GPT with data (rest of the world), tensor (--tp) and pipeline (--pp)\n"
-                                  "parallelism on CPU ranks, or on one GPU (--device cuda), then samples text from it.");
-    args.flag("--device", f.device, "cpu (the ranks' cores) | cuda (one GPU, bf16 or --fp16; one rank)")
-        .flag("--fp16", f.fp16, "--device cuda: fp16 weights and activations with dynamic loss scaling (default bf16)")
-        .flag("--initial-loss-scale", f.initial_loss_scale, "--fp16: the first loss scale")
-        .flag("--loss-scale-window", f.loss_scale_window, "--fp16: steps without overflow before the loss scale doubles")
+                                  "parallelism on CPU ranks or on GPUs (--device cuda), then samples text from it.");
+    args.flag("--device", f.device, "cpu (the ranks' cores) | cuda (a GPU per rank, bf16)")
+        .flag("--gpu-comm", f.gpu_comm, "--device cuda: auto | nccl (a GPU per rank) | staged (ranks sharing GPUs, through the host)")
+        .flag("--fp16", f.fp16, "refused: the trainer trains bf16 on GPUs (fp16 loss scaling is not wired)")
         .flag("--tp", f.tp, "tensor-parallel degree")
         .flag("--pp", f.pp, "pipeline-parallel degree (stages)")
         .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
@@ -247,19 +359,24 @@ int main(int argc, char** argv) {
     if (!args.parse(argc, argv, world.rank())) return 0;
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
-    DPML_REQUIRE_EVERYWHERE(!f.fp16 || f.device == "cuda", "--fp16 needs --device cuda (the CPU ranks train in fp32)");
+    DPML_REQUIRE_EVERYWHERE(!f.fp16, "--fp16: the trainer trains bf16 on GPUs (fp32 on CPU ranks); fp16 with loss scaling is not wired");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
                             "--inject-fault nan:N poisons a host weight: --device cpu only");
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
                                                                  << " must be below --train-iters " << f.iters);
     const Faults faults = Faults::parse(f.faults);
-    const auto nonfinite = train::parse_nonfinite(f.on_nonfinite);
+    (void)train::parse_nonfinite(f.on_nonfinite);  // refused on every rank before anything is built
     comm::watchdog::set_timeout(f.collective_timeout);
     if (faults.kill_rank == world.rank())
       std::thread([s = faults.kill_after] {
         std::this_thread::sleep_for(std::chrono::duration<double>(s));
         std::raise(SIGKILL);
       }).detach();
+#ifdef DPML_WITH_CUDA
+    const bool staged = f.device == "cuda" && gpus_shared(world, f.gpu_comm);  // before any CUDA allocation
+#else
+    DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset)");
+#endif
     auto grid = ProcessGrid::create(world, {.tp = f.tp, .pp = f.pp});
     const int dp_rank = grid.coord(Axis::data);
 
@@ -285,124 +402,19 @@ int main(int argc, char** argv) {
 
     const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
                                    .dim = f.hidden, .recompute = f.recompute};
-    models::Gpt<float> model(config, grid);
-    layers::initialize_all(model.parameters(), f.seed, &grid);
-    const optim::WarmupCosineLR lr{.max_lr = f.lr, .min_lr = f.min_lr, .warmup_steps = f.warmup, .decay_steps = f.iters};
-
     if (world.rank() == 0)
       std::printf("dpml train_gpt: %s%s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
-                  f.device == "cpu" ? "" : f.fp16 ? "one GPU (fp16, loss scaling), host mirror " : "one GPU (bf16), host mirror ", grid.describe().c_str(), f.schedule.c_str(),
-                  f.zero ? " + ZeRO-1" : "",
+                  f.device == "cpu" ? "" : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
-
-    const optim::AdamWOptions adamw{.beta2 = 0.95, .weight_decay = f.weight_decay};
+    const Run run{f, faults, world, train_data, val_data, unigram};
+#ifdef DPML_WITH_CUDA
+    if (f.device == "cuda") return staged ? train_on_gpu<comm::Staged>(config, grid, run) : train_on_gpu<comm::Nccl>(config, grid, run);
+#endif
+    models::Gpt<float> model(config, grid);
+    layers::initialize_all(model.parameters(), f.seed, &grid);
     return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
-      train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, adamw,
-                                                        {.clip = f.clip},
-                                                        {.micro_batch = f.micro_batch, .global_batch = f.global_batch, .seed = f.seed,
-                                                         .on_nonfinite = nonfinite});
-      // Where to start: a checkpoint, a GPT-2 file, or the initialisation.
-      train::TrainPosition start;
-      std::optional<std::string> resume_dir;
-      if (!f.resume.empty()) {
-        resume_dir = train::resolve_resume(world, f.resume, f.save);
-        if (!resume_dir && world.rank() == 0) std::printf("no checkpoint in '%s': starting fresh\n", f.save.c_str());
-      }
-      if (resume_dir) {
-        start = train::load_checkpoint(trainer, *resume_dir, f.seq);
-        if (world.rank() == 0)
-          std::printf("resumed from '%s' at step %lld (epoch %lld, batch %lld)\n", resume_dir->c_str(),
-                      static_cast<long long>(start.step), static_cast<long long>(start.epoch), static_cast<long long>(start.batch));
-      } else if (!f.import_path.empty()) {
-        train::import_gpt2(trainer, f.import_path);
-        if (world.rank() == 0) std::printf("imported '%s'\n", f.import_path.c_str());
-      }
-      Steps steps(trainer, f, adamw);  // after the start point is set: the GPU copies it
-      if (resume_dir) steps.load_config(*resume_dir);
-      std::optional<train::Checkpointer<decltype(trainer)>> ckpt;
-      if (!f.save.empty())  // on the GPU: each save copies the device state to the mirror and writes it in place
-        ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .seq_len = f.seq,
-                                                                 .refresh = [&] { steps.sync_host(); },
-                                                                 .in_place = steps.on_device(),
-                                                                 .extra_config = [&](checkpoint::Json& c) { steps.save_config(c); }});
-      std::ofstream loss_log;
-      if (!f.loss_log.empty() && world.rank() == 0) loss_log.open(f.loss_log, std::ios::trunc);
-      train::Progress progress(f.iters, world.rank(), "tok/s");
-      train::MetricsLog metrics(f.metrics, world.rank());
-      const double tokens_per_step = static_cast<double>(f.global_batch * f.seq);
-      std::int64_t epoch = start.epoch, b = start.batch;
-      train_data.set_epoch(epoch);
-      double val = NAN;
-      bool finished = true;  // false: stopped by --exit-interval (no export, no sample)
-      const auto loop_start = std::chrono::steady_clock::now();
-      for (std::int64_t step = start.step + 1; step <= f.iters; ++step) {
-        if (b == train_data.batches_per_epoch()) train_data.set_epoch(++epoch), b = 0;
-        if (step == faults.hang_step && world.rank() == faults.hang_rank)
-          std::this_thread::sleep_for(std::chrono::hours(1));  // stops calling collectives: the watchdog reports it
-        const double rate = lr(step);
-        auto* poisoned = step == faults.nan_step ? find_parameter(model, "wpe.weight") : nullptr;
-        const float kept = poisoned ? poisoned->value()[0] : 0.0f;
-        if (poisoned) poisoned->value()[0] = std::numeric_limits<float>::quiet_NaN();
-        const auto r = steps.train_step(train_data.batch(b++), rate);
-        if (poisoned) poisoned->value()[0] = kept;
-        if (loss_log.is_open()) loss_log << step << ' ' << std::hexfloat << r.loss << std::defaultfloat << ' ' << r.loss << std::endl;
-        if (ckpt) {
-          ckpt->poll();
-          if ((f.save_interval > 0 && step % f.save_interval == 0) || step == f.iters ||
-              (f.exit_interval > 0 && step % f.exit_interval == 0)) {
-            ckpt->save_async({.step = step, .epoch = epoch, .batch = b});
-            if (faults.slow_save_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_save_ms));
-          }
-        }
-        if (world.rank() == faults.kill_steps_rank && step - start.step == faults.kill_steps) std::raise(SIGKILL);
-        if (step % f.eval_interval == 0 || step == f.iters) val = steps.evaluate(val_data.batch(0));
-        metrics.write({{"step", double(step)}, {"loss", r.loss}, {"val_loss", val}, {"lr", rate},
-                       {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
-                       {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
-                       {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}});
-        if (step % f.log_interval == 0 || step == 1 || step == f.iters) {
-          // A named list: nvcc's front end mangles this braced list written in the call.
-          const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}};
-          progress.print(step, r.loss, tokens_per_step / r.seconds, extra);
-        }
-        if (f.exit_interval > 0 && step % f.exit_interval == 0 && step < f.iters) {
-          if (world.rank() == 0) std::printf("exiting after step %lld (--exit-interval %lld)\n", static_cast<long long>(step),
-                                             static_cast<long long>(f.exit_interval));
-          finished = false;
-          break;
-        }
-      }
-      if (ckpt) {
-        const double blocked = ckpt->blocking_seconds();  // inside the training loop
-        const auto t0 = std::chrono::steady_clock::now();
-        ckpt->wait();
-        const double last = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (world.rank() == 0 && ckpt->saves() > 0) {
-          const double n = ckpt->saves();
-          std::printf("checkpoints: %d saved in '%s'; training blocked %.1f ms per save (device to host %.1f ms), "
-                      "%.1f ms from save to commit; the last committed %.1f ms after training\n",
-                      ckpt->saves(), f.save.c_str(), 1e3 * blocked / n, 1e3 * steps.sync_seconds() / n,
-                      1e3 * ckpt->total_seconds() / n, 1e3 * last);
-        }
-      }
-      if (!finished) return 0;
-      steps.sync_host();  // export and sampling read the host trainer
-      if (!f.export_path.empty()) {
-        train::export_gpt2(trainer, f.export_path);
-        if (world.rank() == 0) std::printf("exported '%s'\n", f.export_path.c_str());
-      }
-      if (world.rank() == 0)
-        std::printf("final validation loss %.3f nats (%.3f bits/byte) vs unigram entropy %.3f nats\n", val,
-                    val / std::log(2.0), unigram);
-      if (f.sample_tokens > 0) {
-        std::vector<std::int32_t> prompt;
-        for (unsigned char c : f.prompt) prompt.push_back(c);
-        const auto out = trainer.generate(prompt, static_cast<int>(f.sample_tokens), f.temperature, f.top_k, f.seed);
-        if (world.rank() == 0 && f.vocab == data::kByteVocab)
-          std::printf("---- sample (temperature %.2f, top-k %d) ----\n%s\n----\n", f.temperature, f.top_k,
-                      data::bytes_to_text(out).c_str());
-      }
-      return 0;
+      train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, adamw_of(f), {.clip = f.clip}, train_options_of(f));
+      return train_and_sample(trainer, run);
     });
   });
 }

@@ -55,13 +55,14 @@ class Stack {
     return x;
   }
   Input backward_input(Context<space>& ctx, Output dy) {
-    auto& dys = incoming_.slot(ctx);
-    dys.resize(children_.size());
-    for (std::size_t i = children_.size(); i-- > 0;) {
-      dys[i] = dy;
-      dy = children_[i].backward_input(ctx, dy);
-    }
-    return dy;
+    return backward(ctx, dy, [&](L& first, Output d) { return first.backward_input(ctx, d); });
+  }
+  // The same, the first child's input gradient written into the caller's buffer dx (its
+  // backward_input_into: a TransformerBlock's) — e.g. the message a pipeline stage sends back.
+  Input backward_input_into(Context<space>& ctx, Output dy, TensorView<value_type, space> dx)
+    requires requires(L& l) { l.backward_input_into(ctx, dy, dx); }
+  {
+    return backward(ctx, dy, [&](L& first, Output d) { return first.backward_input_into(ctx, d, dx); });
   }
   void backward_weight(Context<space>& ctx, Output) {
     auto& dys = incoming_.slot(ctx);
@@ -79,6 +80,18 @@ class Stack {
   }
 
  private:
+  // Children last to first; the first one through `first(child, dy)`.
+  template <class First>
+  Input backward(Context<space>& ctx, Output dy, First&& first) {
+    auto& dys = incoming_.slot(ctx);
+    dys.resize(children_.size());
+    for (std::size_t i = children_.size(); i-- > 0;) {
+      dys[i] = dy;
+      dy = i > 0 ? children_[i].backward_input(ctx, dy) : first(children_[0], dy);
+    }
+    return dy;
+  }
+
   std::vector<L> children_;
   Slots<std::vector<Output>> incoming_;
 };

@@ -1,5 +1,6 @@
 #pragma once
-// GPT-2 (Radford et al. 2019) as one pipeline stage's share, tensor-parallel inside.
+// GPT-2 (Radford et al. 2019) as one pipeline stage's share, tensor-parallel inside — one
+// definition for both memory spaces, composed from the layers:
 //
 //   tokens (B, T) → wte + wpe → h.0 … h.{L−1} → ln_f → logits = h · wteᵀ → cross-entropy
 //
@@ -17,8 +18,33 @@
 //
 // One micro-batch on a stage: forward(ctx, tokens or received activation, targets) returns the
 // activation to send on (empty on the last stage, which computes the loss instead);
-// backward_input(ctx, received gradient) returns the gradient to send back (empty on the first
-// stage); backward_weight(ctx) forms the weight gradients — separately, for zero-bubble schedules.
+// backward_input(ctx, received[, into]) returns the gradient to send back (empty on the first
+// stage; written into the caller's buffer `into` when given: the blocks' ring scratch is not a
+// place a message may wait in); backward_weight(ctx) forms the weight gradients — separately, for
+// zero-bubble schedules.
+//
+// What the fused GPU model (models/cuda/gpt.hpp) does for speed and memory, this one does through
+// its layers, on either space:
+//   head at once   in a training forward the last stage runs the head's whole backward right
+//                  after the loss — dlogits in place over the logits, dh, wte's gradient, ln_f's
+//                  backward — so the (B, T, V/tp) logits live only inside that call (the head and
+//                  ln_f use one buffer slot for every micro-batch) and a micro-batch keeps only
+//                  d(final hidden) (B, T, C) until its B; ln_f and the tied copy of wte are
+//                  reported to the gradient buckets there
+//   blocks         TransformerBlock's fused backward (shared scratch, residuals joined in
+//                  LayerNorm's backward, each weight gradient right after its input gradient)
+//                  and, with GptConfig::recompute_gelu, one GELU output shared by all blocks
+//   parameters     the trainer's DistributedOptimizer lays them out in one flat buffer (bf16
+//                  values and gradients, fp32 master and state on a GPU)
+//
+// Communicators: the tensor axis' (TensorRegion<Comm>: the layers' conjugate operations) and, with
+// pp > 1, the pair of the first and last stage (the tied gradient's sum). On the host both come
+// from the ProcessGrid's MPI groups; on a GPU from a parallel::DeviceGrid (tensor() and
+// pipeline_ends(), on the compute stream).
+//
+//   models::Gpt<float> cpu(config, grid);                            // HostSpace, comm::Mpi
+//   parallel::DeviceGrid<comm::Nccl> comms(grid, dev);
+//   models::Gpt<bf16, CudaSpace> gpu(config, comms);                  // CUDA translation units
 
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
@@ -29,13 +55,16 @@
 #include "dpml/layers/stack.hpp"
 #include "dpml/layers/transformer_block.hpp"
 #include "dpml/layers/vocab_parallel_cross_entropy.hpp"
+#include "dpml/parallel/device_grid.hpp"
 #include "dpml/parallel/grid.hpp"
 #include "dpml/parallel/pipeline/partition.hpp"
 #include "dpml/parallel/tensor.hpp"
 
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,8 +77,10 @@ struct GptConfig {
   std::int64_t layers = 2;         // L
   std::int64_t heads = 2;          // H
   std::int64_t dim = 32;           // C
-  std::int64_t pad_multiple = 1;   // V is padded to a multiple of tp · pad_multiple
+  std::int64_t pad_multiple = 1;   // V is padded to a multiple of tp · pad_multiple (GPU: 128, GEMM tiles)
   bool recompute = false;          // activation recomputation per block
+  bool recompute_gelu = false;     // the MLP's GELU output shared by all blocks, recomputed in the
+                                   // backward (GPU: −1.2 GiB at GPT-2 124M, B=16, T=1024)
 
   // Parameters of the whole (unsharded, unpadded) model.
   std::int64_t parameter_count() const {
@@ -61,48 +92,35 @@ struct GptConfig {
 // Blocks [first, first + count) of a pipeline stage (shared with the GPU model).
 using parallel::pipeline::StageBlocks;
 
-template <class T = float>
+template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
 class Gpt {
  public:
   using value_type = T;
-  using space = HostSpace;
-  using ParamT = Param<T, HostSpace>;
-  using View = TensorView<const T>;
-  using Tokens = TensorView<const std::int32_t>;
+  using space = Space;
+  using comm_type = Comm;
+  using ParamT = Param<T, Space>;
+  using View = TensorView<const T, Space>;
+  using Tokens = TensorView<const std::int32_t, Space>;
   using Input = Tokens;   // a pipeline stage's micro-batch (train::StagedModel)
   using Target = Tokens;
+  using Block = layers::TransformerBlock<T, Space, Comm>;
 
+  // Host: the grid's MPI groups (collective over the pipeline axis when pp > 1).
   Gpt(const GptConfig& c, const parallel::ProcessGrid& grid)
-      : cfg_(validated(c, grid)), grid_(grid), region_(&grid.comm(Axis::tensor)),
-        first_(grid.is_first_stage()), last_(grid.is_last_stage()),
-        range_(StageBlocks::of(c.layers, grid.pp(), grid.coord(Axis::pipeline))) {
-    if (first_)
-      embedding_.emplace(layers::EmbeddingOptions{.vocab = c.vocab, .max_seq = c.max_seq, .dim = c.dim,
-                                                  .pad_multiple = c.pad_multiple},
-                         region_);
-    std::vector<layers::TransformerBlock<T>> blocks;
-    for (std::int64_t i = 0; i < range_.count; ++i)
-      blocks.emplace_back(layers::BlockOptions{.dim = c.dim, .heads = c.heads, .recompute = c.recompute,
-                                               .name = "h." + std::to_string(range_.first + i)},
-                          region_);
-    blocks_ = layers::Stack<layers::TransformerBlock<T>>(std::move(blocks), "");
-    if (last_) {
-      ln_f_.emplace(c.dim, "ln_f");
-      if (first_) {
-        head_.emplace(*embedding_);
-      } else {
-        const auto part = layers::VocabPartition::make(c.vocab, grid.tp(), grid.coord(Axis::tensor), c.pad_multiple);
-        tied_copy_ = std::make_unique<ParamT>("wte.weight", Shape{part.local(), c.dim},
-                                              Init::normal(0.0, 0.02), Sharding::split(0));
-        tied_copy_->mark_duplicate();
-        head_.emplace(*tied_copy_, part, region_);
-      }
-    }
-    if (grid.pp() > 1) {  // first and last stage of each (tp, dp) pipeline: the tied-embedding group
-      const bool member = first_ || last_;
-      tied_group_ = grid.comm(Axis::pipeline).split(member ? 0 : MPI_UNDEFINED, grid.coord(Axis::pipeline));
-    }
+    requires std::same_as<Comm, comm::Mpi>
+      : Gpt(c, grid, &grid.comm(Axis::tensor)) {
+    if (grid.pp() == 1) return;  // first and last stage of each (tp, dp) pipeline: the tied-embedding pair
+    own_pair_ = grid.comm(Axis::pipeline).split(first_ || last_ ? 0 : MPI_UNDEFINED, grid.coord(Axis::pipeline));
+    if (first_ || last_) tied_pair_ = &own_pair_;
   }
+  // Any space: the device communicators of `comms` (tensor(), pipeline_ends()), which must outlive
+  // the model.
+  template <class DataComm>
+  explicit Gpt(const GptConfig& c, const parallel::DeviceGrid<Comm, DataComm>& comms) : Gpt(c, comms.grid(), &comms.tensor()) {
+    tied_pair_ = comms.pipeline_ends();
+  }
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
 
   bool is_first_stage() const noexcept { return first_; }
   bool is_last_stage() const noexcept { return last_; }
@@ -110,61 +128,69 @@ class Gpt {
   const StageBlocks& blocks_range() const noexcept { return range_; }
 
   // One micro-batch forward. First stage: `tokens` (B, T); other stages: `received` (B, T, C).
-  // Last stage: `targets` (B, T) add to the loss (see take_loss()); returns the activation to send (B, T, C).
-  // With empty targets (inference) the last stage stops at ln_f; see next_token_logits().
-  View forward(layers::Context<HostSpace>& ctx, Tokens tokens, View received, Tokens targets) {
+  // Last stage: `targets` (B, T) add to the loss (see take_loss()) and, in training, the head's
+  // backward runs at once (top of the file); returns the activation to send (B, T, C). With empty
+  // targets (inference) the last stage stops at ln_f; see next_token_logits().
+  View forward(layers::Context<Space>& ctx, Tokens tokens, View received, Tokens targets) {
     View h = first_ ? embedding_->forward(ctx, tokens) : received;
     h = blocks_.forward(ctx, h);
     if (!last_) return h;
     Saved& s = saved_.slot(ctx);
-    s.final_h = ln_f_->forward(ctx, h);
-    if (targets.data() != nullptr) head_->forward(ctx, s.final_h, targets);
+    layers::Context<Space> once = head_context(ctx);
+    s.final_h = ln_f_->forward(once, h);
+    s.trained = false;
+    if (targets.data() == nullptr) return View();
+    head_->forward(once, s.final_h, targets);
+    if (!ctx.training()) return View();
+    const View dh = head_->backward(once);  // (B, T, C) = dlogits · wte
+    head_->backward_weight(once);           // wte (or its tied copy) += dlogitsᵀ · h
+    ln_f_->backward_input_into(once, dh, View(), layers::ensure(s.d_final, h.shape()));
+    ln_f_->backward_weight(once, dh);
+    layers::report_grad_ready(ctx, *ln_f_);
+    if (tied_copy_) report(ctx, *tied_copy_);  // pp = 1: wte is reported with the embedding, after its share
+    s.trained = true;
     return View();
   }
 
   // Last stage, after forward: logits (V) of the token after sequence `b`'s last position, over
-  // the whole vocabulary (the vocabulary-parallel shards gathered over the tensor axis).
-  std::vector<float> next_token_logits(const layers::Context<HostSpace>& ctx, std::int64_t b) {
+  // the whole vocabulary (the vocabulary-parallel shards gathered over the tensor axis), on the host.
+  std::vector<float> next_token_logits(const layers::Context<Space>& ctx, std::int64_t b) {
     const View h = saved_[ctx.micro_batch].final_h;  // (B, T, C)
     const std::int64_t len = h.size(1), C = h.size(2);
-    return head_->next_token_logits(ctx, View(h.data() + (b * len + len - 1) * C, Shape{C}));
+    return head_->next_token_logits(head_context(ctx), View(h.data() + (b * len + len - 1) * C, Shape{C}));
   }
   // The losses of the last stage's forwards since the last take (summed over their tokens /
-  // ctx.global_batch), then zeroed; 0 on other stages. The first stage's token check surfaces here too.
+  // ctx.global_batch), then zeroed; 0 on other stages. The first stage's token check surfaces here
+  // too. On a GPU it waits for the work queued so far.
   double take_loss() {
     if (first_) embedding_->check_tokens();
     return last_ ? head_->take_loss() : 0.0;
   }
 
-  // One micro-batch backward_input. Last stage: from its own loss; others: `received` (B, T, C).
-  // Returns the gradient to send to the previous stage (empty on the first stage).
-  View backward_input(layers::Context<HostSpace>& ctx, View received) {
+  // One micro-batch backward_input. Last stage: from the head's gradient its forward kept; others:
+  // `received` (B, T, C). Returns the gradient to send to the previous stage (empty on the first
+  // stage), in `into` (B, T, C) when given, else in a buffer of the slot's own.
+  View backward_input(layers::Context<Space>& ctx, View received) { return backward_input(ctx, received, {}); }
+  View backward_input(layers::Context<Space>& ctx, View received, TensorView<T, Space> into) {
     Saved& s = saved_.slot(ctx);
     if (last_) {
-      s.head_dh = head_->backward(ctx);
-      received = ln_f_->backward_input(ctx, s.head_dh);
+      DPML_REQUIRE(s.trained, "GPT: backward_input of micro-batch slot " << ctx.micro_batch
+                                                                        << " without a training forward with targets");
+      received = s.d_final.cview();
     }
     s.blocks_dy = received;
-    View dx = blocks_.backward_input(ctx, received);
     if (first_) {
-      s.embedding_dy = dx;
+      s.embedding_dy = blocks_.backward_input(ctx, received);
       return View();
     }
-    // The blocks' input gradient may lie in scratch they share (TransformerBlock); the message to
-    // the previous stage must stay until its send completes: a copy of this slot's own.
-    auto sent = layers::ensure(s.sent, dx.shape());
-    copy(sent, dx);
-    return sent;
+    if (into.data() == nullptr) into = layers::ensure(s.sent, received.shape());
+    return blocks_.backward_input_into(ctx, received, into);
   }
 
-  void backward_weight(layers::Context<HostSpace>& ctx) {
+  // The blocks' weight gradients (nothing left to do where they formed them inside B) and, on the
+  // first stage, the embedding's.
+  void backward_weight(layers::Context<Space>& ctx) {
     Saved& s = saved_.slot(ctx);
-    if (last_) {
-      head_->backward_weight(ctx);
-      ln_f_->backward_weight(ctx, s.head_dh);
-      layers::report_grad_ready(ctx, *ln_f_);
-      if (tied_copy_) report(ctx, *tied_copy_);
-    }
     blocks_.backward_weight(ctx, s.blocks_dy);
     if (first_) {
       embedding_->backward_weight(ctx, s.embedding_dy);
@@ -173,11 +199,12 @@ class Gpt {
   }
 
   // pp > 1: the tied token-embedding gradient, summed over the first and last stage. Call after
-  // the step's last backward_weight and before the data-parallel reduction finishes.
+  // the step's last backward_weight (and, with a stream-ordered pipeline, after the step's sends
+  // are launched) and before the data-parallel reduction finishes.
   void finish_tied_gradients() {
-    if (tied_group_.native() == MPI_COMM_NULL) return;
+    if (!tied_pair_) return;
     const ParamT& w = first_ ? embedding_->token_weight() : *tied_copy_;
-    tied_group_.allreduce(w.grad().data(), static_cast<std::size_t>(w.numel()), comm::ReduceOp::sum);
+    tied_pair_->allreduce(w.grad().data(), static_cast<std::size_t>(w.numel()), comm::ReduceOp::sum);
   }
   // The parameter whose data-parallel bucket must wait for finish_tied_gradients (or null).
   const ParamT* tied_parameter() {
@@ -199,9 +226,40 @@ class Gpt {
 
  private:
   struct Saved {
-    View final_h, head_dh, blocks_dy, embedding_dy;
-    Tensor<T> sent;  // (B, T, C) the gradient sent to the previous stage
+    View final_h;                  // (B, T, C) ln_f's output (the head's slot: valid until the next forward)
+    Tensor<T, Space> d_final;      // (B, T, C) d(last block's output), from the head at forward time
+    bool trained = false;          // d_final holds this slot's training forward's
+    View blocks_dy, embedding_dy;  // (B, T, C)
+    Tensor<T, Space> sent;         // (B, T, C) the gradient sent back, when the caller gives no buffer
   };
+
+  Gpt(const GptConfig& c, const parallel::ProcessGrid& grid, const Comm* tensor)
+      : cfg_(validated(c, grid)), grid_(grid), region_(tensor), first_(grid.is_first_stage()),
+        last_(grid.is_last_stage()), range_(StageBlocks::of(c.layers, grid.pp(), grid.coord(Axis::pipeline))) {
+    if (first_)
+      embedding_.emplace(layers::EmbeddingOptions{.vocab = c.vocab, .max_seq = c.max_seq, .dim = c.dim,
+                                                  .pad_multiple = c.pad_multiple},
+                         region_);
+    std::vector<Block> blocks;
+    for (std::int64_t i = 0; i < range_.count; ++i)
+      blocks.emplace_back(layers::BlockOptions{.dim = c.dim, .heads = c.heads, .recompute = c.recompute,
+                                               .recompute_gelu = c.recompute_gelu,
+                                               .name = "h." + std::to_string(range_.first + i)},
+                          region_);
+    blocks_ = layers::Stack<Block>(std::move(blocks), "");
+    if (last_) {
+      ln_f_.emplace(c.dim, "ln_f");
+      if (first_) {
+        head_.emplace(*embedding_);
+      } else {
+        const auto part = layers::VocabPartition::make(c.vocab, region_.size(), region_.rank(), c.pad_multiple);
+        tied_copy_ = std::make_unique<ParamT>("wte.weight", Shape{part.local(), c.dim}, Init::normal(0.0, 0.02),
+                                              Sharding::split(0));
+        tied_copy_->mark_duplicate();
+        head_.emplace(*tied_copy_, part, region_);
+      }
+    }
+  }
 
   static const GptConfig& validated(const GptConfig& c, const parallel::ProcessGrid& grid) {
     DPML_REQUIRE_EVERYWHERE(c.layers >= grid.pp(), "the model has " << c.layers << " layers, fewer than the " << grid.pp()
@@ -211,22 +269,30 @@ class Gpt {
     DPML_REQUIRE_EVERYWHERE(c.dim % c.heads == 0, "--hidden-size " << c.dim << " is not divisible by --num-attention-heads " << c.heads);
     return c;
   }
-  static void report(layers::Context<HostSpace>& ctx, ParamT& p) {
+  // ln_f and the head consume what they compute within one forward: one buffer slot for all
+  // micro-batches.
+  static layers::Context<Space> head_context(const layers::Context<Space>& ctx) {
+    layers::Context<Space> once = ctx;
+    once.micro_batch = 0;
+    return once;
+  }
+  static void report(layers::Context<Space>& ctx, ParamT& p) {
     ParamBase* one[] = {&p};
     ctx.grad_ready(std::span<ParamBase* const>(one, 1));
   }
 
   GptConfig cfg_;
   const parallel::ProcessGrid& grid_;
-  parallel::TensorRegion<comm::Mpi> region_;
+  parallel::TensorRegion<Comm> region_;
   bool first_, last_;
   StageBlocks range_;
-  std::optional<layers::Embedding<T>> embedding_;
-  layers::Stack<layers::TransformerBlock<T>> blocks_;
-  std::optional<layers::LayerNorm<T>> ln_f_;
+  std::optional<layers::Embedding<T, Space, Comm>> embedding_;
+  layers::Stack<Block> blocks_;
+  std::optional<layers::LayerNorm<T, Space>> ln_f_;
   std::unique_ptr<ParamT> tied_copy_;
-  std::optional<layers::VocabParallelCrossEntropy<T>> head_;
-  comm::Mpi tied_group_{MPI_COMM_NULL};
+  std::optional<layers::VocabParallelCrossEntropy<T, Space, Comm>> head_;
+  comm::Mpi own_pair_{MPI_COMM_NULL};  // host: the tied pair's group, split from the grid
+  const Comm* tied_pair_ = nullptr;    // first and last stage when pp > 1, else null
   layers::Slots<Saved> saved_;
 };
 

@@ -10,6 +10,10 @@
 //                    kernel (a row-parallel output, the clipping scale), so nothing overlaps them
 //   data, pipeline   on streams of their own: bucket reductions and activations in flight overlap
 //                    compute, ordered against it by events (parallel/comm_link.hpp)
+//   pipeline_ends    pp > 1: the first and the last stage of this rank's pipeline (ranks of equal
+//                    tensor and data coordinates), on the compute stream — a model whose first and
+//                    last stage hold a tied tensor (GPT's token embedding) sums its two gradients
+//                    there after the backward; null on the other stages and at pp = 1
 //
 // Comm is comm::Nccl (a GPU per rank) or comm::Staged (ranks sharing a GPU, through host memory);
 // DataComm may differ for the data axis: comm::CopyEngine for two GPUs of one host. Construction is
@@ -20,11 +24,13 @@
 //   parallel::DeviceGrid<comm::Nccl> comms(grid, dev);
 //   TensorRegion<comm::Nccl> tp(&comms.tensor());
 
+#include "dpml/comm/mpi.hpp"
 #include "dpml/core/axis.hpp"
 #include "dpml/kernels/device.hpp"
 #include "dpml/parallel/grid.hpp"
 
 #include <concepts>
+#include <optional>
 
 namespace dpml::parallel {
 
@@ -37,7 +43,13 @@ class DeviceGrid {
         tensor_(Comm::from(grid.comm(Axis::tensor), dev.stream())),
         data_(DataComm::from(grid.comm(Axis::data))),
         pipeline_(Comm::from(grid.comm(Axis::pipeline))),
-        world_(Comm::from(grid.world(), dev.stream())) {}
+        world_(Comm::from(grid.world(), dev.stream())) {
+    if (grid.pp() == 1) return;
+    const int stage = grid.coord(Axis::pipeline);
+    const bool end = stage == 0 || stage == grid.pp() - 1;
+    ends_group_ = grid.comm(Axis::pipeline).split(end ? 0 : MPI_UNDEFINED, stage);  // collective over the pipeline axis
+    if (end) ends_.emplace(Comm::from(ends_group_, dev.stream()));                  // over the two ends only
+  }
 
   DeviceGrid(const DeviceGrid&) = delete;
   DeviceGrid& operator=(const DeviceGrid&) = delete;
@@ -47,6 +59,7 @@ class DeviceGrid {
   const DataComm& data() const noexcept { return data_; }
   const Comm& pipeline() const noexcept { return pipeline_; }
   const Comm& world() const noexcept { return world_; }
+  const Comm* pipeline_ends() const noexcept { return ends_ ? &*ends_ : nullptr; }
   // The communicator of axis `a` (one type for all axes).
   const Comm& comm(Axis a) const noexcept
     requires std::same_as<Comm, DataComm>
@@ -60,6 +73,8 @@ class DeviceGrid {
   DataComm data_;
   Comm pipeline_;
   Comm world_;
+  comm::Mpi ends_group_{MPI_COMM_NULL};  // the host group of pipeline_ends (kept for its lifetime)
+  std::optional<Comm> ends_;
 };
 
 }  // namespace dpml::parallel

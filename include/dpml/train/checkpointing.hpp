@@ -30,6 +30,12 @@
 // segments. So a ZeRO checkpoint is the same file set as a plain one: either loads into the other.
 // (The cost is one flat buffer of state per slot for the duration of save_async.)
 //
+// A trainer on a GPU (parameters in device memory, bf16 with fp32 master weights) saves and loads
+// the same file set: the weights saved are its fp32 master weights and the optimizer state its fp32
+// moments, read and written by name through the DistributedOptimizer (read_state / write_state:
+// one host copy of each slot's whole flat buffer, gathered over the data axis under ZeRO-1), so a
+// GPU checkpoint resumes on CPU ranks and the other way round, in any layout.
+//
 // Loading (load_checkpoint, collective): every rank opens the checkpoint and reads exactly its
 // blocks (CheckpointReader assembles them from whatever pieces were saved: resharding). Errors
 // (config mismatch, missing tensor, shape, checksum) are gathered and raised on every rank alike,
@@ -90,9 +96,15 @@ namespace detail {
 
 using checkpoint::Slice;
 
-// The trainer's element type (its parameters').
+// The trainer's element type (its parameters'), and the type its optimizer state and checkpoints
+// hold (the same on the host; fp32 beside 16-bit parameters).
 template <class Trainer>
 using value_t = std::remove_cvref_t<decltype(*std::declval<Trainer&>().optimizer().flat().values().data())>;
+template <class Trainer>
+using state_t = typename std::remove_reference_t<decltype(std::declval<Trainer&>().optimizer())>::master_type;
+// Whether the trainer's parameters live in device memory (their state is then read and written by name).
+template <class Trainer>
+inline constexpr bool on_device = !Trainer::ParamT::space::host_accessible;
 
 // Model sizes and data settings a checkpoint must agree with: (config key, flag, value).
 struct ConfigField {
@@ -107,8 +119,8 @@ std::vector<ConfigField> model_fields(const Model&, std::int64_t global_batch, s
   return {{"data.global_batch", "--global-batch", global_batch}};
 }
 // A GPT: its sizes, and the tokens per sequence (0: its max_seq).
-template <class T>
-std::vector<ConfigField> model_fields(const models::Gpt<T>& m, std::int64_t global_batch, std::int64_t seq_len) {
+template <class T, class Space, class Comm>
+std::vector<ConfigField> model_fields(const models::Gpt<T, Space, Comm>& m, std::int64_t global_batch, std::int64_t seq_len) {
   const auto& c = m.config();
   return {{"model.vocab", "--vocab-size", c.vocab},       {"model.max_seq", "--seq-length", c.max_seq},
           {"model.layers", "--num-layers", c.layers},     {"model.heads", "--num-attention-heads", c.heads},
@@ -122,8 +134,8 @@ std::int64_t stored_rows(const Model&, const ParamBase&, std::int64_t rows) {
   return rows;
 }
 // A GPT: wte.weight's rows V ≤ r < V_pad are padding, the last rows of the last shards.
-template <class T>
-std::int64_t stored_rows(const models::Gpt<T>& m, const ParamBase& p, std::int64_t rows) {
+template <class T, class Space, class Comm>
+std::int64_t stored_rows(const models::Gpt<T, Space, Comm>& m, const ParamBase& p, std::int64_t rows) {
   return p.name() == "wte.weight" ? m.config().vocab : rows;
 }
 
@@ -133,8 +145,8 @@ struct GlobalBlock {
   Slice slice;                      // this rank's block; its elements are the first of the local tensor
 };
 
-template <class T, class Model>
-GlobalBlock block_of(const Param<T>& p, const parallel::ProcessGrid& grid, const Model& model) {
+template <class T, class Space, class Model>
+GlobalBlock block_of(const Param<T, Space>& p, const parallel::ProcessGrid& grid, const Model& model) {
   const auto g = layers::global_slice(p, &grid);
   GlobalBlock b{std::vector<std::int64_t>(g.global.begin(), g.global.end()), {}};
   b.slice = p.sharding().is_replicated() ? checkpoint::full_slice(b.shape)
@@ -157,13 +169,17 @@ inline void raise_collected(const comm::Mpi& world, const std::string& mine, con
 }
 
 // State slot k of the update rule over this rank's whole flat buffer (flat offsets), into `out`
-// (resized; its memory is reused from one save to the next).
+// (resized; its memory is reused from one save to the next). On a GPU: read by name.
 template <class Trainer>
-void gather_flat_state(Trainer& t, std::size_t k, std::vector<value_t<Trainer>>& out) {
+void gather_flat_state(Trainer& t, std::size_t k, std::vector<state_t<Trainer>>& out) {
   auto& dist = t.optimizer();
   auto& opt = dist.optimizer();
   const auto& flat = dist.flat();
-  using T = value_t<Trainer>;
+  using T = state_t<Trainer>;
+  if constexpr (on_device<Trainer>) {
+    out = dist.read_state(opt.state_names()[k], 0, flat.numel());
+    return;
+  }
   out.resize(static_cast<std::size_t>(flat.numel()));
   if constexpr (!Trainer::zero) {
     for (std::size_t i = 0; i < flat.params().size(); ++i) {
@@ -204,6 +220,10 @@ template <class Trainer, class T>
 void scatter_flat_state(Trainer& t, std::size_t k, const std::vector<T>& full) {
   auto& dist = t.optimizer();
   auto& opt = dist.optimizer();
+  if constexpr (on_device<Trainer>) {
+    dist.write_state(opt.state_names()[k], 0, std::span<const T>(full));
+    return;
+  }
   auto copy_range = [&](std::size_t range, std::int64_t flat_offset) {
     auto s = opt.state(range, k);
     std::copy_n(full.begin() + flat_offset, s.size(), s.begin());
@@ -217,6 +237,33 @@ void scatter_flat_state(Trainer& t, std::size_t k, const std::vector<T>& full) {
 }
 
 inline std::string state_tensor_name(const std::string& param, const char* slot) { return param + "." + slot; }
+
+// A GPU trainer's weights as saved: the whole flat buffer of its fp32 master weights on the host
+// (collective over the data axis under ZeRO-1).
+template <class Trainer>
+std::vector<state_t<Trainer>> read_weights(Trainer& t) {
+  return t.optimizer().read_state("master", 0, t.optimizer().flat().numel());
+}
+// The inverse: master weights from the whole flat buffer `w` (this rank keeps its part), and the
+// working values rounded from them on every rank.
+template <class Trainer>
+void write_weights(Trainer& t, const std::vector<state_t<Trainer>>& w) {
+  auto& dist = t.optimizer();
+  dist.write_state("master", 0, std::span<const state_t<Trainer>>(w));
+  using T = value_t<Trainer>;
+  if constexpr (!std::is_same_v<T, state_t<Trainer>>) {
+    const std::vector<T> rounded(w.begin(), w.end());
+    SpaceCopy<typename Trainer::ParamT::space, HostSpace>::copy(dist.flat().values().data(), rounded.data(),
+                                                                rounded.size() * sizeof(T));
+  }
+}
+// Where parameter i's elements are read from or written to: its own values on the host, its
+// range of `flat` (a whole flat buffer on the host) on a GPU.
+template <class Trainer, class S>
+S* weights_of(Trainer& t, std::size_t i, std::vector<S>& flat) {
+  if constexpr (on_device<Trainer>) return flat.data() + t.optimizer().flat().offsets()[i];
+  else return t.optimizer().flat().params()[i]->value().data();
+}
 
 template <class Trainer>
 std::vector<ConfigField> checked_fields(Trainer& t, std::int64_t seq_len) {
@@ -254,7 +301,7 @@ class Checkpointer {
   // gathers each optimizer state slot into a buffer the writer reads in place until the commit
   // (with `in_place` and no ZeRO, the optimizer's own state is read in place).
   void save_async(const TrainPosition& pos) {
-    using T = detail::value_t<Trainer>;
+    using T = detail::state_t<Trainer>;
     const auto t0 = clock::now();
     auto& t = trainer_;
     auto& dist = t.optimizer();
@@ -264,7 +311,7 @@ class Checkpointer {
     const auto& model = t.model();
     writer_.wait();  // the previous save commits before this one stages (or a refresh overwrites what it reads)
     if (options_.refresh) options_.refresh();
-    const bool state_in_place = options_.in_place && !Trainer::zero;
+    const bool state_in_place = options_.in_place && !Trainer::zero && !detail::on_device<Trainer>;
     held_.resize(opt.state_names().size());
     for (std::size_t k = 0; k < held_.size(); ++k) {
       if (!state_in_place) detail::gather_flat_state(t, k, held_[k]);
@@ -276,11 +323,13 @@ class Checkpointer {
                              std::span<const T>(state, static_cast<std::size_t>(checkpoint::volume(b.slice))));
       }
     }
-    for (const auto* p : params) {
+    if constexpr (detail::on_device<Trainer>) held_weights_ = detail::read_weights(t);  // read in place until the commit
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto* p = params[i];
       if (p->is_duplicate()) continue;
       const auto b = detail::block_of(*p, t.grid(), model);
-      const std::span<const T> value(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice)));
-      if (options_.in_place) writer_.add_in_place(p->name(), b.shape, b.slice, value);
+      const std::span<const T> value(detail::weights_of(t, i, held_weights_), static_cast<std::size_t>(checkpoint::volume(b.slice)));
+      if (options_.in_place || detail::on_device<Trainer>) writer_.add_in_place(p->name(), b.shape, b.slice, value);
       else writer_.add(p->name(), b.shape, b.slice, value);
     }
     checkpoint::SaveInfo info;
@@ -332,7 +381,8 @@ class Checkpointer {
   Trainer& trainer_;
   CheckpointerOptions options_;
   checkpoint::CheckpointWriter writer_;
-  std::vector<std::vector<detail::value_t<Trainer>>> held_;  // gathered state slots, read by the save in flight
+  std::vector<std::vector<detail::state_t<Trainer>>> held_;  // gathered state slots, read by the save in flight
+  std::vector<detail::state_t<Trainer>> held_weights_;       // a GPU's master weights, read by the save in flight
   clock::time_point started_{};
   int saves_ = 0;
   double blocking_seconds_ = 0.0, total_seconds_ = 0.0;
@@ -367,6 +417,9 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
   TrainPosition pos;
   std::int64_t optimizer_step = 0;
   std::string error;
+  // A GPU's weights on the host, read first (collective) so that padding keeps its values.
+  std::vector<detail::state_t<Trainer>> weights;
+  if constexpr (detail::on_device<Trainer>) weights = detail::read_weights(t);
   try {
     const checkpoint::CheckpointReader reader(dir);
     const auto& config = reader.manifest().config;
@@ -388,13 +441,13 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
     const auto& flat = dist.flat();
     const auto& params = flat.params();
     const auto& model = t.model();
-    for (auto* p : params) {  // duplicates too: the tied copy reads wte.weight
-      const auto b = detail::block_of(*p, t.grid(), model);
-      reader.read(p->name(), b.shape, b.slice,
-                  std::span(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
+    for (std::size_t i = 0; i < params.size(); ++i) {  // duplicates too: the tied copy reads wte.weight
+      const auto b = detail::block_of(*params[i], t.grid(), model);
+      reader.read(params[i]->name(), b.shape, b.slice,
+                  std::span(detail::weights_of(t, i, weights), static_cast<std::size_t>(checkpoint::volume(b.slice))));
     }
     for (std::size_t k = 0; k < dist.optimizer().state_names().size(); ++k) {
-      std::vector<detail::value_t<Trainer>> state(static_cast<std::size_t>(flat.numel()));  // zeros: padding rows have no state
+      std::vector<detail::state_t<Trainer>> state(static_cast<std::size_t>(flat.numel()));  // zeros: padding rows have no state
       for (std::size_t i = 0; i < params.size(); ++i) {
         const auto b = detail::block_of(*params[i], t.grid(), model);
         reader.read(detail::state_tensor_name(params[i]->name(), dist.optimizer().state_names()[k]), b.shape, b.slice,
@@ -406,6 +459,7 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
     error = e.message();
   }
   detail::raise_collected(world, error, "loading checkpoint '" + dir + "'");
+  if constexpr (detail::on_device<Trainer>) detail::write_weights(t, weights);
   t.optimizer().optimizer().set_step_count(optimizer_step);
   t.set_step(pos.step);
   return pos;
@@ -463,12 +517,16 @@ void export_gpt2(Trainer& t, const std::string& path) {
   const auto& model = t.model();
   const auto& cfg = model.config();
   {
+    std::vector<detail::state_t<Trainer>> weights;  // a GPU's (collective)
+    if constexpr (detail::on_device<Trainer>) weights = detail::read_weights(t);
     checkpoint::CheckpointWriter writer(world, parts, {.keep_last = 1});
-    for (const auto* p : t.optimizer().flat().params()) {
-      if (p->is_duplicate()) continue;
-      const auto b = detail::block_of(*p, t.grid(), model);
-      writer.add(p->name(), b.shape, b.slice,
-                 std::span<const detail::value_t<Trainer>>(p->value().data(), static_cast<std::size_t>(checkpoint::volume(b.slice))));
+    const auto& params = t.optimizer().flat().params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i]->is_duplicate()) continue;
+      const auto b = detail::block_of(*params[i], t.grid(), model);
+      writer.add(params[i]->name(), b.shape, b.slice,
+                 std::span<const detail::state_t<Trainer>>(detail::weights_of(t, i, weights),
+                                                           static_cast<std::size_t>(checkpoint::volume(b.slice))));
     }
     writer.save({.step = 0, .config = checkpoint::Json::object(), .layout = {}});
   }
@@ -480,7 +538,7 @@ void export_gpt2(Trainer& t, const std::string& path) {
       file.set_metadata("format", "pt");
       file.set_metadata("producer", "dpml export_gpt2");
       for (const auto& rec : reader.manifest().tensors) {
-        const auto read = reader.read_full<detail::value_t<Trainer>>(rec.name, rec.shape);
+        const auto read = reader.read_full<detail::state_t<Trainer>>(rec.name, rec.shape);
         const std::vector<float> values(read.begin(), read.end());  // GPT-2 files are F32
         const auto out = detail::gpt2_convert<float>(rec.name, rec.shape, values, cfg.heads, /*to_file=*/true);
         file.add<float>(rec.name, detail::gpt2_shape(rec.name, rec.shape), std::span<const float>(out));
@@ -503,9 +561,13 @@ void import_gpt2(Trainer& t, const std::string& path) {
   const auto& model = t.model();
   const auto& cfg = model.config();
   std::string error;
+  std::vector<detail::state_t<Trainer>> weights;  // a GPU's (collective, first: padding keeps its values)
+  if constexpr (detail::on_device<Trainer>) weights = detail::read_weights(t);
   try {
     const checkpoint::SafetensorsFile file(path);
-    for (auto* p : t.optimizer().flat().params()) {
+    const auto& params = t.optimizer().flat().params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto* p = params[i];
       const auto b = detail::block_of(*p, t.grid(), model);
       const auto file_shape = detail::gpt2_shape(p->name(), b.shape);
       const checkpoint::SafetensorsEntry* e = file.find(p->name());
@@ -519,14 +581,15 @@ void import_gpt2(Trainer& t, const std::string& path) {
       const auto& s = b.slice;
       const std::int64_t cols = b.shape.size() == 2 ? b.shape[1] : 1;
       const std::int64_t c0 = b.shape.size() == 2 ? s[1].begin : 0, c1 = b.shape.size() == 2 ? s[1].end : 1;
-      auto* dst = p->value().data();
+      auto* dst = detail::weights_of(t, i, weights);
       for (std::int64_t r = s[0].begin; r < s[0].end; ++r)
-        for (std::int64_t c = c0; c < c1; ++c) *dst++ = static_cast<detail::value_t<Trainer>>(ours[static_cast<std::size_t>(r * cols + c)]);
+        for (std::int64_t c = c0; c < c1; ++c) *dst++ = static_cast<detail::state_t<Trainer>>(ours[static_cast<std::size_t>(r * cols + c)]);
     }
   } catch (const Error& e) {
     error = e.message();
   }
   detail::raise_collected(t.grid().world(), error, "importing '" + path + "'");
+  if constexpr (detail::on_device<Trainer>) detail::write_weights(t, weights);
 }
 
 }  // namespace dpml::train

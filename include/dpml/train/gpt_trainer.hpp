@@ -13,7 +13,9 @@
 //
 // The step, non-finite handling (GptTrainOptions::on_nonfinite), the tied embedding's gradient
 // (held back from its bucket until summed over the first and last stage), the watchdog and the
-// checkpoint interface are the Trainer's.
+// checkpoint interface are the Trainer's — on the host (models::Gpt<T>, the grid's MPI groups) or
+// on GPUs (models::Gpt<T, CudaSpace, Comm> and a parallel::DeviceGrid<Comm, DataComm>; sampling
+// then moves its few tokens and activations through the host).
 
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
@@ -28,9 +30,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace dpml::train {
@@ -44,14 +48,23 @@ struct GptTrainOptions {
   NonFinite on_nonfinite = NonFinite::stop;
 };
 
-template <class Strategy, optim::UpdateRule Rule, class T = float>
-class GptTrainer : public Trainer<models::Gpt<T>, ModelLoss, Strategy, Rule> {
-  using Base = Trainer<models::Gpt<T>, ModelLoss, Strategy, Rule>;
+template <class Strategy, optim::UpdateRule Rule, class T = float, class Space = HostSpace,
+          class Comm = parallel::default_comm_t<Space>, class DataComm = Comm>
+class GptTrainer : public Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strategy, Rule, Space, Comm, DataComm> {
+  using Base = Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strategy, Rule, Space, Comm, DataComm>;
 
  public:
-  GptTrainer(models::Gpt<T>& model, const parallel::ProcessGrid& grid, typename Rule::Options rule,
+  using Model = models::Gpt<T, Space, Comm>;
+
+  // Host: the grid's MPI groups.
+  GptTrainer(Model& model, const parallel::ProcessGrid& grid, typename Rule::Options rule,
              parallel::DistributedOptimizerOptions dist, GptTrainOptions options)
+    requires std::same_as<Space, HostSpace>
       : Base(model, grid, rule, dist, generic(options, grid.dp())), gpt_options_(options) {}
+  // GPUs: the model's device communicators and the Device its layers run on.
+  GptTrainer(Model& model, const typename Base::Comms& comms, kernels::Device<Space>& dev, typename Rule::Options rule,
+             parallel::DistributedOptimizerOptions dist, GptTrainOptions options)
+      : Base(model, comms, dev, rule, dist, generic(options, comms.grid().dp())), gpt_options_(options) {}
 
   std::int64_t local_batch() const noexcept { return gpt_options_.global_batch / this->grid().dp(); }
   const GptTrainOptions& train_options() const noexcept { return gpt_options_; }
@@ -83,12 +96,13 @@ class GptTrainer : public Trainer<models::Gpt<T>, ModelLoss, Strategy, Rule> {
       const std::int64_t len = std::min<std::int64_t>(static_cast<std::int64_t>(prompt.size()), max_seq);
       Tensor<std::int32_t> tokens(Shape{1, len});
       std::copy(prompt.end() - len, prompt.end(), tokens.begin());
-      Tensor<T> received(Shape{1, len, C});
+      Tensor<T> received(Shape{1, len, C});  // host memory: the pipeline's MPI carries it
       if (!model.is_first_stage()) pipe.recv(received.data(), static_cast<std::size_t>(received.numel()), pipe.rank() - 1, 0);
-      auto out = model.forward(ctx, tokens.cview(), received.cview(), TensorView<const std::int32_t>());
+      const auto out = model.forward(ctx, in_space(tokens, tokens_), in_space(received, received_), TensorView<const std::int32_t, Space>());
       std::int32_t next = 0;
       if (!model.is_last_stage()) {
-        pipe.send(out.data(), static_cast<std::size_t>(out.numel()), pipe.rank() + 1, 0);
+        copy(received.view(), out);
+        pipe.send(received.data(), static_cast<std::size_t>(received.numel()), pipe.rank() + 1, 0);
       } else {
         next = sample(model.next_token_logits(ctx, 0), temperature, top_k, rng.uniform(static_cast<std::uint64_t>(i)));
       }
@@ -100,6 +114,18 @@ class GptTrainer : public Trainer<models::Gpt<T>, ModelLoss, Strategy, Rule> {
   }
 
  private:
+  // A host tensor in the model's space: itself on the host, else copied into `buffer`.
+  template <class E>
+  TensorView<const E, Space> in_space(const Tensor<E>& host, Tensor<E, Space>& buffer) {
+    if constexpr (std::is_same_v<Space, HostSpace>) {
+      return host.cview();
+    } else {
+      auto out = layers::ensure(buffer, host.shape());
+      copy(out, host.cview());
+      return TensorView<const E, Space>(out);
+    }
+  }
+
   static TrainOptions generic(const GptTrainOptions& o, int dp) {
     const std::int64_t per_rank = o.micro_batch * dp;
     DPML_REQUIRE_EVERYWHERE(o.micro_batch >= 1 && o.global_batch >= 1, "--micro-batch " << o.micro_batch << " and --global-batch "
@@ -131,6 +157,8 @@ class GptTrainer : public Trainer<models::Gpt<T>, ModelLoss, Strategy, Rule> {
   }
 
   GptTrainOptions gpt_options_;
+  Tensor<std::int32_t, Space> tokens_;  // generate() on a GPU: the context and the activation received
+  Tensor<T, Space> received_;
 };
 
 }  // namespace dpml::train

@@ -11,9 +11,14 @@
 //   Strategy  parallel::Parallel<TensorParallel, PipelineParallel<Schedule>, DataParallel<…>>
 //   Rule      the update rule (optim::Sgd, optim::AdamW, …)
 //   Space     the memory space (the model's)
+//   Comm, DataComm  the device communicators (parallel::DeviceGrid<Comm, DataComm>) on a GPU;
+//             comm::Mpi, the grid's own, on the host
 //
 // One step on this data rank's batch (any TrainBatch: train/batch.hpp):
-//   m micro-batches, rows [n·i/m, n·(i+1)/m) of the batch (TrainOptions::micro_batches)
+//   m micro-batches, rows [n·i/m, n·(i+1)/m) of the batch (TrainOptions::micro_batches), each in
+//   an activation slot (Context::micro_batch) reused once its micro-batch's W is done —
+//   pipeline::plan_buffers: the schedule's peak in flight (GPipe m, 1F1B p − s, ZB-H1 p), so the
+//   layers keep that many micro-batches' activations, not m
 //   the schedule's actions for this stage (GPipe | 1F1B | ZB-H1) through the pipeline executor:
 //     F  forward of micro-batch i (first stage: the batch's inputs; others: the activation
 //        received); the last stage adds the loss
@@ -44,10 +49,26 @@
 // tells it the step. Checkpoints (train/checkpointing.hpp) read and restore its state through
 // model(), grid(), options(), optimizer(), step() / set_step().
 //
-// Space: HostSpace runs today. On CudaSpace three things change and nothing else: the batch is
-// uploaded once per step, the pipeline transport is parallel::cuda::StreamTransport over the
-// grid's device communicators, and the DistributedOptimizer takes Space and its device
-// communicators — a static_assert stands at each of those places until they are wired.
+// Messages: what a stage sends lives in the trainer's per-micro-batch buffers until the transport
+// has sent it (an activation slot may be reused meanwhile): a stage that can write its input
+// gradient into a buffer of the caller's (backward_input(ctx, received, into): models::Gpt) does so,
+// otherwise what it returns is copied there. An evaluation (no B, no W) runs every micro-batch in
+// slot 0 and copies what it sends.
+//
+// Space. HostSpace: the grid's MPI groups carry everything (MpiTransport between stages). CudaSpace
+// (CUDA translation units): the trainer is built on a parallel::DeviceGrid<Comm, DataComm> and the
+// kernels::Device the model's layers run on, and three things change —
+//   batch      uploaded once per step, each tensor one asynchronous copy on the compute stream
+//              from pinned staging (kernels::Ops::upload)
+//   pipeline   parallel::cuda::StreamTransport over the device grid's pipeline communicator, its
+//              groups matched on both sides (pipeline::peer_batches); the message shapes still
+//              travel over MPI during the probe
+//   step end   the DistributedOptimizer's device form (data axis on DataComm, norm over the world):
+//              norm, clip and update are queued before the host waits for anything; the host then
+//              reads the norm and the loss once (the step's synchronisation). A non-finite norm
+//              makes the update skip itself on the device, on every rank alike, whatever
+//              on_nonfinite says; `stop` then raises the Error, `skip` reports it (a non-finite
+//              loss with finite gradients is found after the update: stop raises, skip reports)
 
 #include "dpml/comm/mpi.hpp"
 #include "dpml/comm/watchdog.hpp"
@@ -65,6 +86,11 @@
 #include "dpml/parallel/strategy.hpp"
 #include "dpml/train/batch.hpp"
 #include "dpml/train/layer_stage.hpp"
+#if defined(__CUDACC__)
+#include "dpml/core/cuda_space.hpp"
+#include "dpml/parallel/cuda/pipeline_transport.hpp"
+#include "dpml/parallel/pipeline/peer_batches.hpp"
+#endif
 
 #include <algorithm>
 #include <array>
@@ -74,9 +100,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace dpml::train {
@@ -101,7 +129,8 @@ struct ModelLoss {};
 //                                       returns the gradient to send back (empty on the first)
 //   backward_weight(ctx)                weight gradients += this micro-batch's (may run later)
 //   take_loss()                         the losses added since the last take (last stage)
-// Optional: tied_parameter() and finish_tied_gradients() (see the top of the file).
+// Optional: tied_parameter() and finish_tied_gradients() (see the top of the file), and
+// backward_input(ctx, received, into) writing the gradient to send back into the trainer's buffer.
 template <class M>
 concept StagedModel = requires(M& m, const M& cm, layers::Context<typename M::space>& ctx, const typename M::Input& x,
                                const typename M::Target& t, TensorView<const typename M::value_type, typename M::space> v) {
@@ -144,8 +173,43 @@ struct StageFor<Model, Loss, false> {
   using type = LayerStage<Model, Loss>;
 };
 
-// pipeline::Stage over one step of a StagedModel: the micro-batches' views, message buffers, and
-// the shapes of the messages (learnt by the probe; see the top of the file).
+// Element types of a stage's inputs and targets (a GPU's copy of the batch).
+template <class Stage>
+struct BatchElement {
+  using input = std::remove_const_t<typename Stage::Input::value_type>;
+  using target = std::remove_const_t<typename Stage::Target::value_type>;
+};
+
+// How a space's stages exchange their messages (the executor's transport, pipeline/transport.hpp):
+// MPI on the host, the stream transport over the device grid's pipeline communicator on a GPU.
+template <class Space, class T, class Comm>
+struct TransportFor {
+  static_assert(dependent_false<Space>, "dpml Trainer: no pipeline transport for this memory space and communicator");
+};
+template <class T>
+struct TransportFor<HostSpace, T, comm::Mpi> {
+  using type = parallel::pipeline::MpiTransport<T>;
+  template <class Comms>
+  static type make(const parallel::ProcessGrid& grid, const Comms*, kernels::Device<HostSpace>&, const parallel::pipeline::Schedule&) {
+    return type(grid.comm(Axis::pipeline));
+  }
+};
+#if defined(__CUDACC__)
+template <class T, class Comm>
+struct TransportFor<CudaSpace, T, Comm> {
+  using type = parallel::cuda::StreamTransport<T, Comm>;
+  template <class Comms>
+  static type make(const parallel::ProcessGrid& grid, const Comms* comms, kernels::Device<CudaSpace>& dev,
+                   const parallel::pipeline::Schedule& schedule) {
+    return type(parallel::cuda::StreamLauncher<T, Comm>(comms->pipeline(), dev.stream()),
+                parallel::pipeline::peer_batches(schedule, grid.coord(Axis::pipeline)));
+  }
+};
+#endif
+
+// pipeline::Stage over one step of a StagedModel: the micro-batches' views, their activation
+// slots, the message buffers, and the shapes of the messages (learnt by the probe; see the top of
+// the file).
 template <class Stage>
 class PipelineStep {
  public:
@@ -154,8 +218,11 @@ class PipelineStep {
   using Input = typename Stage::Input;
   using Target = typename Stage::Target;
   using Message = TensorView<const value_type, Space>;
+  using Buffer = TensorView<value_type, Space>;
 
-  PipelineStep(Stage& stage, layers::Context<Space>& ctx, const comm::Mpi& pipe) : stage_(stage), ctx_(ctx), pipe_(pipe) {}
+  // `slots`: the activation slot of each micro-batch in training (pipeline::plan_buffers).
+  PipelineStep(Stage& stage, layers::Context<Space>& ctx, const comm::Mpi& pipe, parallel::pipeline::BufferPlan slots)
+      : stage_(stage), ctx_(ctx), pipe_(pipe), slots_(std::move(slots)) {}
 
   // inputs (n, …), targets (n, …) of this data rank; `first_sample`: the global index of row 0.
   void set_batch(const Input& inputs, const Target& targets, int m, std::int64_t first_sample) {
@@ -168,7 +235,7 @@ class PipelineStep {
       offsets_.push_back(first_sample + lo);
     }
     const auto count = static_cast<std::size_t>(m);
-    if (recv_fwd_.size() < count) recv_fwd_.resize(count), recv_bwd_.resize(count);
+    if (recv_fwd_.size() < count) recv_fwd_.resize(count), recv_bwd_.resize(count), kept_fwd_.resize(count), kept_bwd_.resize(count);
     sent_fwd_.assign(count, Message());
     sent_bwd_.assign(count, Message());
   }
@@ -184,30 +251,41 @@ class PipelineStep {
   void forward(int mb) {
     const auto i = at(mb);
     if (probing_ && stage_.is_last_stage()) return;  // nothing to learn: it sends nothing
-    sent_fwd_[i] = stage_.forward(ctx_, inputs_[i], recv_fwd_[i].cview(), targets_[i]);
+    const Message out = stage_.forward(ctx_, inputs_[i], recv_fwd_[i].cview(), targets_[i]);
     if (stage_.is_last_stage()) return;
-    if (probing_) out_shape_ = sent_fwd_[i].shape();
-    check(sent_fwd_[i], out_shape_, mb, "sends on");
+    if (probing_) out_shape_ = out.shape();
+    check(out, out_shape_, mb, "sends on");
+    sent_fwd_[i] = ctx_.training() ? out : kept(kept_fwd_[i], out);  // evaluation: all in slot 0
   }
   void backward_input(int mb) {
     const auto i = at(mb);
-    sent_bwd_[i] = stage_.backward_input(ctx_, recv_bwd_[i].cview());
-    if (!stage_.is_first_stage()) check(sent_bwd_[i], in_shape_, mb, "sends back");
+    const Message received = recv_bwd_[i].cview();
+    if (stage_.is_first_stage()) {
+      stage_.backward_input(ctx_, received);
+      return;
+    }
+    const Shape shape = with_rows(in_shape_, inputs_[i].size(0));
+    if constexpr (requires(Buffer into) { stage_.backward_input(ctx_, received, into); }) {
+      sent_bwd_[i] = stage_.backward_input(ctx_, received, layers::ensure(kept_bwd_[i], shape));
+      check(sent_bwd_[i], in_shape_, mb, "sends back");
+    } else {  // the stage's own buffer belongs to the slot, which a later micro-batch may reuse before the send ends
+      const Message dx = stage_.backward_input(ctx_, received);
+      check(dx, in_shape_, mb, "sends back");
+      sent_bwd_[i] = kept(kept_bwd_[i], dx);
+    }
   }
   void backward_weight(int mb) {
     at(mb);
     stage_.backward_weight(ctx_);
   }
-  TensorView<value_type, Space> recv_forward_buffer(int mb) {
+  Buffer recv_forward_buffer(int mb) {
     const auto i = static_cast<std::size_t>(mb);
     if (probing_) in_shape_ = receive_shape();
-    recv_fwd_[i].resize(with_rows(in_shape_, inputs_[i].size(0)));
-    return recv_fwd_[i].view();
+    return layers::ensure(recv_fwd_[i], with_rows(in_shape_, inputs_[i].size(0)));
   }
-  TensorView<value_type, Space> recv_backward_buffer(int mb) {
+  Buffer recv_backward_buffer(int mb) {
     const auto i = static_cast<std::size_t>(mb);
-    recv_bwd_[i].resize(with_rows(out_shape_, inputs_[i].size(0)));
-    return recv_bwd_[i].view();
+    return layers::ensure(recv_bwd_[i], with_rows(out_shape_, inputs_[i].size(0)));
   }
   Message send_forward_buffer(int mb) {
     const auto i = static_cast<std::size_t>(mb);
@@ -219,11 +297,18 @@ class PipelineStep {
  private:
   static constexpr int kShapeTag = 32767;  // MPI's least tag bound; the transport's tags are 2·mb + flow
 
+  // Selects micro-batch mb: its slot (training) or slot 0 (evaluation, the probe), its first sample.
   std::size_t at(int mb) {
     const auto i = static_cast<std::size_t>(mb);
-    ctx_.micro_batch = mb;
+    ctx_.micro_batch = ctx_.training() ? slots_.index.at(i) : 0;
     ctx_.sample_offset = offsets_[i];
     return i;
+  }
+  // A copy of `m` in `buffer` (the space's copy, on its stream), as a message.
+  Message kept(Tensor<value_type, Space>& buffer, Message m) {
+    auto out = layers::ensure(buffer, m.shape());
+    kernels::Ops<Space>::copy(ctx_.dev(), m.data(), out.data(), m.numel());
+    return out;
   }
   static Shape key(const Input& x) {
     Shape k = x.shape();
@@ -258,10 +343,12 @@ class PipelineStep {
   Stage& stage_;
   layers::Context<Space>& ctx_;
   const comm::Mpi& pipe_;
+  parallel::pipeline::BufferPlan slots_;
   std::vector<Input> inputs_;
   std::vector<Target> targets_;
   std::vector<std::int64_t> offsets_;
-  std::vector<Tensor<value_type, Space>> recv_fwd_, recv_bwd_;
+  std::vector<Tensor<value_type, Space>> recv_fwd_, recv_bwd_;  // (micro-batches): what arrives
+  std::vector<Tensor<value_type, Space>> kept_fwd_, kept_bwd_;  // (micro-batches): what is sent from buffers of ours
   std::vector<Message> sent_fwd_, sent_bwd_;
   Shape in_shape_, out_shape_, key_;  // dimension 0 is set per micro-batch
   bool probing_ = false, probed_ = false;
@@ -269,43 +356,32 @@ class PipelineStep {
 
 }  // namespace detail
 
-template <class Model, class Loss, class Strategy, optim::UpdateRule Rule, class Space = typename Model::space>
+template <class Model, class Loss, class Strategy, optim::UpdateRule Rule, class Space = typename Model::space,
+          class Comm = parallel::default_comm_t<Space>, class DataComm = Comm>
 class Trainer {
   static_assert(std::is_same_v<Space, typename Model::space>, "dpml Trainer: Space must be the model's space");
-  static_assert(std::is_same_v<Space, HostSpace>,
-                "dpml Trainer: CudaSpace needs the device DistributedOptimizer and pipeline transport (see the top of "
-                "train/trainer.hpp)");
+  static constexpr bool on_host = std::is_same_v<Space, HostSpace>;
 
  public:
   using value_type = typename Model::value_type;
   using Stage = typename detail::StageFor<Model, Loss>::type;  // LayerStage<Model, Loss>, or the model itself
-  using Optimizer = parallel::DistributedOptimizer<Rule, value_type>;
+  using Optimizer = parallel::DistributedOptimizer<Rule, value_type, Space, DataComm>;
   using ParamT = Param<value_type, Space>;
   using Schedule = typename Strategy::schedule;
+  using Comms = parallel::DeviceGrid<Comm, DataComm>;  // a GPU's communicators
   static constexpr bool zero = Strategy::zero;
 
-  // `dist.zero` comes from the Strategy (DataParallel<Zero1>); `loss`: the last stage's loss layer.
+  // Host: the grid's MPI communicators. `dist.zero` comes from the Strategy (DataParallel<Zero1>);
+  // `loss`: the last stage's loss layer.
   Trainer(Model& model, const parallel::ProcessGrid& grid, typename Rule::Options rule,
           parallel::DistributedOptimizerOptions dist, TrainOptions options, Loss loss = Loss())
-      : model_(model), grid_(grid), options_(checked(options, dist)),
-        stage_(make_stage(model, std::move(loss), grid, options.partition)),
-        optimizer_(stage().parameters(), &grid, rule, with_zero(dist)),
-        step_(stage(), ctx_, grid.comm(Axis::pipeline)),
-        schedule_(parallel::pipeline::make_schedule(Schedule{}, grid.pp(), options.micro_batches)) {
-    ctx_.grid = &grid;
-    ctx_.seed = options.seed;
-    ctx_.device = &device_;
-    ctx_.deferred_weight_gradients = !parallel::pipeline::weight_follows_input(actions());
-    ctx_.on_grad_ready = [this](std::span<ParamBase* const> ps) { optimizer_.on_grad_ready(ps); };
-    for (Axis a : parallel::kAxes) {
-      comm::watchdog::name_group(grid.comm(a).native(), parallel::axis_name(a));
-      for (Axis b : parallel::kAxes)
-        if (static_cast<int>(a) < static_cast<int>(b))
-          comm::watchdog::name_group(grid.comm(a, b).native(), std::string(parallel::axis_name(a)) + "+" + parallel::axis_name(b));
-    }
-    if constexpr (requires { stage().tied_parameter(); })
-      if (const auto* tied = stage().tied_parameter()) optimizer_.buckets().hold(tied);
-  }
+    requires on_host
+      : Trainer(model, grid, nullptr, nullptr, rule, dist, options, std::move(loss)) {}
+  // A GPU: the device communicators of `comms` and the Device whose stream the model's layers run
+  // on (the one `comms` was built with); both outlive the trainer.
+  Trainer(Model& model, const Comms& comms, kernels::Device<Space>& dev, typename Rule::Options rule,
+          parallel::DistributedOptimizerOptions dist, TrainOptions options, Loss loss = Loss())
+      : Trainer(model, comms.grid(), &comms, &dev, rule, dist, options, std::move(loss)) {}
 
   // One optimizer step on this data rank's batch; lr from the caller's schedule.
   template <TrainBatch Batch>
@@ -319,16 +395,23 @@ class Trainer {
     r.pipeline = run(actions());
     if constexpr (requires { stage().finish_tied_gradients(); }) stage().finish_tied_gradients();
     optimizer_.buckets().finish();  // reduced gradients, checked before the update
-    r.loss = sum_over_last_stage(stage().take_loss());
     ++ctx_.step;
-    if (options_.on_nonfinite != NonFinite::ignore && !finite_step(r.loss)) {
-      handle_nonfinite(r.loss);  // throws with `stop`
-      r.skipped = true;
-      r.grad_norm = std::numeric_limits<double>::quiet_NaN();
-    } else {
-      const auto report = optimizer_.finish_step(lr);
-      r.grad_norm = report.grad_norm;
-      r.exposed_comm_seconds = report.exposed_comm_seconds;
+    if constexpr (on_host) {
+      r.loss = sum_over_last_stage(stage().take_loss());
+      if (options_.on_nonfinite != NonFinite::ignore && !finite_step(r.loss)) {
+        handle_nonfinite(r.loss);  // throws with `stop`
+        r.skipped = true;
+        r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+      } else {
+        update(r, lr);
+      }
+    } else {  // queued before the host waits: see the top of the file
+      update(r, lr);
+      r.loss = sum_over_last_stage(stage().take_loss());
+      // r.skipped (a global norm) and r.loss (summed over the world) agree on every rank
+      if (options_.on_nonfinite != NonFinite::ignore && (r.skipped || !std::isfinite(r.loss)))
+        handle_nonfinite(r.loss);  // throws with `stop`
+      if (r.skipped) r.grad_norm = std::numeric_limits<double>::quiet_NaN();
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
@@ -372,7 +455,7 @@ class Trainer {
   const TrainOptions& options() const noexcept { return options_; }
   Optimizer& optimizer() noexcept { return optimizer_; }
   layers::Context<Space>& context() noexcept { return ctx_; }
-  kernels::Device<Space>& device() noexcept { return device_; }
+  kernels::Device<Space>& device() noexcept { return *dev_; }
   int micro_batches() const noexcept { return options_.micro_batches; }
   const parallel::pipeline::Schedule& schedule() const noexcept { return schedule_; }
   // Steps run so far (skipped ones included); a checkpoint restores it with set_step, together
@@ -387,6 +470,35 @@ class Trainer {
   // A LayerStage of the model, or nothing (the model is its own stage); stage() either way.
   struct NoStage {};
   using StageStorage = std::conditional_t<StagedModel<Model>, NoStage, Stage>;
+  using Transport = detail::TransportFor<Space, value_type, Comm>;
+
+  // comms, dev: null on the host (the grid's MPI groups, a Device of the trainer's own).
+  Trainer(Model& model, const parallel::ProcessGrid& grid, const Comms* comms, kernels::Device<Space>* dev,
+          typename Rule::Options rule, parallel::DistributedOptimizerOptions dist, TrainOptions options, Loss loss)
+      : model_(model), grid_(grid), options_(checked(options, dist)),
+        own_device_(dev ? nullptr : std::make_unique<kernels::Device<Space>>()), dev_(dev ? dev : own_device_.get()),
+        stage_(make_stage(model, std::move(loss), grid, options.partition)),
+        optimizer_(make_optimizer(stage().parameters(), grid, comms, *dev_, rule, dist)),
+        schedule_(parallel::pipeline::make_schedule(Schedule{}, grid.pp(), options.micro_batches)),
+        step_(stage(), ctx_, grid.comm(Axis::pipeline),
+              parallel::pipeline::plan_buffers(actions(), options.micro_batches,
+                                               {parallel::pipeline::Op::Forward, parallel::pipeline::Op::BackwardInput,
+                                                parallel::pipeline::Op::BackwardWeight})),
+        transport_(Transport::make(grid, comms, *dev_, schedule_)) {
+    ctx_.grid = &grid;
+    ctx_.seed = options.seed;
+    ctx_.device = dev_;
+    ctx_.deferred_weight_gradients = !parallel::pipeline::weight_follows_input(actions());
+    ctx_.on_grad_ready = [this](std::span<ParamBase* const> ps) { optimizer_.on_grad_ready(ps); };
+    for (Axis a : parallel::kAxes) {
+      comm::watchdog::name_group(grid.comm(a).native(), parallel::axis_name(a));
+      for (Axis b : parallel::kAxes)
+        if (static_cast<int>(a) < static_cast<int>(b))
+          comm::watchdog::name_group(grid.comm(a, b).native(), std::string(parallel::axis_name(a)) + "+" + parallel::axis_name(b));
+    }
+    if constexpr (requires { stage().tied_parameter(); })
+      if (const auto* tied = stage().tied_parameter()) optimizer_.buckets().hold(tied);
+  }
 
   static TrainOptions checked(const TrainOptions& o, const parallel::DistributedOptimizerOptions& dist) {
     DPML_REQUIRE_EVERYWHERE(o.micro_batches >= 1, "--micro-batches must be at least 1, got " << o.micro_batches);
@@ -410,12 +522,42 @@ class Trainer {
       return Stage(model, std::move(loss), grid, partition);
     }
   }
+  // The host form over the grid's MPI groups, or the device form over `comms` (returned as a
+  // prvalue: the optimizer is neither copied nor moved).
+  template <class Params>
+  static Optimizer make_optimizer(Params&& params, const parallel::ProcessGrid& grid, const Comms* comms,
+                                  kernels::Device<Space>& dev, typename Rule::Options rule,
+                                  parallel::DistributedOptimizerOptions dist) {
+    if constexpr (on_host) return Optimizer(std::forward<Params>(params), &grid, rule, with_zero(dist));
+    else return Optimizer(std::forward<Params>(params), &grid, rule, with_zero(dist), *comms, dev);
+  }
 
   const std::vector<parallel::pipeline::Action>& actions() const {
     return schedule_[static_cast<std::size_t>(grid_.coord(Axis::pipeline))];
   }
   parallel::pipeline::StepTimings run(const std::vector<parallel::pipeline::Action>& actions) {
-    return parallel::pipeline::run_stage(actions, step_, grid_.comm(Axis::pipeline));
+    return parallel::pipeline::run_stage(actions, step_, transport_);
+  }
+  // Norm, clip, update (DistributedOptimizer::finish_step) into r.
+  void update(StepResult& r, double lr) {
+    const auto report = optimizer_.finish_step(lr);
+    r.grad_norm = report.grad_norm;
+    r.skipped = report.skipped;
+    r.exposed_comm_seconds = report.exposed_comm_seconds;
+  }
+
+  // A host view in this space: itself on the host; on a GPU uploaded into `buffer` (on the stream).
+  template <class E, class Buffer>
+  auto in_space(TensorView<const E> host, Buffer& buffer) {
+    if constexpr (on_host) {
+      return host;
+    } else {
+      DPML_REQUIRE(host.is_contiguous(), "dpml Trainer: a batch tensor " << host.shape().str() << " is not contiguous");
+      static_assert(std::is_same_v<Buffer, Tensor<E, Space>>, "dpml Trainer: the batch's element type is not the stage input's");
+      auto out = layers::ensure(buffer, host.shape());
+      kernels::Ops<Space>::upload(*dev_, host.data(), out.data(), host.numel());
+      return TensorView<const E, Space>(out);
+    }
   }
 
   // Checks this rank's share of the batch, cuts it into micro-batches, and learns the message
@@ -437,7 +579,7 @@ class Trainer {
                                                                 << " samples, fewer than the " << options_.micro_batches
                                                                 << " micro-batches");
     ctx_.global_batch = n > 0 ? global * (targets.numel() / n) : global;  // target elements of the step
-    step_.set_batch(inputs, targets, options_.micro_batches, first);
+    step_.set_batch(in_space(inputs, inputs_), in_space(targets, targets_), options_.micro_batches, first);
     if (!step_.knows_shapes()) probe_shapes();
   }
 
@@ -466,23 +608,30 @@ class Trainer {
     return grid_.world().allreduce(bad, comm::ReduceOp::max) == 0;
   }
   // Index (registration order) of this rank's first parameter with a non-finite reduced gradient
-  // among the ranges it updates, or kNoParam.
+  // among the ranges it updates, or kNoParam. (A GPU's gradients are copied to the host first.)
   int first_nonfinite_local() {
     auto& buckets = optimizer_.buckets();
     const auto& offsets = optimizer_.flat().offsets();
-    const value_type* shard = buckets.shard_grads().data();
+    const auto grads = buckets.shard_grads();
+    Tensor<value_type> host;
+    const value_type* shard = grads.data();
+    if constexpr (!on_host) {
+      host = Tensor<value_type>(grads.shape());
+      copy(host.view(), TensorView<const value_type, Space>(grads));
+      shard = host.data();
+    }
     int first = kNoParam;
     for (const auto& s : buckets.own_segments())
       for (std::int64_t i = 0; i < s.count; ++i)
-        if (!std::isfinite(static_cast<double>(shard[s.shard_offset + i]))) {
+        if (!std::isfinite(static_cast<double>(static_cast<float>(shard[s.shard_offset + i])))) {
           const auto at = std::upper_bound(offsets.begin(), offsets.end(), s.flat_offset + i) - offsets.begin() - 1;
           first = std::min(first, static_cast<int>(at));
           break;  // later elements of the segment belong to the same or later parameters
         }
     return first;
   }
-  // After finite_step() returned false (collective): names the first non-finite gradient in model
-  // order, then stops (Error on every rank) or reports the skip (rank 0).
+  // After a step found non-finite on some rank (collective): names the first non-finite gradient
+  // in model order, then stops (Error on every rank) or reports the skip (rank 0).
   void handle_nonfinite(double loss) {
     const auto& world = grid_.world();
     const int local = first_nonfinite_local();
@@ -509,12 +658,16 @@ class Trainer {
   Model& model_;
   const parallel::ProcessGrid& grid_;
   TrainOptions options_;
-  kernels::Device<Space> device_;
+  std::unique_ptr<kernels::Device<Space>> own_device_;  // the host's, when none is given
+  kernels::Device<Space>* dev_;
   layers::Context<Space> ctx_;
   [[no_unique_address]] StageStorage stage_;
   Optimizer optimizer_;
-  detail::PipelineStep<Stage> step_;
   parallel::pipeline::Schedule schedule_;
+  detail::PipelineStep<Stage> step_;
+  typename Transport::type transport_;
+  Tensor<typename detail::BatchElement<Stage>::input, Space> inputs_;    // a GPU's copy of the step's batch
+  Tensor<typename detail::BatchElement<Stage>::target, Space> targets_;
 };
 
 }  // namespace dpml::train

@@ -2,7 +2,10 @@
 // Element-wise device kernels: ReLU and GELU (tanh) forward/backward, the residual add (and a
 // scaled one), the product (dropout's y = x · mask), and the bias gradient of a Linear (the maths
 // of kernels/host/{activation,elementwise}.hpp). ElementwiseOps adds the copies (on the copy path:
-// cudaMemcpyAsync, cudaMemcpy2DAsync for a block of columns into or out of a wider matrix).
+// cudaMemcpyAsync, cudaMemcpy2DAsync for a block of columns into or out of a wider matrix) and
+// upload: a step's input from pageable host memory, staged through pinned memory the Device keeps
+// (detail::UploadStaging), so that the copy is one asynchronous DMA on the stream and the host
+// does not wait for it.
 //
 // The element-wise kernels are memory-bound: they move 4–6 bytes per element in bf16 and do a few
 // flops, so the floor is bytes / bandwidth. Each thread handles 8 consecutive elements through
@@ -19,7 +22,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace dpml::kernels::cuda {
 
@@ -177,6 +183,45 @@ void bias_grad_rows(const T* dy, B* dbias, float* scratch, std::int64_t rows, st
     column_sums_v<1, 1>(detail::ew::ColumnOf<1, T>{dy, c}, detail::ew::AddIntoBias<B>{dbias}, scratch, rows, cols, stream);
 }
 
+namespace detail {
+// Pinned host memory a Device stages its uploads through (Device::resource): each upload takes the
+// next region; once the buffer is used up, the host waits for the last upload's copy (every
+// earlier one has landed too: one stream) and starts again at the front. A training step uploads
+// its batch once, after the previous step's end synchronised: that wait finds the copies done.
+class UploadStaging {
+ public:
+  UploadStaging() = default;
+  UploadStaging(const UploadStaging&) = delete;
+  UploadStaging& operator=(const UploadStaging&) = delete;
+  ~UploadStaging() {
+    if (data_) cudaFreeHost(data_);
+  }
+  // `bytes` of pinned memory for the next copy queued on `stream`; copied(stream) after queueing it.
+  void* take(std::size_t bytes) {
+    bytes = (bytes + 255) / 256 * 256;  // each region 256-byte aligned
+    if (used_ + bytes > capacity_) {
+      landed_.synchronize();
+      used_ = 0;
+      if (bytes > capacity_) {
+        if (data_) DPML_CHECK_CUDA(cudaFreeHost(data_));
+        data_ = nullptr;
+        capacity_ = std::max(bytes, 2 * capacity_);
+        DPML_CHECK_CUDA(cudaMallocHost(&data_, capacity_));
+      }
+    }
+    void* p = data_ + used_;
+    used_ += bytes;
+    return p;
+  }
+  void copied(cudaStream_t stream) { landed_.record(stream); }
+
+ private:
+  char* data_ = nullptr;
+  std::size_t capacity_ = 0, used_ = 0;
+  Event landed_;  // the last upload's copy
+};
+}  // namespace detail
+
 // Ops<CudaSpace>'s memory and element-wise family (kernels/host/elementwise.hpp's twin), on the
 // Device's stream.
 struct ElementwiseOps {
@@ -190,6 +235,18 @@ struct ElementwiseOps {
     if (n)
       DPML_CHECK_CUDA(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice,
                                       dev.stream()));
+  }
+  // dst (n, device) = host (n, pageable host memory): copied into the Device's pinned staging now,
+  // then one asynchronous copy on the stream; `host` may be reused as soon as this returns
+  template <class T>
+  static void upload(Dev& dev, const T* host, T* dst, std::int64_t n) {
+    if (!n) return;
+    const auto bytes = static_cast<std::size_t>(n) * sizeof(T);
+    auto& staging = dev.resource<detail::UploadStaging>();
+    void* pinned = staging.take(bytes);
+    std::memcpy(pinned, host, bytes);
+    DPML_CHECK_CUDA(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, dev.stream()));
+    staging.copied(dev.stream());
   }
   template <class T>
   static void add(Dev& dev, const T* a, const T* b, T* y, std::int64_t n) {

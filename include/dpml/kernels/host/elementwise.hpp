@@ -3,7 +3,8 @@
 // (rows, cols) activations (Linear: a bias per column) and NCHW images (Conv2d, BatchNorm: a value
 // per channel). Plain contiguous loops; the inner loop runs over the fastest dimension so the
 // compiler vectorises it. Gradients accumulate (+=), as parameter gradients do. ElementwiseOps
-// adds the copies: whole buffers, and blocks of columns into or out of a wider matrix.
+// adds the copies: whole buffers, blocks of columns into or out of a wider matrix, and upload
+// (host memory into the space's: a plain copy here).
 
 #include "dpml/kernels/device.hpp"
 
@@ -69,6 +70,11 @@ struct ElementwiseOps {
   template <class T>
   static void copy(Dev&, const T* src, T* dst, std::int64_t n) {
     std::copy_n(src, n, dst);
+  }
+  // dst (n) = host (n): a step's input from host memory (the GPU's stages it through pinned memory)
+  template <class T>
+  static void upload(Dev&, const T* host, T* dst, std::int64_t n) {
+    std::copy_n(host, n, dst);
   }
   // y (n) = a + b; y may alias a or b
   template <class T>

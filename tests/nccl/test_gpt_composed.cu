@@ -1,0 +1,230 @@
+// The composed GPT (models/gpt.hpp: models::Gpt<bf16, CudaSpace, Comm>, built from the layers) on
+// GPUs, through the library's trainer (train::GptTrainer over a parallel::DeviceGrid).
+//
+//   one GPU     one training micro-batch of the bf16 model against the host model in float64
+//               (models::Gpt<double>) from the same weights (rounded to bf16): the loss within 2e-2
+//               relative, every parameter's gradient within relative L2 5e-2 — the budget of the
+//               fused model's test (tests/cuda/test_gpt_step.cu: a step holds a few dozen bf16
+//               roundings in sequence)
+//   layouts     on 2 ranks: dp 2, dp 2 with ZeRO-1, tp 2, pp 2 under GPipe, 1F1B and ZB-H1, pp 2
+//               with ZeRO-1, each trained 3 steps on the same global batches as the one-GPU composed
+//               run (every rank trains that reference on its own, on the whole batch): each step's
+//               loss within 1e-2 relative, and every weight tensor (this rank's shard, at the same
+//               global indices, vocabulary padding left out) within a tenth of the distance the
+//               reference's travelled from their common initial value (the criterion of
+//               test_gpt_pp.cu: bf16 roundings differ between layouts — tensor-parallel partial
+//               sums, the tied wte's two contributions summed over the stages, bucketed sums — but
+//               stay far below the motion)
+//
+// Tiny configuration: L = 4 (two blocks per stage), C = 64, H = 2 (head dim 32), V = 67 padded to
+// a multiple of 8 (of 16 under tp 2: the shards' padding rows are not compared), T = 64, a global
+// batch of 8 sequences in micro-batches of 2, the GELU recomputed. AdamW with eps = 1e-3 (as
+// tests/gpt/test_layouts.cpp: gradients that are zero in exact arithmetic — attention's key bias —
+// are rounding noise, which a small eps would turn into full-size steps of random sign).
+// Over comm::Nccl with a GPU per rank, else comm::Staged with the ranks sharing GPU 0; skipped
+// without a GPU.
+#include "../cuda/layer_check.hpp"
+#include "nccl_fixture.hpp"
+
+#include <dpml/core/philox.hpp>
+#include <dpml/data/token_shards.hpp>
+#include <dpml/kernels/cuda/device.hpp>
+#include <dpml/layers/init.hpp>
+#include <dpml/models/gpt.hpp>
+#include <dpml/optim/adamw.hpp>
+#include <dpml/parallel/device_grid.hpp>
+#include <dpml/parallel/grid.hpp>
+#include <dpml/parallel/strategy.hpp>
+#include <dpml/train/gpt_trainer.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+using namespace dpml;
+
+namespace {
+
+constexpr std::int64_t kSeq = 64, kVocab = 67, kGlobalBatch = 8, kMicro = 2;
+constexpr int kSteps = 3;
+constexpr std::uint64_t kSeed = 2024;
+constexpr double kLr = 3e-3;
+const optim::AdamWOptions kAdam{.eps = 1e-3, .weight_decay = 0.1};
+const parallel::DistributedOptimizerOptions kDist{.bucket_bytes = 8 << 10, .clip = 1.0};  // many buckets
+
+models::GptConfig config() {
+  return {.vocab = kVocab, .max_seq = kSeq, .layers = 4, .heads = 2, .dim = 64, .pad_multiple = 8, .recompute_gelu = true};
+}
+
+// Rows [first, first + rows) of step s's global batch: random inputs, targets a fixed function of them.
+data::TokenBatch batch(int s, std::int64_t first, std::int64_t rows) {
+  data::TokenBatch b{Tensor<std::int32_t>(Shape{rows, kSeq}), Tensor<std::int32_t>(Shape{rows, kSeq})};
+  const PhiloxStream rng(77, static_cast<std::uint64_t>(s));
+  for (std::int64_t i = 0; i < rows * kSeq; ++i) {
+    const auto at = static_cast<std::uint64_t>(first * kSeq + i);
+    b.inputs[i] = static_cast<std::int32_t>(rng.u32(at) % kVocab);
+    b.targets[i] = (b.inputs[i] * 7 + 3) % kVocab;
+  }
+  return b;
+}
+
+// A parameter's values on the host and where its elements sit in the global tensor.
+struct Values {
+  std::vector<double> values;
+  Shape local;
+  layers::GlobalSlice global;
+};
+using Weights = std::map<std::string, Values>;
+
+template <class T, class Space>
+Weights weights_of(const std::vector<Param<T, Space>*>& params, const ProcessGrid& grid) {
+  Weights w;
+  for (const auto* p : params) w[p->name()] = {test::download_doubles(p->value()), p->shape(), layers::global_slice(*p, &grid)};
+  return w;
+}
+
+struct Trained {
+  std::vector<double> losses;
+  Weights initial, final;
+};
+
+// The composed model trained kSteps on this grid's share of the global batches.
+template <class Comm>
+Trained train_composed(const ProcessGrid& grid, const std::string& schedule, bool zero) {
+  Trained out;
+  kernels::Device<CudaSpace> dev;
+  const parallel::DeviceGrid<Comm> comms(grid, dev);
+  models::Gpt<bf16, CudaSpace, Comm> model(config(), comms);
+  layers::initialize_all(model.parameters(), kSeed, &grid);
+  out.initial = weights_of(model.parameters(), grid);
+  const std::int64_t local = kGlobalBatch / grid.dp(), first = local * grid.coord(Axis::data);
+  parallel::with_strategy(schedule, zero, [&]<class Strategy>() {
+    train::GptTrainer<Strategy, optim::AdamW, bf16, CudaSpace, Comm> trainer(
+        model, comms, dev, kAdam, kDist, {.micro_batch = kMicro, .global_batch = kGlobalBatch, .seed = 5});
+    for (int s = 0; s < kSteps; ++s) {
+      const auto r = trainer.train_step(batch(s, first, local), kLr);
+      CHECK_FALSE(r.skipped);
+      out.losses.push_back(r.loss);
+    }
+  });  // the trainer gone, the parameters hold their final values in storage of their own again
+  out.final = weights_of(model.parameters(), grid);
+  return out;
+}
+
+// ‖this rank's shard − the reference at the same global indices‖ ≤ ‖reference's motion‖ / 10
+// there, for every tensor this rank holds.
+void check_weights(const Trained& run, const Trained& reference) {
+  for (const auto& [name, mine] : run.final) {
+    CAPTURE(name);
+    const auto it = reference.final.find(name);
+    REQUIRE(it != reference.final.end());
+    const Values& ref = it->second;
+    const Values& ref0 = reference.initial.at(name);
+    const Shape& rshape = ref.local;  // the reference holds whole tensors
+    const Shape rstrides = contiguous_strides(rshape);
+    double diff = 0, moved = 0;
+    std::int64_t idx[kMaxRank] = {};
+    for (std::size_t flat = 0; flat < mine.values.size(); ++flat) {
+      bool inside = true;
+      std::int64_t r = 0;
+      for (int d = 0; d < mine.local.rank(); ++d) {
+        const std::int64_t g = idx[d] + (d == mine.global.dim ? mine.global.offset : 0);
+        inside &= g < rshape[d];
+        r += g * rstrides[d];
+      }
+      if (inside && !(name == "wte.weight" && r / rshape[1] >= kVocab)) {  // padding rows: not the model's
+        const auto at = static_cast<std::size_t>(r);
+        diff += std::pow(mine.values[flat] - ref.values[at], 2);
+        moved += std::pow(ref.values[at] - ref0.values[at], 2);
+      }
+      for (int d = mine.local.rank() - 1; d >= 0; --d) {
+        if (++idx[d] < mine.local[d]) break;
+        idx[d] = 0;
+      }
+    }
+    CAPTURE(std::sqrt(diff), std::sqrt(moved));
+    CHECK(moved > 0);
+    CHECK(std::sqrt(diff) <= 0.1 * std::sqrt(moved));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("composed GPT: one GPU in bf16 against the host in float64, loss and every gradient", "[gpu][gpt]") {
+  test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
+    const auto grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+    models::Gpt<double> host(config(), grid);
+    layers::initialize_all(host.parameters(), kSeed, &grid);
+    kernels::Device<CudaSpace> dev;
+    const parallel::DeviceGrid<Comm> comms(grid, dev);
+    models::Gpt<bf16, CudaSpace, Comm> gpu(config(), comms);
+    const auto hp = host.parameters();
+    const auto dp = gpu.parameters();
+    REQUIRE(hp.size() == dp.size());
+    for (std::size_t i = 0; i < hp.size(); ++i) {  // the same weights: the host's rounded to bf16
+      REQUIRE(hp[i]->name() == dp[i]->name());
+      REQUIRE(hp[i]->shape() == dp[i]->shape());
+      Tensor<double> v(hp[i]->shape());
+      copy(v.view(), hp[i]->value());
+      test::round_to<bf16>(v);
+      copy(hp[i]->value(), v.cview());
+      const auto d = test::upload_as<bf16>(v);
+      copy(dp[i]->value(), d.cview());
+      layers::zero_grad(*dp[i]);
+    }
+    const auto b = batch(0, 0, 4);
+    layers::Context<HostSpace> hctx;
+    hctx.global_batch = b.targets.numel();
+    host.forward(hctx, b.inputs.cview(), {}, b.targets.cview());
+    host.backward_input(hctx, {});
+    host.backward_weight(hctx);
+    const double host_loss = host.take_loss();
+
+    layers::Context<CudaSpace> dctx;
+    dctx.device = &dev;
+    dctx.global_batch = b.targets.numel();
+    const auto inputs = to_space<CudaSpace>(b.inputs.cview());
+    const auto targets = to_space<CudaSpace>(b.targets.cview());
+    gpu.forward(dctx, inputs.cview(), {}, targets.cview());
+    gpu.backward_input(dctx, {});
+    gpu.backward_weight(dctx);
+    const double gpu_loss = gpu.take_loss();
+    CAPTURE(host_loss, gpu_loss);
+    CHECK(std::abs(gpu_loss - host_loss) <= 2e-2 * host_loss);
+    for (std::size_t i = 0; i < hp.size(); ++i) {
+      CAPTURE(hp[i]->name());
+      const double* g = hp[i]->grad().data();
+      const std::vector<double> want(g, g + hp[i]->numel());
+      CHECK(test::rel_l2(test::download_doubles(dp[i]->grad()), want) <= 5e-2);
+    }
+  });
+}
+
+TEST_CASE("composed GPT: dp 2, tp 2, pp 2 (each schedule), ZeRO-1 train as one GPU does", "[gpu][gpt][layout]") {
+  if (test::world().size() != 2) return;
+  test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
+    const Trained reference = train_composed<Comm>(ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {}), "1f1b", false);
+    REQUIRE(reference.losses.back() < reference.losses.front());  // it trains
+    struct Layout {
+      parallel::Layout layout;
+      const char* schedule;
+      bool zero;
+    };
+    const Layout layouts[] = {{{}, "1f1b", false},        {{}, "1f1b", true},         {{.tp = 2}, "1f1b", false},
+                              {{.pp = 2}, "gpipe", false}, {{.pp = 2}, "1f1b", false}, {{.pp = 2}, "zb-h1", false},
+                              {{.pp = 2}, "1f1b", true}};
+    for (const auto& l : layouts) {
+      const auto grid = ProcessGrid::create(test::world(), l.layout);
+      CAPTURE(grid.tp(), grid.pp(), grid.dp(), l.schedule, l.zero);
+      const Trained run = train_composed<Comm>(grid, l.schedule, l.zero);
+      for (int s = 0; s < kSteps; ++s) {
+        CAPTURE(s, run.losses[s], reference.losses[s]);
+        CHECK(std::abs(run.losses[s] - reference.losses[s]) <= 1e-2 * reference.losses[s]);
+      }
+      check_weights(run, reference);
+    }
+  });
+}
