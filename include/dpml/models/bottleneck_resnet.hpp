@@ -16,13 +16,14 @@
 // conv1 1×1 (in → m), conv2 3×3 stride s (m → m), conv3 1×1 (m → 4m); the shortcut is x, or a
 // 1×1 stride-s projection with BN (the first block of every stage: in ≠ 4m).
 //
-// What makes the fused GPU model fast and lean, as layer options here: every BatchNorm carries its
-// ReLU, a block's last one also the shortcut's add (ResNetBlock); the stem convolution computes no
-// input gradient (input_gradient = false: the image needs none); the blocks' backward works in
-// scratch shared by all of them. Parameters in order: stem conv, stem BN (weight, bias), then per
-// block conv1, bn1, conv2, bn2, conv3, bn3 [, downsample.0 (conv), downsample.1 (BN)], then fc
-// weight (classes, 32w) and bias — torchvision's names under the network's child index
-// ("3.layer1.0.conv1.weight", "8.fc.bias").
+// What makes the fused GPU model fast and lean, as layer options here (resnet_block.hpp): every
+// BatchNorm carries its ReLU, a block's last one also the shortcut's add; the stem convolution
+// computes no input gradient (the image needs none); the projection's normalised shortcut is a
+// forward temporary; the backward of the blocks and the stem works in scratch shared by all of
+// them. Parameters in order: stem conv, stem BN (weight, bias), then per block conv1, bn1, conv2,
+// bn2, conv3, bn3 [, downsample.0 (conv), downsample.1 (BN)], then fc weight (classes, 32w) and
+// bias — torchvision's names under the network's child index ("0.conv1.weight",
+// "1.layer1.0.conv1.weight", "6.fc.bias").
 //
 // Synchronised BatchNorm (sync_batch_norm): statistics over the data axis, through `data_comm`
 // (BatchNorm2d's communicator: on the host null takes ctx.grid's MPI data axis; on a GPU a device
@@ -30,8 +31,6 @@
 
 #include "dpml/core/error.hpp"
 #include "dpml/kernels/ops.hpp"
-#include "dpml/layers/batch_norm.hpp"
-#include "dpml/layers/conv2d.hpp"
 #include "dpml/layers/linear.hpp"
 #include "dpml/layers/pool.hpp"
 #include "dpml/layers/sequential.hpp"
@@ -57,12 +56,11 @@ struct BottleneckResNetConfig {
 template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>,
           class ConvPolicy = typename kernels::Ops<Space>::DefaultConvPolicy>
 struct BottleneckResNet {
-  using Conv = layers::Conv2d<T, Space, ConvPolicy>;
-  using BN = layers::BatchNorm2d<T, Space, Comm>;
+  using Stem = ResNetStem<T, Space, Comm, ConvPolicy>;
   using Block = ResNetBlock<T, Space, Comm, ConvPolicy>;
   using Stage = layers::Stack<Block>;
-  using Network = layers::Sequential<Conv, BN, layers::MaxPool2d<T, Space>, Stage, Stage, Stage, Stage,
-                                     layers::GlobalAvgPool<T, Space>, layers::Linear<T, Space>>;
+  using Network = layers::Sequential<Stem, Stage, Stage, Stage, Stage, layers::GlobalAvgPool<T, Space>,
+                                     layers::Linear<T, Space>>;
 
   static Network make(const BottleneckResNetConfig& c, const Comm* data_comm = nullptr) {
     const std::int64_t w = c.width;
@@ -71,13 +69,11 @@ struct BottleneckResNet {
                                                        << c.classes << " must be ≥ 1");
     for (auto b : c.blocks)
       DPML_REQUIRE_EVERYWHERE(b >= 1, "BottleneckResNet: every stage needs at least one block, got " << b);
-    return Network(Conv(c.in_channels, w, 7,
-                        {.stride = 2, .padding = 3, .bias = false, .input_gradient = false, .name = "conv1"}),
-                   BN(w, {.sync = c.sync_batch_norm, .relu = true, .name = "bn1"}, data_comm),
-                   layers::MaxPool2d<T, Space>(3, 2, 1), stage(1, w, w, 1, c, data_comm),
-                   stage(2, 4 * w, 2 * w, 2, c, data_comm), stage(3, 8 * w, 4 * w, 2, c, data_comm),
-                   stage(4, 16 * w, 8 * w, 2, c, data_comm), layers::GlobalAvgPool<T, Space>(),
-                   layers::Linear<T, Space>(32 * w, c.classes, {.name = "fc"}));
+    const ResNetStemOptions stem{.in = c.in_channels, .out = w, .kernel = 7, .stride = 2, .pool = true,
+                                 .sync_batch_norm = c.sync_batch_norm};
+    return Network(Stem(stem, data_comm), stage(1, w, w, 1, c, data_comm), stage(2, 4 * w, 2 * w, 2, c, data_comm),
+                   stage(3, 8 * w, 4 * w, 2, c, data_comm), stage(4, 16 * w, 8 * w, 2, c, data_comm),
+                   layers::GlobalAvgPool<T, Space>(), layers::Linear<T, Space>(32 * w, c.classes, {.name = "fc"}));
   }
 
  private:

@@ -6,20 +6,18 @@
 // is a type. One definition for every element type and memory space (ResNet<float> on the host,
 // ResNet<bf16, CudaSpace> on a GPU), built from layers and models::ResNetBlock (resnet_block.hpp)
 // with the fused GPU ResNet's options: BatchNorm with its ReLU (and a block's last one with the
-// shortcut's add), no input gradient for the stem convolution, the blocks' backward in scratch
-// shared by all of them.
+// shortcut's add), no input gradient for the stem convolution, the backward of the blocks and the
+// stem in scratch shared by all of them.
 //
 //   (N, 1, 28, 28) → stem (N, w, 28, 28) → stage 1 (N, w, 28, 28) → stage 2 (N, 2w, 14, 14)
 //                  → stage 3 (N, 4w, 7, 7) → pool (N, 4w) → linear (N, classes)
 //
 // Parameters in order: stem conv, stem BN, per block conv1, bn1, conv2, bn2 [, downsample.0,
-// downsample.1], fc weight and bias; named "<child index>.<torchvision's name>" ("2.layer1.0.conv1.weight").
+// downsample.1], fc weight and bias; named "<child index>.<torchvision's name>" ("1.layer1.0.conv1.weight").
 // Synchronised BatchNorm: as models::BottleneckResNet (bottleneck_resnet.hpp), through `data_comm`.
 
 #include "dpml/core/error.hpp"
 #include "dpml/kernels/ops.hpp"
-#include "dpml/layers/batch_norm.hpp"
-#include "dpml/layers/conv2d.hpp"
 #include "dpml/layers/linear.hpp"
 #include "dpml/layers/pool.hpp"
 #include "dpml/layers/sequential.hpp"
@@ -44,20 +42,18 @@ struct ResNetConfig {
 template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>,
           class ConvPolicy = typename kernels::Ops<Space>::DefaultConvPolicy>
 struct ResNet {
-  using Conv = layers::Conv2d<T, Space, ConvPolicy>;
-  using BN = layers::BatchNorm2d<T, Space, Comm>;
+  using Stem = ResNetStem<T, Space, Comm, ConvPolicy>;
   using Block = ResNetBlock<T, Space, Comm, ConvPolicy>;
   using Stage = layers::Stack<Block>;
-  using Network = layers::Sequential<Conv, BN, Stage, Stage, Stage, layers::GlobalAvgPool<T, Space>,
-                                     layers::Linear<T, Space>>;
+  using Network =
+      layers::Sequential<Stem, Stage, Stage, Stage, layers::GlobalAvgPool<T, Space>, layers::Linear<T, Space>>;
 
   static Network make(const ResNetConfig& c, const Comm* data_comm = nullptr) {
     const std::int64_t w = c.width;
     DPML_REQUIRE_EVERYWHERE(w >= 1 && c.blocks_per_stage >= 1, "ResNet: width " << w << " and blocks per stage "
                                                                                << c.blocks_per_stage << " must be ≥ 1");
-    return Network(Conv(c.in_channels, w, 3, {.padding = 1, .bias = false, .input_gradient = false, .name = "conv1"}),
-                   BN(w, {.sync = c.sync_batch_norm, .relu = true, .name = "bn1"}, data_comm),
-                   stage(1, w, w, 1, c, data_comm), stage(2, w, 2 * w, 2, c, data_comm),
+    const ResNetStemOptions stem{.in = c.in_channels, .out = w, .kernel = 3, .sync_batch_norm = c.sync_batch_norm};
+    return Network(Stem(stem, data_comm), stage(1, w, w, 1, c, data_comm), stage(2, w, 2 * w, 2, c, data_comm),
                    stage(3, 2 * w, 4 * w, 2, c, data_comm), layers::GlobalAvgPool<T, Space>(),
                    layers::Linear<T, Space>(4 * w, c.classes, {.name = "fc"}));
   }
