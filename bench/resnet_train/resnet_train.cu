@@ -1,34 +1,65 @@
-// resnet_train: ResNet-50 training throughput on one GPU, or data parallel on several
-// (models/cuda/resnet.hpp): bf16 NHWC activations and weights with fp32 master weights and
-// gradients, SGD (momentum 0.9, weight decay 1e-4) — the setup of bench/reference/torch_resnet.py
-// (PyTorch eager, channels_last, bf16 autocast; DDP under torchrun), so the two print comparable
-// JSON lines. Synthetic data: one batch of random images and labels per rank, uploaded once and
-// reused (as the reference does), so the input pipeline is not measured.
+// resnet_train: ResNet-50 training throughput on one GPU, or data parallel on several, for the two
+// GPU ResNets of dpml, in one program so that one job measures both (--model):
+//
+//   composed   models::BottleneckResNet<bf16, CudaSpace> (the default): the library's layers and
+//              ResNetBlock (bf16 NHWC), softmax cross-entropy with dlogits in place, SGD through
+//              parallel::DistributedOptimizer over a DeviceGrid (flat bf16 parameters and gradients,
+//              fp32 master weights and momentum; data parallel over the ranks: buckets reduced while
+//              the backward runs) — the minimal training loop of a library user
+//   fused      models/cuda/resnet.hpp: the hand-fused model (bf16 NHWC activations and weights,
+//              fp32 master weights, gradients and momentum, one activation buffer)
+//
+// Both train with SGD (momentum 0.9, weight decay 1e-4) — the setup of bench/reference/torch_resnet.py
+// (PyTorch eager, channels_last, bf16 autocast; DDP under torchrun), so they print comparable JSON
+// lines. Synthetic data: one batch of random images and labels per rank, uploaded once (NHWC,
+// kernels::to_layout) and reused (as the reference does), so the input pipeline is not measured.
+// The input's channels are padded with zeros to a multiple of 8 in both models (16-byte vector
+// loads in the stem; the stem's weights on those channels see only zeros, so the function is the
+// 3-channel one; the composed model's parameter count includes them).
 //
 //   img/s      K · B · timed steps / wall time of the slowest rank's timed steps (each step ends
 //              with the loss copied to the host, as a training loop that prints it does)
 //   TFLOP/s    3 × forward FLOPs (convolutions and classifier, 2 per multiply-add) × img/s, per GPU
-//   memory     device memory this process took (cudaMemGetInfo before the model and after the run)
+//   memory     device memory this process took (cudaMemGetInfo before the model and after the run;
+//              composed: after its NCCL communicators, which a one-rank fused run does not have)
+//   buffers    model_buffers_gib: fused, its own allocations (parameters, activations); composed,
+//              the flat parameters, gradients and optimizer state and the Device's scratch and
+//              shared buffers (the layers' activations are in mem_gib only)
 //   ranks      K: under scripts/launch.sh -n K (mpirun/srun), one GPU per rank, each on its own
-//              batch of B images (seeded by its rank), the gradients averaged by
-//              parallel/cuda/gradient_sync.hpp in fp32 while the backward runs (--bucket-mb);
-//              exposed_comm_ms: how long the last timed step's compute stream waited for its
-//              all-reduces (the slowest rank; 0 on one rank). Only rank 0 prints.
+//              batch of B images (seeded by its rank); fused: gradients averaged by
+//              parallel/cuda/gradient_sync.hpp in fp32 while the backward runs (--bucket-mb),
+//              exposed_comm_ms how long the last timed step's compute stream waited for its
+//              all-reduces; composed: summed by the DistributedOptimizer's buckets (the loss
+//              divides by K · B), exposed_comm_ms its host time waiting for them (the launches on
+//              a GPU). Only rank 0 prints.
 //   sync_bn    --sync-bn: BatchNorm statistics synchronised over the ranks (PyTorch's
 //              SyncBatchNorm; the reference's --sync-bn): two all-reduces of 2C floats per
-//              BatchNorm and step on the compute stream, timed within the batch_norm family. Also
-//              on one rank, where it measures the cost of the split passes (PyTorch falls back to
-//              plain BatchNorm there).
-//   families   one extra step with CUDA events around each kernel family
+//              BatchNorm and step on the compute stream. Also on one rank, where it measures the
+//              cost of the split passes (PyTorch falls back to plain BatchNorm there).
+//   families   fused only: one extra step with CUDA events around each kernel family
+//
+// --check N (one rank): both models from the same weights (the host model's initialisation rounded
+// to bf16) on the same batch for N SGD steps; prints both loss curves and fails unless every
+// composed loss is within 15 % + 0.05 of the fused one (tests/cuda/test_resnet_step.cu's bound).
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
 #include <dpml/comm/local_rank.hpp>
 #include <dpml/comm/nccl.hpp>
+#include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_error.hpp>
 #include <dpml/core/cuda_space.hpp>
+#include <dpml/kernels/cuda/device.hpp>
+#include <dpml/kernels/image.hpp>
+#include <dpml/layers/cross_entropy.hpp>
+#include <dpml/layers/init.hpp>
+#include <dpml/models/bottleneck_resnet.hpp>
 #include <dpml/models/cuda/resnet.hpp>
+#include <dpml/optim/sgd.hpp>
 #include <dpml/parallel/cuda/gradient_sync.hpp>
+#include <dpml/parallel/device_grid.hpp>
+#include <dpml/parallel/distributed_optimizer.hpp>
+#include <dpml/parallel/grid.hpp>
 #include <dpml/train/args.hpp>
 #ifndef DPML_HAS_CUDNN
 #define DPML_HAS_CUDNN 0
@@ -39,12 +70,16 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -60,6 +95,8 @@ struct Options {
   double lr = 0.1;
   optim::SgdOptions sgd{.momentum = 0.9, .weight_decay = 1e-4};
   std::string conv = DPML_HAS_CUDNN ? "cudnn" : "own";
+  std::string model_kind = "composed";  // composed | fused
+  int check = 0;          // > 0: compare the two models over this many steps instead of timing
   double bucket_mb = 25;  // data parallel: gradient all-reduce bucket (PyTorch DDP's default)
   bool sync_bn = false;   // BatchNorm statistics over all ranks' batches
 };
@@ -69,9 +106,12 @@ struct Options {
 bool parse(int argc, char** argv, Options& o, int rank) {
   std::string blocks = "3,4,6,3";
   train::Args args("resnet_train", "ResNet training throughput on one GPU, or data parallel with one GPU per rank "
-                                   "under scripts/launch.sh -n K (bench/RESULTS.md); prints JSON lines "
-                                   "(bench resnet_train, resnet_train_family) and a table.");
-  args.flag("--batch", o.batch, "images per step")
+                                   "under scripts/launch.sh -n K (bench/RESULTS.md): the composed model (the library's "
+                                   "layers) or the fused one; prints JSON lines (bench resnet_train, "
+                                   "resnet_train_family, resnet_train_check) and a table.");
+  args.flag("--model", o.model_kind, "composed (models::BottleneckResNet<bf16, CudaSpace>) | fused (models/cuda/resnet.hpp)")
+      .flag("--check", o.check, "N > 0: train both models N steps from the same weights and compare the losses")
+      .flag("--batch", o.batch, "images per step")
       .flag("--image", o.image, "image side in pixels")
       .flag("--classes", o.model.classes, "classifier outputs")
       .flag("--width", o.model.width, "stem channels and stage 1's bottleneck width")
@@ -83,7 +123,7 @@ bool parse(int argc, char** argv, Options& o, int rank) {
       .flag("--weight-decay", o.sgd.weight_decay, "SGD L2 weight decay")
       .flag("--conv", o.conv, DPML_HAS_CUDNN ? "convolutions: own (dpml's implicit GEMM) | cudnn"
                                              : "convolutions: own (dpml's implicit GEMM; built without cuDNN)")
-      .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB of fp32 gradients per all-reduce bucket")
+      .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB of gradients per all-reduce bucket")
       .flag("--sync-bn", o.sync_bn, "synchronised BatchNorm: statistics of all ranks' batches (SyncBatchNorm)");
   if (!args.parse(argc, argv, rank)) return false;
   std::istringstream in(blocks);
@@ -95,8 +135,11 @@ bool parse(int argc, char** argv, Options& o, int rank) {
     o.model.blocks[static_cast<std::size_t>(k++)] = std::stoll(part);
   }
   DPML_REQUIRE_EVERYWHERE(k == 4, "resnet_train: --blocks " << blocks << " is not four counts like 3,4,6,3");
-  DPML_REQUIRE_EVERYWHERE(o.batch > 1 && o.image > 0 && o.steps > 0 && o.warmup >= 0,
-                          "resnet_train: --batch must be > 1, --image and --steps positive, --warmup non-negative");
+  DPML_REQUIRE_EVERYWHERE(o.batch > 1 && o.image > 0 && o.steps > 0 && o.warmup >= 0 && o.check >= 0,
+                          "resnet_train: --batch must be > 1, --image and --steps positive, --warmup and --check "
+                          "non-negative");
+  DPML_REQUIRE_EVERYWHERE(o.model_kind == "composed" || o.model_kind == "fused",
+                          "resnet_train: --model " << o.model_kind << " is not composed or fused");
   DPML_REQUIRE_EVERYWHERE(o.conv == "own" || (o.conv == "cudnn" && DPML_HAS_CUDNN),
                           "resnet_train: --conv " << o.conv << " is not own"
                                                   << (DPML_HAS_CUDNN ? " or cudnn" : " (built without cuDNN)"));
@@ -104,22 +147,172 @@ bool parse(int argc, char** argv, Options& o, int rank) {
   return true;
 }
 
-}  // namespace
+constexpr std::int64_t kChannelAlign = 8;  // the input's channels padded to 16 bytes of bf16
+std::int64_t padded_channels(std::int64_t c) { return (c + kChannelAlign - 1) / kChannelAlign * kChannelAlign; }
 
-// The bench on this rank's GPU (comm::select_device made it current); only rank 0 prints.
+// One batch: images (N, C, S, S) NCHW float, labels (N); each rank its own.
+struct HostBatch {
+  std::vector<float> images;
+  std::vector<std::int32_t> labels;
+};
+HostBatch random_batch(const Options& o, int rank) {
+  HostBatch b;
+  b.images.resize(static_cast<std::size_t>(o.batch * o.model.in_channels * o.image * o.image));
+  b.labels.resize(static_cast<std::size_t>(o.batch));
+  std::mt19937_64 gen(7 + static_cast<std::uint64_t>(rank));
+  std::normal_distribution<float> normal;
+  for (auto& v : b.images) v = normal(gen);
+  for (auto& l : b.labels) l = static_cast<std::int32_t>(gen() % static_cast<std::uint64_t>(o.model.classes));
+  return b;
+}
+
+// The composed model's configuration: the fused one's, the input channels padded.
+models::BottleneckResNetConfig composed_config(const Options& o) {
+  return {.in_channels = padded_channels(o.model.in_channels), .width = o.model.width, .blocks = o.model.blocks,
+          .classes = o.model.classes, .sync_batch_norm = o.sync_bn};
+}
+
+// Forward FLOPs of one image through the convolutions and the classifier (2 per multiply-add),
+// the stem at its real input channels: models::cuda::ResNet::forward_flops_per_image's count for
+// the composed model, which has no buffers to ask (--check compares the two).
+double forward_flops_per_image(const Options& o) {
+  const auto out = [](std::int64_t h, std::int64_t k, std::int64_t s) { return (h + 2 * (k / 2) - k) / s + 1; };
+  const auto conv = [](std::int64_t ho, std::int64_t cin, std::int64_t cout, std::int64_t k) {
+    return 2.0 * static_cast<double>(ho * ho * cout * k * k * cin);
+  };
+  const std::int64_t w = o.model.width;
+  std::int64_t h = out(o.image, 7, 2);
+  double f = conv(h, o.model.in_channels, w, 7) + 2.0 * static_cast<double>(32 * w * o.model.classes);
+  h = out(h, 3, 2);  // the max pool
+  std::int64_t in = w;
+  for (int st = 0; st < 4; ++st) {
+    const std::int64_t m = w << st;
+    for (std::int64_t i = 0; i < o.model.blocks[static_cast<std::size_t>(st)]; ++i) {
+      const std::int64_t s = (i == 0 && st > 0) ? 2 : 1, ho = out(h, 3, s);
+      f += conv(h, in, m, 1) + conv(ho, m, m, 3) + conv(ho, m, 4 * m, 1);
+      if (i == 0) f += conv(ho, in, 4 * m, 1);  // the projection
+      in = 4 * m;
+      h = ho;
+    }
+  }
+  return f;
+}
+
+// The composed model with its step: forward, loss (dlogits in place), backward, and the update by
+// the DistributedOptimizer (data parallel over every rank of `world`).
 template <class Conv>
-int run(const Options& o, const comm::Mpi& world) {
-  const int ranks = world.size();
-  int device = 0;
-  DPML_CHECK_CUDA(cudaGetDevice(&device));
-  cudaDeviceProp prop{};
-  DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
-  std::size_t free0 = 0, total = 0, free1 = 0;
+class Composed {
+  using Model = models::BottleneckResNet<bf16, CudaSpace, comm::Nccl, Conv>;
+  using Optimizer = parallel::DistributedOptimizer<optim::Sgd, bf16, CudaSpace, comm::Nccl>;
+
+ public:
+  Composed(const Options& o, const comm::Mpi& world)
+      : opts_(o), grid_(parallel::ProcessGrid::create(world, {})), comms_(grid_, dev_),
+        bn_comm_(o.sync_bn ? std::make_unique<comm::Nccl>(comm::Nccl::from(grid_.comm(Axis::data), dev_.stream()))
+                           : nullptr) {}
+
+  // The model and its optimizer (after construction, so that mem_gib leaves NCCL's memory out);
+  // init: set the weights before the optimizer takes them (layers::initialize_all by default).
+  template <class Init>
+  void build(Init&& init) {
+    net_.emplace(Model::make(composed_config(opts_), bn_comm_.get()));
+    init(*net_);
+    opt_.emplace(net_->parameters(), &grid_, opts_.sgd,
+                 parallel::DistributedOptimizerOptions{.bucket_bytes = static_cast<std::size_t>(opts_.bucket_mb * (1 << 20))},
+                 comms_, dev_);
+    ctx_.device = &dev_;
+    ctx_.grid = &grid_;
+    ctx_.global_batch = opts_.batch * grid_.dp();
+    ctx_.on_grad_ready = [this](std::span<ParamBase* const> ps) { opt_->on_grad_ready(ps); };
+  }
+  // The batch in the model's layout: (N, S, S, Cp) bf16, the pad channels zero; labels (N).
+  void upload(const HostBatch& b) {
+    const std::int64_t C = opts_.model.in_channels, Cp = padded_channels(C), P = opts_.image * opts_.image;
+    std::vector<float> nchw(static_cast<std::size_t>(opts_.batch * Cp * P), 0.f), nhwc(nchw.size());
+    for (std::int64_t n = 0; n < opts_.batch; ++n)
+      std::copy_n(b.images.begin() + n * C * P, C * P, nchw.begin() + n * Cp * P);
+    kernels::to_layout(kernels::ImageLayout::nchw, kernels::ImageLayout::nhwc, nchw.data(), nhwc.data(),
+                       kernels::ImageDims{opts_.batch, Cp, opts_.image, opts_.image});
+    Tensor<bf16> images(Shape{opts_.batch, opts_.image, opts_.image, Cp});
+    std::transform(nhwc.begin(), nhwc.end(), images.begin(), [](float v) { return bf16(v); });
+    images_ = to_space<CudaSpace>(images.cview());
+    Tensor<std::int32_t> labels(Shape{opts_.batch});
+    std::copy(b.labels.begin(), b.labels.end(), labels.begin());
+    labels_ = to_space<CudaSpace>(labels.cview());
+  }
+  // One training step; returns this rank's mean loss over its batch (reads it: synchronises).
+  double step() {
+    opt_->begin_step(1);
+    const auto logits = net_->forward(ctx_, images_.cview());
+    xent_.forward(ctx_, logits, labels_.cview());
+    const auto dlogits = xent_.backward(ctx_);
+    net_->backward_input(ctx_, dlogits);
+    net_->backward_weight(ctx_, dlogits);
+    exposed_ms_ = 1e3 * opt_->finish_step(opts_.lr).exposed_comm_seconds;
+    return xent_.take_loss() * grid_.dp();  // the loss divides by all ranks' images
+  }
+
+  cudaStream_t stream() const noexcept { return dev_.stream(); }
+  double exposed_ms() const noexcept { return exposed_ms_; }
+  typename Model::Network& net() { return *net_; }
+  std::int64_t parameter_count() {
+    std::int64_t n = 0;
+    for (auto* p : net_->parameters()) n += p->numel();
+    return n;
+  }
+  // Flat bf16 values and gradients, fp32 master and momentum, the Device's scratch and shared buffers.
+  std::size_t buffer_bytes() {
+    const auto n = static_cast<std::size_t>(opt_->flat().numel());
+    return n * (2 * sizeof(bf16) + 2 * sizeof(float)) + dev_.buffer_bytes();
+  }
+
+ private:
+  Options opts_;
+  parallel::ProcessGrid grid_;
+  kernels::Device<CudaSpace> dev_;
+  parallel::DeviceGrid<comm::Nccl> comms_;
+  std::unique_ptr<comm::Nccl> bn_comm_;  // --sync-bn: on the compute stream, as BatchNorm2d requires
+  std::optional<typename Model::Network> net_;
+  std::optional<Optimizer> opt_;
+  layers::Context<CudaSpace> ctx_;
+  layers::SoftmaxCrossEntropy<bf16, CudaSpace> xent_{{.in_place = true}};
+  Tensor<bf16, CudaSpace> images_;          // (N, S, S, Cp)
+  Tensor<std::int32_t, CudaSpace> labels_;  // (N)
+  double exposed_ms_ = 0;
+};
+
+// What a timed run reports.
+struct Result {
+  std::string impl;
+  double ms_step = 0, exposed_ms = 0, mem_gib = 0, buffers_gib = 0, flops_per_image = 0;
+  std::int64_t params = 0;
+  std::vector<double> losses;
+  std::optional<std::array<double, static_cast<int>(models::cuda::CnnFamily::count)>> families;  // fused only
+};
+
+// warmup untimed steps, then steps timed; every loss kept.
+template <class Step>
+double time_steps(const Options& o, const comm::Mpi& world, cudaStream_t stream, std::vector<double>& losses,
+                  Step&& step) {
+  auto train_step = [&] { losses.push_back(step()); };
+  for (int i = 0; i < o.warmup; ++i) train_step();
+  if (world.size() > 1) world.barrier();  // the ranks start the timed steps together
+  return world.allreduce(dpml::bench::ms_per_step(o.steps, stream, train_step), comm::ReduceOp::max);
+}
+
+std::string impl_name(const Options& o, int ranks) {
+  return "dpml-" + std::string(o.model_kind == "composed" ? "composed-" : "") + o.conv +
+         (ranks > 1 ? "-dp" + std::to_string(ranks) : "") + (o.sync_bn ? "-syncbn" : "");
+}
+
+template <class Conv>
+Result run_fused(const Options& o, const comm::Mpi& world) {
+  std::size_t free0 = 0, free1 = 0, total = 0;
   DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
   models::cuda::ResNet<Conv> model(o.model, o.batch, o.image);
   model.init_random(1337);  // the same on every rank
   std::unique_ptr<parallel::cuda::GradientSync<float>> sync;  // data parallel (several ranks)
-  if (ranks > 1) {
+  if (world.size() > 1) {
     const parallel::cuda::GradientSyncOptions opt{.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))};
     sync = std::make_unique<parallel::cuda::GradientSync<float>>(
         comm::Nccl::from(world), model.gradients(), static_cast<std::size_t>(model.flat_size()), model.stream(), opt);
@@ -131,74 +324,173 @@ int run(const Options& o, const comm::Mpi& world) {
     model.set_batch_norm_sync(bn_comm.get());
   }
   {
-    const std::int64_t C = o.model.in_channels;
-    std::vector<float> images(static_cast<std::size_t>(o.batch * C * o.image * o.image));
-    std::vector<std::int32_t> labels(static_cast<std::size_t>(o.batch));
-    std::mt19937_64 gen(7 + static_cast<std::uint64_t>(world.rank()));  // each rank its own batch
-    std::normal_distribution<float> normal;
-    for (auto& v : images) v = normal(gen);
-    for (auto& l : labels) l = static_cast<std::int32_t>(gen() % static_cast<std::uint64_t>(o.model.classes));
-    model.upload_batch(images, labels);
+    const HostBatch b = random_batch(o, world.rank());
+    model.upload_batch(b.images, b.labels);
   }
-  std::vector<double> losses;
-  auto train_step = [&] {
+  Result r{.impl = impl_name(o, world.size())};
+  auto step = [&] {
     model.forward_backward();
     model.update(o.lr, o.sgd);
-    losses.push_back(model.loss());  // synchronises: the step is done
+    return model.loss();  // synchronises: the step is done
   };
-  for (int i = 0; i < o.warmup; ++i) train_step();
-  if (ranks > 1) world.barrier();  // the ranks start the timed steps together
-  const double ms_step =
-      world.allreduce(dpml::bench::ms_per_step(o.steps, model.stream(), train_step), comm::ReduceOp::max);
-  const double exposed_ms = world.allreduce(sync ? sync->exposed_ms() : 0.0, comm::ReduceOp::max);
-  const auto family_ms = dpml::bench::family_ms<models::cuda::CnnProfiler>(model, train_step);
+  r.ms_step = time_steps(o, world, model.stream(), r.losses, step);
+  r.exposed_ms = world.allreduce(sync ? sync->exposed_ms() : 0.0, comm::ReduceOp::max);
+  r.families = dpml::bench::family_ms<models::cuda::CnnProfiler>(model, [&] { r.losses.push_back(step()); });
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
+  r.mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
+  r.buffers_gib = static_cast<double>(model.device_bytes()) / (1 << 30);
+  r.params = model.parameter_count();
+  r.flops_per_image = model.forward_flops_per_image();
+  return r;
+}
+
+template <class Conv>
+Result run_composed(const Options& o, const comm::Mpi& world) {
+  Composed<Conv> model(o, world);
+  std::size_t free0 = 0, free1 = 0, total = 0;
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
+  model.build([](auto& net) { layers::initialize_all(net.parameters(), 1337, nullptr); });  // alike on every rank
+  model.upload(random_batch(o, world.rank()));
+  Result r{.impl = impl_name(o, world.size())};
+  r.ms_step = time_steps(o, world, model.stream(), r.losses, [&] { return model.step(); });
+  r.exposed_ms = world.allreduce(model.exposed_ms(), comm::ReduceOp::max);
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
+  r.mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
+  r.buffers_gib = static_cast<double>(model.buffer_bytes()) / (1 << 30);
+  r.params = model.parameter_count();
+  r.flops_per_image = forward_flops_per_image(o);
+  return r;
+}
+
+// Rank 0 prints the JSON line and the table; the exit status (1: a loss was not finite on some rank).
+int report(const Options& o, const comm::Mpi& world, const Result& r) {
+  const int ranks = world.size();
   bool finite = true;
-  for (double l : losses) finite = finite && std::isfinite(l);
+  for (double l : r.losses) finite = finite && std::isfinite(l);
   finite = world.allreduce(finite ? 1 : 0, comm::ReduceOp::min) == 1;  // every rank's losses
   if (world.rank() != 0) return finite ? 0 : 1;
 
-  const double img_s = static_cast<double>(o.batch * ranks) / (ms_step * 1e-3);
-  const double tflops = 3.0 * model.forward_flops_per_image() * img_s / ranks / 1e12;  // per GPU
-  const double mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
-  const std::string name =
-      "dpml-" + o.conv + (ranks > 1 ? "-dp" + std::to_string(ranks) : "") + (o.sync_bn ? "-syncbn" : "");
-  const char* impl = name.c_str();
+  int device = 0;
+  DPML_CHECK_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  const double img_s = static_cast<double>(o.batch * ranks) / (r.ms_step * 1e-3);
+  const double tflops = 3.0 * r.flops_per_image * img_s / ranks / 1e12;  // per GPU
+  const char* impl = r.impl.c_str();
   const std::string on = ranks > 1 ? std::to_string(ranks) + " × " + prop.name : std::string(prop.name);
-  std::printf("{\"bench\":\"resnet_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"image\":%lld,"
-              "\"width\":%lld,\"blocks\":[%lld,%lld,%lld,%lld],\"classes\":%lld,\"params\":%lld,\"steps\":%d,"
-              "\"warmup\":%d,\"ms_per_step\":%.3f,\"img_per_s\":%.1f,\"model_tflops\":%.2f,\"mem_gib\":%.3f,"
-              "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,"
+  std::printf("{\"bench\":\"resnet_train\",\"impl\":\"%s\",\"model\":\"%s\",\"device\":\"%s\",\"batch\":%lld,"
+              "\"image\":%lld,\"width\":%lld,\"blocks\":[%lld,%lld,%lld,%lld],\"classes\":%lld,\"params\":%lld,"
+              "\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,\"img_per_s\":%.1f,\"model_tflops\":%.2f,"
+              "\"mem_gib\":%.3f,\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,"
               "\"ranks\":%d,\"bucket_mb\":%.1f,\"exposed_comm_ms\":%.3f,\"sync_bn\":%s}\n",
-              impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.image),
+              impl, o.model_kind.c_str(), prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.image),
               static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
               static_cast<long long>(o.model.blocks[1]), static_cast<long long>(o.model.blocks[2]),
               static_cast<long long>(o.model.blocks[3]), static_cast<long long>(o.model.classes),
-              static_cast<long long>(model.parameter_count()), o.steps, o.warmup, ms_step, img_s, tflops, mem_gib,
-              static_cast<double>(model.device_bytes()) / (1 << 30), losses.front(), losses.back(),
-              finite ? "true" : "false", ranks, o.bucket_mb, exposed_ms, o.sync_bn ? "true" : "false");
-  dpml::bench::print_families("resnet_train_family", impl, family_ms, models::cuda::kCnnFamilyNames);
-  std::printf("\nResNet (width %lld, blocks %lld,%lld,%lld,%lld) B=%lld %lldpx on %s, bf16 + fp32 master, SGD, %s\n",
+              static_cast<long long>(r.params), o.steps, o.warmup, r.ms_step, img_s, tflops, r.mem_gib, r.buffers_gib,
+              r.losses.front(), r.losses.back(), finite ? "true" : "false", ranks, o.bucket_mb, r.exposed_ms,
+              o.sync_bn ? "true" : "false");
+  if (r.families) dpml::bench::print_families("resnet_train_family", impl, *r.families, models::cuda::kCnnFamilyNames);
+  std::printf("\nResNet (width %lld, blocks %lld,%lld,%lld,%lld) B=%lld %lldpx on %s, %s model, bf16 + fp32 master, "
+              "SGD, %s\n",
               static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
               static_cast<long long>(o.model.blocks[1]), static_cast<long long>(o.model.blocks[2]),
               static_cast<long long>(o.model.blocks[3]), static_cast<long long>(o.batch),
-              static_cast<long long>(o.image), on.c_str(), impl);
+              static_cast<long long>(o.image), on.c_str(), o.model_kind.c_str(), impl);
   std::printf("| img/s | ms/step | model TFLOP/s | memory GiB | loss first → last |\n|---|---|---|---|---|\n");
-  std::printf("| %.0f | %.2f | %.1f | %.2f | %.3f → %.3f |\n\n", img_s, ms_step, tflops, mem_gib, losses.front(),
-              losses.back());
+  std::printf("| %.0f | %.2f | %.1f | %.2f | %.3f → %.3f |\n\n", img_s, r.ms_step, tflops, r.mem_gib,
+              r.losses.front(), r.losses.back());
   if (ranks > 1)
-    std::printf("Data parallel: %d ranks of B=%lld, fp32 gradients in %.1f MB buckets; the last step waited %.2f ms "
+    std::printf("Data parallel: %d ranks of B=%lld, gradients in %.1f MB buckets; the last step waited %.2f ms "
                 "for its all-reduces; BatchNorm statistics %s; TFLOP/s and memory per GPU, losses rank 0's.\n\n",
-                ranks, static_cast<long long>(o.batch), o.bucket_mb, exposed_ms,
+                ranks, static_cast<long long>(o.batch), o.bucket_mb, r.exposed_ms,
                 o.sync_bn ? "synchronised over the ranks" : "per rank");
-  dpml::bench::print_family_table(family_ms, models::cuda::kCnnFamilyNames);
+  if (r.families) dpml::bench::print_family_table(*r.families, models::cuda::kCnnFamilyNames);
   if (!finite) {
     std::fprintf(stderr, "resnet_train: a loss was not finite\n");
     return 1;
   }
   return 0;
 }
+
+// --check: the fused and the composed model from the same weights on the same batch, o.check SGD
+// steps each; rank 0 prints both curves. 0 when every composed loss is within 15 % + 0.05 of the
+// fused one and the FLOP counts agree.
+template <class Conv>
+int check(const Options& o, const comm::Mpi& world) {
+  DPML_REQUIRE_EVERYWHERE(world.size() == 1, "resnet_train --check runs on one rank, not " << world.size());
+  // The host model's initialisation, rounded to bf16: what both models start from.
+  models::BottleneckResNetConfig host_cfg = composed_config(o);
+  host_cfg.in_channels = o.model.in_channels;
+  auto host = models::BottleneckResNet<float>::make(host_cfg);
+  layers::initialize_all(host.parameters(), 1337, nullptr);
+  for (auto* p : host.parameters())
+    for (auto& v : p->value()) v = static_cast<float>(bf16(v));
+  const HostBatch batch = random_batch(o, 0);
+
+  std::vector<double> fused_losses, composed_losses;
+  double fused_flops = 0;
+  {
+    models::cuda::ResNet<Conv> fused(o.model, o.batch, o.image);
+    fused.copy_from(host.parameters());
+    fused.upload_batch(batch.images, batch.labels);
+    for (int s = 0; s < o.check; ++s) {
+      fused.forward_backward();
+      fused.update(o.lr, o.sgd);
+      fused_losses.push_back(fused.loss());
+    }
+    fused_flops = fused.forward_flops_per_image();
+  }
+  {
+    Composed<Conv> composed(o, world);
+    composed.build([&](auto& net) {  // the host's weights, the stem's pad channels zero
+      auto hp = host.parameters();
+      auto dp = net.parameters();
+      DPML_REQUIRE(hp.size() == dp.size(), "resnet_train --check: " << hp.size() << " host tensors, " << dp.size());
+      for (std::size_t i = 0; i < hp.size(); ++i) {
+        const Shape hs = hp[i]->shape(), ds = dp[i]->shape();
+        Tensor<float> logical(ds, 0.f);  // (Cout, Cin_padded, k, k) for the stem, else the host's shape
+        const std::int64_t outer = hs.rank() == 4 ? hs[0] : 1, inner = hs.numel() / outer, dinner = ds.numel() / outer;
+        for (std::int64_t a = 0; a < outer; ++a)
+          std::copy_n(hp[i]->value().data() + a * inner, inner, logical.data() + a * dinner);
+        Tensor<float> stored(ds);
+        to_storage_order(*dp[i], logical.data(), stored.data());
+        Tensor<bf16> values(ds);
+        std::transform(stored.begin(), stored.end(), values.begin(), [](float v) { return bf16(v); });
+        copy(dp[i]->value(), to_space<CudaSpace>(values.cview()).cview());
+      }
+    });
+    composed.upload(batch);
+    for (int s = 0; s < o.check; ++s) composed_losses.push_back(composed.step());
+  }
+  bool ok = std::abs(forward_flops_per_image(o) - fused_flops) <= 1e-9 * fused_flops;
+  double worst = 0;
+  std::string f = "[", c = "[";
+  for (int s = 0; s < o.check; ++s) {
+    const double a = fused_losses[static_cast<std::size_t>(s)], b = composed_losses[static_cast<std::size_t>(s)];
+    ok = ok && std::isfinite(b) && std::abs(b - a) <= 0.15 * a + 0.05;
+    worst = std::max(worst, std::abs(b - a) / a);
+    f += (s ? "," : "") + std::to_string(a);
+    c += (s ? "," : "") + std::to_string(b);
+  }
+  std::printf("{\"bench\":\"resnet_train_check\",\"conv\":\"%s\",\"batch\":%lld,\"image\":%lld,\"steps\":%d,"
+              "\"fused\":%s],\"composed\":%s],\"max_rel_diff\":%.4f,\"ok\":%s}\n",
+              o.conv.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.image), o.check, f.c_str(),
+              c.c_str(), worst, ok ? "true" : "false");
+  if (!ok) std::fprintf(stderr, "resnet_train --check: the composed model's losses or FLOPs differ from the fused one's\n");
+  return ok ? 0 : 1;
+}
+
+template <class Conv>
+int run(const Options& o, const comm::Mpi& world) {
+  if (o.check > 0) return check<Conv>(o, world);
+  return report(o, world, o.model_kind == "fused" ? run_fused<Conv>(o, world) : run_composed<Conv>(o, world));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   return dpml::run(argc, argv, [&](const comm::Mpi& world) {

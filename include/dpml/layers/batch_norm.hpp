@@ -13,7 +13,9 @@
 // forward(ctx, x, residual) adds a residual before it, y = act(bn(x) + residual) — a ResNet
 // block's last BatchNorm, shortcut add and ReLU in one pass. backward_input masks dy by the ReLU
 // (from the saved y) and, when the forward had a residual, also writes its gradient, read with
-// residual_grad(ctx).
+// residual_grad(ctx). forward_into and backward_input_into do the same into the caller's buffers
+// (a fused block's forward-only temporary; its gradient scratch shared by all blocks, dx possibly
+// over dy: in place).
 //
 // backward_weight reads the per-channel sums (Σdy, Σdy·(x − mean); two C-vectors) that
 // backward_input kept in the micro-batch's slot — the pass over the activations runs once, in
@@ -89,18 +91,28 @@ class BatchNorm2d {
 
   // y = act(bn(x) + residual); residual of x's shape (a null view: none).
   Output forward(Context<Space>& ctx, Input x, Input residual) {
+    return forward_into(ctx, x, residual, ensure(slots_.slot(ctx).y, x.shape()));
+  }
+
+  // The same into the caller's buffer y (of x's shape) instead of the layer's own: a block's
+  // forward-only temporary. Without relu nothing reads y afterwards; with relu backward_input does
+  // (the ReLU's mask), so the buffer must keep y until then.
+  Output forward_into(Context<Space>& ctx, Input x, Input residual, TensorView<T, Space> y) {
     DPML_REQUIRE(x.rank() == 4 && x.is_contiguous() && Ops::image_dims(x.shape()).C == C_,
                  "BatchNorm2d " << opts_.name << ": input " << x.shape().str() << " is not " << image_of(C_));
     const bool has_residual = residual.data() != nullptr;
     DPML_REQUIRE(!has_residual || (residual.shape() == x.shape() && residual.is_contiguous()),
                  "BatchNorm2d " << opts_.name << ": residual " << residual.shape().str() << " differs from the input "
                                 << x.shape().str());
+    DPML_REQUIRE(y.shape() == x.shape() && y.is_contiguous(),
+                 "BatchNorm2d " << opts_.name << ": output buffer " << y.shape().str() << " differs from the input "
+                                << x.shape().str());
     Saved& s = slots_.slot(ctx);
     s.x = x;
+    s.y_out = y;
     s.training = ctx.training();
     s.residual = has_residual;
     s.sums_kept = false;
-    auto y = ensure(s.y, x.shape());
     with_data_axis(ctx, s.training, [&](const auto* across) {
       Ops::batch_norm_forward(ctx.dev(), x.data(), residual.data(), weight_.value().data(), bias_.value().data(),
                               y.data(), ensure(s.mean, Shape{C_}).data(), ensure(s.rstd, Shape{C_}).data(),
@@ -112,15 +124,30 @@ class BatchNorm2d {
 
   Input backward_input(Context<Space>& ctx, Output dy) {
     Saved& s = slots_.slot(ctx);
+    return backward_input_into(ctx, dy, ensure(s.dx, s.x.shape()),
+                               s.residual ? ensure(s.dres, s.x.shape()) : TensorView<T, Space>());
+  }
+
+  // The same into the caller's buffers — a fused block's gradient scratch shared by all blocks —
+  // instead of the layer's own: dx (N, C, H, W; may be dy's own buffer: in place) and, exactly when
+  // the forward added a residual, dres (N, C, H, W) for its gradient (else a null view).
+  Input backward_input_into(Context<Space>& ctx, Output dy, TensorView<T, Space> dx, TensorView<T, Space> dres) {
+    Saved& s = slots_.slot(ctx);
     check_dy(ctx, s, dy);
-    auto dx = ensure(s.dx, s.x.shape());
-    T* dres = s.residual ? ensure(s.dres, s.x.shape()).data() : nullptr;
+    const bool has_dres = dres.data() != nullptr;
+    DPML_REQUIRE(dx.shape() == s.x.shape() && dx.is_contiguous() && has_dres == s.residual &&
+                     (!has_dres || (dres.shape() == s.x.shape() && dres.is_contiguous() && dres.data() != dx.data())),
+                 "BatchNorm2d " << opts_.name << ": gradient buffers dx " << dx.shape().str() << " and dres "
+                                << dres.shape().str() << " for the input " << s.x.shape().str()
+                                << (s.residual ? " (and its residual)" : " (no residual: dres is a null view)"));
     with_data_axis(ctx, s.training, [&](const auto* across) {
-      Ops::batch_norm_backward_input(ctx.dev(), dy.data(), s.y.data(), s.x.data(), s.mean.data(), s.rstd.data(),
-                                     weight_.value().data(), dx.data(), dres, ensure(s.sums, Shape{2, C_}).data(),
-                                     Ops::image_dims(s.x.shape()), s.training, opts_.relu, across);
+      Ops::batch_norm_backward_input(ctx.dev(), dy.data(), s.y_out.data(), s.x.data(), s.mean.data(), s.rstd.data(),
+                                     weight_.value().data(), dx.data(), dres.data(),
+                                     ensure(s.sums, Shape{2, C_}).data(), Ops::image_dims(s.x.shape()), s.training,
+                                     opts_.relu, across);
     });
     s.sums_kept = true;
+    s.residual_grad = dres;
     return dx;
   }
 
@@ -130,7 +157,7 @@ class BatchNorm2d {
     DPML_REQUIRE(s.residual && s.sums_kept, "BatchNorm2d " << opts_.name << ": residual_grad of micro-batch "
                                                            << ctx.micro_batch
                                                            << " needs a forward with a residual, then backward_input");
-    return s.dres.cview();
+    return s.residual_grad;
   }
 
   // dweight += Σdy·x̂, dbias += Σdy over this rank's batch, from the sums backward_input kept.
@@ -154,7 +181,9 @@ class BatchNorm2d {
     bool training = true;
     bool residual = false;                // the forward added one
     bool sums_kept = false;               // backward_input ran since the forward
-    Tensor<T, Space> y, dx, dres;         // (N, C, H, W) each
+    Tensor<T, Space> y, dx, dres;         // (N, C, H, W) each (the layer's own: forward's, backward_input's)
+    Input y_out;                          // (N, C, H, W): y, or the caller's (forward_into)
+    Input residual_grad;                  // (N, C, H, W): dres, or the caller's (backward_input_into)
     Tensor<Stat, Space> mean, rstd;       // (C), (C)
     Tensor<Stat, Space> sums;             // (2, C): this rank's Σdy, Σdy·(x − mean), for backward_weight
   };

@@ -20,6 +20,8 @@
 // types: float or double on the host, bf16 only on a GPU (both GPU policies are bf16 kernels:
 // Conv2d<float, CudaSpace> does not compile). input_gradient = false makes backward_input compute
 // nothing and return an empty view (a network's first convolution: its input needs no gradient).
+// backward_input_into writes the input gradient into the caller's buffer (a fused block's shared
+// scratch) instead of the layer's own.
 
 #include "dpml/core/error.hpp"
 #include "dpml/core/parameter.hpp"
@@ -76,9 +78,18 @@ class Conv2d {
 
   Input backward_input(Context<Space>& ctx, Output dy) {
     Saved& s = slots_.slot(ctx);
+    return backward_input_into(ctx, dy, input_gradient_ ? ensure(s.dx, s.x.shape()) : TensorView<T, Space>());
+  }
+
+  // The same into the caller's buffer dx (N, Cin, H, W; apart from dy) — a fused block's gradient
+  // scratch shared by all blocks — instead of the layer's own; with input_gradient = false, nothing.
+  Input backward_input_into(Context<Space>& ctx, Output dy, TensorView<T, Space> dx) {
+    Saved& s = slots_.slot(ctx);
     const kernels::ImageDims d = checked(ctx, s, dy);
     if (!input_gradient_) return Input();
-    auto dx = ensure(s.dx, s.x.shape());
+    DPML_REQUIRE(dx.shape() == s.x.shape() && dx.is_contiguous() && dx.data() != dy.data(),
+                 "Conv2d " << weight_.name() << ": input gradient buffer " << dx.shape().str()
+                           << " is not a contiguous " << s.x.shape().str() << " apart from dy");
     Ops::template conv2d_backward_input<Policy>(ctx.dev(), dy.data(), weight_.value().data(), dx.data(), d.N, cout_,
                                                 geometry(d));
     return dx;

@@ -3,8 +3,9 @@
 //   MaxPool2d(kernel, stride = kernel, padding = 0)   keeps the argmax per output for backward
 //   AvgPool2d(kernel, stride = kernel, padding = 0)   padding counted as zeros (PyTorch default)
 //   GlobalAvgPool                                     (N, C, H, W) → (N, C)
-// MaxPool2d and AvgPool2d are one class, Pool2d<Kind>, read by a tag type.
-// None has parameters; backward_weight is empty.
+// MaxPool2d and AvgPool2d are one class, Pool2d<Kind>, read by a tag type; its
+// backward_input_into writes the input gradient into the caller's buffer (a block's shared
+// scratch). None has parameters; backward_weight is empty.
 //
 // Any space, one code path: kernels::Ops<Space>'s pooling family (kernels/host/pool.hpp,
 // kernels/cuda/conv/pool.hpp), over the space's image layout (NCHW on the host, NHWC on a GPU:
@@ -66,12 +67,21 @@ class Pool2d {
 
   Input backward_input(Context<Space>& ctx, Output dy) {
     Saved& s = slots_.slot(ctx);
+    return backward_input_into(ctx, dy, ensure(s.dx, s.in));
+  }
+
+  // The same into the caller's buffer dx (N, C, H, W; apart from dy; overwritten) — a block's
+  // gradient scratch shared by all blocks — instead of the layer's own.
+  Input backward_input_into(Context<Space>& ctx, Output dy, TensorView<T, Space> dx) {
+    Saved& s = slots_.slot(ctx);
     DPML_REQUIRE(s.in.rank() == 4 && dy.shape() == s.y.shape() && dy.is_contiguous(),
                  Kind::name << ": dy " << dy.shape().str() << " differs from the output " << s.y.shape().str()
                             << " of micro-batch " << ctx.micro_batch);
+    DPML_REQUIRE(dx.shape() == s.in && dx.is_contiguous() && dx.data() != dy.data(),
+                 Kind::name << ": input gradient buffer " << dx.shape().str() << " is not a contiguous " << s.in.str()
+                            << " apart from dy");
     const kernels::ImageDims d = Ops::image_dims(s.in);
     const auto g = geometry(d);
-    auto dx = ensure(s.dx, s.in);
     if constexpr (is_max)
       Ops::max_pool_backward(ctx.dev(), dy.data(), s.argmax.data(), dx.data(), d.N, d.C, g);
     else

@@ -1,0 +1,318 @@
+// The composed bottleneck ResNet (models/bottleneck_resnet.hpp: layers and ResNetBlock, bf16 NHWC on
+// CudaSpace) against the same model on the host in float64, and against the fused GPU ResNet
+// (models/cuda/resnet.hpp), all from the same weights (the host's initialisation rounded to bf16)
+// and the same batch, on a small configuration with every kind of block: width 8, blocks
+// {1, 1, 1, 1} (a projected block per stage, stride 2 in stages 2–4), 3 input channels, 10
+// classes, 32×32 images, batch 4 (stage 4 at 1×1: BatchNorm over 4 values per channel). Both
+// convolution policies: ImplicitGemmConv, and CudnnConv where dpml was built with cuDNN.
+//
+//   one step    the loss, the logits and every parameter gradient of the composed model against the
+//               float64 host model, and the loss and gradients against the fused model
+//   SGD steps   the composed model trained by optim::Optimizer<Sgd, bf16, CudaSpace> over its flat
+//               parameters follows the fused model's loss curve; no device allocation after step 1
+//
+// Tolerances (as tests/cuda/test_resnet_step.cu, which explains them): the gradients of a freshly
+// initialised BatchNorm ResNet are chaotic in its inputs — moving every weight and input of the host
+// model by a random 2^-8 relative (one bf16 rounding) moves its gradients by tens of percent — so
+// each tensor's bound is measured: within 2·s + 0.05 (relative L2) of the reference, s being the
+// host's own change under that perturbation, and, where s < 0.25, better than no gradient at all
+// (error below 1). The logits: 2·s + 0.02; the loss: 2·s + 5e-3 relative. A wiring error (a wrong
+// scratch buffer, a missing shortcut gradient) gives errors near or above 1.
+#include "layer_check.hpp"
+
+#include <dpml/core/flat_parameters.hpp>
+#include <dpml/kernels/image.hpp>
+#include <dpml/layers/cross_entropy.hpp>
+#include <dpml/layers/init.hpp>
+#include <dpml/models/bottleneck_resnet.hpp>
+#include <dpml/models/cuda/resnet.hpp>
+#include <dpml/optim/optimizer.hpp>
+#include <dpml/optim/sgd.hpp>
+#if DPML_HAS_CUDNN
+#include <dpml/kernels/cuda/conv/cudnn.hpp>
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <tuple>
+#include <vector>
+
+using namespace dpml;
+
+namespace {
+
+constexpr std::int64_t kBatch = 4, kImage = 32, kChannels = 3, kClasses = 10;
+constexpr std::uint64_t kSeed = 41;
+constexpr double kPerturbation = 0x1p-8;  // relative, uniform in ±: about one bf16 rounding
+
+models::BottleneckResNetConfig config() {
+  return {.in_channels = kChannels, .width = 8, .blocks = {1, 1, 1, 1}, .classes = kClasses};
+}
+models::cuda::ResNetCudaConfig fused_config() {
+  return {.in_channels = kChannels, .width = 8, .blocks = {1, 1, 1, 1}, .classes = kClasses};
+}
+template <class Policy>
+using Composed = models::BottleneckResNet<bf16, CudaSpace, parallel::default_comm_t<CudaSpace>, Policy>;
+#if DPML_HAS_CUDNN
+using ConvPolicies = std::tuple<kernels::cuda::ImplicitGemmConv<>, kernels::cuda::CudnnConv>;
+#else
+using ConvPolicies = std::tuple<kernels::cuda::ImplicitGemmConv<>>;
+#endif
+
+using Grads = std::vector<std::vector<double>>;
+
+// Images (N, 3, S, S) NCHW rounded to bf16, and labels.
+struct Batch {
+  Tensor<double> images{Shape{kBatch, kChannels, kImage, kImage}};
+  Tensor<std::int32_t> labels{Shape{kBatch}};
+};
+Batch make_batch() {
+  Batch b;
+  auto gen = test::rng(43);
+  std::normal_distribution<double> normal;
+  for (auto& v : b.images) v = normal(gen);
+  test::round_to<bf16>(b.images);
+  for (std::int64_t n = 0; n < kBatch; ++n) b.labels[n] = static_cast<std::int32_t>((3 * n + 1) % kClasses);
+  return b;
+}
+
+// The host model with the seed's initial weights rounded to bf16 (what the GPU models start from);
+// perturb > 0 multiplies every weight by 1 + u, u uniform in ±perturb.
+models::BottleneckResNet<double>::Network host_model(double perturb = 0.0) {
+  auto net = models::BottleneckResNet<double>::make(config());
+  layers::initialize_all(net.parameters(), kSeed, nullptr);
+  auto gen = test::rng(47);
+  std::uniform_real_distribution<double> u(-perturb, perturb);
+  for (auto* p : net.parameters())
+    for (auto& v : p->value()) {
+      v = test::as_double(bf16(static_cast<float>(v)));
+      if (perturb > 0) v *= 1 + u(gen);
+    }
+  return net;
+}
+
+// The host's loss, logits and gradients (per parameter, logical order) of one training step;
+// perturb as host_model's, applied to the images too.
+struct Reference {
+  double loss = 0;
+  std::vector<double> logits;
+  Grads grads;
+};
+Reference host_step(double perturb) {
+  auto net = host_model(perturb);
+  Batch b = make_batch();
+  auto gen = test::rng(53);
+  std::uniform_real_distribution<double> u(-perturb, perturb);
+  if (perturb > 0)
+    for (auto& v : b.images) v *= 1 + u(gen);
+  layers::Context<HostSpace> ctx;
+  layers::SoftmaxCrossEntropy<double> xent;
+  const auto logits = net.forward(ctx, b.images.cview());
+  Reference r;
+  r.logits.assign(logits.begin(), logits.end());
+  xent.forward(ctx, logits, b.labels.cview());
+  const auto dlogits = xent.backward(ctx);
+  net.backward_input(ctx, dlogits);
+  net.backward_weight(ctx, dlogits);
+  r.loss = xent.take_loss();
+  for (auto* p : net.parameters()) r.grads.emplace_back(p->grad().begin(), p->grad().end());
+  return r;
+}
+
+// dev's parameters := host's (any element type, logical order), in dev's storage order, as bf16;
+// gradients zeroed.
+template <class HostNet, class DevNet>
+void copy_weights(HostNet& host, DevNet& dev) {
+  auto hp = host.parameters();
+  auto dp = dev.parameters();
+  REQUIRE(hp.size() == dp.size());
+  for (std::size_t i = 0; i < hp.size(); ++i) {
+    CAPTURE(hp[i]->name());
+    REQUIRE(hp[i]->name() == dp[i]->name());
+    REQUIRE(hp[i]->shape() == dp[i]->shape());
+    Tensor<double> logical(hp[i]->shape()), stored(hp[i]->shape());
+    const auto v = hp[i]->value();
+    for (std::int64_t k = 0; k < v.numel(); ++k) logical[k] = static_cast<double>(v[k]);
+    to_storage_order(*dp[i], logical.data(), stored.data());
+    copy(dp[i]->value(), test::upload_as<bf16>(stored).cview());
+    layers::zero_grad(*dp[i]);
+  }
+}
+
+// Every parameter gradient of a device model, logical order, as doubles.
+template <class DevNet>
+Grads device_grads(DevNet& dev) {
+  Grads g;
+  for (auto* p : dev.parameters()) {
+    const auto stored = test::download_doubles(p->grad());
+    std::vector<double> logical(stored.size());
+    to_logical_order(*p, stored.data(), logical.data());
+    g.push_back(std::move(logical));
+  }
+  return g;
+}
+
+// The composed model on one device with its loss: a training step is forward, loss, backward.
+template <class Policy>
+struct ComposedRun {
+  kernels::Device<CudaSpace> device;
+  typename Composed<Policy>::Network net = Composed<Policy>::make(config());
+  layers::SoftmaxCrossEntropy<bf16, CudaSpace> xent{{.in_place = true}};  // dlogits over the logits
+  layers::Context<CudaSpace> ctx;
+  Tensor<bf16, CudaSpace> images;          // (N, S, S, 3) NHWC
+  Tensor<std::int32_t, CudaSpace> labels;  // (N)
+
+  explicit ComposedRun(const Batch& b) {
+    ctx.device = &device;
+    ctx.global_batch = kBatch;
+    Tensor<double> nhwc(Shape{kBatch, kImage, kImage, kChannels});
+    kernels::to_layout(kernels::ImageLayout::nchw, kernels::ImageLayout::nhwc, b.images.data(), nhwc.data(),
+                       kernels::ImageDims{kBatch, kChannels, kImage, kImage});
+    images = test::upload_as<bf16>(nhwc);
+    labels = to_space<CudaSpace>(b.labels.cview());
+  }
+  // One forward and backward; the logits (before the loss overwrites them) when asked.
+  void step(std::vector<double>* logits = nullptr) {
+    const auto y = net.forward(ctx, images.cview());
+    if (logits) *logits = test::download_doubles(y);
+    xent.forward(ctx, y, labels.cview());
+    const auto dlogits = xent.backward(ctx);
+    net.backward_input(ctx, dlogits);
+    net.backward_weight(ctx, dlogits);
+  }
+};
+
+// The host's own change under the perturbation, per gradient tensor (relative L2).
+std::vector<double> sensitivities(const Reference& host, const Reference& shaken) {
+  std::vector<double> s;
+  for (std::size_t i = 0; i < host.grads.size(); ++i) s.push_back(test::rel_l2(shaken.grads[i], host.grads[i]));
+  return s;
+}
+// Each gradient within 2·s + 0.05 of the reference's, and better than none where s < 0.25.
+void check_grads(const Grads& got, const Grads& want, const std::vector<double>& sensitivity,
+                 const std::vector<ParamBase*>& params) {
+  REQUIRE(got.size() == want.size());
+  REQUIRE(sensitivity.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double err = test::rel_l2(got[i], want[i]);
+    CAPTURE(params[i]->name(), err, sensitivity[i]);
+    CHECK(err <= 2 * sensitivity[i] + 0.05);
+    if (sensitivity[i] < 0.25) CHECK(err < 1.0);
+  }
+}
+// The loss within 2·|the host's change| + 5e-3 relative of the reference's.
+void check_loss(double got, double want, double sensitivity) {
+  CAPTURE(got, want, sensitivity);
+  CHECK(std::isfinite(got));
+  CHECK(std::abs(got - want) <= 2 * sensitivity + 5e-3 * want);
+}
+// The bf16-exact host weights as float tensors: what the fused model's copy_from reads.
+models::BottleneckResNet<float>::Network as_float(models::BottleneckResNet<double>::Network& weights) {
+  auto net = models::BottleneckResNet<float>::make(config());
+  auto from = weights.parameters();
+  auto to = net.parameters();
+  for (std::size_t i = 0; i < from.size(); ++i)
+    for (std::int64_t k = 0; k < from[i]->numel(); ++k) to[i]->value()[k] = static_cast<float>(from[i]->value()[k]);
+  return net;
+}
+// The fused model on the same weights and batch.
+template <class Policy>
+void load_fused(models::cuda::ResNet<Policy>& fused, models::BottleneckResNet<double>::Network& weights,
+                const Batch& b) {
+  auto weights32 = as_float(weights);
+  fused.copy_from(weights32.parameters());
+  const std::vector<float> images(b.images.begin(), b.images.end());
+  fused.upload_batch(images, std::span<const std::int32_t>(b.labels.data(), kBatch));
+}
+
+template <class Net>
+std::vector<ParamBase*> bases(Net& net) {
+  std::vector<ParamBase*> b;
+  for (auto* p : net.parameters()) b.push_back(p);
+  return b;
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("Composed ResNet on the GPU equals the float64 host ResNet: loss, logits, gradients",
+                        "[gpu][resnet]", ConvPolicies) {
+  const Reference host = host_step(0.0), shaken = host_step(kPerturbation);
+  auto weights = host_model();
+  ComposedRun<TestType> gpu(make_batch());
+  copy_weights(weights, gpu.net);
+  std::vector<double> logits;
+  gpu.step(&logits);
+  check_loss(gpu.xent.take_loss(), host.loss, std::abs(shaken.loss - host.loss));
+  const double logit_err = test::rel_l2(logits, host.logits), logit_s = test::rel_l2(shaken.logits, host.logits);
+  CAPTURE(logit_err, logit_s);
+  CHECK(logit_err <= 2 * logit_s + 0.02);
+  check_grads(device_grads(gpu.net), host.grads, sensitivities(host, shaken), bases(gpu.net));
+}
+
+TEMPLATE_LIST_TEST_CASE("Composed ResNet on the GPU equals the fused GPU ResNet: loss and gradients", "[gpu][resnet]",
+                        ConvPolicies) {
+  const Reference host = host_step(0.0), shaken = host_step(kPerturbation);
+  auto weights = host_model();
+  const Batch b = make_batch();
+  models::cuda::ResNet<TestType> fused(fused_config(), kBatch, kImage);
+  load_fused(fused, weights, b);
+  fused.forward_backward();
+  const double fused_loss = fused.loss();
+  Grads fused_grads;
+  for (std::size_t i = 0; i < fused.slots().size(); ++i) {
+    const auto g = fused.gradient(i);
+    fused_grads.emplace_back(g.begin(), g.end());
+  }
+
+  ComposedRun<TestType> gpu(b);
+  copy_weights(weights, gpu.net);
+  gpu.step();
+  check_loss(gpu.xent.take_loss(), fused_loss, std::abs(shaken.loss - host.loss));
+  check_grads(device_grads(gpu.net), fused_grads, sensitivities(host, shaken), bases(gpu.net));
+}
+
+TEMPLATE_LIST_TEST_CASE("Composed ResNet trained by the library's SGD follows the fused ResNet's loss curve",
+                        "[gpu][resnet]", ConvPolicies) {
+  constexpr int kSteps = 20;
+  constexpr double kLr = 0.05;
+  const optim::SgdOptions sgd{.momentum = 0.9, .weight_decay = 1e-4};
+  auto weights = host_model();
+  const Batch b = make_batch();
+
+  models::cuda::ResNet<TestType> fused(fused_config(), kBatch, kImage);
+  load_fused(fused, weights, b);
+  std::vector<double> fused_losses;
+  for (int s = 0; s < kSteps; ++s) {
+    fused.forward_backward();
+    fused.update(kLr, sgd);
+    fused_losses.push_back(fused.loss());
+  }
+
+  ComposedRun<TestType> gpu(b);
+  copy_weights(weights, gpu.net);
+  FlatParameters<bf16, CudaSpace> flat(gpu.net.parameters());  // one buffer: one update launch
+  const auto n = static_cast<std::size_t>(flat.numel());
+  optim::Optimizer<optim::Sgd, bf16, CudaSpace> opt(
+      {{"flat", std::span<bf16>(flat.values().data(), n), std::span<const bf16>(flat.grads().data(), n)}}, sgd,
+      gpu.device);
+  std::vector<double> losses;
+  std::size_t free_after_first = 0, free_now = 0, total = 0;
+  for (int s = 1; s <= kSteps; ++s) {
+    kernels::Ops<CudaSpace>::zero(gpu.device, flat.grads().data(), flat.numel());
+    gpu.step();
+    opt.step(kLr);
+    losses.push_back(gpu.xent.take_loss());
+    if (s == 1) DPML_CHECK_CUDA(cudaMemGetInfo(&free_after_first, &total));
+  }
+  DPML_CHECK_CUDA(cudaMemGetInfo(&free_now, &total));
+  CHECK(free_now == free_after_first);  // no allocation inside a step after the first
+  for (int s = 0; s < kSteps; ++s) {
+    CAPTURE(s + 1, losses[s], fused_losses[s]);
+    CHECK(std::isfinite(losses[s]));
+    CHECK(std::abs(losses[s] - fused_losses[s]) <= 0.15 * fused_losses[s] + 0.05);
+  }
+  CAPTURE(losses.front(), losses.back(), fused_losses.front(), fused_losses.back());
+  CHECK(losses.back() < losses.front());
+}
