@@ -149,13 +149,16 @@ TEMPLATE_TEST_CASE("A Stack of Linear + GELU blocks on the GPU equals the float6
   ready.check_once(dev);
 }
 
-TEMPLATE_TEST_CASE("Residual<Sequential<Linear, ReLU, Linear>> on the GPU equals the float64 host one", "[cuda][layers]", bf16,
+TEMPLATE_TEST_CASE("Residual<Sequential<Linear, GELU, Linear>> on the GPU equals the float64 host one", "[cuda][layers]", bf16,
                    float) {
+  // GELU, not ReLU, inside: a bf16 GEMM's rounding flips the sign of the few pre-activations within
+  // 1e-3 of zero, and at ReLU's kink that moves fc1's gradient by percents (measured 2.7 % rel L2
+  // at these shapes, H100) — a property of ReLU in bf16, not of the container under test.
   using T = TestType;
   const std::int64_t C = 45;
   auto make = [&]<class Space, class E>() {
-    using Body = Sequential<Linear<E, Space>, ReLU<E, Space>, Linear<E, Space>>;
-    return Residual<Body>(Body(Linear<E, Space>(C, 29, {.name = "fc1"}), ReLU<E, Space>{}, Linear<E, Space>(29, C, {.name = "fc2"})));
+    using Body = Sequential<Linear<E, Space>, GELU<E, Space>, Linear<E, Space>>;
+    return Residual<Body>(Body(Linear<E, Space>(C, 29, {.name = "fc1"}), GELU<E, Space>{}, Linear<E, Space>(29, C, {.name = "fc2"})));
   };
   test::DeviceLayerCheck<T> check(26);
   ReadyCounts ready;

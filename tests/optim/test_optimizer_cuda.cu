@@ -15,6 +15,7 @@
 #include <dpml/optim/optimizer.hpp>
 #include <dpml/optim/sgd.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -92,7 +93,8 @@ TEMPLATE_TEST_CASE("optimizer on the GPU equals the host rule in float64", "[opt
     CAPTURE(step);
     for (std::size_t i = 0; i < un; ++i) hg[i] = T(static_cast<float>(std::sin(0.37 * static_cast<double>(i) + step)));
     upload(g.data(), hg);
-    rg = test::to_double(hg);
+    const std::vector<double> dg = test::to_double(hg);
+    std::copy(dg.begin(), dg.end(), rg.begin());  // in place: the reference's ranges point into rg
     const double s = step == 2 ? 0.5 : 1.0;
     upload(scale.data(), std::vector<M>{static_cast<M>(s)});
     opt.step(kLr, scale.data());

@@ -13,6 +13,11 @@
 // message instead of a hang. group() batches calls (ncclGroupStart/End), e.g. the sends and
 // receives of a ring, which NCCL would otherwise deadlock on.
 //
+// A group of one rank (an axis of size 1: tp 1, pp 1, one data rank) gets no NCCL communicator:
+// its collectives are the identity (a device copy when out of place), and it has no peer to send
+// to. NCCL communicators cost device memory even alone: the four of a one-GPU DeviceGrid (tensor,
+// data, pipeline, world) took 1.7 GiB on an H100 (bench/gpt_train's gpt_train_memory lines).
+//
 //   comm::Nccl dp = comm::Nccl::from(grid.comm(Axis::data), stream);
 //   dp.allreduce(grads, n, ReduceOp::avg);            // enqueued on `stream`
 //   { auto g = dp.group(); dp.send(a, n, next, 0); dp.recv(b, n, prev, 0); }
@@ -98,6 +103,7 @@ struct NcclState {
   double timeout_s = 300.0;
   bool broken = false;
   int* scratch = nullptr;  // (1) device int for barrier()
+  bool solo = false;       // a group of one rank: no NCCL communicator, collectives are copies
 
   NcclState() = default;
   NcclState(const NcclState&) = delete;
@@ -151,6 +157,7 @@ class NcclRequest {
     }
     if (rc != cudaErrorNotReady)
       fail(std::string("operation failed on the device: ") + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")");
+    if (state_->solo) return false;
     if (!state_->comm) fail("waiting on an aborted communicator");
     ncclResult_t async = ncclSuccess;
     DPML_CHECK_NCCL(ncclCommGetAsyncError(state_->comm, &async));
@@ -236,7 +243,7 @@ class Nccl {
   int rank() const noexcept { return state_->rank; }
   int size() const noexcept { return state_->size; }
   cudaStream_t stream() const noexcept { return state_->stream; }
-  ncclComm_t native() const noexcept { return state_->comm; }
+  ncclComm_t native() const noexcept { return state_->comm; }  // null for a group of one
 
   // Seconds a Request waits before reporting its peers lost (default DPML_NCCL_TIMEOUT_S or 300).
   void set_timeout(double seconds) {
@@ -256,12 +263,14 @@ class Nccl {
   // ---- collectives (enqueued on stream(), no host synchronisation) ------------------------------
   template <class T>
   void allreduce(const T* send, T* recv, std::size_t n, ReduceOp op) const {
+    if (solo()) return copy(send, recv, n);
     DPML_CHECK_NCCL(ncclAllReduce(send, recv, n, NcclType<T>::value, detail::nccl_op(op), comm(), stream()));
   }
   template <class T>
   void allreduce(T* data, std::size_t n, ReduceOp op) const { allreduce(data, data, n, op); }
   template <class T>
   void broadcast(const T* send, T* recv, std::size_t n, int root) const {
+    if (solo()) return copy(send, recv, n);
     DPML_CHECK_NCCL(ncclBroadcast(send, recv, n, NcclType<T>::value, root, comm(), stream()));
   }
   template <class T>
@@ -269,6 +278,7 @@ class Nccl {
   // recv holds size() blocks of `n`, rank order; in place when send == recv + rank() * n.
   template <class T>
   void allgather(const T* send, T* recv, std::size_t n) const {
+    if (solo()) return copy(send, recv, n);
     DPML_CHECK_NCCL(ncclAllGather(send, recv, n, NcclType<T>::value, comm(), stream()));
   }
   // Blocks of counts[r] elements, packed in rank order: one broadcast per rank, batched.
@@ -284,6 +294,7 @@ class Nccl {
   // send holds size() blocks of `n`; recv gets this rank's reduced block.
   template <class T>
   void reduce_scatter(const T* send, T* recv, std::size_t n, ReduceOp op) const {
+    if (solo()) return copy(send, recv, n);
     DPML_CHECK_NCCL(ncclReduceScatter(send, recv, n, NcclType<T>::value, detail::nccl_op(op), comm(), stream()));
   }
   // send holds blocks of counts[r] elements in rank order; recv gets this rank's reduced block: one
@@ -291,6 +302,7 @@ class Nccl {
   template <class T>
   void reduce_scatterv(const T* send, T* recv, std::span<const int> counts, ReduceOp op) const {
     const std::vector<std::size_t> at = displacements(counts);
+    if (solo()) return copy(send, recv, static_cast<std::size_t>(counts[0]));
     const Group batch;
     for (int r = 0; r < size(); ++r) {
       const std::size_t i = static_cast<std::size_t>(r);
@@ -302,10 +314,12 @@ class Nccl {
   // the matching receive of another pair must sit in one group() when they could wait on each other.
   template <class T>
   void send(const T* data, std::size_t n, int peer, int /*tag*/) const {
+    DPML_REQUIRE(!solo(), "NCCL send to rank " << peer << " in a group of one rank");
     DPML_CHECK_NCCL(ncclSend(data, n, NcclType<T>::value, peer, comm(), stream()));
   }
   template <class T>
   void recv(T* data, std::size_t n, int peer, int /*tag*/) const {
+    DPML_REQUIRE(!solo(), "NCCL receive from rank " << peer << " in a group of one rank");
     DPML_CHECK_NCCL(ncclRecv(data, n, NcclType<T>::value, peer, comm(), stream()));
   }
   // Returns when every member has reached it and this rank's enqueued work is done.
@@ -366,6 +380,10 @@ class Nccl {
     state_->rank = group.rank();
     state_->size = group.size();
     state_->timeout_s = detail::nccl_timeout_seconds();
+    DPML_CHECK_CUDA(cudaMalloc(&state_->scratch, sizeof(int)));
+    DPML_CHECK_CUDA(cudaMemsetAsync(state_->scratch, 0, sizeof(int), stream));
+    state_->solo = group.size() == 1;
+    if (state_->solo) return;
     // The id travels with rank 0's verdict, so a failure there is reported on every rank
     // instead of leaving them waiting for an id.
     struct Bootstrap {
@@ -386,11 +404,15 @@ class Nccl {
     DPML_REQUIRE(rc == ncclSuccess, "ncclCommInitRank failed for rank " << group.rank() << " of " << group.size()
                                      << " on CUDA device " << device << ": " << ncclGetErrorString(rc)
                                      << " (two ranks on one GPU? see comm/local_rank.hpp)");
-    DPML_CHECK_CUDA(cudaMalloc(&state_->scratch, sizeof(int)));
-    DPML_CHECK_CUDA(cudaMemsetAsync(state_->scratch, 0, sizeof(int), stream));
   }
 
   ncclComm_t comm() const noexcept { return state_->comm; }
+  bool solo() const noexcept { return state_->solo; }
+  // A group of one's collective: recv = send, on the stream.
+  template <class T>
+  void copy(const T* send, T* recv, std::size_t n) const {
+    if (send != recv && n > 0) DPML_CHECK_CUDA(cudaMemcpyAsync(recv, send, n * sizeof(T), cudaMemcpyDeviceToDevice, stream()));
+  }
   std::vector<std::size_t> displacements(std::span<const int> counts) const {
     DPML_REQUIRE(static_cast<int>(counts.size()) == size(),
                  "need one count per rank: got " << counts.size() << " for " << size() << " ranks");
