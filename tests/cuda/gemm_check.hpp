@@ -19,6 +19,7 @@
 
 namespace dpml::test::gemm {
 
+using kernels::cuda::f16;
 using kernels::cuda::GemmArgs;
 using kernels::cuda::Trans;
 namespace epilogue = kernels::cuda::epilogue;
