@@ -1,8 +1,9 @@
 // Host-only algebra of the tensor-core kernels (runs without a GPU, in CI): the ldmatrix row
 // offsets of mma.hpp, fed to a model of ldmatrix.x4 (plain and .trans) as the PTX ISA defines it,
-// must deliver exactly the mma.m16n8k16 A and B fragments, for every tile layout the tiled GEMM
-// (K- and M/N-major slabs, padded strides) and the flash attention use; and each ldmatrix phase
-// (8 row addresses of 16 bytes) must hit 32 distinct shared-memory banks.
+// must deliver exactly the mma.m16n8k16 A and B fragments, for every tile layout the mma.sync
+// block tile (gemm/block_tile.hpp: K- and M/N-major slabs, padded strides) and the flash attention
+// use; and each ldmatrix phase (8 row addresses of 16 bytes) must hit 32 distinct shared-memory
+// banks.
 #include "test.hpp"
 
 #include <dpml/kernels/cuda/mma.hpp>
@@ -110,7 +111,7 @@ void check_b(bool n_major, int N, int K, int pad) {
 }  // namespace
 
 TEST_CASE("mma fragments: the tiled GEMM's slabs give mma's A and B fragments", "[mma][fragments]") {
-  // 128×128×32 and 64×64×32 tiles; slabs padded by 8 elements (gemm/tiled.hpp kPad).
+  // 128×128×32 and 64×64×32 tiles; slabs padded by 8 elements (gemm/block_tile.hpp kPad).
   for (bool major : {false, true}) {
     check_a(major, 128, 32, 8);
     check_a(major, 64, 32, 8);

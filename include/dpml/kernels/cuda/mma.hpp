@@ -1,5 +1,6 @@
 #pragma once
-// Warp-level tensor-core primitives shared by the tiled GEMM and the flash attention: cp.async
+// Warp-level tensor-core primitives shared by the mma.sync block tile (gemm/block_tile.hpp: the
+// convolution, bench/gemm's GEMMs) and the flash attention: cp.async
 // (global → shared, 16 bytes, zero-filling what lies past the source size), ldmatrix (8×8 b16
 // tiles from shared memory into mma fragments, optionally transposed) and
 // mma.sync.m16n8k16 with bf16 or fp16 operands and fp32 accumulators (sm_80 and later).

@@ -9,9 +9,10 @@
 //   backward_weight  dw (Cout, K) fp32   = dyᵀ (Cout, N·Ho·Wo) · im2col(x) + beta·dw
 //
 // The trick, in four parts:
-//  * One main loop for the three passes (mainloop() below): TiledGemm's (gemm/tiled.hpp) block
-//    and warp tiles, shared-memory slab layout and multi-stage cp.async pipeline, ldmatrix into
-//    mma.sync.m16n8k16 (mma.hpp), bf16 in, fp32 accumulate, and its epilogue (gemm/epilogue.hpp).
+//  * One main loop for the three passes (mainloop() below): the mma.sync block tile
+//    (gemm/block_tile.hpp: block and warp tiles, shared-memory slab layout, ldmatrix into
+//    mma.sync.m16n8k16, bf16 in, fp32 accumulate) under a multi-stage cp.async pipeline, and the
+//    GEMM epilogue (gemm/epilogue.hpp).
 //    Only the loaders differ: a pass says how a slab row is found, not how it is multiplied.
 //  * Gathers. A row of im2col(x) is an output pixel, a column a tap (i, j, c); the 8 columns of a
 //    16-byte chunk share (i, j) when Cin % 8 == 0, so a chunk is one contiguous 16-byte piece of x
@@ -44,9 +45,9 @@
 #include "dpml/core/cuda_error.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/gemm/block_tile.hpp"
 #include "dpml/kernels/cuda/gemm/epilogue.hpp"
 #include "dpml/kernels/cuda/gemm/gemm.hpp"
-#include "dpml/kernels/cuda/gemm/tiled.hpp"
 #include "dpml/kernels/cuda/mma.hpp"
 #include "dpml/kernels/host/conv.hpp"
 
@@ -59,10 +60,10 @@
 
 namespace dpml::kernels::cuda {
 
-// Tiles and pipeline of the convolution kernels, and the split-K targets of backward_weight:
-// TiledGemm's slab depth and warp tile, with BN = 64 because ResNet's narrowest layers have 64
-// channels; the split count aims at two waves on an H100's 132 SMs while giving each split at least
-// 8 k-tiles (256 pixels) of work. Chosen before any GPU run and not tuned since: on an H100 this
+// Tiles and pipeline of the convolution kernels, and the split-K targets of backward_weight: the
+// tiled GEMM's (bench/gemm) slab depth and warp tile, with BN = 64 because ResNet's narrowest
+// layers have 64 channels; the split count aims at two waves on an H100's 132 SMs while giving
+// each split at least 8 k-tiles (256 pixels) of work. Chosen before any GPU run and not tuned since: on an H100 this
 // policy runs ResNet-50's convolutions at 0.34 of cuDNN's speed per step (bench/RESULTS.md,
 // "Convolutions: ours against cuDNN"), so resnet_train defaults to CudnnConv where cuDNN is found.
 template <class Tile_, class Warp_, int Stages_, int WgradTargetBlocks_ = 264, int WgradMinKTiles_ = 8>
@@ -200,16 +201,15 @@ __device__ __forceinline__ void gather_rows(bf16* slab, const Gather& G, const P
   }
 }
 
-// The block and warp layout of TiledGemm's kernel (its Epi and TC arguments do not change it).
+// The block and warp layout of the policy's tile (gemm/block_tile.hpp).
 template <class Pol, bool TransA, bool TransB>
-using Layout =
-    tiled::Kernel<typename Pol::Tile, typename Pol::Warp, Pol::stages, TransA, TransB, epilogue::None, float>;
+using Layout = tiled::BlockLayout<typename Pol::Tile, typename Pol::Warp, Pol::stages, TransA, TransB>;
 template <class Pol, bool TransA, bool TransB>
 using Accumulators = float[Layout<Pol, TransA, TransB>::MI][Layout<Pol, TransA, TransB>::NI][4];  // (MI, NI) m16n8
 
 // acc += the product of k-tiles [kt0, kt1): load(slab_a, slab_b, kt) fills one stage (cp.async or
 // plain stores), the warps multiply the stage that has landed. A is (BM, BK) or, TransA, (BK, BM)
-// in shared memory; B is (BK, BN) or, TransB, (BN, BK) — as in TiledGemm.
+// in shared memory; B is (BK, BN) or, TransB, (BN, BK).
 template <class Pol, bool TransA, bool TransB, class Load>
 __device__ __forceinline__ void mainloop(Accumulators<Pol, TransA, TransB>& acc, bf16* smem, int kt0, int kt1,
                                          Load&& load) {

@@ -1,14 +1,15 @@
 #pragma once
-// What dpml's own GEMM kernels (tiled.hpp: mma.sync, wgmma.hpp: Hopper wgmma) share around their
-// main loops, so that the two stay one epilogue and one block order:
+// What dpml's own tensor-core GEMMs share around their main loops — the implicit-GEMM convolution
+// (conv/conv2d.hpp) and bench/gemm's TiledGemm (mma.sync) and WgmmaGemm (Hopper wgmma) — so that
+// they stay one epilogue and one block order:
 //
 //  * grouped_tile(): which (BM, BN) output tile block `pid` computes. Blocks are rasterised in
 //    groups of 8 tile-rows that sweep N together, so that neighbouring blocks share A and B tiles
 //    in L2.
 //  * epilogue_values(): the epilogue of two neighbouring fp32 accumulators of one output row —
 //    alpha, bias, beta·C (residual or accumulation), GELU with the optional pre-activation store;
-//    epilogue_pair() then stores them as one pair (float2 or two packed bf16), where wgmma.hpp's
-//    staged schedule writes them to shared memory for a TMA store instead. Both kernels hold their
+//    epilogue_pair() then stores them as one pair (float2 or two packed bf16), where WgmmaGemm's
+//    staged schedule writes them to shared memory for a TMA store instead. All of them hold their
 //    accumulators in the mma fragment layout, where a thread owns columns (2t, 2t + 1) of a row.
 
 #include "dpml/kernels/cuda/common.hpp"

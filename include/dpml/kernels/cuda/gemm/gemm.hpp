@@ -1,6 +1,6 @@
 #pragma once
-// The device GEMM's one interface, shared by every policy (cublaslt.hpp, tiled.hpp) and the
-// dispatcher (dispatch.hpp):
+// The device GEMM's one interface, shared by every policy (cublaslt.hpp; bench/gemm/kernels holds
+// our own) and the dispatcher (dispatch.hpp):
 //
 //   C (M, N) = act( alpha · op(A) · op(B) + bias + beta · C )     op(A) (M, K), op(B) (K, N)
 //
@@ -16,8 +16,8 @@
 // accumulation (dW += dyᵀ·x) is the same with fp32 C. beta ≠ 0 with BiasGelu is refused.
 //
 // A policy P provides `P::name`, `P::supports(args)` (alignment and shape limits) and
-// `P::run<Epilogue>(ctx, args, stream)`; GemmPolicy checks it. GemmContext owns what the policies
-// keep between calls (the cuBLASLt handle, its workspace, cached algorithm choices).
+// `P::run<Epilogue>(ctx, args, stream)`. GemmContext owns what cuBLASLt keeps between calls (its
+// handle, its workspace, cached algorithm choices).
 
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/cuda_error.hpp"
@@ -91,40 +91,11 @@ void check_gemm_args(const GemmArgs<TC, TA>& g, std::string_view policy) {
   else
     DPML_REQUIRE(g.pre_gelu == nullptr, policy << " GEMM: pre_gelu is only written by the BiasGelu epilogue");
 }
-
-// What our tensor-core kernels need of the operands' layout: 16-byte vectors on every operand
-// row (16-byte aligned A and B, lda and ldb multiples of 8), paired stores into C (even ldc,
-// C aligned to two elements), and fewer than 2^31 tiles of TileM × TileN.
-template <std::int64_t TileM, std::int64_t TileN, class TC>
-bool vector_rows(const GemmArgs<TC>& g) {
-  return g.lda % 8 == 0 && g.ldb % 8 == 0 && g.ldc % 2 == 0 && aligned16(g.A) && aligned16(g.B) &&
-         reinterpret_cast<std::uintptr_t>(g.C) % (2 * sizeof(TC)) == 0 &&
-         ceil_div(g.M, TileM) * ceil_div(g.N, TileN) < (std::int64_t{1} << 31);
-}
-template <class TC>
-void require_vector_rows(bool ok, const GemmArgs<TC>& g, std::string_view policy) {
-  DPML_REQUIRE(ok, policy << " GEMM " << g.M << "x" << g.N << "x" << g.K
-                          << ": needs 16-byte aligned A and B with lda, ldb multiples of 8 (lda=" << g.lda
-                          << ", ldb=" << g.ldb << ") and an even ldc (" << g.ldc << ")");
-}
-
-// launch.template operator()<TA, TB>() for the problem's transposes, as compile-time flags.
-template <class TC, class Launch>
-void with_transposes(const GemmArgs<TC>& g, Launch&& launch) {
-  const bool ta = g.ta == Trans::yes, tb = g.tb == Trans::yes;
-  if (ta && tb) launch.template operator()<true, true>();
-  else if (ta) launch.template operator()<true, false>();
-  else if (tb) launch.template operator()<false, true>();
-  else launch.template operator()<false, false>();
-}
 }  // namespace detail
 
-// What the policies keep between calls; one per device and host thread, used by one stream at a
-// time. Cheap to keep for the whole run; not copyable. It holds the cuBLASLt handle, workspace and
-// per-shape algorithm cache, the device's SM count (persistent grids), and the split-K scratch of
-// our persistent kernel: fp32 partial tiles and one arrival counter per output tile. The scratch
-// grows on the first call of a larger problem (a cudaMalloc then, never in later steps); the
-// counters are zero between calls (the last split of a tile resets its counter).
+// What cuBLASLt keeps between calls: its handle, workspace and per-shape algorithm cache. One per
+// device and host thread, used by one stream at a time; cheap to keep for the whole run; not
+// copyable.
 class GemmContext {
  public:
   static constexpr std::size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
@@ -132,45 +103,16 @@ class GemmContext {
   GemmContext() {
     DPML_CHECK_CUBLAS(cublasLtCreate(&lt_));
     DPML_CHECK_CUDA(cudaMalloc(&workspace_, kWorkspaceBytes));
-    int device = 0;
-    DPML_CHECK_CUDA(cudaGetDevice(&device));
-    DPML_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   }
   GemmContext(const GemmContext&) = delete;
   GemmContext& operator=(const GemmContext&) = delete;
   ~GemmContext() {
-    cudaFree(split_partials_);
-    cudaFree(split_arrivals_);
     cudaFree(workspace_);
     cublasLtDestroy(lt_);
   }
 
   cublasLtHandle_t lt() const { return lt_; }
   void* workspace() const { return workspace_; }
-  int sm_count() const { return sm_count_; }
-
-  // Split-K scratch: `floats` fp32 partial sums and `counters` per-tile counters (zeroed when
-  // allocated).
-  struct SplitScratch {
-    float* partials;
-    int* arrivals;
-  };
-  SplitScratch split_scratch(std::size_t floats, std::size_t counters) {
-    if (floats > partial_floats_) {
-      DPML_CHECK_CUDA(cudaFree(split_partials_));
-      split_partials_ = nullptr;
-      DPML_CHECK_CUDA(cudaMalloc(&split_partials_, floats * sizeof(float)));
-      partial_floats_ = floats;
-    }
-    if (counters > arrival_count_) {
-      DPML_CHECK_CUDA(cudaFree(split_arrivals_));
-      split_arrivals_ = nullptr;
-      DPML_CHECK_CUDA(cudaMalloc(&split_arrivals_, counters * sizeof(int)));
-      DPML_CHECK_CUDA(cudaMemset(split_arrivals_, 0, counters * sizeof(int)));
-      arrival_count_ = counters;
-    }
-    return {split_partials_, split_arrivals_};
-  }
 
   // cuBLASLt's heuristic answer per problem key, so that the heuristic runs once per shape.
   using AlgoKey = std::array<std::int64_t, 10>;
@@ -179,21 +121,7 @@ class GemmContext {
  private:
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
-  int sm_count_ = 0;
-  float* split_partials_ = nullptr;
-  int* split_arrivals_ = nullptr;
-  std::size_t partial_floats_ = 0, arrival_count_ = 0;
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos_;
-};
-
-template <class P>
-concept GemmPolicy = requires(GemmContext& ctx, const GemmArgs<bf16>& gb, const GemmArgs<float>& gf, cudaStream_t s) {
-  { P::name } -> std::convertible_to<std::string_view>;
-  { P::supports(gb) } -> std::same_as<bool>;
-  { P::supports(gf) } -> std::same_as<bool>;
-  P::template run<epilogue::None>(ctx, gb, s);
-  P::template run<epilogue::BiasGelu>(ctx, gb, s);
-  P::template run<epilogue::Bias>(ctx, gf, s);
 };
 
 }  // namespace dpml::kernels::cuda

@@ -1,7 +1,9 @@
 #pragma once
-// TiledGemm<TileShape<BM, BN, BK>, Stages, WarpTile<WM, WN>>: dpml's own tensor-core GEMM policy
-// (Ampere-style mma.sync, which Hopper runs at part of its wgmma rate; wgmma needs sm_90a and a
-// GPU to debug on, so correctness came first).
+// TiledGemm<TileShape<BM, BN, BK>, Stages, WarpTile<WM, WN>>: dpml's own mma.sync GEMM policy
+// (Ampere-style, which Hopper runs at part of its wgmma rate). It reaches about a quarter of
+// cuBLASLt on GPT-2's shapes, so no dispatch row selects it and it lives here, in bench/gemm,
+// beside WgmmaGemm (README.md has the figures); its block tile (gemm/block_tile.hpp) is the
+// library's implicit-GEMM convolution's.
 //
 // The trick, in four parts:
 //  * Block tile. A block computes a (BM, BN) tile of C; its (BM/WM)·(BN/WN) warps each own a
@@ -11,17 +13,18 @@
 //    bypassing registers and L1) fetches slabs k+1 … k+Stages−1. Loads are 16-byte vectors; the
 //    copy's source size (0…16 bytes) zero-fills what lies past M, N or K, so ragged edges need no
 //    separate code path, only 16-byte aligned rows (ld % 8 == 0, aligned pointers: supports()).
-//  * ldmatrix into mma.sync.m16n8k16 (bf16 in, fp32 accumulate). Each operand keeps its global
-//    layout in shared memory: a K-contiguous slab is read with ldmatrix, an M- or N-contiguous one
-//    with ldmatrix.trans, which transposes 8×8 pieces on the way into registers — so all four
-//    (ta, tb) combinations share one kernel. Rows are padded by 8 elements (16 bytes), which
-//    spreads the 8 row addresses of one ldmatrix over all 32 banks (no conflicts, no swizzle).
+//  * ldmatrix into mma.sync.m16n8k16 (bf16 in, fp32 accumulate; block_tile.hpp's
+//    multiply_slabs). Each operand keeps its global layout in shared memory, so all four (ta, tb)
+//    combinations share one kernel.
 //  * Epilogue in registers: alpha, bias, beta·C (residual or accumulation), GELU, pre-activation
 //    store, then paired 32-bit stores. Blocks are rasterised in groups of 8 tile-rows so that
 //    neighbouring blocks share A and B tiles in L2. Both pieces are shared with the wgmma kernel
-//    (gemm/epilogue.hpp).
+//    and the convolution (gemm/epilogue.hpp).
+
+#include "policy.hpp"
 
 #include "dpml/kernels/cuda/common.hpp"
+#include "dpml/kernels/cuda/gemm/block_tile.hpp"
 #include "dpml/kernels/cuda/gemm/epilogue.hpp"
 #include "dpml/kernels/cuda/gemm/gemm.hpp"
 #include "dpml/kernels/cuda/mma.hpp"
@@ -34,58 +37,7 @@
 
 namespace dpml::kernels::cuda {
 
-template <int BM_, int BN_, int BK_>
-struct TileShape {
-  static constexpr int M = BM_, N = BN_, K = BK_;
-};
-template <int WM_, int WN_>
-struct WarpTile {
-  static constexpr int M = WM_, N = WN_;
-};
-
 namespace detail::tiled {
-
-inline constexpr int kPad = 8;  // bf16 elements of padding per shared-memory row (16 bytes)
-
-// A slab of one operand in shared memory: `Rows` rows of `Cols` contiguous elements (+ padding),
-// in the operand's global layout.
-template <int Rows, int Cols>
-struct Slab {
-  static constexpr int rows = Rows, cols = Cols, stride = Cols + kPad, elems = Rows * stride;
-  static constexpr int chunks = Rows * Cols / 8;  // 16-byte vectors per slab
-};
-
-// acc += one warp's share of a slab pair: BK/16 steps of ldmatrix into mma.sync.m16n8k16 over the
-// warp's (16·MI, 8·NI) tile at (wm0, wn0). A's slab is (BM, BK), or (BK, BM) when TransA; B's is
-// (BK, BN), or (BN, BK) when TransB. Shared with the implicit-GEMM convolution (conv/conv2d.hpp).
-template <class SlabA, class SlabB, int BK, bool TransA, bool TransB, int MI, int NI>
-__device__ __forceinline__ void multiply_slabs(float (&acc)[MI][NI][4], const bf16* As, const bf16* Bs, int wm0, int wn0,
-                                               int lane) {
-#pragma unroll
-  for (int kk = 0; kk < BK; kk += 16) {
-    std::uint32_t a[MI][4], b[NI][2];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-      const int m = wm0 + mi * 16;
-      if constexpr (TransA) ldmatrix_a_trans(a[mi], As + m, SlabA::stride, kk, lane);  // (BK, BM)
-      else ldmatrix_a(a[mi], As + m * SlabA::stride, SlabA::stride, kk, lane);         // (BM, BK)
-    }
-#pragma unroll
-    for (int nj = 0; nj < NI; nj += 2) {
-      std::uint32_t r[4];
-      if constexpr (TransB) ldmatrix_b_kmajor(r, Bs, SlabB::stride, wn0 + nj * 8, kk, lane);  // (BN, BK)
-      else ldmatrix_b_nmajor(r, Bs, SlabB::stride, wn0 + nj * 8, kk, lane);                  // (BK, BN)
-      b[nj][0] = r[0];
-      b[nj][1] = r[1];
-      b[nj + 1][0] = r[2];
-      b[nj + 1][1] = r[3];
-    }
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int nj = 0; nj < NI; ++nj) mma_16816<bf16>(acc[mi][nj], a[mi], b[nj][0], b[nj][1]);
-  }
-}
 
 // Copies the (S::rows, S::cols) window at (r0, c0) of a row-major (rows, cols) global matrix with
 // row stride ld into a slab; elements outside the matrix arrive as zeros.
@@ -105,26 +57,10 @@ __device__ __forceinline__ void load_slab(bf16* slab, const bf16* g, std::int64_
 }
 
 template <class Tile, class Warp, int Stages, bool TransA, bool TransB, class Epi, class TC>
-struct Kernel {
-  static constexpr int BM = Tile::M, BN = Tile::N, BK = Tile::K, WM = Warp::M, WN = Warp::N;
-  static constexpr int WarpsM = BM / WM, WarpsN = BN / WN, Threads = WarpsM * WarpsN * 32;
-  static constexpr int MI = WM / 16, NI = WN / 8;
-  static_assert(BM % WM == 0 && BN % WN == 0, "the warp tile must divide the block tile");
-  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles are made of m16 × n16 pieces");
-  static_assert(BK % 16 == 0 && BM % 8 == 0 && BN % 8 == 0, "BK is a multiple of the mma's k = 16");
-  static_assert(Stages >= 2, "a pipeline needs at least two stages");
-  // Shared slabs in the operands' global layouts: A (BM, BK) or (BK, BM); B (BK, BN) or (BN, BK).
-  using SlabA = std::conditional_t<TransA, Slab<BK, BM>, Slab<BM, BK>>;
-  using SlabB = std::conditional_t<TransB, Slab<BN, BK>, Slab<BK, BN>>;
-  static constexpr int stage_elems = SlabA::elems + SlabB::elems;
-  static constexpr std::size_t smem_bytes = static_cast<std::size_t>(Stages) * stage_elems * sizeof(bf16);
-};
-
-template <class Tile, class Warp, int Stages, bool TransA, bool TransB, class Epi, class TC>
-__global__ void __launch_bounds__(Kernel<Tile, Warp, Stages, TransA, TransB, Epi, TC>::Threads, 1)
+__global__ void __launch_bounds__(BlockLayout<Tile, Warp, Stages, TransA, TransB>::Threads, 1)
     tiled_gemm_kernel(std::int64_t M, std::int64_t N, std::int64_t K, const bf16* __restrict__ A, std::int64_t lda,
                       const bf16* __restrict__ B, std::int64_t ldb, EpilogueParams<TC, Epi> ep) {
-  using Kn = Kernel<Tile, Warp, Stages, TransA, TransB, Epi, TC>;
+  using Kn = BlockLayout<Tile, Warp, Stages, TransA, TransB>;
   using SlabA = typename Kn::SlabA;
   using SlabB = typename Kn::SlabB;
   constexpr int BM = Kn::BM, BN = Kn::BN, BK = Kn::BK, MI = Kn::MI, NI = Kn::NI;
@@ -206,7 +142,7 @@ struct TiledGemm {
  private:
   template <bool TA, bool TB, class Epi, class TC>
   static void launch(const GemmArgs<TC>& g, cudaStream_t stream) {
-    using Kn = detail::tiled::Kernel<Tile, Warp, Stages, TA, TB, Epi, TC>;
+    using Kn = detail::tiled::BlockLayout<Tile, Warp, Stages, TA, TB>;
     auto* kernel = &detail::tiled::tiled_gemm_kernel<Tile, Warp, Stages, TA, TB, Epi, TC>;
     // Opting in to more than 48 KiB of dynamic shared memory is per kernel and idempotent; once
     // per instantiation.

@@ -8,11 +8,11 @@
 // longer than the rows. C (and pre_gelu) are poisoned with a guard band of rows below M; nothing
 // outside (M, N) may change. Tolerance: relative L2 ≤ 1e-2 for bf16 outputs, 1e-5 for fp32.
 //
-// Built for sm_90a (tests/cuda/CMakeLists.txt sets the target's CUDA_ARCHITECTURES to 90a), so on
-// a compute capability 9.0 device the policy must be available; other devices skip (exit 77).
+// Registered as test_cuda_gemm_wgmma and built for sm_90a (tests/cuda/CMakeLists.txt sets the
+// target's CUDA_ARCHITECTURES to 90a), so on a compute capability 9.0 device the policy must be
+// available; other devices skip (exit 77).
 #include "device.hpp"
-
-#include <dpml/kernels/cuda/gemm/wgmma.hpp>
+#include "kernels/wgmma.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -44,6 +44,8 @@ using CoopMulticast128 = WgmmaGemm<TileShape<128, 128, 64>, 6, wgmma_schedule::C
 using CoopMulticast256 = WgmmaGemm<TileShape<128, 256, 64>, 4, wgmma_schedule::CooperativeMulticast>;
 using Pingpong128 = WgmmaGemm<TileShape<128, 128, 64>, 6>;
 using Pingpong64x256 = WgmmaGemm<TileShape<64, 256, 64>, 4>;
+static_assert(GemmPolicy<Coop128> && GemmPolicy<CoopTmaStore128> && GemmPolicy<CoopMulticast128> &&
+              GemmPolicy<Pingpong128>);
 
 struct Dims {
   std::int64_t M, N, K;
@@ -88,7 +90,7 @@ bool same_bits(const T& a, const T& b) {
 
 // Runs Policy::run<Epi> on the operands with output type TC and checks it.
 template <class Policy, class Epi, class TC>
-void check(GemmContext& ctx, const Operands& op, float beta, std::uint64_t salt) {
+void check(KernelContext& ctx, const Operands& op, float beta, std::uint64_t salt) {
   constexpr bool has_bias = !std::is_same_v<Epi, epilogue::None>, is_gelu = std::is_same_v<Epi, epilogue::BiasGelu>;
   const std::int64_t M = op.M, N = op.N, ldc = op.ldc, rows = M + kGuardRows;
   auto gen = test::rng(salt);
@@ -146,7 +148,7 @@ void check(GemmContext& ctx, const Operands& op, float beta, std::uint64_t salt)
 }
 
 template <class Policy, std::size_t Count>
-void check_policy(GemmContext& ctx, const Dims (&shapes)[Count], std::uint64_t salt) {
+void check_policy(KernelContext& ctx, const Dims (&shapes)[Count], std::uint64_t salt) {
   for (Trans ta : {Trans::no, Trans::yes})
     for (Trans tb : {Trans::no, Trans::yes})
       for (const auto& s : shapes) {
@@ -164,12 +166,12 @@ void check_policy(GemmContext& ctx, const Dims (&shapes)[Count], std::uint64_t s
 }  // namespace
 
 TEST_CASE("gemm wgmma: cooperative 128x128x64, 4 stages, against float64", "[gemm][gpu][wgmma]") {
-  GemmContext ctx;
+  KernelContext ctx;
   check_policy<Coop128>(ctx, kShapes, 1000);
 }
 
 TEST_CASE("gemm wgmma: cooperative 128x256x64, 3 stages, against float64", "[gemm][gpu][wgmma]") {
-  GemmContext ctx;
+  KernelContext ctx;
   check_policy<Coop256>(ctx, kShapes, 2000);
 }
 
@@ -178,7 +180,7 @@ TEST_CASE("gemm wgmma: cooperative 128x256x64, 3 stages, against float64", "[gem
 // bf16 ones whose N is not a multiple of 8 (N = 75, 300 here), take the register epilogue of the
 // same kernel.
 TEST_CASE("gemm wgmma: cooperative with a TMA-store epilogue, 128x128 and 128x256, against float64", "[gemm][gpu][wgmma]") {
-  GemmContext ctx;
+  KernelContext ctx;
   check_policy<CoopTmaStore128>(ctx, kShapes, 8000);
   check_policy<CoopTmaStore256>(ctx, kShapes, 9000);
 }
@@ -187,13 +189,13 @@ TEST_CASE("gemm wgmma: cooperative with a TMA-store epilogue, 128x128 and 128x25
 // shares), one tile row, K = 0, and both B layouts (K-major: half a box each; MN-major: half the boxes).
 TEST_CASE("gemm wgmma: cooperative with 2x1 cluster multicast, 128x128 and 128x256, against float64",
           "[gemm][gpu][wgmma]") {
-  GemmContext ctx;
+  KernelContext ctx;
   check_policy<CoopMulticast128>(ctx, kShapes, 6000);
   check_policy<CoopMulticast256>(ctx, kShapes, 7000);
 }
 
 TEST_CASE("gemm wgmma: persistent ping-pong 128x128x64 and 64x256x64 against float64", "[gemm][gpu][wgmma]") {
-  GemmContext ctx;
+  KernelContext ctx;
   check_policy<Pingpong128>(ctx, kShapes, 3000);
   check_policy<Pingpong64x256>(ctx, kShapes, 4000);
 }
@@ -203,7 +205,7 @@ TEST_CASE("gemm wgmma: persistent ping-pong 128x128x64 and 64x256x64 against flo
 // are summed in order — more splits than SMs hold blocks, a ragged last split, every epilogue — and
 // the same call twice gives the same bits (the first left the arrival counters at zero).
 template <class Policy>
-void check_split_k(GemmContext& ctx, std::uint64_t salt) {
+void check_split_k(KernelContext& ctx, std::uint64_t salt) {
   const Dims split_shapes[] = {{200, 136, 3000}, {128, 128, 8192}, {77, 300, 4000}, {400, 264, 4000}};
   for (const auto& s : split_shapes) {
     CAPTURE(Policy::schedule::name, Policy::tile::N, s.M, s.N, s.K);
@@ -226,14 +228,14 @@ void check_split_k(GemmContext& ctx, std::uint64_t salt) {
 }
 
 TEST_CASE("gemm wgmma: split K is exact, deterministic and reusable", "[gemm][gpu][wgmma]") {
-  GemmContext ctx;
+  KernelContext ctx;
   check_split_k<Pingpong128>(ctx, 5000);
   check_split_k<Coop256>(ctx, 10000);
   check_split_k<CoopTmaStore128>(ctx, 11000);
 }
 
 TEST_CASE("gemm wgmma: what it cannot take is refused with a message", "[gemm][gpu][wgmma]") {
-  GemmContext ctx;
+  KernelContext ctx;
   test::DeviceVec<bf16> buf(64 * 64);
   GemmArgs<bf16> g{Trans::no, Trans::no, 16, 16, 16, buf.ptr, 16, buf.ptr, 16, buf.ptr, 16};
   CHECK(Pingpong128::supports(g));
