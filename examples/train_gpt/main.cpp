@@ -46,9 +46,7 @@
 #include <dpml/train/gpt_trainer.hpp>
 #include <dpml/train/progress.hpp>
 #ifdef DPML_WITH_CUDA
-#include <dpml/comm/local_rank.hpp>
-#include <dpml/comm/nccl.hpp>
-#include <dpml/comm/staged.hpp>
+#include <dpml/comm/cuda_placement.hpp>
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/kernels/cuda/device.hpp>
@@ -290,21 +288,11 @@ int train_on_gpu(models::GptConfig config, const parallel::ProcessGrid& grid, co
 // A GPU per rank (NCCL) where every node has enough of them, unless --gpu-comm staged; else each
 // node's ranks share its GPUs round robin and talk through comm::Staged. Collective.
 bool gpus_shared(const comm::Mpi& world, const std::string& choice) {
-  DPML_REQUIRE_EVERYWHERE(choice == "auto" || choice == "nccl" || choice == "staged",
-                          "--gpu-comm " << choice << " is not one of auto, nccl, staged");
-  const comm::NodeRank local = comm::node_local_rank(world);
-  const int devices = cuda_device_count();
-  DPML_REQUIRE_EVERYWHERE(world.allreduce(devices == 0 ? 1 : 0, comm::ReduceOp::max) == 0,
-                          "--device cuda: a rank of this launch sees no CUDA device");
-  const bool short_of_gpus = world.allreduce(local.size > devices ? 1 : 0, comm::ReduceOp::max) != 0;
-  if (choice == "nccl" || (choice == "auto" && !short_of_gpus)) {
-    comm::select_device(world);  // one GPU each, or one clear Error on every rank
-    return false;
-  }
-  comm::set_device(local.rank % devices);
+  const comm::GpuPlacement gpus = comm::place_on_gpus(world, choice);
+  if (gpus.comm == comm::GpuComm::nccl) return false;
   if (world.rank() == 0)
     std::printf("dpml train_gpt: %d ranks per node on %d GPU(s): device buffers travel through the host (comm::Staged)\n",
-                local.size, devices);
+                gpus.node_ranks, gpus.devices);
   return true;
 }
 #endif

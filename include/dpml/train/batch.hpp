@@ -11,13 +11,20 @@
 // the step's target elements, global_rows × (elements of targets per row): samples for labels,
 // tokens for sequences, so every layout sums to the same mean.
 //
+// Images in another element type or layout than the loader's float NCHW (a GPU model's bf16 NHWC)
+// are an ImageBatch<T>: the loader's batch converted on the host, which the trainer then uploads
+// as it is (train::ClassifierTrainer makes one per step where its model needs it).
+//
 // A batch type without a specialisation fails TrainBatch<B> (the trainer's static_assert names
 // it); specialise BatchTraits for a type of your own beside it.
 
+#include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
 #include "dpml/data/loader.hpp"
 #include "dpml/data/token_shards.hpp"
+#include "dpml/kernels/image.hpp"
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 
@@ -32,6 +39,42 @@ struct BatchTraits<data::Batch> {
   static TensorView<const float> inputs(const data::Batch& b) { return b.images.cview(); }          // (n, C, H, W)
   static TensorView<const std::int32_t> targets(const data::Batch& b) { return b.labels.cview(); }  // (n)
   static std::int64_t global_rows(const data::Batch& b) { return b.global_size; }
+};
+
+// A data::Batch in element type T and an image layout, on the host; labels and the global size are
+// the source batch's (which must outlive this batch's use).
+template <class T>
+class ImageBatch {
+ public:
+  // From `b`: its images (n, C, H, W) float rounded to T and laid out in `layout`.
+  void assign(const data::Batch& b, kernels::ImageLayout layout) {
+    const Shape& s = b.images.shape();
+    DPML_REQUIRE(s.rank() == 4, "ImageBatch: images " << s.str() << " are not (n, C, H, W)");
+    const kernels::ImageDims d{s[0], s[1], s[2], s[3]};
+    const Shape shape = layout == kernels::ImageLayout::nchw ? s : Shape{d.N, d.H, d.W, d.C};
+    if (converted_.shape() != s) converted_ = Tensor<T>(s);
+    if (images_.shape() != shape) images_ = Tensor<T>(shape);
+    std::transform(b.images.begin(), b.images.end(), converted_.begin(), [](float v) { return static_cast<T>(v); });
+    kernels::to_layout(kernels::ImageLayout::nchw, layout, converted_.data(), images_.data(), d);
+    labels_ = b.labels.cview();
+    global_size_ = b.global_size;
+  }
+
+  TensorView<const T> images() const { return images_.cview(); }                // (n, C, H, W) or (n, H, W, C)
+  TensorView<const std::int32_t> labels() const { return labels_; }             // (n)
+  std::int64_t global_size() const noexcept { return global_size_; }
+
+ private:
+  Tensor<T> converted_, images_;  // NCHW in T; in the layout
+  TensorView<const std::int32_t> labels_;
+  std::int64_t global_size_ = 0;
+};
+
+template <class T>
+struct BatchTraits<ImageBatch<T>> {
+  static TensorView<const T> inputs(const ImageBatch<T>& b) { return b.images(); }
+  static TensorView<const std::int32_t> targets(const ImageBatch<T>& b) { return b.labels(); }
+  static std::int64_t global_rows(const ImageBatch<T>& b) { return b.global_size(); }
 };
 
 // Token windows and their next tokens (data::TokenWindows): the global batch comes from the trainer.

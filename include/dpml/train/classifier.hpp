@@ -7,21 +7,35 @@
 // the grid gives); tensor-parallel layers and pipeline stages of a Sequential work as in Trainer.
 // So K data ranks compute exactly the sequential step on the same global batch.
 //
+// Any space, as Trainer: on the host over the grid's MPI groups; on a GPU (a model on CudaSpace,
+// CUDA translation units) over a parallel::DeviceGrid<Comm, DataComm> and the kernels::Device the
+// model runs on. The loader's batches (float NCHW) go to a model that reads them as they are;
+// any other model (a GPU's: bf16, NHWC) gets each batch converted on the host first (ImageBatch,
+// train/batch.hpp), which the trainer uploads in one copy per step. Correct predictions are
+// counted where the logits are (Ops::count_correct, before the loss may overwrite them) into a
+// running sum in the model's memory, read once per step with the loss.
+//
 // evaluate() runs the model in eval mode (BatchNorm uses running statistics) over a loader and
 // returns the accuracy over all data ranks (counts summed over the data axis).
 
+#include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
 #include "dpml/data/loader.hpp"
+#include "dpml/kernels/device.hpp"
+#include "dpml/kernels/image.hpp"
+#include "dpml/kernels/ops.hpp"
 #include "dpml/layers/cross_entropy.hpp"
 #include "dpml/layers/layer.hpp"
 #include "dpml/optim/optimizer.hpp"
 #include "dpml/parallel/distributed_optimizer.hpp"
 #include "dpml/parallel/grid.hpp"
 #include "dpml/parallel/strategy.hpp"
+#include "dpml/train/batch.hpp"
 #include "dpml/train/trainer.hpp"
 
-#include <algorithm>
+#include <concepts>
 #include <cstdint>
+#include <type_traits>
 
 namespace dpml::train {
 
@@ -38,26 +52,37 @@ struct ClassifierStepResult : StepResult {
 
 using DataParallelOnly = parallel::Parallel<parallel::TensorParallel, parallel::PipelineParallel<>, parallel::DataParallel<>>;
 
-template <layers::Layer Model, optim::UpdateRule Rule, class Strategy = DataParallelOnly>
-class ClassifierTrainer
-    : public Trainer<Model, layers::SoftmaxCrossEntropy<typename Model::value_type, typename Model::space>, Strategy, Rule> {
-  using Base = Trainer<Model, layers::SoftmaxCrossEntropy<typename Model::value_type, typename Model::space>, Strategy, Rule>;
+template <layers::Layer Model, optim::UpdateRule Rule, class Strategy = DataParallelOnly,
+          class Comm = parallel::default_comm_t<typename Model::space>, class DataComm = Comm>
+class ClassifierTrainer : public Trainer<Model, layers::SoftmaxCrossEntropy<typename Model::value_type, typename Model::space>,
+                                         Strategy, Rule, typename Model::space, Comm, DataComm> {
+  using T = typename Model::value_type;
+  using Space = typename Model::space;
+  using Base = Trainer<Model, layers::SoftmaxCrossEntropy<T, Space>, Strategy, Rule, Space, Comm, DataComm>;
   using Stage = typename Base::Stage;
+  using Ops = kernels::Ops<Space>;
+  // Whether the model reads the loader's batches as they are (float NCHW).
+  static constexpr bool kAsLoaded = std::is_same_v<T, float> && Ops::image_layout == kernels::ImageLayout::nchw;
 
  public:
+  // Host: the grid's MPI groups.
   ClassifierTrainer(Model& model, const parallel::ProcessGrid& grid, typename Rule::Options rule,
                     parallel::DistributedOptimizerOptions dist, ClassifierOptions options)
-      : Base(model, grid, rule, dist,
-             {.micro_batches = options.micro_batches, .seed = options.seed, .on_nonfinite = options.on_nonfinite,
-              .partition = options.partition}) {
-    this->stage().on_output = [this](const typename Stage::Output& logits, const typename Stage::Target& labels) {
-      correct_ += count_correct(logits, labels);
-    };
+    requires std::same_as<Space, HostSpace>
+      : Base(model, grid, rule, dist, generic(options)) {
+    count_outputs();
+  }
+  // A GPU: the device communicators of `comms` and the Device whose stream the model's layers run
+  // on (the one `comms` was built with); both outlive the trainer.
+  ClassifierTrainer(Model& model, const typename Base::Comms& comms, kernels::Device<Space>& dev, typename Rule::Options rule,
+                    parallel::DistributedOptimizerOptions dist, ClassifierOptions options)
+      : Base(model, comms, dev, rule, dist, generic(options)) {
+    count_outputs();
   }
 
   // One optimizer step on this rank's part of a global batch; lr from the caller's schedule.
   ClassifierStepResult train_step(const data::Batch& batch, double lr) {
-    ClassifierStepResult r{Base::train_step(batch, lr)};
+    ClassifierStepResult r{Base::train_step(as_input(batch), lr)};
     r.accuracy = batch.global_size > 0 ? take_correct() / static_cast<double>(batch.global_size) : 0.0;
     return r;
   }
@@ -69,30 +94,38 @@ class ClassifierTrainer
     std::int64_t seen = 0;
     while (const data::Batch* b = loader.next()) {
       seen += b->global_size;
-      (void)Base::evaluate(*b);
+      (void)Base::evaluate(as_input(*b));
     }
     return seen > 0 ? take_correct() / static_cast<double>(seen) : 0.0;
   }
 
  private:
-  template <class Logits, class Labels>
-  static std::int64_t count_correct(const Logits& logits, const Labels& labels) {
-    const std::int64_t n = logits.size(0), c = logits.size(1);
-    std::int64_t correct = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const auto* row = logits.data() + i * c;
-      correct += std::max_element(row, row + c) - row == labels[i];
+  static TrainOptions generic(const ClassifierOptions& o) {
+    return {.micro_batches = o.micro_batches, .seed = o.seed, .on_nonfinite = o.on_nonfinite, .partition = o.partition};
+  }
+  // The last stage counts each micro-batch's correct predictions on the model's space.
+  void count_outputs() {
+    this->stage().on_output = [this](const typename Stage::Output& logits, const typename Stage::Target& labels) {
+      DPML_REQUIRE(logits.rank() == 2 && logits.is_contiguous(), "ClassifierTrainer: logits " << logits.shape().str()
+                                                                                               << " are not (N, classes)");
+      const std::int64_t n = logits.size(0), c = logits.size(1);
+      Ops::count_correct(this->device(), logits.data(), labels.data(), correct_.running(this->context()), n, c, c);
+    };
+  }
+  // The batch as the model reads it: the loader's own, or its images converted into images_.
+  const auto& as_input(const data::Batch& batch) {
+    if constexpr (kAsLoaded) {
+      return batch;
+    } else {
+      images_.assign(batch, Ops::image_layout);
+      return images_;
     }
-    return correct;
   }
   // Correct predictions counted since the last take, over all data ranks (collective).
-  double take_correct() {
-    const double all = this->sum_over_last_stage(static_cast<double>(correct_));
-    correct_ = 0;
-    return all;
-  }
+  double take_correct() { return this->sum_over_last_stage(correct_.take()); }
 
-  std::int64_t correct_ = 0;
+  layers::LossSum<Space> correct_;          // a running count in the model's memory
+  [[no_unique_address]] std::conditional_t<kAsLoaded, std::false_type, ImageBatch<T>> images_;
 };
 
 }  // namespace dpml::train

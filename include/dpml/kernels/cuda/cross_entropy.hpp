@@ -46,6 +46,10 @@
 //   all-reduce (sum) stats[1..2]  Σ exp(x − M) over the vocabulary, and the target's logit
 //   vocab_parallel_xent_finish    pass 2: the loss (the same on every rank) and dlogits in place
 //
+// count_correct adds a classifier's correct predictions (rows whose first largest real logit is at
+// the target: the host's rule) to a running device double, as the losses are summed: one thread
+// per row, one atomic add per warp — nothing read back in the step.
+//
 // CrossEntropyOps at the end is Ops<CudaSpace>'s cross-entropy family (the host twin:
 // kernels/host/cross_entropy.hpp); its row losses live in Device::scratch.
 
@@ -295,6 +299,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// *correct += the rows n < N whose first largest logit among [0, V_real) is at targets[n]: a
+// thread per row, the warp's hits counted by a ballot and added once (integers: exact in double).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    count_correct_kernel(const T* __restrict__ logits, const std::int32_t* __restrict__ targets,
+                         double* __restrict__ correct, std::int64_t N, std::int64_t V, std::int64_t V_real) {
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  bool hit = false;
+  if (n < N) {
+    const T* x = logits + n * V;
+    std::int64_t best = 0;
+    float top = load_f(x[0]);
+    for (std::int64_t j = 1; j < V_real; ++j) {
+      const float v = load_f(x[j]);
+      if (v > top) top = v, best = j;
+    }
+    hit = best == targets[n];
+  }
+  const unsigned hits = __ballot_sync(0xffffffffu, hit);  // every thread of the block gets here
+  if (threadIdx.x % 32 == 0 && hits != 0) atomicAdd(correct, static_cast<double>(__popc(hits)));
+}
+
 // The most dynamic shared memory a block of the current device may have (the opt-in limit, less
 // the block reduction's static array): the longest row the shared-memory form takes.
 inline std::size_t max_resident_bytes() {
@@ -347,6 +373,19 @@ void softmax_cross_entropy(T* logits, const std::int32_t* targets, float* losses
 inline void add_row_losses(const float* losses, std::int64_t N, double scale, double* sum, cudaStream_t stream) {
   if (N == 0) return;
   detail::xent::add_row_losses_kernel<<<1, detail::xent::kThreads, 0, stream>>>(losses, N, scale, sum);
+  DPML_CHECK_LAUNCH();
+}
+
+// logits (N, V), real columns [0, V_real) (V_real ≥ 1); targets (N); *correct (one double, device)
+// += the rows predicted right.
+template <class T>
+void count_correct(const T* logits, const std::int32_t* targets, double* correct, std::int64_t N, std::int64_t V,
+                   std::int64_t V_real, cudaStream_t stream) {
+  static_assert(detail::is_storage_v<T>);
+  DPML_REQUIRE(V_real > 0 && V_real <= V, "count_correct: V_real=" << V_real << " outside (0, V=" << V << "]");
+  if (N == 0) return;
+  const auto blocks = static_cast<unsigned>(ceil_div(N, detail::xent::kThreads));
+  detail::xent::count_correct_kernel<<<blocks, detail::xent::kThreads, 0, stream>>>(logits, targets, correct, N, V, V_real);
   DPML_CHECK_LAUNCH();
 }
 
@@ -442,6 +481,12 @@ struct CrossEntropyOps {
     vocab_parallel_xent_combine(logits, dlogits, targets, stats, losses, static_cast<float>(scale), N, V, begin, V_real,
                                 tp, dev.stream());
     add_row_losses(losses, N, scale, loss_sum, dev.stream());
+  }
+  // logits (N, V), real columns [0, V_real); targets (N); *correct += the rows predicted right
+  template <class T>
+  static void count_correct(Dev& dev, const T* logits, const std::int32_t* targets, double* correct, std::int64_t N,
+                            std::int64_t V, std::int64_t V_real) {
+    cuda::count_correct(logits, targets, correct, N, V, V_real, dev.stream());
   }
   // The running sum (1, device), then zeroed: one small copy, and the host waits for the stream.
   static double take_loss(Dev& dev, double* loss_sum) {

@@ -24,6 +24,9 @@
 //                                 = M + log S; the loss (the same on every rank) and this shard's
 //                                 dlogits as above
 //
+// count_correct adds a classifier's correct predictions to a running double (a layers::LossSum,
+// as the loss): the rows whose largest real logit — the first of equal ones — is the target's.
+//
 // CrossEntropyOps at the end is Ops<HostSpace>'s family; take_loss reads the running sum and
 // zeroes it.
 
@@ -80,6 +83,19 @@ void softmax_cross_entropy(const T* logits, const std::int32_t* targets, T* dlog
     if (dlogits) detail::xent::write_dlogits(x, dlogits + n * V, V, V_real, lse, t, ignored ? 0.0 : scale);
   }
   *loss_sum += total * scale;
+}
+
+// logits (N, V); targets (N); *correct += the rows whose first largest logit among the real
+// columns [0, V_real) is at their target.
+template <class T>
+void count_correct(const T* logits, const std::int32_t* targets, double* correct, std::int64_t N, std::int64_t V,
+                   std::int64_t V_real) {
+  std::int64_t hits = 0;
+  for (std::int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * V;
+    hits += std::max_element(x, x + V_real) - x == targets[n];
+  }
+  *correct += static_cast<double>(hits);
 }
 
 // Pass 1 (header comment): logits (N, V), this rank's columns [begin, begin + V) of a vocabulary of
@@ -149,6 +165,12 @@ struct CrossEntropyOps {
                                 double* loss_sum, std::int64_t N, std::int64_t V, std::int64_t begin,
                                 std::int64_t V_real, int tp, double scale) {
     host::vocab_parallel_xent_finish(logits, targets, stats, dlogits, loss_sum, N, V, begin, V_real, tp, scale);
+  }
+  // logits (N, V), real columns [0, V_real); targets (N); *correct += the rows predicted right
+  template <class T>
+  static void count_correct(Dev&, const T* logits, const std::int32_t* targets, double* correct, std::int64_t N,
+                            std::int64_t V, std::int64_t V_real) {
+    host::count_correct(logits, targets, correct, N, V, V_real);
   }
   // The running sum (1), then zeroed.
   static double take_loss(Dev&, double* loss_sum) {
