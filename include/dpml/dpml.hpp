@@ -1,16 +1,20 @@
 #pragma once
-// dpml: everything in one include. Layers of the library, bottom to top (DESIGN.md):
+// dpml: everything in one include. Layers of the library, bottom to top (README, Architecture):
 // core → comm → kernels → parallel / optim / data / checkpoint → layers → models → train.
 //
 // Host code (any C++20 compiler, dpml::dpml) gets every host header; with dpml::cuda
-// (DPML_WITH_CUDA) also the CUDA runtime pieces (device memory, NCCL); and in nvcc translation
-// units (__CUDACC__) the device kernels, the GPU models and their trainer.
+// (DPML_WITH_CUDA) also the CUDA runtime pieces (device memory, streams, NCCL); and in nvcc
+// translation units (__CUDACC__) the device kernels (which make every layer, model and trainer
+// run on CudaSpace) and the remaining fused GPU models.
 
 #include "dpml/core/arena.hpp"
+#include "dpml/core/axis.hpp"
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/config.hpp"
 #include "dpml/core/error.hpp"
+#include "dpml/core/flat_parameters.hpp"
 #include "dpml/core/memory_space.hpp"
+#include "dpml/core/parameter.hpp"
 #include "dpml/core/philox.hpp"
 #include "dpml/core/tensor.hpp"
 
@@ -21,6 +25,8 @@
 #include "dpml/comm/self.hpp"
 #include "dpml/comm/watchdog.hpp"
 
+#include "dpml/kernels/device.hpp"
+#include "dpml/kernels/dropout_rule.hpp"
 #include "dpml/kernels/host/activation.hpp"
 #include "dpml/kernels/host/attention.hpp"
 #include "dpml/kernels/host/batch_norm.hpp"
@@ -29,16 +35,25 @@
 #include "dpml/kernels/host/elementwise.hpp"
 #include "dpml/kernels/host/embedding.hpp"
 #include "dpml/kernels/host/gemm.hpp"
+#include "dpml/kernels/host/grad_norm.hpp"
+#include "dpml/kernels/host/id_check.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
+#include "dpml/kernels/host/ops.hpp"
 #include "dpml/kernels/host/pool.hpp"
 #include "dpml/kernels/host/softmax.hpp"
+#include "dpml/kernels/host/update.hpp"
+#include "dpml/kernels/image.hpp"
+#include "dpml/kernels/ops.hpp"
+#include "dpml/kernels/update.hpp"
 
+#include "dpml/parallel/comm_link.hpp"
 #include "dpml/parallel/data.hpp"
+#include "dpml/parallel/device_grid.hpp"
 #include "dpml/parallel/distributed_optimizer.hpp"
-#include "dpml/core/flat_parameters.hpp"
 #include "dpml/parallel/grid.hpp"
 #include "dpml/parallel/pipeline/executor.hpp"
 #include "dpml/parallel/pipeline/partition.hpp"
+#include "dpml/parallel/pipeline/peer_batches.hpp"
 #include "dpml/parallel/pipeline/schedule.hpp"
 #include "dpml/parallel/pipeline/transport.hpp"
 #include "dpml/parallel/strategy.hpp"
@@ -47,6 +62,7 @@
 #include "dpml/optim/adamw.hpp"
 #include "dpml/optim/clip.hpp"
 #include "dpml/optim/optimizer.hpp"
+#include "dpml/optim/rule.hpp"
 #include "dpml/optim/schedule.hpp"
 #include "dpml/optim/sgd.hpp"
 
@@ -76,7 +92,6 @@
 #include "dpml/layers/linear.hpp"
 #include "dpml/layers/mlp.hpp"
 #include "dpml/layers/parallel_linear.hpp"
-#include "dpml/core/parameter.hpp"
 #include "dpml/layers/pool.hpp"
 #include "dpml/layers/residual.hpp"
 #include "dpml/layers/sequential.hpp"
@@ -88,6 +103,7 @@
 #include "dpml/models/gpt.hpp"
 #include "dpml/models/mlp.hpp"
 #include "dpml/models/resnet.hpp"
+#include "dpml/models/resnet_block.hpp"
 
 #include "dpml/train/args.hpp"
 #include "dpml/train/batch.hpp"
@@ -105,9 +121,12 @@
 #include "dpml/core/cuda_allocator.hpp"
 #include "dpml/core/cuda_error.hpp"
 #include "dpml/core/cuda_space.hpp"
+#include "dpml/core/cuda_stream.hpp"
+#include "dpml/comm/staged.hpp"
 #endif
 
 #if defined(DPML_WITH_CUDA) && defined(__CUDACC__)
+#include "dpml/comm/cuda_placement.hpp"
 #if defined(DPML_WITH_NCCL)
 #include "dpml/comm/nccl_copy_engine.hpp"
 #endif
@@ -118,11 +137,14 @@
 #include "dpml/kernels/cuda/common.hpp"
 #include "dpml/kernels/cuda/conv/batch_norm.hpp"
 #include "dpml/kernels/cuda/conv/conv2d.hpp"
+#include "dpml/kernels/cuda/conv/conv_ops.hpp"
 #if DPML_HAS_CUDNN
 #include "dpml/kernels/cuda/conv/cudnn.hpp"
 #endif
 #include "dpml/kernels/cuda/conv/pool.hpp"
 #include "dpml/kernels/cuda/cross_entropy.hpp"
+#include "dpml/kernels/cuda/device.hpp"
+#include "dpml/kernels/cuda/dropout.hpp"
 #include "dpml/kernels/cuda/elementwise.hpp"
 #include "dpml/kernels/cuda/embedding.hpp"
 #include "dpml/kernels/cuda/gemm/block_tile.hpp"
@@ -131,14 +153,21 @@
 #include "dpml/kernels/cuda/gemm/epilogue.hpp"
 #include "dpml/kernels/cuda/gemm/gemm.hpp"
 #include "dpml/kernels/cuda/grad_norm.hpp"
+#include "dpml/kernels/cuda/id_check.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
+#include "dpml/kernels/cuda/linear.hpp"
 #include "dpml/kernels/cuda/mma.hpp"
+#include "dpml/kernels/cuda/ops.hpp"
 #include "dpml/kernels/cuda/reduce.hpp"
 #include "dpml/kernels/cuda/sgd.hpp"
+#include "dpml/kernels/cuda/update.hpp"
 #include "dpml/models/cuda/gpt.hpp"
 #include "dpml/models/cuda/gpt_pipeline.hpp"
 #include "dpml/models/cuda/precision.hpp"
 #include "dpml/models/cuda/profiler.hpp"
 #include "dpml/models/cuda/resnet.hpp"
-#include "dpml/train/cuda/gpt_trainer.hpp"
+#include "dpml/parallel/cuda/distributed_optimizer.hpp"
+#include "dpml/parallel/cuda/gradient_sync.hpp"
+#include "dpml/parallel/cuda/pipeline_transport.hpp"
+#include "dpml/parallel/cuda_comm_link.hpp"
 #endif

@@ -34,8 +34,9 @@ tests:
             (C = 64, head dim 32): 6 steps uninterrupted vs 3 + a resumed launch + 3 on the GPU
             (bf16, the library's trainer): the same losses bit for bit and byte-equal exports (the
             device kernels are deterministic; fp32 master weights and both AdamW moments go
-            through the checkpoint); a GPU
-            checkpoint resumed on CPU ranks (pp 2) and a CPU checkpoint resumed on the GPU: every
+            through the checkpoint); a GPU checkpoint resumed on CPU ranks (pp 2), a CPU checkpoint
+            on the GPU, a checkpoint of 4 GPU ranks at tp 2 × pp 2 (NCCL, or comm::Staged on fewer
+            GPUs) on one GPU and on CPU ranks (tp 2), and a CPU one on GPUs at tp 2 × pp 2: every
             loss within 2e-2 (relative; bf16 forward against fp32) of the uninterrupted run.
   bad-setup writes the bad checkpoints that the failure tests (CMakeLists.txt) resume from:
             truncated file, flipped byte, missing tensor, shape that disagrees with the model.
@@ -417,10 +418,19 @@ def test_gpu(r):
     cpu_full = losses(r.path("cpu-full.log"))
     shutil.rmtree(r.path("cpu-ckpt"), ignore_errors=True)
     r.run(1, cpu + ["--save", "cpu-ckpt", "--exit-interval", "3", "--loss-log", "cpu-a.log"])
-    cases = [("GPU -> CPU (pp 2)", "gpu-ckpt/step-3", 2, cpu + ["--pp", "2"], gpu_full),
-             ("CPU -> GPU", "cpu-ckpt/step-3", 1, GPU_MODEL + ["--train-iters", "6"], cpu_full)]
-    for name, ckpt, np, flags, ref in cases:
-        tag = name.split()[0].lower() + "-to-" + name.split()[2].lower()
+    # A GPU run on tp 2 × pp 2 (4 ranks: a GPU each, or sharing GPUs over comm::Staged) and back.
+    gpu4 = GPU_MODEL + ["--tp", "2", "--pp", "2", "--train-iters", "6"]
+    r.run(4, gpu4 + ["--loss-log", "gpu4-full.log"])
+    gpu4_full = losses(r.path("gpu4-full.log"))
+    shutil.rmtree(r.path("gpu4-ckpt"), ignore_errors=True)
+    r.run(4, gpu4 + ["--save", "gpu4-ckpt", "--exit-interval", "3", "--loss-log", "gpu4-a.log"])
+    cases = [("GPU -> CPU (pp 2)", "gpu-to-cpu", "gpu-ckpt/step-3", 2, cpu + ["--pp", "2"], gpu_full),
+             ("CPU -> GPU", "cpu-to-gpu", "cpu-ckpt/step-3", 1, GPU_MODEL + ["--train-iters", "6"], cpu_full),
+             ("GPU tp 2 x pp 2 -> one GPU", "gpu4-to-gpu", "gpu4-ckpt/step-3", 1, GPU_MODEL + ["--train-iters", "6"],
+              gpu4_full),
+             ("GPU tp 2 x pp 2 -> CPU (tp 2)", "gpu4-to-cpu", "gpu4-ckpt/step-3", 2, cpu + ["--tp", "2"], gpu4_full),
+             ("CPU -> GPU tp 2 x pp 2", "cpu-to-gpu4", "cpu-ckpt/step-3", 4, gpu4, cpu_full)]
+    for name, tag, ckpt, np, flags, ref in cases:
         _, out = r.run(np, flags + ["--resume", ckpt, "--loss-log", f"{tag}.log"])
         if "at step 3" not in out:
             fail(f"{name}: did not resume at step 3:\n{out}")
