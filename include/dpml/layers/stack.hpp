@@ -64,6 +64,24 @@ class Stack {
   {
     return backward(ctx, dy, [&](L& first, Output d) { return first.backward_input_into(ctx, d, dx); });
   }
+  // In place: every child's input gradient over its output gradient in `d`, the caller's buffer,
+  // which it gives up (a chain of TransformerBlocks on one buffer, as in the fused GPT); the first
+  // child's into `dx` when given (a pipeline stage's message). Not with deferred weight gradients
+  // (they read each child's dy later).
+  Input backward_input_in_place(Context<space>& ctx, TensorView<value_type, space> d, TensorView<value_type, space> dx = {})
+    requires requires(L& l) { l.backward_input_into(ctx, d, d); }
+  {
+    DPML_REQUIRE(!ctx.deferred_weight_gradients, "Stack::backward_input_in_place with deferred weight gradients");
+    auto& dys = incoming_.slot(ctx);
+    dys.resize(children_.size());
+    for (std::size_t i = children_.size(); i-- > 0;) {
+      dys[i] = d;
+      const auto into = i == 0 && dx.data() != nullptr ? dx : d;
+      if (i == 0) return children_[0].backward_input_into(ctx, d, into);
+      children_[i].backward_input_into(ctx, d, d);
+    }
+    return d;  // no children: the gradient passes through
+  }
   void backward_weight(Context<space>& ctx, Output) {
     auto& dys = incoming_.slot(ctx);
     DPML_REQUIRE(dys.size() == children_.size(), "Stack::backward_weight before backward_input for micro-batch " << ctx.micro_batch);

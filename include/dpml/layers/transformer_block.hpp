@@ -103,7 +103,9 @@ class TransformerBlock {
   Input backward_input(Context<Space>& ctx, Output dy) { return backward_input_into(ctx, dy, {}); }
 
   // The same into the caller's buffer dx (B, T, C; a null view: a ring entry, or the slot's own
-  // when deferred) — e.g. a pipeline stage's first block writing the message it sends.
+  // when deferred) — e.g. a pipeline stage's first block writing the message it sends. dx may be
+  // dy's own buffer, which the caller then gives up (not with deferred weight gradients): the
+  // gradient runs in place, as in the fused GPT, and a chain of blocks needs no ring.
   Input backward_input_into(Context<Space>& ctx, Output dy, TensorView<T, Space> dx) {
     Saved& s = saved_.slot(ctx);
     DPML_REQUIRE(s.x.rank() == 3 && dy.shape() == s.x.shape(),
@@ -112,12 +114,13 @@ class TransformerBlock {
     s.weights_pending = ctx.deferred_weight_gradients && !recompute_;
     Context<Space> inner = children_context(ctx);
     if (recompute_) run_forward(inner, s.x, shared(ctx, "blk.rerun", s.x.shape()));  // output unused
-    const Grads g = s.weights_pending ? kept_grads(s) : shared_grads(ctx, dy);
+    DPML_REQUIRE(dx.data() == nullptr || (dx.shape() == s.x.shape() && dx.is_contiguous()),
+                 "TransformerBlock: input gradient buffer " << dx.shape().str() << " is not a contiguous " << s.x.shape().str());
+    DPML_REQUIRE(dx.data() != dy.data() || !s.weights_pending,
+                 "TransformerBlock: backward in place (dx over dy) with the weight gradients deferred, which read dy later");
+    const Grads g = s.weights_pending ? kept_grads(s) : shared_grads(ctx, dy, dx);
     const bool now = !s.weights_pending;
     if (dx.data() == nullptr) dx = g.dx;
-    DPML_REQUIRE(dx.shape() == s.x.shape() && dx.is_contiguous() && dx.data() != dy.data(),
-                 "TransformerBlock: input gradient buffer " << dx.shape().str() << " is not a contiguous "
-                                                            << s.x.shape().str() << " apart from dy");
     mlp_.backward_input_into(inner, dy, g.d_ln2, g.d_pre);
     if (now) weight_gradients(Child::mlp, ctx, inner, dy, g);
     ln_2_.backward_input_into(inner, g.d_ln2, dy, g.d_r);  // d r = dy + d(mlp branch)/dr
@@ -193,13 +196,18 @@ class TransformerBlock {
   static View shared(Context<Space>& ctx, std::string_view key, const Shape& shape) {
     return View(ctx.dev().template shared<T>(key, shape.numel()), shape);
   }
-  // Scratch shared by all blocks; the input gradient in the ring entry that does not hold dy.
-  Grads shared_grads(Context<Space>& ctx, Output dy) const {
+  // Scratch shared by all blocks; d r and then the input gradient in the caller's dx when given
+  // (d r is read only before dx is written over it; dx may be dy's buffer: d r = dy + … is formed
+  // in place once the MLP has read dy), else in the ring entry that does not hold dy.
+  Grads shared_grads(Context<Space>& ctx, Output dy, View dx) const {
     const Shape s = dy.shape();
     const View small = shared(ctx, "blk.small", s);
     const View big = shared(ctx, "blk.big", with_last(s, std::max(hidden_, 3 * Cp_)));
-    const View ring[2] = {shared(ctx, "blk.dx0", s), shared(ctx, "blk.dx1", s)};  // both: they grow together
-    const View d = ring[0].data() == dy.data() ? ring[1] : ring[0];
+    View d = dx;
+    if (d.data() == nullptr) {
+      const View ring[2] = {shared(ctx, "blk.dx0", s), shared(ctx, "blk.dx1", s)};  // both: they grow together
+      d = ring[0].data() == dy.data() ? ring[1] : ring[0];
+    }
     return {.d_pre = View(big.data(), with_last(s, hidden_)), .d_ln2 = small, .d_r = d,
             .d_att = View(small.data(), with_last(s, Cp_)), .d_qkv = View(big.data(), with_last(s, 3 * Cp_)),
             .d_ln1 = small, .dx = d};

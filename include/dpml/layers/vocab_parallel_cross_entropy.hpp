@@ -28,10 +28,11 @@
 //                             (the loss is the root of the graph; the logits' producer is this
 //                             layer, which does not need them again)
 //   backward(ctx)             dh = dlogits · W_k, summed over the tensor axis (copy_to's backward,
-//                             because h entered every rank whole)
+//                             because h entered every rank whole); backward_into(ctx, dh): into
+//                             the caller's buffer (e.g. scratch that dies right after)
 //   backward_weight(ctx)      W_k.grad += dlogitsᵀ · h   — the tied embedding's gradient
 //   take_loss()               the running sum; the same on every tensor rank (count it once)
-// Memory per slot: the (N, V_pad/tp) logits (then dlogits) and dh (N, C).
+// Memory per slot: the (N, V_pad/tp) logits (then dlogits) and, with backward(), dh (N, C).
 //
 // next_token_logits(ctx, h_row) gives one row's logits over the whole vocabulary on the host, for
 // sampling; logits(ctx) the slot's shard of logits (evaluation) or dlogits (training). Any space, through kernels::Ops<Space>; Comm is the tensor axis' communicator.
@@ -103,10 +104,13 @@ class VocabParallelCrossEntropy {
   }
 
   // dh (..., C) of the slot's training forward, summed over the tensor axis.
-  Input backward(Context<Space>& ctx) {
+  Input backward(Context<Space>& ctx) { return backward_into(ctx, ensure(trained_slot(ctx).dh, trained_slot(ctx).h.shape())); }
+  // The same into `dh` (..., C), the caller's.
+  Input backward_into(Context<Space>& ctx, TensorView<T, Space> dh) {
     Saved& s = trained_slot(ctx);
     const std::int64_t C = weight_->shape()[1];
-    auto dh = ensure(s.dh, s.h.shape());
+    DPML_REQUIRE(dh.shape() == s.h.shape() && dh.is_contiguous(),
+                 "VocabParallelCrossEntropy: dh buffer " << dh.shape().str() << " is not a contiguous " << s.h.shape().str());
     Ops::linear_backward_input(ctx.dev(), s.logits.data(), weight_->value().data(), dh.data(), s.logits.size(0), C,
                                part_.local());
     region_.copy_to_backward(dh);

@@ -142,7 +142,8 @@ class Gpt {
     if (targets.data() == nullptr) return View();
     head_->forward(once, s.final_h, targets);
     if (!ctx.training()) return View();
-    const View dh = head_->backward(once);  // (B, T, C) = dlogits · wte
+    // (B, T, C) = dlogits · wte, in the blocks' backward scratch: it dies in this call
+    const View dh = head_->backward_into(once, TensorView<T, Space>(ctx.dev().template shared<T>("blk.small", h.numel()), h.shape()));
     head_->backward_weight(once);           // wte (or its tied copy) += dlogitsᵀ · h
     ln_f_->backward_input_into(once, dh, View(), layers::ensure(s.d_final, h.shape()));
     ln_f_->backward_weight(once, dh);
@@ -179,6 +180,15 @@ class Gpt {
       received = s.d_final.cview();
     }
     s.blocks_dy = received;
+    if (last_ && !ctx.deferred_weight_gradients) {  // d_final is ours to give up: the blocks run in place
+      const TensorView<T, Space> d = s.d_final.view();
+      if (first_) {
+        s.embedding_dy = blocks_.backward_input_in_place(ctx, d);
+        return View();
+      }
+      if (into.data() == nullptr) into = layers::ensure(s.sent, received.shape());
+      return blocks_.backward_input_in_place(ctx, d, into);
+    }
     if (first_) {
       s.embedding_dy = blocks_.backward_input(ctx, received);
       return View();
