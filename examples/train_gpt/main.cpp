@@ -76,7 +76,7 @@ struct Flags {
   std::int64_t micro_batch = 4, global_batch = 32;
   std::int64_t layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0;
   bool recompute = false;
-  std::int64_t iters = 600, warmup = 60, eval_interval = 100, log_interval = 20;
+  std::int64_t iters = 600, warmup = -1, eval_interval = 100, log_interval = 20;  // warmup -1: iters / 10
   double lr = 3e-3, min_lr = 3e-4, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes";
@@ -218,9 +218,11 @@ int train_and_sample(Trainer& trainer, const Run& run) {
                    {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
                    {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}});
     if (step % f.log_interval == 0 || step == 1 || step == f.iters) {
-      // A named list: nvcc's front end mangles this braced list written in the call.
+      // Named lists: nvcc's front end mangles a braced list written in the call. No "val" before
+      // the first evaluation.
       const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}};
-      progress.print(step, r.loss, tokens_per_step / r.seconds, extra);
+      const std::initializer_list<train::Metric> before_eval = {{"lr", rate}, {"gnorm", r.grad_norm}};
+      progress.print(step, r.loss, tokens_per_step / r.seconds, std::isnan(val) ? before_eval : extra);
     }
     if (f.exit_interval > 0 && step % f.exit_interval == 0 && step < f.iters) {
       if (world.rank() == 0) std::printf("exiting after step %lld (--exit-interval %lld)\n", static_cast<long long>(step),
@@ -306,42 +308,42 @@ int main(int argc, char** argv) {
     args.flag("--device", f.device, "cpu (the ranks' cores) | cuda (a GPU per rank, bf16)")
         .flag("--gpu-comm", f.gpu_comm, "--device cuda: auto | nccl (a GPU per rank) | staged (ranks sharing GPUs, through the host)")
         .flag("--fp16", f.fp16, "refused: the trainer trains bf16 on GPUs (fp16 loss scaling is not wired)")
-        .flag("--tp", f.tp, "tensor-parallel degree")
-        .flag("--pp", f.pp, "pipeline-parallel degree (stages)")
+        .flag("--tp", f.tp, "tensor-parallel degree", train::at_least(1))
+        .flag("--pp", f.pp, "pipeline-parallel degree (stages)", train::at_least(1))
         .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
         .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks")
-        .flag("--micro-batch", f.micro_batch, "sequences per micro-batch")
-        .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks")
-        .flag("--num-layers", f.layers, "transformer blocks")
-        .flag("--hidden-size", f.hidden, "model width C")
-        .flag("--num-attention-heads", f.heads, "attention heads")
-        .flag("--seq-length", f.seq, "tokens per sequence T")
-        .flag("--vocab-size", f.vocab, "vocabulary (0: 256 bytes for text, 65536 for token shards)")
+        .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
+        .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
+        .flag("--num-layers", f.layers, "transformer blocks", train::at_least(1))
+        .flag("--hidden-size", f.hidden, "model width C", train::at_least(1))
+        .flag("--num-attention-heads", f.heads, "attention heads", train::at_least(1))
+        .flag("--seq-length", f.seq, "tokens per sequence T", train::at_least(1))
+        .flag("--vocab-size", f.vocab, "vocabulary (0: 256 bytes for text, 65536 for token shards)", train::at_least(0))
         .flag("--recompute-activations", f.recompute, "recompute each block's activations in backward")
-        .flag("--train-iters", f.iters, "optimizer steps")
-        .flag("--lr", f.lr, "peak learning rate (AdamW)")
-        .flag("--min-lr", f.min_lr, "learning rate at the end of the cosine decay")
-        .flag("--lr-warmup-iters", f.warmup, "linear warm-up steps")
-        .flag("--weight-decay", f.weight_decay, "AdamW decoupled weight decay")
-        .flag("--clip-grad", f.clip, "global gradient-norm clipping (0: off)")
+        .flag("--train-iters", f.iters, "optimizer steps", train::at_least(1))
+        .flag("--lr", f.lr, "peak learning rate (AdamW)", train::at_least(0.0))
+        .flag("--min-lr", f.min_lr, "learning rate at the end of the cosine decay", train::at_least(0.0))
+        .flag("--lr-warmup-iters", f.warmup, "linear warm-up steps (-1: a tenth of --train-iters)", train::at_least(-1))
+        .flag("--weight-decay", f.weight_decay, "AdamW decoupled weight decay", train::at_least(0.0))
+        .flag("--clip-grad", f.clip, "global gradient-norm clipping (0: off)", train::at_least(0.0))
         .flag("--seed", f.seed, "seed of initialisation, data order and sampling")
         .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs)")
-        .flag("--eval-interval", f.eval_interval, "steps between validation losses")
-        .flag("--log-interval", f.log_interval, "steps between progress lines")
+        .flag("--eval-interval", f.eval_interval, "steps between validation losses", train::at_least(1))
+        .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
-        .flag("--sample-tokens", f.sample_tokens, "tokens to sample at the end (0: none)")
-        .flag("--temperature", f.temperature, "sampling temperature")
-        .flag("--top-k", f.top_k, "sample among the k most likely tokens (0: all)")
+        .flag("--sample-tokens", f.sample_tokens, "tokens to sample at the end (0: none)", train::at_least(0))
+        .flag("--temperature", f.temperature, "sampling temperature", train::positive<double>())
+        .flag("--top-k", f.top_k, "sample among the k most likely tokens (0: all)", train::at_least(0))
         .flag("--prompt", f.prompt, "text the sample continues")
         .flag("--save", f.save, "checkpoint directory (empty: no checkpoints)")
-        .flag("--save-interval", f.save_interval, "steps between checkpoints (0: only at the end)")
-        .flag("--exit-interval", f.exit_interval, "stop (saving a checkpoint) after a step divisible by this (0: never)")
-        .flag("--keep", f.keep, "complete checkpoints kept (0: all)")
+        .flag("--save-interval", f.save_interval, "steps between checkpoints (0: only at the end)", train::at_least(0))
+        .flag("--exit-interval", f.exit_interval, "stop (saving a checkpoint) after a step divisible by this (0: never)", train::at_least(0))
+        .flag("--keep", f.keep, "complete checkpoints kept (0: all)", train::at_least(0))
         .flag("--resume", f.resume, "latest (newest complete checkpoint in --save) or DIR/step-N")
         .flag("--export", f.export_path, "write the trained model as GPT-2-style safetensors")
         .flag("--import", f.import_path, "start from a GPT-2-style safetensors file")
         .flag("--on-nonfinite", f.on_nonfinite, "non-finite loss or gradient: stop | skip (no update) | ignore (no check)")
-        .flag("--collective-timeout", f.collective_timeout, "seconds a collective may wait before the job is ended (0: off)")
+        .flag("--collective-timeout", f.collective_timeout, "seconds a collective may wait before the job is ended (0: off)", train::at_least(0.0))
         .flag("--loss-log", f.loss_log, "rank 0 writes 'step loss(hex) loss' per step to this file")
         .flag("--inject-fault", f.faults, "tests only: kill:R:S, kill-after:R:N, hang:R:N, nan:N, slow-save:MS");
     if (!args.parse(argc, argv, world.rank())) return 0;
@@ -350,6 +352,7 @@ int main(int argc, char** argv) {
     DPML_REQUIRE_EVERYWHERE(!f.fp16, "--fp16: the trainer trains bf16 on GPUs (fp32 on CPU ranks); fp16 with loss scaling is not wired");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
                             "--inject-fault nan:N poisons a host weight: --device cpu only");
+    if (f.warmup == -1) f.warmup = f.iters / 10;  // the default follows the run's length
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
                                                                  << " must be below --train-iters " << f.iters);
     const Faults faults = Faults::parse(f.faults);

@@ -8,25 +8,50 @@
 //     (MPICH's hydra) may tear the job down before it has forwarded that rank's last lines, and
 //     the message is the point (seen lost in ~2 % of runs of test_pipeline_executor_failure_np3).
 //
+// Before the body it gives the host BLAS the cores of this process divided among the ranks of its
+// node (kernels/host/blas_threads.hpp), unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is set.
+//
 //   int main(int argc, char** argv) {
 //     return dpml::run(argc, argv, [&](const dpml::comm::Mpi& world) { ...; return 0; });
 //   }
 
+#include "dpml/comm/local_rank.hpp"
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
+#include "dpml/kernels/host/blas_threads.hpp"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <thread>
 
 namespace dpml {
+
+namespace detail {
+// Collective over `world`.
+inline void share_blas_threads(const comm::Mpi& world) {
+  const int ranks_here = comm::node_local_rank(world).size;  // collective: every rank calls it
+  if (std::getenv("OPENBLAS_NUM_THREADS") || std::getenv("OMP_NUM_THREADS")) return;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int all = static_cast<int>(std::thread::hardware_concurrency());
+  const int cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : all;
+  // A rank bound to some cores (Open MPI's --bind-to, srun --cpu-bind) sees only its share already.
+  const bool bound = cores < all;
+  kernels::host::set_blas_threads(bound ? cores : std::max(1, cores / std::max(1, ranks_here)));
+}
+}  // namespace detail
 
 template <class Body>
 int run(int argc, char** argv, Body&& body) {
   comm::MpiSession session(argc, argv);
   const comm::Mpi world = session.world();
   try {
+    detail::share_blas_threads(world);
     return body(world);
   } catch (const Error& e) {
     if (e.scope() == Scope::everywhere) {

@@ -1,16 +1,22 @@
 #pragma once
-// Command-line flags for dpml programs: each flag is bound to a variable with a help line, and
-// --help prints them all with their defaults. Every rank parses the same argv, so a bad flag is
-// an Error with Scope::everywhere: dpml::run prints it once and every rank exits 1.
+// Command-line flags for dpml programs: each flag is bound to a variable with a help line and,
+// for numbers, the values it allows (a Range: at_least(1), between(0, 1), positive<double>());
+// --help prints them all with their defaults and ranges. A value that does not parse, is not
+// finite, or is outside its range is refused naming the flag, the value and the range. Every rank
+// parses the same argv, so a bad flag is an Error with Scope::everywhere: dpml::run prints it once
+// and every rank exits 1, before any MPI work of the program's own.
 //
 //   int tp = 1; std::string schedule = "1f1b";
 //   dpml::train::Args args("train_gpt", "Train a GPT with 3D parallelism.");
-//   args.flag("--tp", tp, "tensor-parallel degree").flag("--schedule", schedule, "gpipe | 1f1b | zb-h1");
+//   args.flag("--tp", tp, "tensor-parallel degree", train::at_least(1))
+//       .flag("--schedule", schedule, "gpipe | 1f1b | zb-h1");
 //   if (!args.parse(argc, argv, world.rank())) return 0;   // --help was shown
 
 #include "dpml/core/error.hpp"
 
 #include <charconv>
+#include <cmath>
+#include <optional>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -22,15 +28,49 @@
 
 namespace dpml::train {
 
+// The values a numeric flag allows: [min, max] with either end open to infinity; `above`: min
+// itself excluded (a positive rate, temperature, timeout).
+template <class T>
+struct Range {
+  std::optional<T> min, max;
+  bool above = false;
+  Range() = default;
+  Range(std::optional<T> lo, std::optional<T> hi, bool above_min) : min(lo), max(hi), above(above_min) {}
+  template <class U>  // at_least(1) for an int64 flag, between(0, 1) for a double one
+  Range(const Range<U>& o)
+      : min(o.min ? std::optional<T>(static_cast<T>(*o.min)) : std::nullopt),
+        max(o.max ? std::optional<T>(static_cast<T>(*o.max)) : std::nullopt), above(o.above) {}
+  bool allows(T v) const { return (!min || (above ? v > *min : v >= *min)) && (!max || v <= *max); }
+  std::string text() const {
+    std::ostringstream os;
+    if (min && max) os << "[" << *min << ", " << *max << "]";
+    else if (min) os << (above ? "> " : ">= ") << *min;
+    else if (max) os << "<= " << *max;
+    return os.str();
+  }
+};
+template <class T>
+Range<T> at_least(T v) { return {v, {}, false}; }
+template <class T>
+Range<T> between(T lo, T hi) { return {lo, hi, false}; }
+template <class T>
+Range<T> positive() { return {T(0), {}, true}; }
+
 class Args {
  public:
   Args(std::string program, std::string description) : program_(std::move(program)), description_(std::move(description)) {}
 
   // Bind `--name` to `target`. bool flags take no value (`--zero`) and also accept `--no-zero`.
+  // Floating-point values must be finite; `range` (numbers only) bounds what is accepted.
   template <class T>
-  Args& flag(std::string name, T& target, std::string help) {
-    Flag f{std::move(name), std::move(help), to_text(target), std::is_same_v<T, bool>, {}};
-    f.set = [&target, n = f.name](std::string_view v) { parse_value(n, v, target); };
+  Args& flag(std::string name, T& target, std::string help, std::type_identity_t<Range<T>> range = {}) {
+    Flag f{std::move(name), std::move(help), to_text(target), std::is_same_v<T, bool>, {}, {}};
+    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) f.range_text = range.text();
+    f.set = [&target, n = f.name, range](std::string_view v) {
+      parse_value(n, v, target);
+      if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
+        DPML_REQUIRE_EVERYWHERE(range.allows(target), "flag " << n << " " << v << " is outside its range " << range.text());
+    };
     flags_.push_back(std::move(f));
     return *this;
   }
@@ -75,9 +115,10 @@ class Args {
     std::ostringstream os;
     os << "usage: " << program_ << " [flags]\n\n" << description_ << "\n\nflags:\n";
     for (const auto& f : flags_) {
-      std::string left = "  " + f.name + (f.is_bool ? "" : " <v>");
+      std::string left = "  " + f.name + (f.is_bool ? " | --no-" + f.name.substr(2) : " <v>");
       if (left.size() < 26) left.resize(26, ' ');
-      os << left << ' ' << f.help << " (default: " << (f.default_text.empty() ? "\"\"" : f.default_text) << ")\n";
+      os << left << ' ' << f.help << " (default: " << (f.default_text.empty() ? "\"\"" : f.default_text)
+         << (f.range_text.empty() ? "" : "; " + f.range_text) << ")\n";
     }
     os << "  --help                   show this help and exit\n";
     return os.str();
@@ -88,6 +129,7 @@ class Args {
     std::string name, help, default_text;
     bool is_bool;
     std::function<void(std::string_view)> set;
+    std::string range_text;  // numbers: the allowed values ("" : any)
   };
   Flag* find(std::string_view name) {
     for (auto& f : flags_)
@@ -117,6 +159,7 @@ class Args {
       char* end = nullptr;
       const double d = std::strtod(s.c_str(), &end);
       DPML_REQUIRE_EVERYWHERE(!s.empty() && end == s.c_str() + s.size(), "flag " << name << " needs a number, got '" << v << "'");
+      DPML_REQUIRE_EVERYWHERE(std::isfinite(d), "flag " << name << " needs a finite number, got '" << v << "'");
       out = static_cast<T>(d);
     } else {
       T x{};
