@@ -332,7 +332,7 @@ int main(int argc, char** argv) {
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
         .flag("--sample-tokens", f.sample_tokens, "tokens to sample at the end (0: none)", train::at_least(0))
-        .flag("--temperature", f.temperature, "sampling temperature", train::positive<double>())
+        .flag("--temperature", f.temperature, "sampling temperature (0: always the most likely token)", train::at_least(0.0))
         .flag("--top-k", f.top_k, "sample among the k most likely tokens (0: all)", train::at_least(0))
         .flag("--prompt", f.prompt, "text the sample continues")
         .flag("--save", f.save, "checkpoint directory (empty: no checkpoints)")
