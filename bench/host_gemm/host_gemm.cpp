@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
     dpml::train::Args args("host_gemm",
                            "dpml host GEMM (kernels::host::gemm) vs raw cblas_sgemm: GFLOP/s at 1024^3 and at the\n"
                            "im2col shapes of the ResNet CNN. Set OPENBLAS_NUM_THREADS to choose the BLAS threads.");
-    args.flag("--trials", trials, "timed trials per shape and path (median reported)")
-        .flag("--min-ms", min_ms, "minimum duration of one trial, ms");
+    args.flag("--trials", trials, "timed trials per shape and path (median reported)", dpml::train::at_least(1))
+        .flag("--min-ms", min_ms, "minimum duration of one trial, ms", dpml::train::positive<double>());
     if (!args.parse(argc, argv, world.rank())) return 0;
     DPML_REQUIRE_EVERYWHERE(trials >= 1 && min_ms > 0, "--trials must be ≥ 1 and --min-ms > 0");
     const char* env = std::getenv("OPENBLAS_NUM_THREADS");

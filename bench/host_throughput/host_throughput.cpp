@@ -75,14 +75,14 @@ int main(int argc, char** argv) {
     train::Args args("host_throughput",
                      "Training images/s of the ResNet-style CNN (Fashion-MNIST shapes, synthetic data) through\n"
                      "ClassifierTrainer, data parallel over all ranks of the launch (mpiexec -n 1, 2, 4).");
-    args.flag("--width", width, "channels of the first stage (then 2w, 4w)")
-        .flag("--blocks", blocks, "basic blocks per stage")
-        .flag("--global-batch", global_batch, "images per step over all ranks")
-        .flag("--micro-batches", micro_batches, "gradient-accumulation chunks of each rank's batch")
-        .flag("--bucket-mb", bucket_mb, "gradient bucket size, MiB")
+    args.flag("--width", width, "channels of the first stage (then 2w, 4w)", dpml::train::at_least(1))
+        .flag("--blocks", blocks, "basic blocks per stage", dpml::train::at_least(1))
+        .flag("--global-batch", global_batch, "images per step over all ranks", dpml::train::at_least(1))
+        .flag("--micro-batches", micro_batches, "gradient-accumulation chunks of each rank's batch", dpml::train::at_least(1))
+        .flag("--bucket-mb", bucket_mb, "gradient bucket size, MiB", dpml::train::positive<double>())
         .flag("--sync-bn", sync_bn, "batch-norm statistics over the whole data-parallel batch")
-        .flag("--warmup", warmup, "untimed steps first")
-        .flag("--steps", steps, "timed steps (median reported)");
+        .flag("--warmup", warmup, "untimed steps first", dpml::train::at_least(0))
+        .flag("--steps", steps, "timed steps (median reported)", dpml::train::at_least(1));
     if (!args.parse(argc, argv, world.rank())) return 0;
     DPML_REQUIRE_EVERYWHERE(warmup >= 0 && steps >= 1 && bucket_mb > 0 && global_batch >= world.size(),
                             "--warmup ≥ 0, --steps ≥ 1, --bucket-mb > 0 and --global-batch ≥ ranks ("

@@ -121,11 +121,11 @@ int main(int argc, char** argv) {
                            "Pipeline bubble (idle fraction per stage) of GPipe, 1F1B and ZB-H1 beside the theory.\n"
                            "Measured mode: pp = number of ranks (mpiexec -n 2 or 4), m = 4 and 8.");
     args.flag("--simulate", simulate_only, "cost model only, pp = 2 and 4 (any number of ranks; rank 0 prints)")
-        .flag("--f-ms", f_ms, "forward time per micro-batch and stage, ms")
-        .flag("--b-ms", b_ms, "backward-input time, ms")
-        .flag("--w-ms", w_ms, "backward-weight time, ms")
-        .flag("--width", width, "floats per activation / gradient message")
-        .flag("--steps", steps, "measured steps per configuration (after one warm-up step)");
+        .flag("--f-ms", f_ms, "forward time per micro-batch and stage, ms", dpml::train::at_least(0.0))
+        .flag("--b-ms", b_ms, "backward-input time, ms", dpml::train::at_least(0.0))
+        .flag("--w-ms", w_ms, "backward-weight time, ms", dpml::train::at_least(0.0))
+        .flag("--width", width, "floats per activation / gradient message", dpml::train::at_least(1))
+        .flag("--steps", steps, "measured steps per configuration (after one warm-up step)", dpml::train::at_least(1));
     if (!args.parse(argc, argv, world.rank())) return 0;
     DPML_REQUIRE_EVERYWHERE(steps >= 1 && width >= 1, "--steps and --width must be at least 1");
     const pl::Costs c{f_ms, b_ms, w_ms, 0};

@@ -110,20 +110,20 @@ bool parse(int argc, char** argv, Options& o, int rank) {
                                    "layers) or the fused one; prints JSON lines (bench resnet_train, "
                                    "resnet_train_family, resnet_train_check) and a table.");
   args.flag("--model", o.model_kind, "composed (models::BottleneckResNet<bf16, CudaSpace>) | fused (models/cuda/resnet.hpp)")
-      .flag("--check", o.check, "N > 0: train both models N steps from the same weights and compare the losses")
-      .flag("--batch", o.batch, "images per step")
-      .flag("--image", o.image, "image side in pixels")
-      .flag("--classes", o.model.classes, "classifier outputs")
-      .flag("--width", o.model.width, "stem channels and stage 1's bottleneck width")
+      .flag("--check", o.check, "N > 0: train both models N steps from the same weights and compare the losses", dpml::train::at_least(0))
+      .flag("--batch", o.batch, "images per step", dpml::train::at_least(1))
+      .flag("--image", o.image, "image side in pixels", dpml::train::at_least(1))
+      .flag("--classes", o.model.classes, "classifier outputs", dpml::train::at_least(1))
+      .flag("--width", o.model.width, "stem channels and stage 1's bottleneck width", dpml::train::at_least(1))
       .flag("--blocks", blocks, "bottleneck blocks per stage (3,4,6,3: ResNet-50)")
-      .flag("--warmup", o.warmup, "untimed steps first")
-      .flag("--steps", o.steps, "timed steps")
-      .flag("--lr", o.lr, "SGD learning rate")
+      .flag("--warmup", o.warmup, "untimed steps first", dpml::train::at_least(0))
+      .flag("--steps", o.steps, "timed steps", dpml::train::at_least(1))
+      .flag("--lr", o.lr, "SGD learning rate", dpml::train::at_least(0.0))
       .flag("--momentum", o.sgd.momentum, "SGD momentum")
-      .flag("--weight-decay", o.sgd.weight_decay, "SGD L2 weight decay")
+      .flag("--weight-decay", o.sgd.weight_decay, "SGD L2 weight decay", dpml::train::at_least(0.0))
       .flag("--conv", o.conv, DPML_HAS_CUDNN ? "convolutions: own (dpml's implicit GEMM) | cudnn"
                                              : "convolutions: own (dpml's implicit GEMM; built without cuDNN)")
-      .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB of gradients per all-reduce bucket")
+      .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB of gradients per all-reduce bucket", dpml::train::positive<double>())
       .flag("--sync-bn", o.sync_bn, "synchronised BatchNorm: statistics of all ranks' batches (SyncBatchNorm)");
   if (!args.parse(argc, argv, rank)) return false;
   std::istringstream in(blocks);

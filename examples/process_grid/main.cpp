@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
                            "Arrange the ranks of this launch on tensor (fastest), data and pipeline (slowest)\n"
                            "axes, print each rank's coordinates and check one all-reduce per axis.\n"
                            "The data-parallel degree is what is left: world / (tp * pp).");
-    args.flag("--tp", tp, "tensor-parallel degree").flag("--pp", pp, "pipeline-parallel degree");
+    args.flag("--tp", tp, "tensor-parallel degree", dpml::train::at_least(1)).flag("--pp", pp, "pipeline-parallel degree", dpml::train::at_least(1));
     if (!args.parse(argc, argv, world.rank())) return 0;
 
     const auto grid = dpml::ProcessGrid::create(world, {.tp = tp, .pp = pp});

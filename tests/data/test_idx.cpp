@@ -110,6 +110,14 @@ TEST_CASE("idx: every bad input is an Error naming the file", "[data][idx]") {
     write_file(truncated, {0, 0}, gzip);
     CHECK(contains(test::error_of([&] { data::read_idx(truncated); }), "'" + truncated + "' is truncated: 2 bytes, no header"));
 
+    const std::string zero = dir / ("zero" + sfx);  // 5 images of 0 × 0 pixels: no data to train on
+    write_file(zero, idx_bytes({5, 0, 0}, {}), gzip);
+    CHECK(contains(test::error_of([&] { data::read_idx(zero, 3); }), "'" + zero + "' has a zero dimension (5, 0, 0): it holds no data"));
+    const std::string huge = dir / ("huge" + sfx);  // sizes whose product overflows int64
+    write_file(huge, idx_bytes({0xffffffffu, 0xffffffffu, 0xffffffffu}, pixels), gzip);
+    CHECK(contains(test::error_of([&] { data::read_idx(huge, 3); }),
+                   "'" + huge + "' is truncated: its dimensions (4294967295, 4294967295, 4294967295) need more bytes than the 18"));
+
     const std::string longer = dir / ("longer" + sfx);
     auto extra = good;
     extra.push_back(0);

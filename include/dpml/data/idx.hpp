@@ -15,6 +15,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -114,17 +115,28 @@ inline IdxArray read_idx(const std::string& path, int expected_rank = 0, Scope s
   if (file.size() < header)
     detail::idx_fail(scope, "IDX file '" + path + "' is truncated: " + std::to_string(file.size()) + " bytes, shorter than its " +
                                 std::to_string(header) + "-byte header");
+  const auto payload = static_cast<std::int64_t>(file.size() - header);
   std::int64_t numel = 1;
+  bool beyond = false;  // the dimensions need more bytes than the file has (and may overflow int64)
   for (int d = 0; d < rank; ++d) {
     a.dims.push_back(be32(4 + 4 * static_cast<std::size_t>(d)));
-    numel *= a.dims.back();
+    beyond = beyond || (a.dims.back() > 0 && numel > (payload + 1) / a.dims.back() + 1);
+    if (!beyond) numel *= a.dims.back();
   }
-  const auto payload = static_cast<std::int64_t>(file.size() - header);
+  const auto dims_text = [&] {
+    std::ostringstream os;
+    for (std::size_t d = 0; d < a.dims.size(); ++d) os << (d ? ", " : "") << a.dims[d];
+    return os.str();
+  };
+  if (std::find(a.dims.begin(), a.dims.end(), 0) != a.dims.end())
+    detail::idx_fail(scope, "IDX file '" + path + "' has a zero dimension (" + dims_text() + "): it holds no data");
+  if (beyond)
+    detail::idx_fail(scope, "IDX file '" + path + "' is truncated: its dimensions (" + dims_text() + ") need more bytes than the " +
+                                std::to_string(payload) + " it has");
   if (payload != numel) {
     std::ostringstream os;
-    os << "IDX file '" << path << "' is " << (payload < numel ? "truncated" : "longer than declared") << ": its dimensions (";
-    for (std::size_t d = 0; d < a.dims.size(); ++d) os << (d ? ", " : "") << a.dims[d];
-    os << ") need " << numel << " bytes of data, the file has " << payload;
+    os << "IDX file '" << path << "' is " << (payload < numel ? "truncated" : "longer than declared") << ": its dimensions ("
+       << dims_text() << ") need " << numel << " bytes of data, the file has " << payload;
     detail::idx_fail(scope, os.str());
   }
   file.erase(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(header));
