@@ -199,6 +199,7 @@ int main(int argc, char** argv) {
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--seed", f.seed, "seed of initialisation, data order and augmentation");
     if (!args.parse(argc, argv, world.rank())) return 0;
+    train::require_writable_output("--metrics", f.metrics);
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
     DPML_REQUIRE_EVERYWHERE(f.model == "resnet" || f.model == "mlp", "--model " << f.model << " is not one of resnet, mlp");
 #ifdef DPML_WITH_CUDA

@@ -353,6 +353,9 @@ int main(int argc, char** argv) {
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
                             "--inject-fault nan:N poisons a host weight: --device cpu only");
     if (f.warmup == -1) f.warmup = f.iters / 10;  // the default follows the run's length
+    train::require_writable_output("--metrics", f.metrics);
+    train::require_writable_output("--loss-log", f.loss_log);
+    train::require_writable_output("--export", f.export_path);
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
                                                                  << " must be below --train-iters " << f.iters);
     const Faults faults = Faults::parse(f.faults);

@@ -14,12 +14,15 @@
 
 #include "dpml/core/error.hpp"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <cmath>
-#include <optional>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -173,5 +176,23 @@ class Args {
   std::string program_, description_;
   std::vector<Flag> flags_;
 };
+
+// An output file a flag names ("" : none) must be creatable before any work is done, so that a
+// long run does not end writing nowhere: its directory exists and is writable, and the path is
+// not a directory. Every rank checks alike (Scope::everywhere).
+inline void require_writable_output(std::string_view flag, const std::string& path) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  DPML_REQUIRE_EVERYWHERE(!fs::is_directory(p, ec), "flag " << flag << " '" << path << "' is a directory, not a file");
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  DPML_REQUIRE_EVERYWHERE(fs::is_directory(dir, ec), "flag " << flag << " '" << path << "': directory '" << dir.string()
+                                                              << "' does not exist");
+  DPML_REQUIRE_EVERYWHERE(::access(dir.c_str(), W_OK) == 0, "flag " << flag << " '" << path << "': directory '" << dir.string()
+                                                                     << "' is not writable");
+  DPML_REQUIRE_EVERYWHERE(!fs::exists(p, ec) || ::access(p.c_str(), W_OK) == 0,
+                          "flag " << flag << " '" << path << "' exists and is not writable");
+}
 
 }  // namespace dpml::train
