@@ -19,6 +19,7 @@
 // comm::Staged (device buffers through the host over MPI).
 #include "swish.hpp"
 
+#include <dpml/comm/cuda_placement.hpp>
 #include <dpml/comm/launch.hpp>
 #include <dpml/comm/local_rank.hpp>
 #include <dpml/comm/nccl.hpp>
@@ -194,21 +195,6 @@ bool train_on_gpus(const ProcessGrid& grid, kernels::Device<CudaSpace>& dev) {
   return fell && same;
 }
 
-// A GPU per rank (NCCL) where every node has enough of them; else the node's ranks share its GPUs
-// round robin (comm::Staged). Collective; before any CUDA allocation.
-bool gpus_shared(const comm::Mpi& world) {
-  const comm::NodeRank local = comm::node_local_rank(world);
-  const int devices = cuda_device_count();
-  if (world.allreduce(local.size > devices ? 1 : 0, comm::ReduceOp::max) == 0) {
-    comm::select_device(world);
-    return false;
-  }
-  comm::set_device(local.rank % devices);
-  if (world.rank() == 0)
-    std::printf("consumer_gpu: %d ranks per node on %d GPU(s): comm::Staged\n", local.size, devices);
-  return true;
-}
-
 }  // namespace consumer
 
 int main(int argc, char** argv) {
@@ -217,12 +203,16 @@ int main(int argc, char** argv) {
       if (world.rank() == 0) std::printf("consumer_gpu: a rank sees no CUDA device: skipped\n");
       return 77;
     }
-    const bool staged = consumer::gpus_shared(world);
+    // A GPU per rank (NCCL) where every node has enough of them; else the node's ranks share its
+    // GPUs round robin (comm::Staged). Collective; before any CUDA allocation.
+    const comm::GpuPlacement gpus = comm::place_on_gpus(world, "auto");
+    if (gpus.comm == comm::GpuComm::staged && world.rank() == 0)
+      std::printf("consumer_gpu: %d ranks per node on %d GPU(s): comm::Staged\n", gpus.node_ranks, gpus.devices);
     const auto grid = ProcessGrid::create(world, {.tp = 1, .pp = 1});  // data parallel over the whole launch
     kernels::Device<CudaSpace> dev;
     bool ok = consumer::check_swish<bf16>(dev, 1e-2, "bf16", world.rank() == 0);
     ok = consumer::check_swish<float>(dev, 1e-4, "float", world.rank() == 0) && ok;
-    ok = (staged ? consumer::train_on_gpus<comm::Staged>(grid, dev) : consumer::train_on_gpus<comm::Nccl>(grid, dev)) && ok;
+    ok = comm::with_gpu_comm(gpus.comm, [&]<class Comm>() { return consumer::train_on_gpus<Comm>(grid, dev); }) && ok;
     return world.allreduce(ok ? 1 : 0, comm::ReduceOp::min) == 1 ? 0 : 1;
   });
 }

@@ -55,14 +55,16 @@ class Stack {
     return x;
   }
   Input backward_input(Context<space>& ctx, Output dy) {
-    return backward(ctx, dy, [&](L& first, Output d) { return first.backward_input(ctx, d); });
+    return backward(ctx, dy, [&](std::size_t, L& c, Output d) { return c.backward_input(ctx, d); });
   }
   // The same, the first child's input gradient written into the caller's buffer dx (its
   // backward_input_into: a TransformerBlock's) — e.g. the message a pipeline stage sends back.
   Input backward_input_into(Context<space>& ctx, Output dy, TensorView<value_type, space> dx)
     requires requires(L& l) { l.backward_input_into(ctx, dy, dx); }
   {
-    return backward(ctx, dy, [&](L& first, Output d) { return first.backward_input_into(ctx, d, dx); });
+    return backward(ctx, dy, [&](std::size_t i, L& c, Output d) {
+      return i > 0 ? c.backward_input(ctx, d) : c.backward_input_into(ctx, d, dx);
+    });
   }
   // In place: every child's input gradient over its output gradient in `d`, the caller's buffer,
   // which it gives up (a chain of TransformerBlocks on one buffer, as in the fused GPT); the first
@@ -72,15 +74,9 @@ class Stack {
     requires requires(L& l) { l.backward_input_into(ctx, d, d); }
   {
     DPML_REQUIRE(!ctx.deferred_weight_gradients, "Stack::backward_input_in_place with deferred weight gradients");
-    auto& dys = incoming_.slot(ctx);
-    dys.resize(children_.size());
-    for (std::size_t i = children_.size(); i-- > 0;) {
-      dys[i] = d;
-      const auto into = i == 0 && dx.data() != nullptr ? dx : d;
-      if (i == 0) return children_[0].backward_input_into(ctx, d, into);
-      children_[i].backward_input_into(ctx, d, d);
-    }
-    return d;  // no children: the gradient passes through
+    return backward(ctx, d, [&](std::size_t i, L& c, Output) {
+      return c.backward_input_into(ctx, d, i == 0 && dx.data() != nullptr ? dx : d);
+    });
   }
   void backward_weight(Context<space>& ctx, Output) {
     auto& dys = incoming_.slot(ctx);
@@ -98,14 +94,15 @@ class Stack {
   }
 
  private:
-  // Children last to first; the first one through `first(child, dy)`.
-  template <class First>
-  Input backward(Context<space>& ctx, Output dy, First&& first) {
+  // Children last to first, each through step(index, child, its dy), which returns its input
+  // gradient; each child's dy is kept for backward_weight.
+  template <class Step>
+  Input backward(Context<space>& ctx, Output dy, Step&& step) {
     auto& dys = incoming_.slot(ctx);
     dys.resize(children_.size());
     for (std::size_t i = children_.size(); i-- > 0;) {
       dys[i] = dy;
-      dy = i > 0 ? children_[i].backward_input(ctx, dy) : first(children_[0], dy);
+      dy = step(i, children_[i], dy);
     }
     return dy;
   }

@@ -104,7 +104,10 @@ class VocabParallelCrossEntropy {
   }
 
   // dh (..., C) of the slot's training forward, summed over the tensor axis.
-  Input backward(Context<Space>& ctx) { return backward_into(ctx, ensure(trained_slot(ctx).dh, trained_slot(ctx).h.shape())); }
+  Input backward(Context<Space>& ctx) {
+    Saved& s = trained_slot(ctx);
+    return backward_into(ctx, ensure(s.dh, s.h.shape()));
+  }
   // The same into `dh` (..., C), the caller's.
   Input backward_into(Context<Space>& ctx, TensorView<T, Space> dh) {
     Saved& s = trained_slot(ctx);
