@@ -102,6 +102,7 @@ struct Options {
   std::int64_t micro_batch = 0;      // sequences per micro-batch (0: --batch, one micro-batch)
   std::string schedule = "1f1b";     // pipeline schedule
   std::string model_kind = "fused";  // fused | composed
+  bool cuda_profile = false;         // one more step between cudaProfilerStart/Stop (ncu --profile-from-start off)
   int micro_batches() const { return static_cast<int>(batch / micro_batch); }
 };
 
@@ -132,6 +133,8 @@ void usage(const char* argv0) {
       "  --tied-grad auto|gather|allreduce  data parallel: the tied wte gradient's embedding part from all ranks'\n"
       "                   token rows gathered (its LM-head part all-reduced during the backward), or wte all-reduced\n"
       "                   whole after the backward; auto: gather where it moves fewer bytes (auto)\n"
+      "  --cuda-profile   after the timed steps, one more step between cudaProfilerStart and cudaProfilerStop, for\n"
+      "                   ncu --profile-from-start off (bench/gpt_train/kernel_diff.py: per-kernel time, fused vs composed)\n"
       "Data parallel: scripts/launch.sh -n K %s ... (one GPU per rank, each on its own batch of B);\n"
       "with --pp P and --tp N, K = N × P × dp ranks (a tensor group shares its batch).\n"
       "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
@@ -153,6 +156,10 @@ Options parse(int argc, char** argv) {
     }
     if (a == "--use-distributed-optimizer") {  // a switch, as Megatron's
       o.distributed_optimizer = true;
+      continue;
+    }
+    if (a == "--cuda-profile") {
+      o.cuda_profile = true;
       continue;
     }
     DPML_REQUIRE_EVERYWHERE(i + 1 < argc, "gpt_train: option " << a << " needs a value (see --help)");
@@ -438,6 +445,7 @@ Measured run_fused(const Options& o, const comm::Mpi& world, const parallel::Pro
   };
   time_steps(o, world, s, step_ms, launch_ms, train_step, m);
   m.exposed_ms = world.allreduce(exposed_ms(), comm::ReduceOp::max);
+  if (o.cuda_profile) dpml::bench::profiled_step(train_step);
   const auto families = dpml::bench::family_ms<models::cuda::Profiler>(model, train_step);
   m.family_ms.assign(families.begin(), families.end());
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
@@ -499,6 +507,7 @@ Measured run_composed(const Options& o, const comm::Mpi& world, const parallel::
     };
     time_steps(o, world, dev.stream(), step_ms, launch_ms, train_step, m);
     m.exposed_ms = world.allreduce(exposed_s * 1e3, comm::ReduceOp::max);
+    if (o.cuda_profile) dpml::bench::profiled_step(train_step);
     auto& opt = trainer.optimizer();
     std::size_t owned = 0;  // elements of optimizer state this rank holds (its shard under ZeRO-1)
     for (std::size_t i = 0; i < opt.optimizer().range_count(); ++i) owned += opt.optimizer().range(i).value.size();

@@ -5,6 +5,7 @@
 // path; this folder is not a program).
 #include <dpml/core/cuda_error.hpp>
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <array>
@@ -30,6 +31,17 @@ double ms_per_step(int steps, cudaStream_t stream, Step&& step) {
   cudaEventDestroy(t0);
   cudaEventDestroy(t1);
   return ms / steps;
+}
+
+// One more step() between cudaProfilerStart and cudaProfilerStop: the one step that
+// `ncu --profile-from-start off` records (bench/gpt_train/kernel_diff.py compares two such runs).
+template <class Step>
+void profiled_step(Step&& step) {
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  DPML_CHECK_CUDA(cudaProfilerStart());
+  step();
+  DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  DPML_CHECK_CUDA(cudaProfilerStop());
 }
 
 // Milliseconds per kernel family of one more step() with a Profiler (models/cuda/profiler.hpp)

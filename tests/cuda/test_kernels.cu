@@ -450,12 +450,12 @@ TEMPLATE_TEST_CASE("grad norm: CUB squared sum and the clipping coefficient", "[
 }
 
 // Ranges of a flat buffer (a tensor-parallel rank's shards): single elements, a range at the
-// buffer's start and one at its end, a long one; the elements outside hold 1e6 so that counting
-// any of them shows.
+// buffer's start and one at its end, long ones that start off a 16-byte boundary and cross tiles
+// of the kernel, an empty one; the elements outside hold 1e6 so that counting any of them shows.
 TEMPLATE_TEST_CASE("grad norm: squared sum over ranges of a buffer", "[grad_norm][gpu]", float, bf16) {
   using G = TestType;
   const std::int64_t n = (1 << 20) + 77;
-  const std::vector<std::int64_t> begin{0, 5, 6, 1000, n - 3}, length{3, 1, 1, 1 << 19, 3};
+  const std::vector<std::int64_t> begin{0, 5, 6, 1001, 600000, 700003, n - 3}, length{3, 1, 1, 1 << 19, 0, 40000, 3};
   auto gen = test::rng(21);
   std::vector<G> hg(static_cast<std::size_t>(n), G(1e6f));
   std::vector<std::int64_t> before{0};

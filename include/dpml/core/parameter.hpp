@@ -103,6 +103,14 @@ class ParamBase {
   // stage): trained in step with it, but counted once in the gradient norm and saved once.
   bool is_duplicate() const noexcept { return duplicate_; }
   void mark_duplicate(bool d = true) noexcept { duplicate_ = d; }
+  // Whether the gradient holds zeros that nothing has added to yet: the optimizer's begin_step
+  // zeroes the gradients and sets it; a kernel that can write its contribution instead of adding
+  // it (a weight-gradient GEMM with beta = 0 skips reading the zeros) asks take_grad_zero(), and
+  // every other writer of a parameter that such a kernel also writes (a tied weight) takes it too,
+  // so that the first writer of the step alone may overwrite. Left false, every write adds:
+  // the same result, only slower.
+  void mark_grad_zero(bool z = true) noexcept { grad_zero_ = z; }
+  bool take_grad_zero() noexcept { return std::exchange(grad_zero_, false); }
   const Sharding& sharding() const noexcept { return sharding_; }
   const Shape& shape() const noexcept { return shape_; }
   std::int64_t numel() const noexcept { return shape_.numel(); }
@@ -123,6 +131,7 @@ class ParamBase {
   Sharding sharding_;
   StorageOrder order_;
   bool duplicate_ = false;
+  bool grad_zero_ = false;
 };
 
 namespace detail {

@@ -113,6 +113,7 @@ class Embedding {
     const std::int64_t B = s.tokens.size(0), Tn = s.tokens.size(1), C = opts_.dim;
     DPML_REQUIRE(dy.shape() == (Shape{B, Tn, C}), "Embedding " << wte_.name() << ": dy " << dy.shape().str()
                                                                << " is not (B, T, C) = " << s.y.shape().str());
+    wte_.take_grad_zero();  // it adds: a tied LM head's GEMM after it must add too (ParamBase)
     Ops::embedding_token_backward(ctx.dev(), s.tokens.data(), dy.data(), wte_.grad().data(), B * Tn, C, part_.begin,
                                   part_.end, opts_.vocab);
     Ops::embedding_position_backward(ctx.dev(), dy.data(), wpe_.grad().data(), B, Tn, C);

@@ -116,7 +116,7 @@ class Linear {
                  "Linear " << weight_.name() << ": input " << x.shape().str()
                            << " for the weight gradient differs from the forward's " << s.x.shape().str());
     Ops::linear_backward_weight(ctx.dev(), dy.data(), x.data(), weight_.grad().data(),
-                                has_bias_ ? bias_.grad().data() : nullptr, rows(s), in_, out_);
+                                has_bias_ ? bias_.grad().data() : nullptr, rows(s), in_, out_, weight_.take_grad_zero());
   }
 
   // weight (out, in), then bias (out) when there is one.

@@ -124,7 +124,7 @@ class VocabParallelCrossEntropy {
   void backward_weight(Context<Space>& ctx) {
     Saved& s = trained_slot(ctx);
     Ops::linear_backward_weight(ctx.dev(), s.logits.data(), s.h.data(), weight_->grad().data(), static_cast<T*>(nullptr),
-                                s.logits.size(0), weight_->shape()[1], part_.local());
+                                s.logits.size(0), weight_->shape()[1], part_.local(), weight_->take_grad_zero());
   }
 
   double take_loss() {

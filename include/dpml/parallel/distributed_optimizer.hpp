@@ -109,6 +109,7 @@ class DistributedOptimizer {
 
   void begin_step(int micro_batches) {
     Ops::zero(*dev_, flat_.grads().data(), flat_.numel());
+    for (ParamBase* p : flat_.params()) p->mark_grad_zero();  // the first weight-gradient GEMM may overwrite
     buckets_.begin_step(micro_batches);
   }
 

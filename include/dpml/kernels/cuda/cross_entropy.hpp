@@ -76,18 +76,44 @@ __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
 }
 
 // Pass 1 over a row's first `count` logits: (max m, Σ exp(x − m)), online per thread, then merged
-// over the block; every thread returns the block's pair.
+// over the block; every thread returns the block's pair. A row of whole 16-byte chunks that starts
+// on a 16-byte boundary (`vector`, the same for the whole block) is read a chunk per load: the
+// chunk's max first, so that the running sum is rescaled once per chunk.
 template <class T>
-__device__ __forceinline__ float2 row_max_sum(const T* x, std::int64_t count) {
+__device__ __forceinline__ float2 row_max_sum(const T* x, std::int64_t count, std::int64_t V) {
   __shared__ float sm[kThreads / 32], ss[kThreads / 32];
+  constexpr int E = 16 / static_cast<int>(sizeof(T));
   float m = -INFINITY, s = 0.f;
-  for (std::int64_t j = threadIdx.x; j < count; j += kThreads) {
-    const float v = load_f(x[j]);
-    if (v > m) {
-      s = s * __expf(m - v) + 1.f;
-      m = v;
-    } else {
-      s += __expf(v - m);
+  if (V % E == 0 && aligned16(x)) {
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    const std::int64_t chunks = (count + E - 1) / E;
+    for (std::int64_t c = threadIdx.x; c < chunks; c += kThreads) {
+      const uint4 raw = xv[c];
+      const T* e = reinterpret_cast<const T*>(&raw);
+      float v[E];
+      float cm = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < E; ++k) {
+        v[k] = c * E + k < count ? load_f(e[k]) : -INFINITY;
+        cm = fmaxf(cm, v[k]);
+      }
+      if (cm == -INFINITY) continue;  // nothing real in the chunk (exp(−∞ − −∞) would be NaN)
+      if (cm > m) {
+        s *= __expf(m - cm);
+        m = cm;
+      }
+#pragma unroll
+      for (int k = 0; k < E; ++k) s += __expf(v[k] - m);  // exp(−∞) = 0 past `count`
+    }
+  } else {
+    for (std::int64_t j = threadIdx.x; j < count; j += kThreads) {
+      const float v = load_f(x[j]);
+      if (v > m) {
+        s = s * __expf(m - v) + 1.f;
+        m = v;
+      } else {
+        s += __expf(v - m);
+      }
     }
   }
   for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
@@ -106,9 +132,29 @@ __device__ __forceinline__ float2 row_max_sum(const T* x, std::int64_t count) {
 // Pass 2 over a row x of V logits, of which the first `count` are real: out = (exp(x − lse) −
 // [j = target]) · scale, zero on the padding (target: the row's, in this row's columns; outside
 // them it matches no j). out may be x: each element is read before it is written, by one thread.
+// 16-byte loads and stores where both rows allow them (row_max_sum's condition).
 template <class T>
 __device__ __forceinline__ void write_dlogits(const T* x, T* out, std::int64_t V, std::int64_t count, float lse,
                                               std::int64_t target, float scale) {
+  constexpr int E = 16 / static_cast<int>(sizeof(T));
+  if (V % E == 0 && aligned16(x) && aligned16(out)) {
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    uint4* ov = reinterpret_cast<uint4*>(out);
+    for (std::int64_t c = threadIdx.x; c < V / E; c += kThreads) {
+      const uint4 raw = xv[c];
+      const T* e = reinterpret_cast<const T*>(&raw);
+      uint4 g;
+      T* ge = reinterpret_cast<T*>(&g);
+#pragma unroll
+      for (int k = 0; k < E; ++k) {
+        const std::int64_t j = c * E + k;
+        const float p = j < count ? __expf(load_f(e[k]) - lse) : 0.f;
+        ge[k] = from_f<T>((p - (j == target ? 1.f : 0.f)) * scale);
+      }
+      ov[c] = g;
+    }
+    return;
+  }
   for (std::int64_t j = threadIdx.x; j < V; j += kThreads) {
     const float p = j < count ? __expf(load_f(x[j]) - lse) : 0.f;
     out[j] = from_f<T>((p - (j == target ? 1.f : 0.f)) * scale);
@@ -122,7 +168,7 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t offset = static_cast<std::int64_t>(blockIdx.x) * V;
   const T* x = logits + offset;  // (V)
   const std::int32_t target = targets[blockIdx.x];
-  const float2 ms = row_max_sum(x, V_real);
+  const float2 ms = row_max_sum(x, V_real, V);
   const float lse = ms.x + logf(ms.y);  // every thread holds the row's logsumexp
 
   const bool ignored = target < 0 || target >= V_real;
@@ -211,7 +257,7 @@ __global__ void __launch_bounds__(kThreads)
     vocab_parallel_stats_kernel(const T* logits, const std::int32_t* __restrict__ targets, float* __restrict__ stats,
                                 std::int64_t N, std::int64_t V, std::int64_t begin, std::int64_t V_real) {
   const T* x = logits + static_cast<std::int64_t>(blockIdx.x) * V;
-  const float2 ms = row_max_sum(x, real_in_shard(begin, V, V_real));
+  const float2 ms = row_max_sum(x, real_in_shard(begin, V, V_real), V);
   if (threadIdx.x == 0) {
     const std::int64_t t = targets[blockIdx.x] - begin;
     stats[blockIdx.x] = stats[3 * N + blockIdx.x] = ms.x;
@@ -248,7 +294,7 @@ __global__ void __launch_bounds__(kThreads)
                                    std::int64_t V_real, int tp, int rank) {
   const std::int64_t n = blockIdx.x, real = real_in_shard(begin, V, V_real);
   const T* x = logits + n * V;
-  const float2 ms = row_max_sum(x, real);
+  const float2 ms = row_max_sum(x, real, V);
   const std::int64_t t = targets[n] - begin;
   for (int i = threadIdx.x; i < 3 * tp; i += kThreads) {  // (slot k, field f) = (i / 3, i % 3)
     const int k = i / 3, f = i % 3;

@@ -47,13 +47,14 @@ struct LinearOps {
                                         .lda = out, .B = W, .ldb = in, .C = dx, .ldc = in},
                          dev.stream());
   }
-  // dW (out, in) += dyᵀ · x;  dbias (out) += Σ_rows dy (dbias null: none)
+  // dW (out, in) += dyᵀ · x (overwrite: dW = dyᵀ · x, beta = 0, dW's zeros not read);
+  // dbias (out) += Σ_rows dy (dbias null: none)
   template <class T>
   static void linear_backward_weight(Dev& dev, const T* dy, const T* x, T* dW, T* dbias, std::int64_t rows,
-                                     std::int64_t in, std::int64_t out) {
+                                     std::int64_t in, std::int64_t out, bool overwrite = false) {
     gemm<epilogue::None>(dev.gemm(),
                          GemmArgs<T, T>{.ta = Trans::yes, .tb = Trans::no, .M = out, .N = in, .K = rows, .A = dy,
-                                        .lda = out, .B = x, .ldb = in, .C = dW, .ldc = in, .beta = 1.f},
+                                        .lda = out, .B = x, .ldb = in, .C = dW, .ldc = in, .beta = overwrite ? 0.f : 1.f},
                          dev.stream());
     if (dbias) bias_grad_rows(dy, dbias, dev.scratch<float>(column_sums_scratch(rows, out, 1)), rows, out, dev.stream());
   }

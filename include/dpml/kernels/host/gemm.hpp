@@ -67,11 +67,11 @@ struct LinearOps {
                                     std::int64_t out) {
     gemm(Trans::no, Trans::no, rows, in, out, T(1), dy, W, T(0), dx);
   }
-  // dW (out, in) += dyᵀ · x;  dbias (out) += Σ_rows dy (dbias null: none)
+  // dW (out, in) += dyᵀ · x (overwrite: dW = dyᵀ · x);  dbias (out) += Σ_rows dy (dbias null: none)
   template <class T>
   static void linear_backward_weight(Dev&, const T* dy, const T* x, T* dW, T* dbias, std::int64_t rows,
-                                     std::int64_t in, std::int64_t out) {
-    gemm(Trans::yes, Trans::no, out, in, rows, T(1), dy, x, T(1), dW);
+                                     std::int64_t in, std::int64_t out, bool overwrite = false) {
+    gemm(Trans::yes, Trans::no, out, in, rows, T(1), dy, x, T(overwrite ? 0 : 1), dW);
     if (dbias) host::bias_grad_rows(dy, dbias, rows, out);
   }
 };
