@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
         .flag("--lr", f.lr, "peak learning rate (linear warm-up, then cosine decay to --min-lr)", train::at_least(0.0))
         .flag("--min-lr", f.min_lr, "final learning rate", train::at_least(0.0))
         .flag("--lr-warmup-iters", f.warmup, "warm-up steps", train::at_least(0))
-        .flag("--momentum", f.momentum, "SGD momentum")
+        .flag("--momentum", f.momentum, "SGD momentum", train::half_open(0.0, 1.0))
         .flag("--nesterov", f.nesterov, "SGD Nesterov momentum")
         .flag("--weight-decay", f.weight_decay, "weight decay (L2 for SGD, decoupled for AdamW)", train::at_least(0.0))
         .flag("--clip-grad", f.clip, "global gradient-norm clipping (0: off)", train::at_least(0.0))

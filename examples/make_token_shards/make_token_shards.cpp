@@ -40,7 +40,8 @@ int run(int argc, char** argv) {
   args.flag("--input", input, "text file or directory of text files")
       .flag("--output", output, "prefix of the shard files (directories are created)")
       .flag("--shard-tokens", shard_tokens, "most tokens per training shard", dpml::train::at_least(1))
-      .flag("--validation-fraction", validation_fraction, "fraction of the text, from its end, for validation");
+      .flag("--validation-fraction", validation_fraction, "fraction of the text, from its end, for validation",
+            dpml::train::half_open(0.0, 1.0));
   if (!args.parse(argc, argv)) return 0;
   DPML_REQUIRE(shard_tokens >= 1, "--shard-tokens " << shard_tokens << " must be at least 1");
 

@@ -1,6 +1,6 @@
 // train::Args: values parse into their flags, ranges refuse what they exclude naming the flag,
-// the value and the range, floating-point values must be finite, bool flags take --no-…, and
-// --help lists every flag with its default and range.
+// the value and the range, floating-point values must be finite, bool flags take --no-…,
+// --help lists every flag with its kind, default and range, and --check-flags checks and stops.
 #include "test.hpp"
 
 #include <dpml/core/error.hpp>
@@ -17,18 +17,20 @@ namespace {
 struct Flags {
   std::int64_t heads = 12;
   int top_k = 40;
-  double timeout = 300, temperature = 0.8;
+  double timeout = 300, temperature = 0.8, fraction = 0.05;
   bool zero = false;
   std::string schedule = "1f1b";
 };
 
 // Parses `words` (after the program name) into fresh flags; the message of a refusal, or "".
-std::string parse(const std::vector<std::string>& words, Flags& f) {
+// `proceed`: what parse() returned (false: --help or --check-flags, the program exits 0).
+std::string parse(const std::vector<std::string>& words, Flags& f, bool* proceed = nullptr) {
   train::Args args("prog", "a test program");
   args.flag("--heads", f.heads, "attention heads", train::at_least(1))
       .flag("--top-k", f.top_k, "k", train::between(0, 1000))
       .flag("--timeout", f.timeout, "seconds", train::at_least(0.0))
       .flag("--temperature", f.temperature, "sampling temperature", train::positive<double>())
+      .flag("--fraction", f.fraction, "validation fraction", train::half_open(0.0, 1.0))
       .flag("--zero", f.zero, "ZeRO-1")
       .flag("--schedule", f.schedule, "gpipe | 1f1b");
   std::vector<std::string> argv_text{"prog"};
@@ -36,7 +38,8 @@ std::string parse(const std::vector<std::string>& words, Flags& f) {
   std::vector<char*> argv;
   for (auto& w : argv_text) argv.push_back(w.data());
   try {
-    args.parse(static_cast<int>(argv.size()), argv.data());
+    const bool go = args.parse(static_cast<int>(argv.size()), argv.data());
+    if (proceed) *proceed = go;
   } catch (const Error& e) {
     CHECK(e.scope() == Scope::everywhere);  // every rank refuses alike: printed once
     return e.message();
@@ -48,8 +51,10 @@ std::string parse(const std::vector<std::string>& words, Flags& f) {
 
 TEST_CASE("Args: values inside their ranges are taken", "[train][args]") {
   Flags f;
-  CHECK(parse({"--heads", "4", "--top-k=0", "--timeout", "0", "--temperature", "1e-3", "--zero", "--schedule", "gpipe"}, f)
+  CHECK(parse({"--heads", "4", "--top-k=0", "--timeout", "0", "--temperature", "1e-3", "--fraction", "0", "--zero",
+               "--schedule", "gpipe"}, f)
             .empty());
+  CHECK(f.fraction == 0.0);
   CHECK(f.heads == 4);
   CHECK(f.top_k == 0);
   CHECK(f.timeout == 0.0);
@@ -75,6 +80,8 @@ TEST_CASE("Args: out of range, non-finite and malformed values are refused namin
       {{"--timeout", "nan"}, "flag --timeout needs a finite number, got 'nan'"},
       {{"--timeout", "inf"}, "flag --timeout needs a finite number, got 'inf'"},
       {{"--temperature", "0"}, "flag --temperature 0 is outside its range > 0"},
+      {{"--fraction", "1"}, "flag --fraction 1 is outside its range [0, 1)"},
+      {{"--fraction", "-0.1"}, "flag --fraction -0.1 is outside its range [0, 1)"},
       {{"--heads", "four"}, "flag --heads needs an integer, got 'four'"},
       {{"--heads", "99999999999999999999"}, "flag --heads needs an integer"},
       {{"--heads"}, "flag --heads needs a value"},
@@ -98,9 +105,25 @@ TEST_CASE("Args: --help lists every flag with its default, range and negation", 
       .flag("--zero", f.zero, "ZeRO-1");
   const std::string h = args.help();
   CHECK(h.find("usage: prog") != std::string::npos);
-  CHECK(h.find("--heads <v>") != std::string::npos);
+  CHECK(h.find("--heads <int>") != std::string::npos);
+  CHECK(h.find("--temperature <number>") != std::string::npos);
+  CHECK(h.find("--check-flags") != std::string::npos);
   CHECK(h.find("attention heads (default: 12; >= 1)") != std::string::npos);
   CHECK(h.find("sampling temperature (default: 0.8; > 0)") != std::string::npos);
   CHECK(h.find("--zero | --no-zero") != std::string::npos);
   CHECK(h.find("ZeRO-1 (default: off)") != std::string::npos);
+}
+
+TEST_CASE("Args: --check-flags takes valid values and stops; a bad value is refused all the same", "[train][args]") {
+  Flags f;
+  bool proceed = true;
+  CHECK(parse({"--heads", "4", "--check-flags", "--temperature", "2"}, f, &proceed).empty());
+  CHECK_FALSE(proceed);  // the program does nothing more
+  CHECK(f.heads == 4);
+  CHECK(f.temperature == 2.0);
+  Flags g;
+  CHECK(parse({"--heads", "4"}, g, &proceed).empty());
+  CHECK(proceed);
+  Flags h;
+  CHECK(parse({"--check-flags", "--heads", "0"}, h, &proceed) == "flag --heads 0 is outside its range >= 1");
 }

@@ -237,11 +237,10 @@ TEST_CASE("partition: balanced by parameters, or at the user's split points", "[
   CHECK(firsts(partition(w, cut, 2, Partition::at({4}))) == std::vector<std::int64_t>{0, 4});
   CHECK(partition(w, cut, 2, Partition::at({4}))[1].count == 2);
   CHECK(firsts(partition({1, 1, 1, 1, 1, 1, 1, 1}, std::vector<bool>(8, true), 3)) == std::vector<std::int64_t>{0, 2, 5});  // earliest cuts
-  CHECK_THAT(test::error_of([&] { partition(w, cut, 7); }), Catch::Matchers::ContainsSubstring("6 layers cannot make 7 stages"));
-  CHECK_THAT(test::error_of([&] { partition(w, {false, true, false, false, false, false}, 2, Partition::at({3})); }),
-             Catch::Matchers::ContainsSubstring("no stage may begin at layer 3"));
-  CHECK_THAT(test::error_of([&] { partition(w, cut, 3, Partition::at({4})); }), Catch::Matchers::ContainsSubstring("1 split points for 3 stages"));
-  CHECK_THAT(test::error_of([&] { partition(w, cut, 2, Partition::at({6})); }), Catch::Matchers::ContainsSubstring("stage 0 would hold layers [0, 6) of 6, none left"));
+  CHECK(test::error_of([&] { partition(w, cut, 7); }).find("6 layers cannot make 7 stages") != std::string::npos);
+  CHECK(test::error_of([&] { partition(w, {false, true, false, false, false, false}, 2, Partition::at({3})); }).find("no stage may begin at layer 3") != std::string::npos);
+  CHECK(test::error_of([&] { partition(w, cut, 3, Partition::at({4})); }).find("1 split points for 3 stages") != std::string::npos);
+  CHECK(test::error_of([&] { partition(w, cut, 2, Partition::at({6})); }).find("stage 0 would hold layers [0, 6) of 6, none left") != std::string::npos);
 }
 
 TEST_CASE("custom model: the trainer's sequential run equals a hand-written loop", "[train][pipeline]") {

@@ -1,10 +1,14 @@
 #pragma once
 // Command-line flags for dpml programs: each flag is bound to a variable with a help line and,
-// for numbers, the values it allows (a Range: at_least(1), between(0, 1), positive<double>());
+// for numbers, the values it allows (a Range: at_least(1), between(0, 1), half_open(0.0, 1.0),
+// positive<double>());
 // --help prints them all with their defaults and ranges. A value that does not parse, is not
 // finite, or is outside its range is refused naming the flag, the value and the range. Every rank
 // parses the same argv, so a bad flag is an Error with Scope::everywhere: dpml::run prints it once
-// and every rank exits 1, before any MPI work of the program's own.
+// and every rank exits 1, before any MPI work of the program's own. --help shows each flag's kind
+// (<int>, <number>, <text>; switches take none); --check-flags checks every flag's value and
+// exits, doing nothing (the program's checks across flags — a layout that does not divide — come
+// later): tests/train/flag_corpus.py drives every program's flags through it.
 //
 //   int tp = 1; std::string schedule = "1f1b";
 //   dpml::train::Args args("train_gpt", "Train a GPT with 3D parallelism.");
@@ -32,23 +36,27 @@
 namespace dpml::train {
 
 // The values a numeric flag allows: [min, max] with either end open to infinity; `above`: min
-// itself excluded (a positive rate, temperature, timeout).
+// itself excluded (a positive rate, temperature, timeout); `below`: max itself excluded (a
+// fraction of the data, a momentum: [0, 1)).
 template <class T>
 struct Range {
   std::optional<T> min, max;
-  bool above = false;
+  bool above = false, below = false;
   Range() = default;
-  Range(std::optional<T> lo, std::optional<T> hi, bool above_min) : min(lo), max(hi), above(above_min) {}
+  Range(std::optional<T> lo, std::optional<T> hi, bool above_min, bool below_max = false)
+      : min(lo), max(hi), above(above_min), below(below_max) {}
   template <class U>  // at_least(1) for an int64 flag, between(0, 1) for a double one
   Range(const Range<U>& o)
       : min(o.min ? std::optional<T>(static_cast<T>(*o.min)) : std::nullopt),
-        max(o.max ? std::optional<T>(static_cast<T>(*o.max)) : std::nullopt), above(o.above) {}
-  bool allows(T v) const { return (!min || (above ? v > *min : v >= *min)) && (!max || v <= *max); }
+        max(o.max ? std::optional<T>(static_cast<T>(*o.max)) : std::nullopt), above(o.above), below(o.below) {}
+  bool allows(T v) const {
+    return (!min || (above ? v > *min : v >= *min)) && (!max || (below ? v < *max : v <= *max));
+  }
   std::string text() const {
     std::ostringstream os;
-    if (min && max) os << "[" << *min << ", " << *max << "]";
+    if (min && max) os << (above ? "(" : "[") << *min << ", " << *max << (below ? ")" : "]");
     else if (min) os << (above ? "> " : ">= ") << *min;
-    else if (max) os << "<= " << *max;
+    else if (max) os << (below ? "< " : "<= ") << *max;
     return os.str();
   }
 };
@@ -58,6 +66,8 @@ template <class T>
 Range<T> between(T lo, T hi) { return {lo, hi, false}; }
 template <class T>
 Range<T> positive() { return {T(0), {}, true}; }
+template <class T>
+Range<T> half_open(T lo, T hi) { return {lo, hi, false, true}; }  // [lo, hi)
 
 class Args {
  public:
@@ -67,7 +77,7 @@ class Args {
   // Floating-point values must be finite; `range` (numbers only) bounds what is accepted.
   template <class T>
   Args& flag(std::string name, T& target, std::string help, std::type_identity_t<Range<T>> range = {}) {
-    Flag f{std::move(name), std::move(help), to_text(target), std::is_same_v<T, bool>, {}, {}};
+    Flag f{std::move(name), std::move(help), to_text(target), std::is_same_v<T, bool>, kind_of<T>(), {}, {}};
     if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) f.range_text = range.text();
     f.set = [&target, n = f.name, range](std::string_view v) {
       parse_value(n, v, target);
@@ -78,13 +88,19 @@ class Args {
     return *this;
   }
 
-  // Returns false when --help was asked for (printed by rank 0); throws on a bad flag.
+  // Returns false when --help or --check-flags was asked for (the program then exits 0; rank 0
+  // printed the help, or "flags accepted"); throws on a bad flag.
   bool parse(int argc, char** argv, int rank = 0) {
+    bool check_only = false;
     for (int i = 1; i < argc; ++i) {
       std::string_view a = argv[i];
       if (a == "--help" || a == "-h") {
         if (rank == 0) std::fputs(help().c_str(), stdout);
         return false;
+      }
+      if (a == "--check-flags") {
+        check_only = true;
+        continue;
       }
       std::string_view value;
       bool has_value = false;
@@ -111,18 +127,20 @@ class Args {
       }
       f->set(value);
     }
-    return true;
+    if (check_only && rank == 0) std::printf("%s: flags accepted\n", program_.c_str());
+    return !check_only;
   }
 
   std::string help() const {
     std::ostringstream os;
     os << "usage: " << program_ << " [flags]\n\n" << description_ << "\n\nflags:\n";
     for (const auto& f : flags_) {
-      std::string left = "  " + f.name + (f.is_bool ? " | --no-" + f.name.substr(2) : " <v>");
+      std::string left = "  " + f.name + (f.is_bool ? " | --no-" + f.name.substr(2) : " <" + f.kind + ">");
       if (left.size() < 26) left.resize(26, ' ');
       os << left << ' ' << f.help << " (default: " << (f.default_text.empty() ? "\"\"" : f.default_text)
          << (f.range_text.empty() ? "" : "; " + f.range_text) << ")\n";
     }
+    os << "  --check-flags            check every flag's value, then exit without doing anything\n";
     os << "  --help                   show this help and exit\n";
     return os.str();
   }
@@ -131,6 +149,7 @@ class Args {
   struct Flag {
     std::string name, help, default_text;
     bool is_bool;
+    std::string kind;  // what the value is: int, number, text (switches: none)
     std::function<void(std::string_view)> set;
     std::string range_text;  // numbers: the allowed values ("" : any)
   };
@@ -138,6 +157,13 @@ class Args {
     for (auto& f : flags_)
       if (f.name == name) return &f;
     return nullptr;
+  }
+  template <class T>
+  static std::string kind_of() {
+    if constexpr (std::is_same_v<T, bool>) return "";
+    else if constexpr (std::is_floating_point_v<T>) return "number";
+    else if constexpr (std::is_arithmetic_v<T>) return "int";
+    else return "text";
   }
   template <class T>
   static std::string to_text(const T& v) {
