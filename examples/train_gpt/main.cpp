@@ -14,7 +14,10 @@
 // in the backward and the vocabulary padded to 128 rows per tensor rank. Head dim 32, 64 or 128.
 //
 // Data: a text file or directory (byte-level, vocabulary 256; default: the Debian `fortunes`
-// package), or llm.c token shards (--data-path 'dir/*.bin' --vocab-size N).
+// package), or llm.c token shards (--data-path 'dir/*.bin' --vocab-size N: a glob, a *.bin path or
+// a file with the llm.c header). Read before anything is built, every rank alike: a glob matching
+// nothing, a malformed shard, a token id >= --vocab-size (training or validation part), a text
+// file that is binary or a directory holding shards are refused naming the file.
 //
 // Checkpoints (train/checkpointing.hpp): --save DIR --save-interval N --keep K saves
 // asynchronously every N steps and at the end; --resume latest (or DIR/step-N) continues from
@@ -134,8 +137,9 @@ auto* find_parameter(Model& model, const std::string& name) {
   return static_cast<std::remove_reference_t<decltype(*model.parameters().front())>*>(nullptr);
 }
 
+// Token shards: a glob, a *.bin path or a file that starts with the llm.c magic; text otherwise.
 bool is_token_shards(const std::string& path) {
-  return path.find('*') != std::string::npos || (path.size() > 4 && path.substr(path.size() - 4) == ".bin");
+  return path.find_first_of("*?[") != std::string::npos || path.ends_with(".bin") || data::is_token_shard_file(path);
 }
 
 // What every run shares: the flags, the faults to inject, the data, the launch.
@@ -327,7 +331,7 @@ int main(int argc, char** argv) {
         .flag("--weight-decay", f.weight_decay, "AdamW decoupled weight decay", train::at_least(0.0))
         .flag("--clip-grad", f.clip, "global gradient-norm clipping (0: off)", train::at_least(0.0))
         .flag("--seed", f.seed, "seed of initialisation, data order and sampling")
-        .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs)")
+        .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs, llm.c header)")
         .flag("--eval-interval", f.eval_interval, "steps between validation losses", train::at_least(1))
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
@@ -377,17 +381,19 @@ int main(int argc, char** argv) {
     // Data: train / validation windows, this data rank's share of each global batch.
     const data::WindowOptions wo{.seq_len = f.seq, .global_batch = f.global_batch, .seed = f.seed};
     std::vector<std::uint16_t> train_tokens, val_tokens;
-    if (is_token_shards(f.data)) {
-      auto all = data::read_token_shards({f.data});
+    const bool shards = is_token_shards(f.data);
+    if (f.vocab == 0) f.vocab = shards ? data::kTokenShardVocab : data::kByteVocab;
+    if (shards) {
+      auto all = data::read_token_shards({f.data}, f.vocab);  // every id checked, validation part included
       const auto cut = all.size() - all.size() / 20;
       train_tokens.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(cut));
       val_tokens.assign(all.begin() + static_cast<std::ptrdiff_t>(cut), all.end());
-      if (f.vocab == 0) f.vocab = 65536;
     } else {
-      auto split = data::split_text(data::read_text(f.data), 0.05);
+      const std::string text = data::read_text(f.data);
+      data::require_tokens_below(data::byte_tokens(text), f.vocab, "text '" + f.data + "'");  // --vocab-size below 256
+      auto split = data::split_text(text, 0.05);
       train_tokens = std::move(split.train);
       val_tokens = std::move(split.validation);
-      if (f.vocab == 0) f.vocab = data::kByteVocab;
     }
     const double unigram = data::unigram_entropy(train_tokens, static_cast<int>(f.vocab));
     data::TokenWindows train_data(std::move(train_tokens), wo, dp_rank, grid.dp(), f.data);

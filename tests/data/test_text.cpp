@@ -1,6 +1,6 @@
 // Byte-level text: reading a directory the way the fortunes package needs (skip *.dat, *.u8 and
-// sub-directories; '%' separator lines blanked), the train/validation split, the windowed dataset
-// and the unigram entropy.
+// sub-directories; '%' separator lines blanked), binary files and token shards refused, the
+// train/validation split, the windowed dataset and the unigram entropy.
 #include "test.hpp"
 
 #include <dpml/data/text.hpp>
@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -21,6 +23,17 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
   void write(const std::string& name, const std::string& text) const { std::ofstream(path / name, std::ios::binary) << text; }
 };
+
+// The message of the dpml::Error that f throws, without the rank and source location ("" if none).
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const dpml::Error& e) {
+    return e.message();
+  }
+  return "";
+}
 }  // namespace
 
 TEST_CASE("text: a fortunes-style directory is read without index files, separators blanked", "[data]") {
@@ -35,6 +48,24 @@ TEST_CASE("text: a fortunes-style directory is read without index files, separat
   CHECK(text == "First joke,\ntwo lines.\n\nSecond joke.\n\n\nSecond file.\n\nLast entry.\n");
   CHECK(dpml::data::read_text((dir.path / "b_quotes").string()) == "Second file.\n\nLast entry.\n");
   CHECK_THROWS_AS(dpml::data::read_text((dir.path / "missing").string()), dpml::Error);
+}
+
+TEST_CASE("text: a binary file or a token shard is refused, naming the file", "[data]") {
+  TempDir dir;
+  const std::string binary = (dir.path / "image").string();
+  dir.write("image", std::string("GIF\0\1\2 pixels", 15));
+  CHECK(message_of([&] { dpml::data::read_text(binary); }) ==
+        "text file '" + binary + "' is binary, not text (a NUL byte at offset 3)");
+  const std::string shard = (dir.path / "shards" / "train_000.bin").string();
+  fs::create_directories(dir.path / "shards");
+  dpml::data::write_token_shard(shard, std::vector<std::uint16_t>(10, 65));
+  CHECK(message_of([&] { dpml::data::read_text(shard); }) == "text file '" + shard + "' is an llm.c token shard, not text");
+  const std::string shards = (dir.path / "shards").string();
+  CHECK(message_of([&] { dpml::data::read_text(shards); }) ==
+        "text directory '" + shards + "' holds the llm.c token shard '" + shard + "'; give token shards as a file or a glob ('" +
+            shards + "/*.bin')");
+  dir.write("text", "plain text\n" + std::string(2000, 'x') + std::string("\0", 1));  // a NUL past the first KiB is kept
+  CHECK(dpml::data::read_text((dir.path / "text").string()).size() == 2012);
 }
 
 TEST_CASE("text: bytes are tokens, the last 5% validate, windows as for token shards", "[data]") {

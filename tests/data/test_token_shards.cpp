@@ -1,5 +1,6 @@
-// llm.c token shards (round trip, refused bad files naming the file) and TokenWindows (windows,
-// data-parallel split whose union is the sequential batch, determinism for a seed).
+// llm.c token shards (round trip, refused bad files naming the file, token ids checked against
+// the vocabulary at load time) and TokenWindows (windows, data-parallel split whose union is the
+// sequential batch, determinism for a seed).
 #include "test.hpp"
 
 #include <dpml/data/token_shards.hpp>
@@ -38,6 +39,17 @@ void poke_header(const std::string& path, int index, std::int32_t value) {
   std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
   f.seekp(index * 4);
   f.write(reinterpret_cast<const char*>(&value), 4);
+}
+
+// The message of the dpml::Error that f throws, without the rank and source location ("" if none).
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const dpml::Error& e) {
+    return e.message();
+  }
+  return "";
 }
 
 }  // namespace
@@ -88,7 +100,36 @@ TEST_CASE("token shards: wrong magic, version or size is refused, naming the fil
   std::ofstream(tiny) << "hello";
   has(error(tiny), "token shard '" + tiny + "' is 5 bytes, shorter than the 1024-byte header");
   has(error(dir / "missing.bin"), "missing.bin' cannot be opened");
-  has(dpml::test::error_of([&] { dpml::data::expand_pattern(dir / "nothing_*.bin"); }), "no file matches");
+  has(dpml::test::error_of([&] { dpml::data::expand_pattern(dir / "nothing_*.bin"); }),
+      "no file matches '" + (dir / "nothing_*.bin") + "'");
+  const std::string text = dir / "text.bin";  // another format: long enough for a header, no magic
+  std::ofstream(text) << std::string(2000, 'a');
+  has(error(text), "token shard '" + text + "' has magic 1633771873, expected 20240520 (not an llm.c token shard)");
+  fs::create_directories(dir / "sub.bin");
+  has(error(dir / "sub.bin"), "token shard '" + (dir / "sub.bin") + "' is a directory, not a file");
+  has(dpml::test::error_of([&] { dpml::data::read_token_shards({dir / "sub*"}); }), "sub.bin' is a directory, not a file");
+  CHECK(dpml::data::is_token_shard_file(magic) == false);
+  CHECK(dpml::data::is_token_shard_file(truncated));  // the magic is enough to tell a shard
+  CHECK(dpml::data::is_token_shard_file(tiny) == false);
+  CHECK(dpml::data::is_token_shard_file(dir / "sub.bin") == false);
+}
+
+TEST_CASE("token shards: an id >= the vocabulary is refused at load time, naming file, id and position", "[data]") {
+  TempDir dir;
+  std::vector<std::uint16_t> good(300, 7), bad(200, 7);
+  bad[37] = 50257;
+  bad[150] = 60000;
+  dpml::data::write_token_shard(dir / "train_000.bin", good);
+  dpml::data::write_token_shard(dir / "train_001.bin", bad);
+  const std::string bad_path = dir / "train_001.bin";
+  const std::string expected = "token shard '" + bad_path + "': token 50257 at position 37 is >= the vocabulary size 50257";
+  // The first bad id, its position counted in its own file (not in the concatenation).
+  CHECK(message_of([&] { dpml::data::read_token_shard(bad_path, 50257); }) == expected);
+  CHECK(message_of([&] { dpml::data::read_token_shards({dir / "train_*.bin"}, 50257); }) == expected);
+  CHECK(dpml::data::read_token_shards({dir / "train_*.bin"}, 60001).size() == 500);
+  CHECK(dpml::data::read_token_shard(bad_path).size() == 200);  // without a vocabulary: every uint16
+  CHECK(message_of([&] { dpml::data::require_tokens_below(good, 7, "x"); }) ==
+        "x: token 7 at position 0 is >= the vocabulary size 7");
 }
 
 TEST_CASE("token windows: inputs and targets are the window shifted by one", "[data]") {

@@ -5,7 +5,9 @@
 // read_text(path) takes a file, or a directory whose regular files are read in name order —
 // skipping `*.dat` and `*.u8` (the index and UTF-8 copies of the Debian `fortunes` package) and
 // any sub-directory. Lines holding only `%` (the fortune separators) become blank lines, so the
-// entries stay apart by a blank line; files are joined by a newline.
+// entries stay apart by a blank line; files are joined by a newline. A file that is not text is
+// refused naming it: an llm.c token shard (by its magic; in a directory, the directory is named
+// too), or any file with a NUL byte in its first KiB.
 //
 // split_text keeps the first (1 − f) of the bytes for training and the last f for validation;
 // each side becomes a TokenWindows (data/token_shards.hpp) — the same windowing and data-parallel
@@ -36,7 +38,12 @@ namespace detail {
 inline std::string read_file_bytes(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   DPML_REQUIRE_EVERYWHERE(in.good(), "text file '" << p.string() << "' cannot be opened");
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  DPML_REQUIRE_EVERYWHERE(!is_token_shard_file(p.string()), "text file '" << p.string() << "' is an llm.c token shard, not text");
+  const auto nul = std::string_view(bytes).substr(0, 1024).find('\0');
+  DPML_REQUIRE_EVERYWHERE(nul == std::string_view::npos, "text file '" << p.string() << "' is binary, not text (a NUL byte at offset "
+                                                                       << nul << ")");
+  return bytes;
 }
 // Lines holding only '%' become empty lines.
 inline std::string blank_percent_lines(const std::string& text) {
@@ -74,6 +81,9 @@ inline std::string read_text(const std::string& path) {
   DPML_REQUIRE_EVERYWHERE(!files.empty(), "text directory '" << path << "' holds no text file (*.dat, *.u8 are skipped)");
   std::string all;
   for (const auto& f : files) {
+    DPML_REQUIRE_EVERYWHERE(!is_token_shard_file(f.string()), "text directory '" << path << "' holds the llm.c token shard '"
+                                                              << f.string() << "'; give token shards as a file or a glob ('"
+                                                              << (fs::path(path) / "*.bin").string() << "')");
     if (!all.empty() && all.back() != '\n') all.push_back('\n');
     if (!all.empty()) all.push_back('\n');  // a blank line between files, like between entries
     all += detail::blank_percent_lines(detail::read_file_bytes(f));

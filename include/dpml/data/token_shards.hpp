@@ -4,8 +4,11 @@
 //
 // Shard format (llm.c, dev/data/data_common.py): a header of 256 little-endian int32 — [0] magic
 // 20240520, [1] version 1, [2] token count N, the rest zero — then N uint16 tokens. The reader
-// checks all three against the file and names the file, what was expected and what was found;
-// its errors have Scope::everywhere, as every rank reads the same shards and fails alike.
+// checks all three against the file and names the file, what was expected and what was found,
+// refuses a directory, and, given the model's vocabulary, refuses the first token id outside it
+// (naming the file, the id and its position in the file: one linear scan at load time, so no
+// batch ever indexes past the embedding). Its errors have Scope::everywhere, as every rank reads
+// the same shards and fails alike. is_token_shard_file tells a shard by its magic, whatever its name.
 //
 // Windows: sample i of a token array of n tokens is tokens[i·T, i·T + T + 1) — T+1 tokens, the
 // inputs being the first T and the targets the last T (next-token prediction), so consecutive
@@ -22,8 +25,10 @@
 
 #include <glob.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <span>
@@ -37,6 +42,25 @@ inline constexpr std::int32_t kTokenShardMagic = 20240520;
 inline constexpr std::int32_t kTokenShardVersion = 1;
 inline constexpr std::size_t kTokenShardHeaderInts = 256;
 inline constexpr std::size_t kTokenShardHeaderBytes = kTokenShardHeaderInts * sizeof(std::int32_t);
+inline constexpr std::int64_t kTokenShardVocab = 65536;  // every uint16 id
+
+// Refuses the first token id >= vocab, naming `source` (e.g. "token shard 'x.bin'"), the id and
+// its position in `tokens`.
+inline void require_tokens_below(std::span<const std::uint16_t> tokens, std::int64_t vocab, const std::string& source) {
+  const auto bad = std::find_if(tokens.begin(), tokens.end(), [vocab](std::uint16_t t) { return t >= vocab; });
+  DPML_REQUIRE_EVERYWHERE(bad == tokens.end(), source << ": token " << *bad << " at position " << (bad - tokens.begin())
+                                                      << " is >= the vocabulary size " << vocab);
+}
+
+// Whether `path` is a regular file that starts with the llm.c magic.
+inline bool is_token_shard_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  std::int32_t magic = 0;
+  in.read(reinterpret_cast<char*>(&magic), sizeof(magic));
+  return in.gcount() == sizeof(magic) && magic == kTokenShardMagic;
+}
 
 inline void write_token_shard(const std::string& path, std::span<const std::uint16_t> tokens) {
   DPML_REQUIRE(tokens.size() <= 0x7fffffffu, "token shard '" << path << "': " << tokens.size()
@@ -53,7 +77,10 @@ inline void write_token_shard(const std::string& path, std::span<const std::uint
   DPML_REQUIRE(!out.fail(), "token shard '" << path << "': write failed (disk full?)");
 }
 
-inline std::vector<std::uint16_t> read_token_shard(const std::string& path) {
+// The tokens of one shard, each checked to be below `vocab`.
+inline std::vector<std::uint16_t> read_token_shard(const std::string& path, std::int64_t vocab = kTokenShardVocab) {
+  std::error_code ec;
+  DPML_REQUIRE_EVERYWHERE(!std::filesystem::is_directory(path, ec), "token shard '" << path << "' is a directory, not a file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   DPML_REQUIRE_EVERYWHERE(in.good(), "token shard '" << path << "' cannot be opened (missing or unreadable)");
   const auto bytes = static_cast<std::uint64_t>(in.tellg());
@@ -74,6 +101,7 @@ inline std::vector<std::uint16_t> read_token_shard(const std::string& path) {
   std::vector<std::uint16_t> tokens(count);
   in.read(reinterpret_cast<char*>(tokens.data()), static_cast<std::streamsize>(body));
   DPML_REQUIRE_EVERYWHERE(in.good(), "token shard '" << path << "': read failed");
+  require_tokens_below(tokens, vocab, "token shard '" + path + "'");
   return tokens;
 }
 
@@ -154,12 +182,13 @@ class TokenWindows {
   DistributedSampler sampler_;
 };
 
-// The tokens of several shards (files or globs), concatenated in order.
-inline std::vector<std::uint16_t> read_token_shards(const std::vector<std::string>& patterns) {
+// The tokens of several shards (files or globs), concatenated in order, each checked to be below `vocab`.
+inline std::vector<std::uint16_t> read_token_shards(const std::vector<std::string>& patterns,
+                                                    std::int64_t vocab = kTokenShardVocab) {
   std::vector<std::uint16_t> all;
   for (const auto& p : patterns)
     for (const auto& f : expand_pattern(p)) {
-      const auto t = read_token_shard(f);
+      const auto t = read_token_shard(f, vocab);
       all.insert(all.end(), t.begin(), t.end());
     }
   return all;
