@@ -76,9 +76,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <cstdio>
 #include <functional>
 #include <set>
 #include <span>
@@ -291,6 +291,7 @@ std::vector<ConfigField> run_fields(Trainer& t, const std::vector<ConfigField>& 
   fields.insert(fields.end(), data.begin(), data.end());
   return fields;
 }
+// A config value in a message: text as it is, numbers as JSON writes them.
 inline std::string shown(const checkpoint::Json& v) { return v.is_string() ? v.as_string() : v.dump(); }
 
 }  // namespace detail
@@ -602,7 +603,8 @@ void import_gpt2(Trainer& t, const std::string& path) {
   for (const auto* p : params) mine += p->name() + "\n";
   std::set<std::string> names;  // the whole model's: every rank's (a pipeline stage holds its own)
   for (const auto& theirs : checkpoint::detail::allgather_strings(t.grid().world(), mine))
-    for (std::size_t at = 0, end; (end = theirs.find('\n', at)) != std::string::npos; at = end + 1) names.insert(theirs.substr(at, end - at));
+    for (std::size_t at = 0, end; (end = theirs.find('\n', at)) != std::string::npos; at = end + 1)
+      names.insert(theirs.substr(at, end - at));
   std::vector<detail::state_t<Trainer>> weights;  // a GPU's (collective, first: padding keeps its values)
   if constexpr (detail::on_device<Trainer>) weights = detail::read_weights(t);
   try {
