@@ -23,9 +23,13 @@
 // asynchronously every N steps and at the end; --resume latest (or DIR/step-N) continues from
 // the newest complete checkpoint — on any layout and either device: a GPU run saves its fp32
 // master weights and moments in the CPU's format — or starts fresh with a message when DIR has
-// none. --export FILE.safetensors writes the model with GPT-2's names at the end; --import
-// FILE.safetensors starts from such a file. --on-nonfinite skip|stop; --collective-timeout S
-// (the watchdog, comm/watchdog.hpp). examples/restart/ shows restart loops around this program.
+// none. A resume refuses a --seed or data (--data-path, its token count) other than the
+// checkpoint's, which would change the data order, unless --override-resume-config. --export
+// FILE.safetensors writes the model with GPT-2's names at the end; --import FILE.safetensors
+// starts from such a file, which must hold exactly the model's parameters — refused beside a
+// --resume that finds a checkpoint (the import would be ignored). --on-nonfinite skip|stop;
+// --collective-timeout S (the watchdog, comm/watchdog.hpp). examples/restart/ shows restart loops
+// around this program.
 //
 // --inject-fault is for tests only (tests/resilience): comma-separated
 //   kill:R:S      world rank R SIGKILLs itself S seconds (a decimal) after start
@@ -61,6 +65,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -89,6 +94,7 @@ struct Flags {
   int top_k = 40;
   std::string prompt = "The ";
   std::string save, resume, export_path, import_path, loss_log, faults;
+  bool override_resume = false;
   std::int64_t save_interval = 0, exit_interval = 0;
   int keep = 3;
   std::string on_nonfinite = "stop";
@@ -162,6 +168,10 @@ int train_and_sample(Trainer& trainer, const Run& run) {
   auto& model = trainer.model();
   constexpr bool on_host = std::is_same_v<typename std::remove_reference_t<decltype(model)>::space, HostSpace>;
   const optim::WarmupCosineLR lr{.max_lr = f.lr, .min_lr = f.min_lr, .warmup_steps = f.warmup, .decay_steps = f.iters};
+  // The data's identity: recorded in checkpoints, checked with the seed on resume.
+  const std::vector<train::ConfigField> data_fields = {
+      {"data.path", "--data-path", std::filesystem::absolute(f.data).lexically_normal().string()},
+      {"data.tokens", "--data-path tokens", run.train_data.tokens()}};
   // Where to start: a checkpoint, a GPT-2 file, or the initialisation.
   train::TrainPosition start;
   std::optional<std::string> resume_dir;
@@ -169,8 +179,11 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     resume_dir = train::resolve_resume(world, f.resume, f.save);
     if (!resume_dir && world.rank() == 0) std::printf("no checkpoint in '%s': starting fresh\n", f.save.c_str());
   }
+  DPML_REQUIRE_EVERYWHERE(!resume_dir || f.import_path.empty(),
+                          "--import " << f.import_path << " and --resume " << f.resume << ": the checkpoint '" << *resume_dir
+                                      << "' would be resumed and the import ignored: drop one of them");
   if (resume_dir) {
-    start = train::load_checkpoint(trainer, *resume_dir, f.seq);
+    start = train::load_checkpoint(trainer, *resume_dir, f.seq, {.data = data_fields, .override_config = f.override_resume});
     if (world.rank() == 0)
       std::printf("resumed from '%s' at step %lld (epoch %lld, batch %lld)\n", resume_dir->c_str(),
                   static_cast<long long>(start.step), static_cast<long long>(start.epoch), static_cast<long long>(start.batch));
@@ -179,7 +192,10 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     if (world.rank() == 0) std::printf("imported '%s'\n", f.import_path.c_str());
   }
   std::optional<train::Checkpointer<Trainer>> ckpt;
-  if (!f.save.empty()) ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .seq_len = f.seq});
+  if (!f.save.empty())
+    ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .seq_len = f.seq, .extra_config = [&](checkpoint::Json& c) {
+                   for (const auto& d : data_fields) c.set(d.key, d.value);
+                 }});
   std::ofstream loss_log;
   if (!f.loss_log.empty() && world.rank() == 0) loss_log.open(f.loss_log, std::ios::trunc);
   train::Progress progress(f.iters, world.rank(), "tok/s");
@@ -344,8 +360,10 @@ int main(int argc, char** argv) {
         .flag("--exit-interval", f.exit_interval, "stop (saving a checkpoint) after a step divisible by this (0: never)", train::at_least(0))
         .flag("--keep", f.keep, "complete checkpoints kept (0: all)", train::at_least(0))
         .flag("--resume", f.resume, "latest (newest complete checkpoint in --save) or DIR/step-N")
+        .flag("--override-resume-config", f.override_resume,
+              "resume even if --seed or the data differ from the checkpoint's (the data order then changes)")
         .flag("--export", f.export_path, "write the trained model as GPT-2-style safetensors")
-        .flag("--import", f.import_path, "start from a GPT-2-style safetensors file")
+        .flag("--import", f.import_path, "start from a GPT-2-style safetensors file (exactly the model's parameters)")
         .flag("--on-nonfinite", f.on_nonfinite, "non-finite loss or gradient: stop | skip (no update) | ignore (no check)")
         .flag("--collective-timeout", f.collective_timeout, "seconds a collective may wait before the job is ended (0: off)", train::at_least(0.0))
         .flag("--loss-log", f.loss_log, "rank 0 writes 'step loss(hex) loss' per step to this file")

@@ -15,7 +15,10 @@
 //                           data.global_batch, a GPT's data.seq_len (checked: the data position
 //                           means nothing under another batch), train.step (steps run),
 //                           train.optimizer_step (updates made: skipped steps differ),
-//                           train.epoch / train.batch (the next batch), train.seed;
+//                           train.epoch / train.batch (the next batch), train.seed and what the
+//                           caller records of its data (extra_config: train_gpt's data.path,
+//                           data.tokens) — checked on load unless overridden (ResumeChecks): the
+//                           data order would change; a checkpoint without them loads unchecked;
 //   layout                  (tp, pp, dp, zero) of the writer — for information only.
 //
 // What is a model's own comes from two overloads in detail:: — model_fields (the config entries
@@ -73,9 +76,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -92,6 +97,23 @@ struct TrainPosition {
   std::int64_t batch = 0;
 };
 
+// A setting a checkpoint records and a resume checks: (config key, flag, value).
+struct ConfigField {
+  const char* key;
+  const char* flag;
+  checkpoint::Json value;
+};
+
+// What a resume checks beyond the model's sizes: that the data order continues. The seed
+// (train.seed, recorded by every Checkpointer) and `data`, the data's identity (entries the caller
+// records through CheckpointerOptions::extra_config, e.g. data.path and data.tokens). A mismatch is
+// refused naming the flag and both values unless `override_config`; an entry the checkpoint lacks
+// (written before it was recorded) is not checked.
+struct ResumeChecks {
+  std::vector<ConfigField> data;
+  bool override_config = false;
+};
+
 namespace detail {
 
 using checkpoint::Slice;
@@ -105,13 +127,6 @@ using state_t = typename std::remove_reference_t<decltype(std::declval<Trainer&>
 // Whether the trainer's parameters live in device memory (their state is then read and written by name).
 template <class Trainer>
 inline constexpr bool on_device = !Trainer::ParamT::space::host_accessible;
-
-// Model sizes and data settings a checkpoint must agree with: (config key, flag, value).
-struct ConfigField {
-  const char* key;
-  const char* flag;
-  std::int64_t value;
-};
 
 // Any model: only the global batch (samples per step; 0 where the batches carry it).
 template <class Model>
@@ -269,6 +284,15 @@ template <class Trainer>
 std::vector<ConfigField> checked_fields(Trainer& t, std::int64_t seq_len) {
   return model_fields(t.model(), t.options().global_batch, seq_len);
 }
+// What a resume checks beyond them (see ResumeChecks): the seed, kept exact as text (u64), and the data.
+template <class Trainer>
+std::vector<ConfigField> run_fields(Trainer& t, const std::vector<ConfigField>& data) {
+  std::vector<ConfigField> fields{{"train.seed", "--seed", std::to_string(t.options().seed)}};
+  fields.insert(fields.end(), data.begin(), data.end());
+  return fields;
+}
+// A config value in a message: text as it is, numbers as JSON writes them.
+inline std::string shown(const checkpoint::Json& v) { return v.is_string() ? v.as_string() : v.dump(); }
 
 }  // namespace detail
 
@@ -410,9 +434,10 @@ inline std::optional<std::string> resolve_resume(const comm::Mpi& world, const s
 }
 
 // Restores a trainer from checkpoint directory `dir` (collective); returns the data position.
-// `seq_len`: a GPT's tokens per training sequence of this run (0: its max_seq).
+// `seq_len`: a GPT's tokens per training sequence of this run (0: its max_seq). `checks`: the data
+// this run reads, and whether a seed or data that differ from the checkpoint's are accepted.
 template <class Trainer>
-TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t seq_len = 0) {
+TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t seq_len = 0, const ResumeChecks& checks = {}) {
   const auto& world = t.grid().world();
   TrainPosition pos;
   std::int64_t optimizer_step = 0;
@@ -431,9 +456,20 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
     };
     for (const auto& f : detail::checked_fields(t, seq_len)) {
       const std::int64_t saved = get(f.key);
-      DPML_REQUIRE(saved == f.value, "checkpoint '" << dir << "' was saved with " << f.flag << " " << saved << " (\"" << f.key
-                                                    << "\"), this run has " << f.flag << " " << f.value);
+      DPML_REQUIRE(saved == f.value.as_int(), "checkpoint '" << dir << "' was saved with " << f.flag << " " << saved << " (\""
+                                                             << f.key << "\"), this run has " << f.flag << " " << f.value.as_int());
     }
+    // The seed and the data: every difference in one message.
+    std::string saved_as, given_as;
+    for (const auto& f : detail::run_fields(t, checks.data)) {
+      const checkpoint::Json* saved = config.find(f.key);
+      if (saved == nullptr || *saved == f.value) continue;
+      const char* sep = saved_as.empty() ? "" : " and ";
+      saved_as += sep + std::string(f.flag) + " " + detail::shown(*saved) + " (\"" + f.key + "\")";
+      given_as += sep + std::string(f.flag) + " " + detail::shown(f.value);
+    }
+    DPML_REQUIRE(saved_as.empty() || checks.override_config, "checkpoint '" << dir << "' was saved with " << saved_as << ", this run has "
+                                                              << given_as << ": the data order would change (--override-resume-config resumes anyway)");
     pos = {get("train.step"), get("train.epoch"), get("train.batch")};
     optimizer_step = get("train.optimizer_step");
 
@@ -555,17 +591,35 @@ void export_gpt2(Trainer& t, const std::string& path) {
 }
 
 // Sets the trainer's model from a GPT-2-style safetensors file (collective). Every parameter must
-// be there with GPT-2's shape for this model; extra entries (GPT-2's attention masks) are ignored.
+// be there with GPT-2's shape for this model, and every tensor of the file must be a parameter of
+// the model (a pipeline stage's or another's) but GPT-2's attention masks (h.N.attn.bias,
+// h.N.attn.masked_bias): a file of a deeper or otherwise larger model is refused, not truncated.
 template <class Trainer>
 void import_gpt2(Trainer& t, const std::string& path) {
   const auto& model = t.model();
   const auto& cfg = model.config();
-  std::string error;
+  const auto& params = t.optimizer().flat().params();
+  std::string error, mine;
+  for (const auto* p : params) mine += p->name() + "\n";
+  std::set<std::string> names;  // the whole model's: every rank's (a pipeline stage holds its own)
+  for (const auto& theirs : checkpoint::detail::allgather_strings(t.grid().world(), mine))
+    for (std::size_t at = 0, end; (end = theirs.find('\n', at)) != std::string::npos; at = end + 1)
+      names.insert(theirs.substr(at, end - at));
   std::vector<detail::state_t<Trainer>> weights;  // a GPU's (collective, first: padding keeps its values)
   if constexpr (detail::on_device<Trainer>) weights = detail::read_weights(t);
   try {
     const checkpoint::SafetensorsFile file(path);
-    const auto& params = t.optimizer().flat().params();
+    std::int64_t unused = 0;
+    std::string some;  // the first few of them
+    bool deeper = false;
+    for (const auto& e : file.entries()) {
+      if (names.contains(e.name) || e.name.ends_with(".attn.bias") || e.name.ends_with(".attn.masked_bias")) continue;
+      if (++unused <= 3) some += (unused > 1 ? ", '" : "'") + e.name + "'";
+      long long layer = -1;
+      deeper = deeper || (std::sscanf(e.name.c_str(), "h.%lld.", &layer) == 1 && layer >= cfg.layers);
+    }
+    DPML_REQUIRE(unused == 0, "'" << path << "' has " << unused << " tensor" << (unused == 1 ? "" : "s") << " the model does not use, e.g. "
+                                  << some << (deeper ? " (the file has more layers than --num-layers " + std::to_string(cfg.layers) + "?)" : ""));
     for (std::size_t i = 0; i < params.size(); ++i) {
       const auto* p = params[i];
       const auto b = detail::block_of(*p, t.grid(), model);
