@@ -15,6 +15,11 @@
 // time / iters, the slowest rank's. algbw = bytes / time; busbw = algbw · 2(n−1)/n (the traffic
 // per link of a ring all-reduce, comparable across rank counts, as in nccl-tests).
 //
+// Flags (train::Args; --help lists them with defaults and ranges, printed by rank 0, before any
+// CUDA or NCCL call; a bad value exits 1 on every rank naming the flag): --min-bytes and
+// --max-bytes (sizes such as 1M, 256MB, 1G, from 4 bytes to 1 TiB; default 1M – 1G), --factor
+// between sizes (2 – 2^20), --warmup (≥ 0), --iters (≥ 1), --repeats (≥ 1), --bucket-mb (> 0).
+//
 // Prints one JSON object per (dtype, size, path) — {"bench":"allreduce","dtype":..,"bytes":..,
 // "path":"dpml"|"bucketed"|"copy-engine"|"nccl","ranks":..,"us":..,"algbw_GBps":..,"busbw_GBps":..} — then a Markdown table
 // with dpml / raw NCCL busbw (the Step 5 target is ≥ 0.95 at ≥ 100 MB).
@@ -26,6 +31,7 @@
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_error.hpp>
 #include <dpml/parallel/cuda/gradient_sync.hpp>
+#include <dpml/train/args.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -47,7 +53,6 @@ struct Options {
   std::size_t min_bytes = std::size_t{1} << 20, max_bytes = std::size_t{1} << 30;
   int factor = 4, warmup = 5, iters = 20, repeats = 7;
   double bucket_mb = 25;
-  bool help = false;
 };
 
 struct Row {
@@ -116,66 +121,49 @@ void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, c
   cudaFree(recv);
 }
 
-std::size_t parse_bytes(const char* flag, const char* s) {
+// "1M", "256MB", "1G", "4096" (bytes): at least one fp32 element, at most 1 TiB (the sizes are
+// multiplied by --factor up to --max-bytes).
+std::size_t parse_bytes(const char* flag, const std::string& s) {
   char* end = nullptr;
-  const double v = std::strtod(s, &end);
+  const double v = std::strtod(s.c_str(), &end);
   const std::string unit = end ? end : "";
   const double scale = unit == "" || unit == "B" ? 1 : unit == "K" || unit == "KB" ? 1 << 10
                        : unit == "M" || unit == "MB" ? 1 << 20 : unit == "G" || unit == "GB" ? 1 << 30 : -1;
-  DPML_REQUIRE_EVERYWHERE(scale > 0 && v > 0, flag << " '" << s << "': expected a size such as 1M, 256MB or 1G");
+  DPML_REQUIRE_EVERYWHERE(!s.empty() && end != s.c_str() && scale > 0 && std::isfinite(v) && v * scale >= 4 &&
+                              v * scale <= std::ldexp(1.0, 40),
+                          "flag " << flag << " '" << s << "': expected a size from 4 bytes to 1 TiB, such as 1M, 256MB or 1G");
   return static_cast<std::size_t>(v * scale);
 }
 
-int parse_int(const char* flag, const char* s, int min) {
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  DPML_REQUIRE_EVERYWHERE(end && *end == '\0' && v >= min && v < 1000000,
-                          flag << " '" << s << "': expected an integer ≥ " << min);
-  return static_cast<int>(v);
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      o.help = true;
-      return o;
-    }
-    DPML_REQUIRE_EVERYWHERE(i + 1 < argc, "flag " << a << " needs a value (see --help)");
-    const char* v = argv[++i];
-    if (a == "--min-bytes") o.min_bytes = parse_bytes("--min-bytes", v);
-    else if (a == "--max-bytes") o.max_bytes = parse_bytes("--max-bytes", v);
-    else if (a == "--factor") o.factor = parse_int("--factor", v, 2);
-    else if (a == "--warmup") o.warmup = parse_int("--warmup", v, 0);
-    else if (a == "--iters") o.iters = parse_int("--iters", v, 1);
-    else if (a == "--repeats") o.repeats = parse_int("--repeats", v, 1);
-    else if (a == "--bucket-mb") {
-      o.bucket_mb = std::atof(v);
-      DPML_REQUIRE_EVERYWHERE(o.bucket_mb > 0, "--bucket-mb '" << v << "': expected a positive number of MB");
-    }
-    else DPML_REQUIRE_EVERYWHERE(false, "unknown flag " << a << " (see --help)");
-  }
+// Parses argv into o (a bad flag throws, Scope::everywhere); false after --help (printed by rank 0).
+bool parse(int argc, char** argv, int rank, Options& o) {
+  std::string min_bytes = "1M", max_bytes = "1G";
+  train::Args args("bench_allreduce",
+                   "All-reduce busbw of comm::Nccl::allreduce, of GradientSync's buckets (over NCCL, and on 2 ranks over\n"
+                   "comm::CopyEngine) vs raw ncclAllReduce (fp32, bf16): JSON lines, then a Markdown table. One GPU per\n"
+                   "rank: mpirun -n <GPUs> bench_allreduce [flags] (scripts/launch.sh). Sizes go from --min-bytes to\n"
+                   "--max-bytes, times --factor each; sizes take B, K(B), M(B), G(B) (powers of 1024).");
+  args.flag("--min-bytes", min_bytes, "smallest buffer (4 bytes to 1 TiB)")
+      .flag("--max-bytes", max_bytes, "largest buffer (4 bytes to 1 TiB; >= --min-bytes)")
+      .flag("--factor", o.factor, "ratio of one size to the next", train::between(2, 1 << 20))
+      .flag("--warmup", o.warmup, "untimed calls of each path per (dtype, size)", train::at_least(0))
+      .flag("--iters", o.iters, "back-to-back calls in one timed batch", train::at_least(1))
+      .flag("--repeats", o.repeats, "timed batches per path (the median is reported)", train::at_least(1))
+      .flag("--bucket-mb", o.bucket_mb, "MB per GradientSync bucket (bucketed and copy-engine paths)",
+            train::positive<double>());
+  if (!args.parse(argc, argv, rank)) return false;
+  o.min_bytes = parse_bytes("--min-bytes", min_bytes);
+  o.max_bytes = parse_bytes("--max-bytes", max_bytes);
   DPML_REQUIRE_EVERYWHERE(o.min_bytes <= o.max_bytes,
                           "--min-bytes " << o.min_bytes << " exceeds --max-bytes " << o.max_bytes);
-  return o;
+  return true;
 }
 }  // namespace
 
 int main(int argc, char** argv) {
   return dpml::run(argc, argv, [&](const comm::Mpi& world) {
-    const Options o = parse(argc, argv);
-    if (o.help) {
-      if (world.rank() == 0)
-        std::printf(
-            "usage: mpirun -n <GPUs> %s [--min-bytes 1M] [--max-bytes 1G] [--factor 4] [--warmup 5]\n"
-            "           [--iters 20] [--repeats 7] [--bucket-mb 25]\n"
-            "All-reduce busbw of comm::Nccl::allreduce, of GradientSync's buckets (over NCCL, and on 2 ranks over\n"
-            "comm::CopyEngine) vs raw ncclAllReduce\n"
-            "(fp32, bf16): JSON lines, then a Markdown table. One GPU per rank.\n",
-            argv[0]);
-      return 0;
-    }
+    Options o;
+    if (!parse(argc, argv, world.rank(), o)) return 0;  // --help: printed, before any CUDA or NCCL call
     const int device = comm::select_device(world);
     const comm::Nccl nccl = comm::Nccl::from(world);
     const int p = world.size();

@@ -6,6 +6,11 @@
 //
 //   bench_conv [--batch N] [--iters N] [--warmup N] [--policy default|all]
 //
+// Flags (train::Args; --help lists them with defaults and ranges, and needs no GPU; a bad value
+// exits 1 naming the flag): --batch images per step (≥ 1, default 256), --iters timed runs per
+// shape, pass and policy (≥ 1, default 20), --warmup untimed runs before them (≥ 0, default 5),
+// --policy default (DefaultConvPolicy only) or all.
+//
 // For each shape and pass — fwd (y = conv(x, w)), dgrad (dx), wgrad (dw, fp32, beta = 0; the split-K
 // reduction kernel included) — and each policy it prints one JSON object
 //   {"bench":"conv","shape":..,"pass":..,"policy":..,"ms":..,"tflops":..,"count":..,"batch":..,
@@ -24,6 +29,7 @@
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/core/tensor.hpp>
 #include <dpml/kernels/cuda/conv/conv2d.hpp>
+#include <dpml/train/args.hpp>
 
 #include <cuda_runtime.h>
 
@@ -31,7 +37,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <iterator>
 #include <limits>
 #include <string>
@@ -227,56 +232,30 @@ struct Options {
   bool all = false;
 };
 
-void usage(std::FILE* f, const char* argv0) {
-  std::fprintf(f,
-               "usage: %s [--batch N] [--iters N] [--warmup N] [--policy default|all]\n"
-               "  ResNet-50 v1.5 (224 px) convolutions: dpml's Conv2d fwd, dgrad and wgrad per distinct shape.\n"
-               "  --batch N    images per step (default 256)\n"
-               "  --iters N    timed runs per shape, pass and policy (default 20)\n"
-               "  --warmup N   untimed runs before them (default 5)\n"
-               "  --policy     default: DefaultConvPolicy only; all: also the other tile shapes\n",
-               argv0);
-}
-
-// Parses argv into o; returns -1 to go on, else the exit status (0 after --help, 2 on bad input).
-int parse(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const bool has_value = i + 1 < argc;
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      usage(stdout, argv[0]);
-      return 0;
-    } else if (!std::strcmp(argv[i], "--batch") && has_value) {
-      o.batch = std::atoll(argv[++i]);
-    } else if (!std::strcmp(argv[i], "--iters") && has_value) {
-      o.iters = std::atoi(argv[++i]);
-    } else if (!std::strcmp(argv[i], "--warmup") && has_value) {
-      o.warmup = std::atoi(argv[++i]);
-    } else if (!std::strcmp(argv[i], "--policy") && has_value && !std::strcmp(argv[i + 1], "default")) {
-      o.all = false;
-      ++i;
-    } else if (!std::strcmp(argv[i], "--policy") && has_value && !std::strcmp(argv[i + 1], "all")) {
-      o.all = true;
-      ++i;
-    } else {
-      std::fprintf(stderr, "bench_conv: bad argument '%s'%s\n", argv[i], has_value ? "" : " (or missing value)");
-      usage(stderr, argv[0]);
-      return 2;
-    }
-  }
-  if (o.batch < 1 || o.iters < 1 || o.warmup < 0) {
-    std::fprintf(stderr, "bench_conv: need --batch ≥ 1 (got %lld), --iters ≥ 1 (got %d), --warmup ≥ 0 (got %d)\n",
-                 static_cast<long long>(o.batch), o.iters, o.warmup);
-    return 2;
-  }
-  return -1;
+// Parses argv into o (a bad flag throws, Scope::everywhere); false after --help.
+bool parse(int argc, char** argv, Options& o) {
+  std::string policy = "default";
+  dpml::train::Args args("bench_conv",
+                         "ResNet-50 v1.5 (224 px) convolutions: dpml's Conv2d fwd, dgrad and wgrad (implicit GEMM, NHWC\n"
+                         "bf16) per distinct shape, one JSON line per shape, pass and policy, then a Markdown table and\n"
+                         "the network's convolution time per training step. Exits 1 if an output is not finite or\n"
+                         "(--policy all) differs from the default policy's by more than 1e-2 relative L2. One GPU.");
+  args.flag("--batch", o.batch, "images per step", dpml::train::at_least(1))
+      .flag("--iters", o.iters, "timed runs per shape, pass and policy", dpml::train::at_least(1))
+      .flag("--warmup", o.warmup, "untimed runs before them", dpml::train::at_least(0))
+      .flag("--policy", policy, "default: DefaultConvPolicy only | all: also the other tile shapes");
+  if (!args.parse(argc, argv)) return false;
+  DPML_REQUIRE_EVERYWHERE(policy == "default" || policy == "all", "--policy " << policy << " is not default or all");
+  o.all = policy == "all";
+  return true;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options opt;
-  if (const int rc = parse(argc, argv, opt); rc >= 0) return rc;
   try {
+    Options opt;
+    if (!parse(argc, argv, opt)) return 0;  // --help: printed, before any CUDA call
     if (dpml::cuda_device_count() == 0) {
       std::fprintf(stderr, "bench_conv: no CUDA device\n");
       return 1;
@@ -400,6 +379,9 @@ int main(int argc, char** argv) {
                   policies[pi].is_default ? "  (DefaultConvPolicy)" : "");
     if (compare) std::printf("  %-24s %9.2f ms\n", "best per shape and pass", best_total);
     return failures == 0 ? 0 : 1;
+  } catch (const dpml::Error& e) {  // a bad flag (Scope::everywhere): its message alone
+    std::fprintf(stderr, "bench_conv: %s\n", e.scope() == dpml::Scope::everywhere ? e.message().c_str() : e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_conv: %s\n", e.what());
     return 1;

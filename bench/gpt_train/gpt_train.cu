@@ -2,6 +2,13 @@
 // fp16, with dynamic loss scaling) with fp32 master weights, AdamW (β = 0.9, 0.95, weight decay 0.1), global-norm clipping at 1.0 — the setup of
 // bench/reference/torch_gpt.py, so the two print comparable JSON lines.
 //
+// Flags: train::Args (parse below; --help lists each with its default and range, printed by rank 0 before any CUDA
+// call; a bad value exits 1 on every rank naming the flag). Counts and sizes are ≥ 1 (--warmup, --micro-batch ≥ 0:
+// 0 is --batch), --lr and --bucket-mb > 0, --recompute-gelu 0|1 (a value, not a switch); --pp and --tp also answer to
+// Megatron's --pipeline-model-parallel-size and --tensor-model-parallel-size; --use-distributed-optimizer and
+// --cuda-profile are switches (--no-… turns them off). Choices (--model, --precision, …) and the flags' relations
+// (--micro-batch divides --batch, --layers ≥ --pp, …) are checked right after.
+//
 //   --model fused      models/cuda/gpt.hpp, the hand-fused GPU model (default), and its own multi-GPU wiring (StageTrainer below)
 //   --model composed   models::Gpt<bf16, CudaSpace> composed from the layers (models/gpt.hpp), trained by the library's trainer
 //              (train::GptTrainer over a parallel::DeviceGrid: the same --tp, --pp, --pipeline-schedule, --micro-batch and
@@ -62,6 +69,7 @@
 #include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/pipeline/schedule.hpp>
 #include <dpml/parallel/strategy.hpp>
+#include <dpml/train/args.hpp>
 #include <dpml/train/gpt_trainer.hpp>
 
 #include <cuda_runtime.h>
@@ -106,90 +114,65 @@ struct Options {
   int micro_batches() const { return static_cast<int>(batch / micro_batch); }
 };
 
-void usage(const char* argv0) {
-  std::printf(
-      "usage: %s [options]\n"
-      "  --batch B        sequences per step and data-parallel replica (16)\n"
-      "  --micro-batch B  sequences per micro-batch; --batch / B micro-batches per step (--batch)\n"
-      "  --pp P           pipeline stages, one per rank (1); also --pipeline-model-parallel-size\n"
-      "  --tp N           tensor-parallel degree: groups of N consecutive ranks split each block's heads and MLP (1);\n"
-      "                   also --tensor-model-parallel-size\n"
-      "  --pipeline-schedule gpipe|1f1b|zb-h1   the micro-batches' order on the stages (1f1b)\n"
-      "  --seq T          tokens per sequence (1024)\n"
-      "  --layers L --heads H --dim C --vocab V   model (GPT-2 124M: 12 12 768 50257; V padded to 128)\n"
-      "  --warmup N       untimed steps first (5)\n"
-      "  --steps N        timed steps (20)\n"
-      "  --lr X           peak learning rate, linear warm-up over the warm-up steps (6e-4)\n"
-      "  --data PATTERN   llm.c token shards (uint16 .bin, glob allowed); default: random tokens\n"
-      "  --recompute-gelu 0|1   recompute the GELU output in the backward instead of saving it per block (1)\n"
-      "  --precision bf16|fp16  storage of weights, activations, gradients (fp16: dynamic loss scaling) (bf16)\n"
-      "  --bucket-mb X    data parallel (several ranks): MB per gradient all-reduce bucket (25)\n"
-      "  --grad-reduce bf16|fp32  data parallel: average the gradients in their own 16-bit type or in fp32 (bf16)\n"
-      "  --dp-comm nccl|copy-engine  data parallel: all-reduce the buckets with NCCL's kernels, or (2 GPUs of one\n"
-      "                   host) on the GPUs' copy engines, leaving the SMs to the backward (comm/nccl_copy_engine.hpp) (nccl)\n"
-      "  --use-distributed-optimizer  ZeRO-1: shard the fp32 master weights and AdamW moments over the ranks\n"
-      "  --model fused|composed  the hand-fused GPU model (models/cuda/gpt.hpp) or the one composed from the layers\n"
-      "                   (models/gpt.hpp) trained by the library's trainer (fused)\n"
-      "  --tied-grad auto|gather|allreduce  data parallel: the tied wte gradient's embedding part from all ranks'\n"
-      "                   token rows gathered (its LM-head part all-reduced during the backward), or wte all-reduced\n"
-      "                   whole after the backward; auto: gather where it moves fewer bytes (auto)\n"
-      "  --cuda-profile   after the timed steps, one more step between cudaProfilerStart and cudaProfilerStop, for\n"
-      "                   ncu --profile-from-start off (bench/gpt_train/kernel_diff.py: per-kernel time, fused vs composed)\n"
-      "Data parallel: scripts/launch.sh -n K %s ... (one GPU per rank, each on its own batch of B);\n"
-      "with --pp P and --tp N, K = N × P × dp ranks (a tensor group shares its batch).\n"
-      "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.\n",
-      argv0, argv0);
-}
-
 models::cuda::TiedGradSync tied_grad_sync(const std::string& flag) {
   using models::cuda::TiedGradSync;
   return flag == "gather" ? TiedGradSync::gather : flag == "allreduce" ? TiedGradSync::all_reduce : TiedGradSync::automatic;
 }
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      usage(argv[0]);
-      std::exit(0);
-    }
-    if (a == "--use-distributed-optimizer") {  // a switch, as Megatron's
-      o.distributed_optimizer = true;
-      continue;
-    }
-    if (a == "--cuda-profile") {
-      o.cuda_profile = true;
-      continue;
-    }
-    DPML_REQUIRE_EVERYWHERE(i + 1 < argc, "gpt_train: option " << a << " needs a value (see --help)");
-    const char* v = argv[++i];
-    if (a == "--batch") o.batch = std::atoll(v);
-    else if (a == "--seq") o.seq = std::atoll(v);
-    else if (a == "--layers") o.model.layers = std::atoll(v);
-    else if (a == "--heads") o.model.heads = std::atoll(v);
-    else if (a == "--dim") o.model.dim = std::atoll(v);
-    else if (a == "--vocab") o.model.vocab = std::atoll(v);
-    else if (a == "--warmup") o.warmup = std::atoi(v);
-    else if (a == "--steps") o.steps = std::atoi(v);
-    else if (a == "--lr") o.lr = std::atof(v);
-    else if (a == "--data") o.data = v;
-    else if (a == "--recompute-gelu") o.model.recompute_gelu = std::atoi(v) != 0;
-    else if (a == "--precision") o.precision = v;
-    else if (a == "--bucket-mb") o.bucket_mb = std::atof(v);
-    else if (a == "--grad-reduce") o.grad_reduce = v;
-    else if (a == "--dp-comm") o.dp_comm = v;
-    else if (a == "--tied-grad") o.tied_grad = v;
-    else if (a == "--pp" || a == "--pipeline-model-parallel-size") o.pp = std::atoi(v);
-    else if (a == "--tp" || a == "--tensor-model-parallel-size") o.tp = std::atoi(v);
-    else if (a == "--micro-batch") o.micro_batch = std::atoll(v);
-    else if (a == "--pipeline-schedule") o.schedule = v;
-    else if (a == "--model") o.model_kind = v;
-
-    else DPML_REQUIRE_EVERYWHERE(false, "gpt_train: unknown option " << a << " (see --help)");
-  }
-  DPML_REQUIRE_EVERYWHERE(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.warmup >= 0,
-               "gpt_train: --batch, --seq, --steps must be positive and --warmup non-negative");
+// Parses argv into o (a bad flag throws, Scope::everywhere); false after --help (printed by rank 0).
+// Before any CUDA call, so that --help and bad flags need no GPU.
+bool parse(int argc, char** argv, int rank, Options& o) {
+  int recompute_gelu = o.model.recompute_gelu ? 1 : 0;  // a value (0|1), not a switch: scripts pass "--recompute-gelu 0"
+  train::Args args(
+      "gpt_train",
+      "GPT-2 training throughput (tokens/s, MFU, memory) on one GPU, or data, tensor and pipeline parallel on\n"
+      "several: bf16 (or fp16 with dynamic loss scaling), fp32 master weights, AdamW, clipping at 1.0; the setup of\n"
+      "bench/reference/torch_gpt.py. Data parallel: scripts/launch.sh -n K gpt_train ... (one GPU per rank, each on\n"
+      "its own batch of B); with --pp P and --tp N, K = N x P x dp ranks (a tensor group shares its batch).\n"
+      "Prints JSON lines (bench gpt_train, gpt_train_family) and a table.");
+  args.flag("--batch", o.batch, "sequences per step and data-parallel replica", train::at_least(1))
+      .flag("--micro-batch", o.micro_batch, "sequences per micro-batch, --batch / B micro-batches per step (0: --batch)",
+            train::at_least(0))
+      .flag("--pp", o.pp, "pipeline stages, one per rank", train::at_least(1))
+      .flag("--pipeline-model-parallel-size", o.pp, "Megatron's name for --pp", train::at_least(1))
+      .flag("--tp", o.tp, "tensor-parallel degree: groups of N consecutive ranks split each block's heads and MLP",
+            train::at_least(1))
+      .flag("--tensor-model-parallel-size", o.tp, "Megatron's name for --tp", train::at_least(1))
+      .flag("--pipeline-schedule", o.schedule, "the micro-batches' order on the stages: gpipe | 1f1b | zb-h1")
+      .flag("--seq", o.seq, "tokens per sequence", train::at_least(1))
+      .flag("--layers", o.model.layers, "transformer blocks (GPT-2 124M: 12)", train::at_least(1))
+      .flag("--heads", o.model.heads, "attention heads (GPT-2 124M: 12)", train::at_least(1))
+      .flag("--dim", o.model.dim, "model width (GPT-2 124M: 768)", train::at_least(1))
+      .flag("--vocab", o.model.vocab, "vocabulary (GPT-2: 50257; padded to a multiple of 128)", train::at_least(1))
+      .flag("--warmup", o.warmup, "untimed steps first", train::at_least(0))
+      .flag("--steps", o.steps, "timed steps", train::at_least(1))
+      .flag("--lr", o.lr, "peak learning rate, linear warm-up over the warm-up steps", train::positive<double>())
+      .flag("--data", o.data, "llm.c token shards (uint16 .bin, glob allowed); \"\": random tokens")
+      .flag("--recompute-gelu", recompute_gelu,
+            "1: recompute the GELU output in the backward; 0: save it per block", train::between(0, 1))
+      .flag("--precision", o.precision, "storage of weights, activations, gradients: bf16 | fp16 (dynamic loss scaling)")
+      .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB per gradient all-reduce bucket",
+            train::positive<double>())
+      .flag("--grad-reduce", o.grad_reduce, "data parallel: average the gradients in their own 16-bit type or in fp32: bf16 | fp32")
+      .flag("--dp-comm", o.dp_comm,
+            "data parallel: all-reduce the buckets with NCCL's kernels, or (2 GPUs of one host) on the GPUs' copy engines, "
+            "leaving the SMs to the backward (comm/nccl_copy_engine.hpp): nccl | copy-engine")
+      .flag("--use-distributed-optimizer", o.distributed_optimizer,
+            "ZeRO-1: shard the fp32 master weights and AdamW moments over the data-parallel ranks")
+      .flag("--model", o.model_kind,
+            "fused: the hand-fused GPU model (models/cuda/gpt.hpp) | composed: the layers' (models/gpt.hpp), trained by "
+            "train::GptTrainer")
+      .flag("--tied-grad", o.tied_grad,
+            "data parallel, the tied wte gradient: gather (its embedding part from all ranks' token rows, its LM-head part "
+            "all-reduced during the backward) | allreduce (wte whole, after the backward) | auto (gather where it moves "
+            "fewer bytes)")
+      .flag("--cuda-profile", o.cuda_profile,
+            "after the timed steps, one more step between cudaProfilerStart and cudaProfilerStop, for ncu "
+            "--profile-from-start off (bench/gpt_train/kernel_diff.py: per-kernel time, fused vs composed)");
+  if (!args.parse(argc, argv, rank)) return false;
+  o.model.recompute_gelu = recompute_gelu != 0;
+  DPML_REQUIRE_EVERYWHERE(o.schedule == "gpipe" || o.schedule == "1f1b" || o.schedule == "zb-h1" || o.schedule == "zbh1",
+                          "gpt_train: --pipeline-schedule " << o.schedule << " is not gpipe, 1f1b or zb-h1");
   DPML_REQUIRE_EVERYWHERE(o.precision == "bf16" || o.precision == "fp16", "gpt_train: --precision " << o.precision << " is not bf16 or fp16");
   DPML_REQUIRE_EVERYWHERE(o.grad_reduce == "bf16" || o.grad_reduce == "fp32", "gpt_train: --grad-reduce " << o.grad_reduce << " is not bf16 or fp32");
   DPML_REQUIRE_EVERYWHERE(!o.distributed_optimizer || o.grad_reduce == "bf16",
@@ -207,16 +190,13 @@ Options parse(int argc, char** argv) {
   DPML_REQUIRE_EVERYWHERE(o.model_kind == "fused" || (o.precision == "bf16" && o.grad_reduce == "bf16" && o.dp_comm == "nccl"),
                           "gpt_train: --model composed trains in bf16 and reduces the gradients in bf16 over NCCL (--precision "
                               << o.precision << ", --grad-reduce " << o.grad_reduce << ", --dp-comm " << o.dp_comm << ")");
-  DPML_REQUIRE_EVERYWHERE(o.bucket_mb > 0, "gpt_train: --bucket-mb " << o.bucket_mb << " must be positive");
-  DPML_REQUIRE_EVERYWHERE(o.pp >= 1, "gpt_train: --pp " << o.pp << " must be positive");
-  DPML_REQUIRE_EVERYWHERE(o.tp >= 1, "gpt_train: --tp " << o.tp << " must be positive");
   if (o.micro_batch == 0) o.micro_batch = o.batch;
   DPML_REQUIRE_EVERYWHERE(o.micro_batch > 0 && o.batch % o.micro_batch == 0,
                           "gpt_train: --micro-batch " << o.micro_batch << " does not divide --batch " << o.batch);
   DPML_REQUIRE_EVERYWHERE(o.model.layers >= o.pp, "gpt_train: --layers " << o.model.layers << " cannot fill --pp " << o.pp
                                                                          << " stages (every stage needs a block)");
   o.model.max_seq = std::max(o.model.max_seq, o.seq);
-  return o;
+  return true;
 }
 
 // bf16 GEMM peak: TFLOP/s of a square cuBLASLt GEMM of side n.
@@ -599,7 +579,8 @@ int run(const Options& o, const comm::Mpi& world) {
 
 int main(int argc, char** argv) {
   return dpml::run(argc, argv, [&](const comm::Mpi& world) {
-    const Options o = parse(argc, argv);
+    Options o;
+    if (!parse(argc, argv, world.rank(), o)) return 0;  // --help: printed, before any CUDA call
     DPML_REQUIRE_EVERYWHERE(cuda_device_count() > 0, "gpt_train: no CUDA device");
     comm::select_device(world);
     return o.precision == "fp16" ? run<models::cuda::Fp16>(o, world) : run<models::cuda::Bf16>(o, world);

@@ -5,6 +5,9 @@
 // shared/TOOLCHAIN.md), then a Markdown table for bench/kernels/README.md.
 //
 //   bench_kernels [--iters N]
+//
+// Flags (train::Args; --help lists them with defaults and ranges, and needs no GPU): --iters, the
+// timed runs per kernel (≥ 1), after two untimed ones. A bad flag exits 1 naming it.
 #include "../support/fill.cuh"
 #include "../support/train_timing.cuh"
 
@@ -16,13 +19,13 @@
 #include <dpml/kernels/cuda/embedding.hpp>
 #include <dpml/kernels/cuda/grad_norm.hpp>
 #include <dpml/kernels/cuda/layer_norm.hpp>
+#include <dpml/train/args.hpp>
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -51,15 +54,14 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int iters = 20;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: %s [--iters N]\n", argv[0]);
-      return 2;
-    }
-  }
   try {
+    int iters = 20;
+    train::Args args("bench_kernels",
+                     "Each device kernel family at GPT-2 124M's training shapes (B = 16, T = 1024, C = 768, H = 12,\n"
+                     "V = 50304), bf16 activations: one JSON line per kernel (ms, GB/s, TFLOP/s, floor_ms = the time at\n"
+                     "the H100's bandwidth or tensor peak), then a Markdown table. One GPU.");
+    args.flag("--iters", iters, "timed runs per kernel, after two untimed ones (ms is their mean)", train::at_least(1));
+    if (!args.parse(argc, argv)) return 0;  // --help: printed, before any CUDA call
     if (cuda_device_count() == 0) {
       std::fprintf(stderr, "bench_kernels: no CUDA device\n");
       return 1;
@@ -186,6 +188,9 @@ int main(int argc, char** argv) {
     }
     DPML_CHECK_CUDA(cudaDeviceSynchronize());
     return 0;
+  } catch (const Error& e) {  // a bad flag (Scope::everywhere): its message alone
+    std::fprintf(stderr, "bench_kernels: %s\n", e.scope() == Scope::everywhere ? e.message().c_str() : e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_kernels: %s\n", e.what());
     return 1;
