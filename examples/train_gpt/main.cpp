@@ -51,6 +51,7 @@
 #include <dpml/train/args.hpp>
 #include <dpml/train/checkpointing.hpp>
 #include <dpml/train/gpt_trainer.hpp>
+#include <dpml/train/memory_fit.hpp>
 #include <dpml/train/progress.hpp>
 #ifdef DPML_WITH_CUDA
 #include <dpml/comm/cuda_placement.hpp>
@@ -420,6 +421,16 @@ int main(int argc, char** argv) {
 
     const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
                                    .dim = f.hidden, .recompute = f.recompute};
+    if (f.device == "cpu") {  // a size that cannot fit is refused now, not by std::bad_alloc later
+      const auto bound = models::gpt_memory_lower_bound(config, f.tp, f.pp, f.micro_batch);
+      std::ostringstream what;
+      what.precision(3);
+      what << "the GPT's parameters with their gradients and AdamW state (" << bound.state / (1 << 30)
+           << " GiB: --num-layers " << f.layers << ", --hidden-size " << f.hidden << ", --vocab-size " << f.vocab
+           << ") and one micro-batch's logits and attention (" << bound.activations / (1 << 30) << " GiB: --micro-batch "
+           << f.micro_batch << ", --seq-length " << f.seq << ", --num-attention-heads " << f.heads << ")";
+      train::require_fits(world, bound.total(), train::host_bytes_per_rank(world), what.str());
+    }
     if (world.rank() == 0)
       std::printf("dpml train_gpt: %s%s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
                   f.device == "cpu" ? "" : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",

@@ -111,6 +111,7 @@
 #include "dpml/train/classifier.hpp"
 #include "dpml/train/gpt_trainer.hpp"
 #include "dpml/train/layer_stage.hpp"
+#include "dpml/train/memory_fit.hpp"
 #include "dpml/train/progress.hpp"
 #include "dpml/train/trainer.hpp"
 

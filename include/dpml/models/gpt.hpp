@@ -60,6 +60,7 @@
 #include "dpml/parallel/pipeline/partition.hpp"
 #include "dpml/parallel/tensor.hpp"
 
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <memory>
@@ -88,6 +89,32 @@ struct GptConfig {
     return vocab * dim + max_seq * dim + layers * per_block + 2 * dim;
   }
 };
+
+// A lower bound of the bytes the largest rank of a (tp, pp) layout holds for this GPT, in double
+// (the sizes it is for overflow 64-bit counts): `state` — the parameters of its blocks (L/(tp·pp)
+// of them) and its share of the token embedding (V·C/tp: the first stage's, and the last stage's
+// tied copy), each with `state_bytes` of value, gradient and optimizer state; `activations` — one
+// micro-batch's logits (B·T·V/tp) and, with `attention_probabilities` (the host's attention keeps
+// them), its probabilities (B·H/tp·T² per block of a stage), `activation_bytes` each.
+// train::require_fits refuses a layout whose bound does not fit (train/memory_fit.hpp).
+struct GptMemoryBound {
+  double state = 0, activations = 0;
+  double total() const noexcept { return state + activations; }
+};
+struct GptMemoryTerms {
+  double state_bytes = 16;      // per parameter: fp32 value, gradient, AdamW's two moments
+  double activation_bytes = 4;  // per activation element
+  bool attention_probabilities = true;
+};
+inline GptMemoryBound gpt_memory_lower_bound(const GptConfig& c, int tp, int pp, std::int64_t micro_batch, GptMemoryTerms t = {}) {
+  const double C = static_cast<double>(c.dim), L = static_cast<double>(c.layers), V = static_cast<double>(c.vocab);
+  const double T = static_cast<double>(c.max_seq), H = static_cast<double>(c.heads), B = static_cast<double>(micro_batch);
+  const double stage_blocks = std::floor(L / pp);
+  GptMemoryBound m;
+  m.state = t.state_bytes * (stage_blocks * (12 * C * C + 13 * C) / tp + V * C / tp);
+  m.activations = t.activation_bytes * (B * T * V / tp + (t.attention_probabilities ? stage_blocks * B * (H / tp) * T * T : 0.0));
+  return m;
+}
 
 // Blocks [first, first + count) of a pipeline stage (shared with the GPU model).
 using parallel::pipeline::StageBlocks;

@@ -1,0 +1,61 @@
+#pragma once
+// Refusing a size that cannot fit, before anything is allocated: a program estimates a lower
+// bound of the bytes its largest rank will hold (models::Gpt: gpt_memory_lower_bound) and
+// require_fits compares it with the memory a rank of this launch has — on the host, the node's
+// MemAvailable (/proc/meminfo; else the free physical pages) shared by the node's ranks, the
+// smallest over the world. Too large is one Error on every rank alike, naming the estimate, what
+// drives it (the flags) and what is there, instead of a std::bad_alloc naming nothing after
+// minutes of set-up. The bound is low on purpose: a run it refuses cannot fit; one it accepts
+// may still not (buffers, more micro-batches in flight, the allocator's slack).
+//
+//   const double need = models::gpt_memory_lower_bound(cfg, tp, pp, micro_batch, {...}).total();
+//   train::require_fits(world, need, train::host_bytes_per_rank(world), "the GPT of --num-layers …");
+
+#include "dpml/comm/local_rank.hpp"
+#include "dpml/comm/mpi.hpp"
+#include "dpml/core/error.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace dpml::train {
+
+// Bytes of host memory the node has available now (MemAvailable), or its free physical pages
+// where /proc/meminfo is missing.
+inline double host_available_bytes() {
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    double kib = -1;
+    while (std::fgets(line, sizeof line, f))
+      if (std::strncmp(line, "MemAvailable:", 13) == 0 && std::sscanf(line + 13, "%lf", &kib) == 1) break;
+    std::fclose(f);
+    if (kib >= 0) return kib * 1024.0;
+  }
+  return static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// The host memory one rank may use: its node's available bytes over the node's ranks, the smallest
+// over the world (the same on every rank). Collective over `world`.
+inline double host_bytes_per_rank(const comm::Mpi& world) {
+  const comm::NodeRank node = comm::node_local_rank(world);
+  return world.allreduce(host_available_bytes() / node.size, comm::ReduceOp::min);
+}
+
+// Refuses, on every rank alike, a run whose lower bound `need` (bytes, this rank's; the largest
+// over the world is compared) exceeds `have` (bytes a rank has, the same on every rank).
+// `what`: the estimate's parts and the flags that drive them, for the message. Collective.
+inline void require_fits(const comm::Mpi& world, double need, double have, const std::string& what) {
+  need = world.allreduce(need, comm::ReduceOp::max);
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  char sizes[160];
+  std::snprintf(sizes, sizeof sizes, "at least %.3g GiB on a rank, more than the %.3g GiB a rank has", need / kGiB,
+                have / kGiB);
+  DPML_REQUIRE_EVERYWHERE(need <= have, what << " need " << sizes
+                                             << " (the node's available memory over its ranks): make them smaller or "
+                                                "spread the model over more ranks (--tp, --pp)");
+}
+
+}  // namespace dpml::train
