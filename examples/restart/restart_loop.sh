@@ -11,7 +11,10 @@
 #     every rank's file is on disk (fsync'ed) and the manifest with checksums is written: a crash
 #     mid-save leaves a .tmp directory that is never read;
 #   * --resume latest loads DIR/latest, or the newest intact step-N; a torn or corrupt one is
-#     skipped with a message naming it; with no checkpoint at all the run starts fresh;
+#     skipped with a message naming it; with no checkpoint at all the run starts fresh, with
+#     only corrupt ones it stops (each attempt alike, so the loop gives up) unless
+#     --resume-fresh-if-corrupt; a failed save is reported and retried at the next interval
+#     (--save-max-failures in a row end the attempt);
 #   * a dead or stuck rank cannot hang the job: MPI ends the job when a rank dies, and the
 #     watchdog (--collective-timeout, default 300 s) ends it when a rank stops communicating.
 # The job's exit status tells completion (0) from failure (anything else). The number of

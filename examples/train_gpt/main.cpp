@@ -98,6 +98,8 @@ struct Flags {
   bool override_resume = false;
   std::int64_t save_interval = 0, exit_interval = 0;
   int keep = 3;
+  int save_max_failures = 3;
+  bool resume_fresh_if_corrupt = false;
   std::string on_nonfinite = "stop";
   std::string device = "cpu";
   std::string gpu_comm = "auto";
@@ -177,8 +179,8 @@ int train_and_sample(Trainer& trainer, const Run& run) {
   train::TrainPosition start;
   std::optional<std::string> resume_dir;
   if (!f.resume.empty()) {
-    resume_dir = train::resolve_resume(world, f.resume, f.save);
-    if (!resume_dir && world.rank() == 0) std::printf("no checkpoint in '%s': starting fresh\n", f.save.c_str());
+    resume_dir = train::resolve_resume(world, f.resume, f.save, f.resume_fresh_if_corrupt);
+    if (!resume_dir && world.rank() == 0) std::printf("no usable checkpoint in '%s': starting fresh\n", f.save.c_str());
   }
   DPML_REQUIRE_EVERYWHERE(!resume_dir || f.import_path.empty(),
                           "--import " << f.import_path << " and --resume " << f.resume << ": the checkpoint '" << *resume_dir
@@ -194,9 +196,10 @@ int train_and_sample(Trainer& trainer, const Run& run) {
   }
   std::optional<train::Checkpointer<Trainer>> ckpt;
   if (!f.save.empty())
-    ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .seq_len = f.seq, .extra_config = [&](checkpoint::Json& c) {
-                   for (const auto& d : data_fields) c.set(d.key, d.value);
-                 }});
+    ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .max_failures = f.save_max_failures, .seq_len = f.seq,
+                                                             .extra_config = [&](checkpoint::Json& c) {
+                                                               for (const auto& d : data_fields) c.set(d.key, d.value);
+                                                             }});
   std::ofstream loss_log;
   if (!f.loss_log.empty() && world.rank() == 0) loss_log.open(f.loss_log, std::ios::trunc);
   train::Progress progress(f.iters, world.rank(), "tok/s");
@@ -360,6 +363,10 @@ int main(int argc, char** argv) {
         .flag("--save-interval", f.save_interval, "steps between checkpoints (0: only at the end)", train::at_least(0))
         .flag("--exit-interval", f.exit_interval, "stop (saving a checkpoint) after a step divisible by this (0: never)", train::at_least(0))
         .flag("--keep", f.keep, "complete checkpoints kept (0: all)", train::at_least(0))
+        .flag("--save-max-failures", f.save_max_failures,
+              "failed saves in a row that stop the run (the ones before are reported; training goes on)", train::at_least(1))
+        .flag("--resume-fresh-if-corrupt", f.resume_fresh_if_corrupt,
+              "--resume latest starts fresh when every checkpoint in --save is corrupt (else the run stops)")
         .flag("--resume", f.resume, "latest (newest complete checkpoint in --save) or DIR/step-N")
         .flag("--override-resume-config", f.override_resume,
               "resume even if --seed or the data differ from the checkpoint's (the data order then changes)")

@@ -5,7 +5,9 @@ Reads <dir>/reference.safetensors with the `safetensors` + `numpy` packages when
 otherwise with the plain-Python parser below, which follows the published format
 (https://github.com/huggingface/safetensors): u64 little-endian header length N, N bytes of JSON
 (space padded), then the raw little-endian data; offsets relative to the data, contiguous.
-Then checks <dir>/ckpt: `latest`, the manifest, each piece's header entry, values and zlib CRC-32.
+Then checks <dir>/ckpt: `latest`, the manifest and its own CRC-32 ("manifest_crc32": over its
+compact JSON without that member, keys in file order), each piece's header entry, values and
+zlib CRC-32.
 Exits non-zero on any mismatch; there is no silent pass.
 
     read_safetensors.py <dir>
@@ -127,6 +129,10 @@ def check_checkpoint(root):
         manifest = json.load(f)
     if manifest["format"] != "dpml-checkpoint" or manifest["version"] != 1 or manifest["step"] != 3:
         raise ValueError(f"{step_dir}: unexpected manifest head {manifest}")
+    recorded = manifest.pop("manifest_crc32")
+    body = json.dumps(manifest, separators=(",", ":"), ensure_ascii=False).encode()
+    if zlib.crc32(body) != recorded:
+        raise ValueError(f"{step_dir}: manifest crc32 {zlib.crc32(body)}, it records {recorded}")
     if manifest["layout"] != {"tp": 2, "pp": 1, "dp": 1, "zero": 0} or manifest["config"] != {"note": "reference"}:
         raise ValueError(f"{step_dir}: layout/config {manifest['layout']} {manifest['config']}")
     tensors = {t["name"]: t for t in manifest["tensors"]}
@@ -159,7 +165,7 @@ def check_checkpoint(root):
                 full[flat] = v
         if full != values:
             raise ValueError(f"{step_dir}: {name}: assembled {full}, expected {values}")
-    print(f"{step_dir}: manifest, pieces, values and crc32 agree")
+    print(f"{step_dir}: manifest (its own crc32 too), pieces, values and crc32 agree")
 
 
 def main():

@@ -1,14 +1,22 @@
 // checkpoint.hpp on the launch's ranks (1 and 2): sharded save and load, atomic commit and
 // `latest`, torn and corrupt checkpoints skipped, bad checkpoints as Errors naming file and
 // tensor, keep-last-K, asynchronous save equal to the synchronous one byte for byte, in-place staging, and plan
-// errors (gaps, ranks that disagree) raised on every rank alike.
+// errors (gaps, ranks that disagree) raised on every rank alike. The manifest's own checksum and
+// train::resolve_resume's fallback past bad checkpoints (all bad: an Error unless asked to start
+// fresh); failed saves that training survives until the K-th in a row; unfinished saves of an
+// earlier run removed at start-up.
 #include "common.hpp"
 
 #include <dpml/checkpoint/checkpoint.hpp>
+#include <dpml/train/checkpointing.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -37,6 +45,38 @@ SaveInfo info(std::int64_t step) {
   i.config = Json(Json::Object{{"model", "test"}, {"lr", 0.5}, {"layers", 3}});
   i.layout = {.tp = 1, .pp = 1, .dp = 2, .zero = 1};
   return i;
+}
+
+// What f() writes to std::cerr (and f's Error, if any, after "ERROR: ").
+std::string cerr_of(const std::function<void()>& f) {
+  std::ostringstream captured;
+  std::streambuf* old = std::cerr.rdbuf(captured.rdbuf());
+  const std::string error = test::error_of(f);
+  std::cerr.rdbuf(old);
+  return captured.str() + (error.empty() ? "" : "ERROR: " + error);
+}
+
+// A training checkpoint's config (what train::Checkpointer records of the position).
+SaveInfo train_info(std::int64_t step) {
+  SaveInfo i = info(step);
+  i.config.set("train.step", step).set("train.optimizer_step", step).set("train.epoch", 0).set("train.batch", step);
+  return i;
+}
+
+// Rewrites a manifest through `edit` and stamps it with its new checksum: a manifest that is
+// self-consistent but says something impossible.
+void edit_manifest(const std::string& path, const std::function<void(Json&)>& edit) {
+  const auto bytes = test::read_bytes(path);
+  Json j = Json::parse(std::string_view(bytes.data(), bytes.size()), path);
+  edit(j);
+  j.set(kManifestChecksum, manifest_checksum(j));
+  const std::string text = j.dump() + "\n";
+  test::write_bytes(path, std::vector<char>(text.begin(), text.end()));
+}
+Json& member(Json& object, const std::string& key) {
+  for (auto& [k, v] : object.as_object())
+    if (k == key) return v;
+  throw std::logic_error("no member " + key);
 }
 
 std::string latest_of(const std::string& root) {
@@ -297,6 +337,9 @@ TEST_CASE("checkpoint: bad checkpoints are Errors naming the file and the tensor
   edited.replace(edited.find("\"shape\":[5]"), 11, "\"shape\":[6]");
   test::write_bytes(manifest, std::vector<char>(edited.begin(), edited.end()));
   CHECK(test::contains(test::error_of([&] { CheckpointReader{step}; }),
+                       "bad checkpoint manifest '" + manifest + "': manifest checksum mismatch"));
+  edit_manifest(manifest, [](Json&) {});  // the same lie with a checksum that agrees: the tiling check finds it
+  CHECK(test::contains(test::error_of([&] { CheckpointReader{step}; }),
                        "bad checkpoint manifest '" + manifest + "'"));
   CHECK(test::contains(test::error_of([&] { CheckpointReader{step}; }), "tensor 'b' of shape [6]: its pieces hold 5 of its 6 elements"));
   fs::remove(manifest);
@@ -326,4 +369,244 @@ TEST_CASE("checkpoint: plan errors are raised on every rank", "[checkpoint]") {
   }
   world.barrier();
   CHECK_FALSE(fs::exists(dir / "latest"));
+}
+
+TEST_CASE("checkpoint: the manifest's checksum covers its own fields", "[checkpoint]") {
+  const auto world = test::world();
+  test::SharedTempDir dir(world);
+  CheckpointWriter ckpt(world, dir.str(), {.keep_last = 0});
+  for (std::int64_t step = 1; step <= 2; ++step) {
+    stage(ckpt, world);
+    ckpt.save(info(step));
+  }
+  world.barrier();
+  const std::string m1 = dir / "step-1/manifest.json", m2 = dir / "step-2/manifest.json";
+  const auto text = test::read_bytes(m2);
+  const Json j = Json::parse(std::string_view(text.data(), text.size()), m2);
+  REQUIRE(j.as_object().back().first == kManifestChecksum);  // written last, over the rest
+  CHECK(j.at(kManifestChecksum).as_int() == manifest_checksum(j));
+  world.barrier();
+
+  // One flipped bit in the step ("step":2 → "step":3): no tensor file changed, the checkpoint is
+  // skipped for the previous one all the same.
+  if (world.rank() == 0) {
+    std::string edited(text.begin(), text.end());
+    const auto at = edited.find("\"step\":2");
+    REQUIRE(at != std::string::npos);
+    edited[at + 7] ^= 0x01;
+    test::write_bytes(m2, std::vector<char>(edited.begin(), edited.end()));
+  }
+  world.barrier();
+  std::vector<std::string> skipped;
+  CHECK(find_latest_valid(dir.str(), &skipped) == dir / "step-1");
+  REQUIRE(skipped.size() == 1);
+  CHECK(test::contains(skipped[0], "skipping checkpoint '" + (dir / "step-2") + "': bad checkpoint manifest '" + m2 +
+                                       "': manifest checksum mismatch: crc32 "));
+
+  // A manifest that does not parse, one with a negative step: skipped alike.
+  world.barrier();
+  if (world.rank() == 0) {
+    test::write_bytes(m2, std::vector<char>(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(text.size() / 2)));
+    fs::copy(dir / "step-1", dir / "step-3", fs::copy_options::recursive);
+    edit_manifest(dir / "step-3/manifest.json", [](Json& m) { member(m, "step") = Json(-3); });
+  }
+  world.barrier();
+  skipped.clear();
+  CHECK(find_latest_valid(dir.str(), &skipped) == dir / "step-1");
+  REQUIRE(skipped.size() == 2);  // `latest` (step-2) first, then newest first
+  CHECK(test::contains(skipped[0], "skipping checkpoint '" + (dir / "step-2") + "'"));
+  CHECK(test::contains(skipped[0], m2));
+  CHECK(test::contains(skipped[1], "skipping checkpoint '" + (dir / "step-3") + "'"));
+  CHECK(test::contains(skipped[1], "step -3 is negative"));
+
+  // A manifest written before the checksum existed (no such member) is read as before.
+  world.barrier();
+  if (world.rank() == 0) {
+    const auto old = test::read_bytes(m1);
+    std::string stripped(old.begin(), old.end());
+    const auto at = stripped.find(",\"manifest_crc32\":");
+    REQUIRE(at != std::string::npos);
+    stripped.erase(at, stripped.find('}', at) - at);
+    test::write_bytes(m1, std::vector<char>(stripped.begin(), stripped.end()));
+  }
+  world.barrier();
+  const auto stripped = test::read_bytes(m1);
+  CHECK_FALSE(test::contains(std::string(stripped.begin(), stripped.end()), "manifest_crc32"));
+  CHECK(CheckpointReader(dir / "step-1").read_full<float>("w", kW) == test::reference_block<float>(1, kW, full_slice(kW)));
+  skipped.clear();
+  CHECK(find_latest_valid(dir.str(), &skipped) == dir / "step-1");
+}
+
+TEST_CASE("checkpoint: resume falls back past bad checkpoints; all bad is an error unless told", "[checkpoint]") {
+  const auto world = test::world();
+  test::SharedTempDir dir(world), empty(world);
+  {
+    CheckpointWriter ckpt(world, dir.str(), {.keep_last = 0});
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      stage(ckpt, world);
+      ckpt.save(train_info(step));
+    }
+  }
+  world.barrier();
+  CHECK(train::resolve_resume(world, "latest", dir.str()) == dir / "step-3");
+
+  // step-3 says it resumes at a negative batch (a consistent manifest, checksum and all), step-2's
+  // tensor file is corrupt: step-1, each skip named once by rank 0.
+  if (world.rank() == 0) {
+    edit_manifest(dir / "step-3/manifest.json", [](Json& m) { member(m, "config").set("train.batch", -1); });
+    test::flip_byte(dir / "step-2/rank-0.safetensors", 3);
+  }
+  world.barrier();
+  std::optional<std::string> found;
+  const std::string said = cerr_of([&] { found = train::resolve_resume(world, "latest", dir.str()); });
+  CHECK(found == dir / "step-1");
+  if (world.rank() == 0) {
+    CHECK(test::contains(said, "dpml: skipping checkpoint '" + (dir / "step-3") + "': checkpoint manifest '" +
+                                   (dir / "step-3/manifest.json") + "': config \"train.batch\" is -1 (negative)\n"));
+    CHECK(test::contains(said, "dpml: skipping checkpoint '" + (dir / "step-2") + "': checksum mismatch"));
+  } else {
+    CHECK(said.empty());
+  }
+  // Named explicitly, the bad one is an Error (no fallback).
+  CHECK(test::contains(test::error_of([&] { train::resolve_resume(world, dir / "step-3", dir.str()); }),
+                       "resuming from '" + (dir / "step-3") + "' failed: rank 0: checkpoint manifest"));
+
+  // Every one bad: an Error naming the directory and each skipped checkpoint — starting fresh
+  // would silently throw the run away — unless fresh_if_corrupt.
+  world.barrier();
+  if (world.rank() == 0) fs::remove(dir / "step-1/manifest.json");
+  world.barrier();
+  const std::string e = test::error_of([&] { train::resolve_resume(world, "latest", dir.str()); });
+  CHECK(test::contains(e, "--resume latest failed: rank 0: every checkpoint in --save '" + dir.str() +
+                              "' is corrupt or incomplete (3 skipped: skipping checkpoint '" + (dir / "step-3") + "'"));
+  CHECK(test::contains(e, "skipping checkpoint '" + (dir / "step-1") + "': checkpoint '" + (dir / "step-1") + "' has no manifest.json"));
+  CHECK(test::contains(e, "); --resume-fresh-if-corrupt starts fresh instead"));
+  const std::string fresh = cerr_of([&] { found = train::resolve_resume(world, "latest", dir.str(), /*fresh_if_corrupt=*/true); });
+  CHECK_FALSE(found.has_value());
+  if (world.rank() == 0)
+    CHECK(test::contains(fresh, "dpml: every checkpoint in --save '" + dir.str() +
+                                    "' is corrupt or incomplete (3 skipped): starting fresh (--resume-fresh-if-corrupt)"));
+  // No checkpoint at all: starting fresh is right, without a word.
+  CHECK(cerr_of([&] { found = train::resolve_resume(world, "latest", empty.str()); }).empty());
+  CHECK_FALSE(found.has_value());
+}
+
+TEST_CASE("checkpoint: unfinished saves of an earlier run are removed at start-up", "[checkpoint]") {
+  const auto world = test::world();
+  test::SharedTempDir dir(world);
+  {
+    CheckpointWriter ckpt(world, dir.str());
+    stage(ckpt, world);
+    ckpt.save(info(1));
+    stage(ckpt, world);
+    ckpt.save_async(info(2));  // dies: the writer goes away without wait()
+  }
+  world.barrier();
+  if (world.rank() == 0) {
+    fs::create_directory(dir / "step-9.tmp");
+    fs::create_directory(dir / "notes.tmp");  // not a save's: kept
+  }
+  world.barrier();
+  REQUIRE(fs::exists(dir / "step-2.tmp"));
+  std::optional<CheckpointWriter> next;
+  const std::string said = cerr_of([&] { next.emplace(world, dir.str()); });
+  world.barrier();
+  CHECK_FALSE(fs::exists(dir / "step-2.tmp"));
+  CHECK_FALSE(fs::exists(dir / "step-9.tmp"));
+  CHECK(fs::exists(dir / "notes.tmp"));
+  CHECK(fs::exists(dir / "step-1/manifest.json"));
+  if (world.rank() == 0)
+    CHECK(said == "dpml checkpoint: removed unfinished saves of an earlier run in '" + dir.str() + "': step-2.tmp, step-9.tmp\n");
+  else
+    CHECK(said.empty());
+  CHECK(cerr_of([&] { CheckpointWriter again(world, dir.str()); }).empty());  // nothing left: nothing said
+}
+
+TEST_CASE("checkpoint: failed saves are reported and training goes on until the K-th in a row", "[checkpoint]") {
+  const auto world = test::world();
+  test::SharedTempDir dir(world);
+  // The last rank's background write fails at these steps, as on a full disk.
+  const std::vector<std::int64_t> failing = {2, 3, 5, 6, 7};
+  const int last = world.size() - 1;
+  WriterOptions options{.keep_last = 0, .max_failures = 3};
+  options.before_write = [&](std::int64_t step) {
+    if (world.rank() == last && std::find(failing.begin(), failing.end(), step) != failing.end())
+      throw std::runtime_error("No space left on device (injected)");
+  };
+  CheckpointWriter ckpt(world, dir.str(), options);
+  std::int64_t reached = 0;
+  std::vector<int> in_a_row;
+  // A training loop: a save every step, poll() every step; 2 and 3 fail, 4 commits (the count
+  // starts again), 5, 6 and 7 fail: the third in a row is raised, on every rank alike.
+  const std::string said = cerr_of([&] {
+    for (std::int64_t step = 1; step <= 7; ++step) {
+      reached = step;
+      ckpt.poll();
+      stage(ckpt, world);
+      ckpt.save_async(info(step));  // the previous save is complete now: its outcome counted
+      in_a_row.push_back(ckpt.failures_in_a_row());
+    }
+    ckpt.wait();
+  });
+  CHECK(reached == 7);
+  CHECK(in_a_row == std::vector<int>{0, 0, 1, 2, 0, 1, 2});
+  const std::string failure = "rank " + std::to_string(last) + ": No space left on device (injected)";
+  CHECK(test::contains(said, "3 checkpoint saves failed in a row, the last of step 7: saving checkpoint '" + (dir / "step-7") +
+                                 "' failed: " + failure));
+  if (world.rank() == 0) {
+    for (const std::int64_t step : {2, 3, 5, 6}) {
+      const std::string line = "dpml checkpoint: step " + std::to_string(step) + " not saved (failure " +
+                               std::to_string(step == 2 || step == 5 ? 1 : 2) +
+                               " in a row; failure 3 stops the run); training goes on, the next save retries: saving checkpoint '" +
+                               (dir / ("step-" + std::to_string(step))) + "' failed: " + failure + "\n";
+      CHECK(test::contains(said, line));
+      CHECK(said.find(line) == said.rfind(line));  // once
+    }
+  } else {
+    CHECK_FALSE(test::contains(said, "not saved"));
+  }
+  world.barrier();
+  CHECK(latest_of(dir.str()) == "step-4");
+  for (const std::int64_t step : {1, 4}) CHECK(fs::exists(dir / ("step-" + std::to_string(step) + "/manifest.json")));
+  for (const std::int64_t step : failing) {  // neither committed nor left behind as .tmp
+    CHECK_FALSE(fs::exists(dir / ("step-" + std::to_string(step))));
+    CHECK_FALSE(fs::exists(dir / ("step-" + std::to_string(step) + ".tmp")));
+  }
+}
+
+TEST_CASE("checkpoint: a save directory that cannot be made fails each save; a repaired one commits", "[checkpoint]") {
+  const auto world = test::world();
+  test::SharedTempDir dir(world);
+  if (world.rank() == 0) test::write_bytes(dir / "file", {'x'});
+  world.barrier();
+  const std::string root = dir / "file/sub";  // below a regular file (chmod does not stop root)
+  CheckpointWriter ckpt(world, root, {.max_failures = 2});
+  stage(ckpt, world);
+  const std::string first = cerr_of([&] { ckpt.save(info(1)); });
+  CHECK(ckpt.failures_in_a_row() == 1);
+  if (world.rank() == 0)
+    CHECK(test::contains(first, "dpml checkpoint: step 1 not saved (failure 1 in a row; failure 2 stops the run); training goes "
+                                "on, the next save retries: checkpoint step 1 failed: rank 0: cannot create '" + root + "/step-1.tmp'"));
+  world.barrier();
+  if (world.rank() == 0) {  // repaired
+    fs::remove(dir / "file");
+    fs::create_directories(root);
+  }
+  world.barrier();
+  stage(ckpt, world);
+  ckpt.save(info(2));
+  CHECK(ckpt.failures_in_a_row() == 0);
+  CHECK(latest_of(root) == "step-2");
+  world.barrier();
+  if (world.rank() == 0) {  // broken again: two in a row stop
+    fs::remove_all(dir / "file");
+    test::write_bytes(dir / "file", {'x'});
+  }
+  world.barrier();
+  stage(ckpt, world);
+  CHECK(test::error_of([&] { ckpt.save(info(3)); }).empty());
+  stage(ckpt, world);
+  CHECK(test::contains(test::error_of([&] { ckpt.save(info(4)); }),
+                       "2 checkpoint saves failed in a row, the last of step 4: checkpoint step 4 failed: rank 0: cannot create '" +
+                           root + "/step-4.tmp'"));
 }

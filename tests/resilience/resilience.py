@@ -38,8 +38,15 @@ tests:
             on the GPU, a checkpoint of 4 GPU ranks at tp 2 × pp 2 (NCCL, or comm::Staged on fewer
             GPUs) on one GPU and on CPU ranks (tp 2), and a CPU one on GPUs at tp 2 × pp 2: every
             loss within 2e-2 (relative; bf16 forward against fp32) of the uninterrupted run.
+  corrupt   checkpoints that fail their checks and saves that fail: a flipped bit in a manifest's
+            step (its own checksum) makes --resume latest fall back to the previous checkpoint,
+            named once; every checkpoint bad stops the run naming --save and them, or starts
+            fresh with --resume-fresh-if-corrupt (and removes a leftover step-N.tmp, named once);
+            a --save that cannot be written: each failed save named once, training goes on, and
+            --save-max-failures failures in a row stop the run.
   bad-setup writes the bad checkpoints that the failure tests (CMakeLists.txt) resume from:
-            truncated file, flipped byte, missing tensor, shape that disagrees with the model.
+            truncated file, flipped byte, missing tensor, shape that disagrees with the model (the
+            edited manifests without their checksum: a manifest that lies consistently).
 Exits non-zero with a message on the first failure.
 """
 import argparse
@@ -367,6 +374,73 @@ def test_skip(r, reader):
     print("skip: step 3 skipped with a message and no update; training finished with finite losses")
 
 
+def once(out, pattern, what):
+    n = len(re.findall(pattern, out))
+    if n != 1:
+        fail(f"{what}: {n} times (once expected) /{pattern}/ in:\n{out}")
+
+
+def test_corrupt(r):
+    base = ["--pp", "2", "--train-iters", "6", "--save-interval", "2", "--keep", "0"]
+    shutil.rmtree(r.path("corrupt"), ignore_errors=True)
+    r.run(2, base + ["--save", "corrupt/ref"])
+    # The step of step-6's manifest, one bit flipped (6 → 7): its tensor files are intact.
+    d = r.path("corrupt", "one")
+    shutil.copytree(r.path("corrupt", "ref"), d)
+    m = os.path.join(d, "step-6", "manifest.json")
+    text = open(m).read()
+    open(m, "w").write(text.replace('"step":6', '"step":7', 1))
+    _, out = r.run(2, base + ["--save", "corrupt/one", "--resume", "latest"])
+    once(out, r"skipping checkpoint '[^']*one/step-6': bad checkpoint manifest '[^']*step-6/manifest.json': "
+              r"manifest checksum mismatch", "the skipped checkpoint")
+    once(out, r"resumed from '[^']*one/step-4' at step 4 ", "the resume from the previous checkpoint")
+    print("corrupt: a flipped bit in a manifest's step: resumed from the previous checkpoint, the skip named once")
+
+    # Every checkpoint bad: stop, naming --save and each one; or start fresh when told.
+    d = r.path("corrupt", "all")
+    shutil.copytree(r.path("corrupt", "ref"), d)
+    for step in (2, 4, 6):
+        f = os.path.join(d, f"step-{step}", "rank-0.safetensors")
+        blob = bytearray(read_bytes(f))
+        blob[-7] ^= 0x40
+        open(f, "wb").write(blob)
+    rc, out = r.run(2, base + ["--save", "corrupt/all", "--resume", "latest"], ok=False)
+    if rc == 0:
+        fail(f"every checkpoint corrupt, yet the run went on:\n{out}")
+    once(out, r"every checkpoint in --save 'corrupt/all' is corrupt or incomplete \(3 skipped: skipping checkpoint "
+              r"'corrupt/all/step-6': checksum mismatch.*; skipping checkpoint 'corrupt/all/step-2': .*\); "
+              r"--resume-fresh-if-corrupt starts fresh instead", "the error")
+    if "starting fresh" in out.replace("--resume-fresh-if-corrupt starts fresh", ""):
+        fail(f"started fresh over corrupt checkpoints:\n{out}")
+    os.makedirs(os.path.join(d, "step-8.tmp"))  # a save that died
+    _, out = r.run(2, base + ["--save", "corrupt/all", "--resume", "latest", "--resume-fresh-if-corrupt"])
+    once(out, r"every checkpoint in --save 'corrupt/all' is corrupt or incomplete \(3 skipped\): starting fresh "
+              r"\(--resume-fresh-if-corrupt\)", "the fresh start")
+    once(out, r"removed unfinished saves of an earlier run in 'corrupt/all': step-8.tmp\n", "the removed .tmp")
+    if "resumed from" in out or os.path.exists(os.path.join(d, "step-8.tmp")):
+        fail(f"--resume-fresh-if-corrupt: resumed, or left step-8.tmp:\n{out}")
+    print("corrupt: every checkpoint corrupt: an error naming --save and the three; "
+          "with --resume-fresh-if-corrupt a fresh start (and the leftover step-8.tmp removed)")
+
+    # Saves that fail (--save below a regular file): named once each, training goes on; the K-th
+    # failure in a row stops the run.
+    open(r.path("corrupt", "file"), "w").write("not a directory")
+    _, out = r.run(2, base + ["--save", "corrupt/file/ckpt", "--save-max-failures", "4"])
+    for step in (2, 4, 6):
+        once(out, rf"dpml checkpoint: step {step} not saved \(failure {step // 2} in a row; failure 4 stops the run\); "
+                  rf"training goes on, the next save retries: checkpoint step {step} failed: rank 0: cannot create "
+                  rf"'corrupt/file/ckpt/step-{step}.tmp'", f"the failed save of step {step}")
+    once(out, r"final validation loss", "the end of training")
+    rc, out = r.run(2, base + ["--save", "corrupt/file/ckpt", "--save-interval", "1"], ok=False)
+    if rc == 0:
+        fail(f"3 failed saves in a row, yet the run went on:\n{out}")
+    once(out, r"3 checkpoint saves failed in a row, the last of step 3: checkpoint step 3 failed: rank 0: cannot create",
+         "the stop after 3 failed saves")
+    if re.search(r"step [4-6]/6", out) or "final validation loss" in out:
+        fail(f"trained on after the 3rd failed save:\n{out}")
+    print("corrupt: failed saves named once each while training went on; the 3rd in a row stopped the run")
+
+
 def bad_setup(r):
     d = r.path("bad")
     shutil.rmtree(d, ignore_errors=True)
@@ -384,11 +458,13 @@ def bad_setup(r):
     m = os.path.join(d, "missing", "step-3", "manifest.json")
     j = json.load(open(m))
     j["tensors"] = [t for t in j["tensors"] if t["name"] != "h.1.mlp.c_fc.weight"]
+    del j["manifest_crc32"]  # else its own checksum finds the edit before the loader's checks
     json.dump(j, open(m, "w"))
     m = os.path.join(d, "shape", "step-3", "manifest.json")
     j = json.load(open(m))  # a checkpoint that claims T = 32 but holds wpe.weight (16, 32)
     j["config"]["model.max_seq"] = 32
     j["config"]["data.seq_len"] = 32
+    del j["manifest_crc32"]
     json.dump(j, open(m, "w"))
     print("bad checkpoints written under " + d)
 
@@ -447,7 +523,7 @@ def test_gpu(r):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("test", choices=["bitwise", "reshard", "export", "faults", "skip", "gpu", "bad-setup"])
+    p.add_argument("test", choices=["bitwise", "reshard", "export", "faults", "skip", "corrupt", "gpu", "bad-setup"])
     p.add_argument("--train", required=True)
     p.add_argument("--mpiexec", required=True)
     p.add_argument("--np-flag", default="-n")
@@ -459,7 +535,8 @@ def main():
     r = Runner(a)
     {"bitwise": lambda: test_bitwise(r), "reshard": lambda: test_reshard(r),
      "export": lambda: test_export(r, a.python_reader), "faults": lambda: test_faults(r),
-     "skip": lambda: test_skip(r, a.python_reader), "gpu": lambda: test_gpu(r), "bad-setup": lambda: bad_setup(r)}[a.test]()
+     "skip": lambda: test_skip(r, a.python_reader), "corrupt": lambda: test_corrupt(r), "gpu": lambda: test_gpu(r),
+     "bad-setup": lambda: bad_setup(r)}[a.test]()
 
 
 if __name__ == "__main__":

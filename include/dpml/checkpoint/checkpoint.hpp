@@ -29,12 +29,20 @@
 //   A crash anywhere before the rename leaves a .tmp directory that no reader ever returns; a
 //   crash between the rename and `latest` leaves `latest` on the previous checkpoint.
 //   A failure on any rank (disk full, a bad tensor) is reported on every rank, naming the rank,
-//   as an Error with Scope::everywhere — nobody is left waiting in a collective.
+//   as an Error with Scope::everywhere — nobody is left waiting in a collective. Rank 0 then
+//   removes the save's step-<N>.tmp. With max_failures = K > 1 a failed save does not end the
+//   run: rank 0 reports it once (step and error), and save_async/poll/wait return as if it had
+//   committed; the K-th failure in a row is raised (a commit resets the count). A writer's rank 0
+//   removes the step-<N>.tmp directories that earlier runs left (saves that died) when it is
+//   made, naming them once.
 //
 // Loading (CheckpointReader, no MPI: each rank reads what it needs):
 //   open a step directory, or find_latest_valid(<root>): `latest` first, else the complete
-//   step-<N> directories newest first; one that is torn or corrupt (no manifest, a missing or
-//   truncated file, a checksum mismatch) is skipped with a message naming it. read(name, shape,
+//   step-<N> directories newest first; one that is torn or corrupt (no manifest, a manifest that
+//   does not parse or fails its own checksum or checks, a missing or truncated file, a checksum
+//   mismatch, or whatever the caller's `check` refuses) is skipped with a message naming it and
+//   why (through `skipped`, a caller tells a root without checkpoints from one with only bad
+//   ones). read(name, shape,
 //   block, dst) checks the shape against the model's and assembles the block from whichever
 //   pieces overlap it, verifying each piece's CRC-32 — so a tensor saved as tp=2 shards reads
 //   back whole, or as tp=4 shards, or split along another dimension (resharding).
@@ -58,8 +66,6 @@
 #include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -68,6 +74,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -80,11 +87,6 @@
 #include <vector>
 
 namespace dpml::checkpoint {
-
-inline std::uint32_t crc32_of(std::span<const std::byte> bytes) {
-  return static_cast<std::uint32_t>(
-      ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<z_size_t>(bytes.size())));
-}
 
 inline std::string step_dir_name(std::int64_t step) { return "step-" + std::to_string(step); }
 
@@ -99,6 +101,11 @@ inline std::optional<std::int64_t> step_of_dir_name(std::string_view name) {
     step = step * 10 + (c - '0');
   }
   return step;
+}
+// The step of a directory named "step-<N>.tmp" (a save in progress, or one that died), or nullopt.
+inline std::optional<std::int64_t> step_of_tmp_name(std::string_view name) {
+  if (!name.ends_with(".tmp")) return std::nullopt;
+  return step_of_dir_name(name.substr(0, name.size() - 4));
 }
 
 // What a save records besides the tensors.
@@ -156,13 +163,23 @@ inline Slice slice_from_json(const Json& j) {
 
 struct WriterOptions {
   int keep_last = 3;  // complete checkpoints kept in the root directory; <= 0 keeps all
+  // Failed saves in a row that stop the run (the K-th is raised; >= 1). 1: every failure is
+  // raised. Above 1: the ones before are reported by rank 0 and training goes on.
+  int max_failures = 1;
+  // Tests: runs on each rank's background thread before it writes its file; an exception it
+  // throws fails the save as a full disk would. Empty: nothing.
+  std::function<void(std::int64_t step)> before_write;
 };
 
 class CheckpointWriter {
  public:
   // `comm` (usually the world) is viewed, not owned: it must outlive the writer.
+  // Rank 0 removes the step-<N>.tmp directories in `root` that saves of earlier runs left.
   CheckpointWriter(const comm::Mpi& comm, std::string root, WriterOptions options = {})
-      : comm_(comm.native()), root_(std::move(root)), options_(options) {}
+      : comm_(comm.native()), root_(std::move(root)), options_(std::move(options)) {
+    DPML_REQUIRE(options_.max_failures >= 1, "checkpoint max_failures " << options_.max_failures << " must be at least 1");
+    if (comm_.rank() == 0) remove_leftovers();
+  }
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
   // Waits for the background write but commits nothing (no MPI here: this may run while an
@@ -215,6 +232,42 @@ class CheckpointWriter {
   // save still pending is completed first.
   void save_async(const SaveInfo& info) {
     wait();
+    try {
+      start(info);
+    } catch (const Error& e) {
+      if (e.scope() != Scope::everywhere) throw;
+      failed(info.step, e);
+    }
+  }
+
+  bool pending() const noexcept { return job_ != nullptr; }
+  // Saves that failed since the last commit, and in all.
+  int failures_in_a_row() const noexcept { return failures_; }
+  int failed_saves() const noexcept { return failed_saves_; }
+
+  // Collective, cheap (one small allreduce): commits the pending save if every rank's write is
+  // done. Returns true when no save is pending any more. Call at the same points on every rank
+  // (e.g. once per step).
+  bool poll() {
+    if (!job_) return true;
+    const int done = job_->done.load(std::memory_order_acquire) ? 1 : 0;
+    if (comm_.allreduce(done, comm::ReduceOp::min) == 0) return false;
+    complete(/*prune_now=*/false);  // deleting old checkpoints goes on in the background
+    return true;
+  }
+
+  // Completes the pending save, if any (collective): the checkpoint is committed on return (or,
+  // below max_failures, its failure reported), and checkpoints beyond keep_last are deleted.
+  void wait() {
+    complete(/*prune_now=*/true);
+    if (pruner_.joinable()) pruner_.join();
+  }
+
+ private:
+  struct Job;  // a save in flight (below)
+
+  // save_async's work: the plan, then the background write.
+  void start(const SaveInfo& info) {
     std::vector<Staged> staged = std::move(staged_);
     staged_.clear();
     auto job = std::make_unique<Job>();
@@ -267,8 +320,9 @@ class CheckpointWriter {
     staged.clear();
     if (!owned.empty()) job->file_name = "rank-" + std::to_string(comm_.rank()) + ".safetensors";
     Job* j = job.get();
-    job->thread = std::thread([j, file = std::move(file)] {
+    job->thread = std::thread([j, file = std::move(file), before = options_.before_write, step = info.step] {
       try {
+        if (before) before(step);
         if (!j->file_name.empty()) {
           file.write((std::filesystem::path(j->tmp) / j->file_name).string());
           for (std::size_t i = 0; i < file.entries().size(); ++i) j->crcs.set(file.entries()[i].name, crc32_of(file.bytes(i)));
@@ -281,34 +335,47 @@ class CheckpointWriter {
     job_ = std::move(job);
   }
 
-  bool pending() const noexcept { return job_ != nullptr; }
-
-  // Collective, cheap (one small allreduce): commits the pending save if every rank's write is
-  // done. Returns true when no save is pending any more. Call at the same points on every rank
-  // (e.g. once per step).
-  bool poll() {
-    if (!job_) return true;
-    const int done = job_->done.load(std::memory_order_acquire) ? 1 : 0;
-    if (comm_.allreduce(done, comm::ReduceOp::min) == 0) return false;
-    complete(/*prune_now=*/false);  // deleting old checkpoints goes on in the background
-    return true;
-  }
-
-  // Completes the pending save, if any (collective): the checkpoint is committed on return, and
-  // checkpoints beyond keep_last are deleted.
-  void wait() {
-    complete(/*prune_now=*/true);
-    if (pruner_.joinable()) pruner_.join();
-  }
-
- private:
   void complete(bool prune_now) {
     if (!job_) return;
     std::unique_ptr<Job> job = std::move(job_);
-    job->thread.join();
+    try {
+      finish(*job, prune_now);
+    } catch (const Error& e) {
+      if (e.scope() != Scope::everywhere) throw;
+      failed(job->manifest.step, e);
+      return;
+    }
+    failures_ = 0;
+  }
+
+  // A save of `step` failed on every rank alike (Scope::everywhere, every background write done):
+  // rank 0 removes its .tmp directory; the max_failures-th failure in a row is raised, the ones
+  // before it reported once.
+  void failed(std::int64_t step, const Error& e) {
+    namespace fs = std::filesystem;
+    if (comm_.rank() == 0) {
+      std::error_code ec;  // a failure to delete: the next writer's start-up removes it
+      fs::remove_all(fs::path(root_) / (step_dir_name(step) + ".tmp"), ec);
+    }
+    ++failed_saves_;
+    if (++failures_ >= options_.max_failures) {
+      if (options_.max_failures == 1) throw e;
+      throw Error(std::to_string(failures_) + " checkpoint saves failed in a row, the last of step " + std::to_string(step) +
+                      ": " + e.message(),
+                  Scope::everywhere);
+    }
+    if (comm_.rank() == 0)
+      std::cerr << "dpml checkpoint: step " << step << " not saved (failure " << failures_ << " in a row; failure "
+                << options_.max_failures << " stops the run); training goes on, the next save retries: " << e.message()
+                << std::endl;
+  }
+
+  // complete()'s work: the checksums and errors of every rank, the commit, pruning.
+  void finish(Job& job, bool prune_now) {
+    job.thread.join();
 
     // Errors and checksums (by tensor name) of every rank, on every rank.
-    Json mine = Json(Json::Object{{"error", job->error}, {"crcs", job->crcs}});
+    Json mine = Json(Json::Object{{"error", job.error}, {"crcs", job.crcs}});
     const auto all = detail::allgather_strings(comm_, mine.dump());
     std::vector<std::string> errors;
     std::vector<Json> crcs;  // [rank] → {tensor name: crc32}
@@ -317,19 +384,19 @@ class CheckpointWriter {
       errors.push_back(j.at("error").as_string());
       crcs.push_back(j.at("crcs"));
     }
-    const std::string what = "saving checkpoint '" + job->final_dir + "'";
+    const std::string what = "saving checkpoint '" + job.final_dir + "'";
     detail::raise_reported(errors, what);
 
     std::string error;
     if (comm_.rank() == 0) {
       try {
-        commit(*job, crcs);
+        commit(job, crcs);
       } catch (const std::exception& e) {
         error = detail::message_of(e);
       }
     }
     detail::raise_reported(detail::allgather_strings(comm_, error), what);
-    if (comm_.rank() == 0) start_pruning(job->final_dir, job->manifest.step, prune_now);
+    if (comm_.rank() == 0) start_pruning(job.final_dir, job.manifest.step, prune_now);
   }
 
   // Rank 0, after a commit: deletes what prune() names — on a background thread unless
@@ -454,8 +521,7 @@ class CheckpointWriter {
       if (!e.is_directory()) continue;
       const std::string name = e.path().filename().string();
       if (auto s = step_of_dir_name(name)) complete.emplace_back(*s, e.path());
-      else if (name.size() > 4 && name.ends_with(".tmp"))
-        if (auto t = step_of_dir_name(std::string_view(name).substr(0, name.size() - 4)); t && *t < step) stale.push_back(e.path());
+      else if (auto t = step_of_tmp_name(name); t && *t < step) stale.push_back(e.path());
     }
     for (const auto& p : stale) fs::remove_all(p);
     if (options_.keep_last <= 0) return;
@@ -465,9 +531,35 @@ class CheckpointWriter {
       if (complete[i].second != fs::path(keep)) fs::remove_all(complete[i].second);
   }
 
+  // Rank 0, at construction: deletes the step-<N>.tmp directories that saves of earlier runs left
+  // (nothing reads them), naming them once. A failure to delete is a warning: the directory is
+  // skipped by readers all the same.
+  void remove_leftovers() const {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::is_directory(root_, ec)) return;
+    std::vector<fs::path> leftovers;
+    std::string names;
+    try {
+      for (const auto& e : fs::directory_iterator(root_))
+        if (e.is_directory() && step_of_tmp_name(e.path().filename().string())) leftovers.push_back(e.path());
+      std::sort(leftovers.begin(), leftovers.end());
+      for (const auto& p : leftovers) {
+        fs::remove_all(p);
+        names += (names.empty() ? "" : ", ") + p.filename().string();
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "dpml checkpoint: could not remove the unfinished saves in '" << root_ << "': " << detail::message_of(e)
+                << std::endl;
+    }
+    if (!names.empty())
+      std::cerr << "dpml checkpoint: removed unfinished saves of an earlier run in '" << root_ << "': " << names << std::endl;
+  }
+
   comm::Mpi comm_;
   std::string root_;
   WriterOptions options_;
+  int failures_ = 0, failed_saves_ = 0;  // failed saves since the last commit, in all
   std::vector<Staged> staged_;
   std::unique_ptr<Job> job_;
   std::thread pruner_;  // rank 0: deleting old checkpoints after a commit found by poll()
@@ -624,9 +716,11 @@ class CheckpointReader {
 
 // The newest complete, intact checkpoint under `root` (its step directory), or nullopt: the one
 // `latest` names if it is intact, else the step-<N> directories newest first. Each one skipped
-// (torn, corrupt) is described in `skipped` if given, else printed to stderr. Reads every byte
-// of the checkpoint it returns (checksums).
-inline std::optional<std::string> find_latest_valid(const std::string& root, std::vector<std::string>* skipped = nullptr) {
+// (torn, corrupt, or refused by `check`, which throws an Error saying why) is described in
+// `skipped` if given, else printed to stderr. Reads every byte of the checkpoint it returns
+// (checksums).
+inline std::optional<std::string> find_latest_valid(const std::string& root, std::vector<std::string>* skipped = nullptr,
+                                                    const std::function<void(const CheckpointReader&)>& check = {}) {
   namespace fs = std::filesystem;
   std::vector<fs::path> candidates;
   const fs::path latest = fs::path(root) / "latest";
@@ -645,7 +739,9 @@ inline std::optional<std::string> find_latest_valid(const std::string& root, std
 
   for (const auto& dir : candidates) {
     try {
-      CheckpointReader(dir.string()).verify();
+      const CheckpointReader reader(dir.string());
+      reader.verify();
+      if (check) check(reader);
       return dir.string();
     } catch (const Error& e) {
       const std::string why = "skipping checkpoint '" + dir.string() + "': " + e.message();

@@ -8,7 +8,8 @@
 //    "tensors": [
 //      {"name": "h.0.attn.qkv.weight", "dtype": "F32", "shape": [768, 2304],
 //       "pieces": [{"file": "rank-0.safetensors", "slice": [[0, 768], [0, 1152]], "crc32": 305419896},
-//                  {"file": "rank-1.safetensors", "slice": [[0, 768], [1152, 2304]], "crc32": ...}]}]}
+//                  {"file": "rank-1.safetensors", "slice": [[0, 768], [1152, 2304]], "crc32": ...}]}],
+//    "manifest_crc32": 2790853412}
 //
 // A tensor is described by its *global* shape; each piece is one safetensors entry (keyed by
 // the tensor's name inside its file) holding the sub-block `slice` (per dimension [begin, end)),
@@ -16,10 +17,18 @@
 // wanted block from the pieces (checkpoint.hpp). validate() checks that the pieces of each
 // tensor tile it exactly (inside the shape, no overlap, nothing missing), so a reader never has
 // to guess.
+//
+// The manifest covers itself too: "manifest_crc32" (written last) is the zlib CRC-32 of the
+// compact dump (Json::dump) of the manifest's object without that member, so a flipped byte in
+// the step, the config or a piece's slice is found, not only in the tensor files. A manifest
+// without it (written before it existed, or deliberately stripped) is read as before. The step
+// must not be negative.
 
 #include "dpml/checkpoint/json.hpp"
 #include "dpml/checkpoint/safetensors.hpp"
 #include "dpml/core/error.hpp"
+
+#include <zlib.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -34,6 +43,22 @@ namespace dpml::checkpoint {
 
 inline constexpr int kManifestVersion = 1;
 inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr const char* kManifestChecksum = "manifest_crc32";  // the manifest's own checksum member
+
+inline std::uint32_t crc32_of(std::span<const std::byte> bytes) {
+  return static_cast<std::uint32_t>(
+      ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<z_size_t>(bytes.size())));
+}
+
+// The checksum a manifest records of itself: the CRC-32 of the compact dump of object `j`
+// without its kManifestChecksum member.
+inline std::uint32_t manifest_checksum(const Json& j) {
+  Json body = Json::object();
+  for (const auto& [k, v] : j.as_object())
+    if (k != kManifestChecksum) body.as_object().emplace_back(k, v);
+  const std::string text = body.dump();
+  return crc32_of(std::as_bytes(std::span(text.data(), text.size())));
+}
 
 // [begin, end) along one dimension.
 struct Range {
@@ -128,13 +153,14 @@ struct Manifest {
       }
       ts.push_back(Json(Json::Object{{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", shape}, {"pieces", pieces}}));
     }
-    return Json(Json::Object{{"format", "dpml-checkpoint"},
-                             {"version", version},
-                             {"step", step},
-                             {"config", config},
-                             {"layout", Json(Json::Object{{"tp", layout.tp}, {"pp", layout.pp}, {"dp", layout.dp},
-                                                          {"zero", layout.zero}})},
-                             {"tensors", ts}});
+    Json j(Json::Object{{"format", "dpml-checkpoint"},
+                        {"version", version},
+                        {"step", step},
+                        {"config", config},
+                        {"layout", Json(Json::Object{{"tp", layout.tp}, {"pp", layout.pp}, {"dp", layout.dp},
+                                                     {"zero", layout.zero}})},
+                        {"tensors", ts}});
+    return j.set(kManifestChecksum, manifest_checksum(j));
   }
 
   // Reads and validates a manifest; every error names `source` (the manifest's path).
@@ -143,9 +169,16 @@ struct Manifest {
     std::string tensor;  // the tensor being read, for messages
     try {
       DPML_REQUIRE(j.at("format").as_string() == "dpml-checkpoint", "not a dpml checkpoint manifest");
+      if (const Json* recorded = j.find(kManifestChecksum)) {  // absent: a manifest from before the checksum
+        const std::uint32_t crc = manifest_checksum(j);
+        DPML_REQUIRE(recorded->is_int() && recorded->as_int() == crc,
+                     "manifest checksum mismatch: crc32 " << crc << " of its content, it records "
+                                                          << recorded->dump() << " (corrupt or edited manifest)");
+      }
       const std::int64_t version = j.at("version").as_int();
       DPML_REQUIRE(version == kManifestVersion, "manifest version " << version << ", this dpml reads version " << kManifestVersion);
       m.step = j.at("step").as_int();
+      DPML_REQUIRE(m.step >= 0, "step " << m.step << " is negative");
       m.config = j.at("config");
       for (const auto& [k, v] : m.config.as_object())
         DPML_REQUIRE(v.is_string() || v.is_number() || v.is_bool(), "config \"" << k << "\" is a " << v.type_name()

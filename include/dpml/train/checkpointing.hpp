@@ -39,6 +39,19 @@
 // one host copy of each slot's whole flat buffer, gathered over the data axis under ZeRO-1), so a
 // GPU checkpoint resumes on CPU ranks and the other way round, in any layout.
 //
+// Saves that fail (an unwritable directory, a full disk) do not end a long run: each is reported
+// once by rank 0 (step and error), its step-<N>.tmp removed, and the next interval retries; the
+// max_failures-th failure in a row stops the run with its error (CheckpointerOptions). Unfinished
+// saves an earlier run left (step-<N>.tmp) are removed when the Checkpointer is made.
+//
+// Resuming (resolve_resume, collective): --resume latest takes the newest checkpoint in the save
+// directory that is complete and valid — its manifest parses and matches its own checksum, every
+// file is there with its checksums, and its position (train.step, train.epoch, …) is possible —
+// and falls back past the others, rank 0 naming each one skipped and why. A directory whose every
+// checkpoint is bad stops the run with an Error naming it and them (starting fresh would silently
+// throw the training away), unless fresh_if_corrupt (train_gpt: --resume-fresh-if-corrupt); one
+// with no checkpoint at all starts fresh.
+//
 // Loading (load_checkpoint, collective): every rank opens the checkpoint and reads exactly its
 // blocks (CheckpointReader assembles them from whatever pieces were saved: resharding). Errors
 // (config mismatch, missing tensor, shape, checksum) are gathered and raised on every rank alike,
@@ -298,6 +311,7 @@ inline std::string shown(const checkpoint::Json& v) { return v.is_string() ? v.a
 
 struct CheckpointerOptions {
   int keep_last = 3;              // complete checkpoints kept (<= 0: all)
+  int max_failures = 3;           // failed saves in a row that stop the run (>= 1); the ones before are reported
   std::int64_t seq_len = 0;       // a GPT's tokens per training sequence (recorded and checked); 0: its max_seq
   // Brings the trainer's host state up to date before a save stages it (a device trainer's
   // to_host()); runs after the save in flight has committed; its time counts as blocking.
@@ -316,7 +330,7 @@ class Checkpointer {
  public:
   Checkpointer(Trainer& trainer, std::string root, CheckpointerOptions options = {})
       : trainer_(trainer), options_(options),
-        writer_(trainer.grid().world(), std::move(root), {.keep_last = options.keep_last}) {}
+        writer_(trainer.grid().world(), std::move(root), {.keep_last = options.keep_last, .max_failures = options.max_failures}) {}
 
   const std::string& root() const noexcept { return writer_.root(); }
 
@@ -392,7 +406,8 @@ class Checkpointer {
     if (was_pending) total_seconds_ += seconds_since(started_);
   }
 
-  int saves() const noexcept { return saves_; }
+  // Saves committed (or in flight): failed ones are not counted.
+  int saves() const noexcept { return saves_ - writer_.failed_saves(); }
   // Time the training loop spent inside save_async/poll/wait (staging, planning, commits): the
   // time an asynchronous save costs training. And the time from save_async to commit, summed.
   double blocking_seconds() const noexcept { return blocking_seconds_; }
@@ -412,19 +427,65 @@ class Checkpointer {
   double blocking_seconds_ = 0.0, total_seconds_ = 0.0;
 };
 
-// The checkpoint --resume names (collective): "latest" (or "") → the newest complete, intact one
-// under `root` (torn or corrupt ones skipped with a message), nullopt if there is none; anything
+namespace detail {
+
+// A training checkpoint's position (what Checkpointer::save_async records) must be there, as
+// integers that are not negative, train.step the manifest's step: else an Error saying why.
+inline void check_position(const checkpoint::CheckpointReader& r) {
+  const auto& config = r.manifest().config;
+  const std::string manifest = (std::filesystem::path(r.dir()) / checkpoint::kManifestFile).string();
+  for (const char* key : {"train.step", "train.optimizer_step", "train.epoch", "train.batch"}) {
+    const checkpoint::Json* v = config.find(key);
+    DPML_REQUIRE(v != nullptr && v->is_int(), "checkpoint manifest '" << manifest << "' has no integer config \"" << key << "\"");
+    DPML_REQUIRE(v->as_int() >= 0, "checkpoint manifest '" << manifest << "': config \"" << key << "\" is " << v->as_int()
+                                                          << " (negative)");
+  }
+  DPML_REQUIRE(config.at("train.step").as_int() == r.step(), "checkpoint manifest '" << manifest << "': config \"train.step\" is "
+                                                                                   << config.at("train.step").as_int()
+                                                                                   << ", the manifest's step " << r.step());
+}
+
+}  // namespace detail
+
+// The checkpoint --resume names (collective). "latest" (or ""): the newest complete and valid one
+// under `root` (see the top of the file), rank 0 naming each one skipped and why; nullopt if
+// `root` holds no checkpoint at all. If it holds some and every one is bad: an Error naming
+// `root` and each one skipped — or, with `fresh_if_corrupt`, they are named, then nullopt. Anything
 // else is a step directory, verified whole by rank 0 first (a bad one: an Error on every rank
-// naming the file and tensor).
-inline std::optional<std::string> resolve_resume(const comm::Mpi& world, const std::string& resume, const std::string& root) {
+// naming the file and tensor, no fallback).
+inline std::optional<std::string> resolve_resume(const comm::Mpi& world, const std::string& resume, const std::string& root,
+                                                 bool fresh_if_corrupt = false) {
+  std::string found, error;
   if (resume.empty() || resume == "latest") {
     DPML_REQUIRE_EVERYWHERE(!root.empty(), "--resume latest needs --save DIR (where to look)");
-    return checkpoint::find_latest_valid(world, root);
+    if (world.rank() == 0) {
+      std::vector<std::string> skipped;
+      found = checkpoint::find_latest_valid(root, &skipped, detail::check_position).value_or("");
+      if (found.empty() && !skipped.empty() && !fresh_if_corrupt) {
+        error = "every checkpoint in --save '" + root + "' is corrupt or incomplete (" + std::to_string(skipped.size()) +
+                " skipped: ";
+        for (std::size_t i = 0; i < skipped.size(); ++i) error += (i ? "; " : "") + skipped[i];
+        error += "); --resume-fresh-if-corrupt starts fresh instead";
+      } else {
+        for (const auto& s : skipped) std::cerr << "dpml: " << s << '\n';
+        if (found.empty() && !skipped.empty())
+          std::cerr << "dpml: every checkpoint in --save '" << root << "' is corrupt or incomplete (" << skipped.size()
+                    << " skipped): starting fresh (--resume-fresh-if-corrupt)" << std::endl;
+      }
+    }
+    detail::raise_collected(world, error, "--resume " + (resume.empty() ? std::string("latest") : resume));
+    std::uint64_t n = found.size();
+    world.broadcast(&n, 1, 0);
+    found.resize(n);
+    world.broadcast(found.data(), n, 0);
+    if (found.empty()) return std::nullopt;
+    return found;
   }
-  std::string error;
   if (world.rank() == 0) {
     try {
-      checkpoint::CheckpointReader(resume).verify();
+      const checkpoint::CheckpointReader reader(resume);
+      reader.verify();
+      detail::check_position(reader);
     } catch (const Error& e) {
       error = e.message();
     }
