@@ -23,7 +23,10 @@
 // asynchronously every N steps and at the end; --resume latest (or DIR/step-N) continues from
 // the newest complete checkpoint — on any layout and either device: a GPU run saves its fp32
 // master weights and moments in the CPU's format — or starts fresh with a message when DIR has
-// none. A resume refuses a --seed or data (--data-path, its token count) other than the
+// none. Corrupt checkpoints are skipped (named); when all are, the run stops unless
+// --resume-fresh-if-corrupt. A failed save is reported and retried at the next interval;
+// --save-max-failures K in a row stop the run. A model that cannot fit in a rank's host memory
+// is refused with the estimate before anything is allocated. A resume refuses a --seed or data (--data-path, its token count) other than the
 // checkpoint's, which would change the data order, unless --override-resume-config. --export
 // FILE.safetensors writes the model with GPT-2's names at the end; --import FILE.safetensors
 // starts from such a file, which must hold exactly the model's parameters — refused beside a
