@@ -119,7 +119,7 @@ bool parse(int argc, char** argv, Options& o, int rank) {
       .flag("--warmup", o.warmup, "untimed steps first", dpml::train::at_least(0))
       .flag("--steps", o.steps, "timed steps", dpml::train::at_least(1))
       .flag("--lr", o.lr, "SGD learning rate", dpml::train::at_least(0.0))
-      .flag("--momentum", o.sgd.momentum, "SGD momentum")
+      .flag("--momentum", o.sgd.momentum, "SGD momentum", dpml::train::half_open(0.0, 1.0))
       .flag("--weight-decay", o.sgd.weight_decay, "SGD L2 weight decay", dpml::train::at_least(0.0))
       .flag("--conv", o.conv, DPML_HAS_CUDNN ? "convolutions: own (dpml's implicit GEMM) | cudnn"
                                              : "convolutions: own (dpml's implicit GEMM; built without cuDNN)")
