@@ -53,7 +53,7 @@ TEST_CASE("text: a fortunes-style directory is read without index files, separat
 TEST_CASE("text: a binary file or a token shard is refused, naming the file", "[data]") {
   TempDir dir;
   const std::string binary = (dir.path / "image").string();
-  dir.write("image", std::string("GIF\0\1\2 pixels", 15));
+  dir.write("image", std::string("GIF\0\1\2 pixels", 13));
   CHECK(message_of([&] { dpml::data::read_text(binary); }) ==
         "text file '" + binary + "' is binary, not text (a NUL byte at offset 3)");
   const std::string shard = (dir.path / "shards" / "train_000.bin").string();
