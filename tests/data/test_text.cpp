@@ -24,16 +24,6 @@ struct TempDir {
   void write(const std::string& name, const std::string& text) const { std::ofstream(path / name, std::ios::binary) << text; }
 };
 
-// The message of the dpml::Error that f throws, without the rank and source location ("" if none).
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const dpml::Error& e) {
-    return e.message();
-  }
-  return "";
-}
 }  // namespace
 
 TEST_CASE("text: a fortunes-style directory is read without index files, separators blanked", "[data]") {
@@ -54,14 +44,14 @@ TEST_CASE("text: a binary file or a token shard is refused, naming the file", "[
   TempDir dir;
   const std::string binary = (dir.path / "image").string();
   dir.write("image", std::string("GIF\0\1\2 pixels", 13));
-  CHECK(message_of([&] { dpml::data::read_text(binary); }) ==
+  CHECK(dpml::test::message_of([&] { dpml::data::read_text(binary); }) ==
         "text file '" + binary + "' is binary, not text (a NUL byte at offset 3)");
   const std::string shard = (dir.path / "shards" / "train_000.bin").string();
   fs::create_directories(dir.path / "shards");
   dpml::data::write_token_shard(shard, std::vector<std::uint16_t>(10, 65));
-  CHECK(message_of([&] { dpml::data::read_text(shard); }) == "text file '" + shard + "' is an llm.c token shard, not text");
+  CHECK(dpml::test::message_of([&] { dpml::data::read_text(shard); }) == "text file '" + shard + "' is an llm.c token shard, not text");
   const std::string shards = (dir.path / "shards").string();
-  CHECK(message_of([&] { dpml::data::read_text(shards); }) ==
+  CHECK(dpml::test::message_of([&] { dpml::data::read_text(shards); }) ==
         "text directory '" + shards + "' holds the llm.c token shard '" + shard + "'; give token shards as a file or a glob ('" +
             shards + "/*.bin')");
   dir.write("text", "plain text\n" + std::string(2000, 'x') + std::string("\0", 1));  // a NUL past the first KiB is kept

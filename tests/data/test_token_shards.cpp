@@ -41,16 +41,6 @@ void poke_header(const std::string& path, int index, std::int32_t value) {
   f.write(reinterpret_cast<const char*>(&value), 4);
 }
 
-// The message of the dpml::Error that f throws, without the rank and source location ("" if none).
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const dpml::Error& e) {
-    return e.message();
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -124,11 +114,11 @@ TEST_CASE("token shards: an id >= the vocabulary is refused at load time, naming
   const std::string bad_path = dir / "train_001.bin";
   const std::string expected = "token shard '" + bad_path + "': token 50257 at position 37 is >= the vocabulary size 50257";
   // The first bad id, its position counted in its own file (not in the concatenation).
-  CHECK(message_of([&] { dpml::data::read_token_shard(bad_path, 50257); }) == expected);
-  CHECK(message_of([&] { dpml::data::read_token_shards({dir / "train_*.bin"}, 50257); }) == expected);
+  CHECK(dpml::test::message_of([&] { dpml::data::read_token_shard(bad_path, 50257); }) == expected);
+  CHECK(dpml::test::message_of([&] { dpml::data::read_token_shards({dir / "train_*.bin"}, 50257); }) == expected);
   CHECK(dpml::data::read_token_shards({dir / "train_*.bin"}, 60001).size() == 500);
   CHECK(dpml::data::read_token_shard(bad_path).size() == 200);  // without a vocabulary: every uint16
-  CHECK(message_of([&] { dpml::data::require_tokens_below(good, 7, "x"); }) ==
+  CHECK(dpml::test::message_of([&] { dpml::data::require_tokens_below(good, 7, "x"); }) ==
         "x: token 7 at position 0 is >= the vocabulary size 7");
 }
 

@@ -59,4 +59,16 @@ std::string error_of(F&& f) {
   return "";
 }
 
+// The message of the dpml::Error that f throws, without the rank and source location ("" if none):
+// for tests that compare a whole message.
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
 }  // namespace dpml::test
