@@ -78,6 +78,16 @@ TEMPLATE_TEST_CASE("broadcast from every root", "[comm]", float, double, std::in
     }
 }
 
+TEST_CASE("broadcast of a string: the root's length and contents, longer or shorter than each rank's", "[comm]") {
+  const auto w = test::world();
+  for (int root = 0; root < w.size(); ++root) {
+    std::string s(static_cast<std::size_t>(3 * w.rank()), static_cast<char>('a' + w.rank()));  // rank 0: empty
+    w.broadcast(s, root);
+    CAPTURE(root);
+    CHECK(s == std::string(static_cast<std::size_t>(3 * root), static_cast<char>('a' + root)));
+  }
+}
+
 TEMPLATE_TEST_CASE("allgather and allgatherv (uneven counts)", "[comm]", float, double, std::int32_t) {
   const auto w = test::world();
   const int p = w.size();

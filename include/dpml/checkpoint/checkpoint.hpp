@@ -757,10 +757,7 @@ inline std::optional<std::string> find_latest_valid(const std::string& root, std
 inline std::optional<std::string> find_latest_valid(const comm::Mpi& comm, const std::string& root) {
   std::string found;
   if (comm.rank() == 0) found = find_latest_valid(root).value_or("");
-  std::uint64_t n = found.size();
-  comm.broadcast(&n, 1, 0);
-  found.resize(n);
-  comm.broadcast(found.data(), n, 0);
+  comm.broadcast(found, 0);
   if (found.empty()) return std::nullopt;
   return found;
 }

@@ -288,6 +288,13 @@ class Mpi {
   }
   template <class T>
   void broadcast(T* data, std::size_t n, int root) const { ibroadcast(data, n, root).wait(); }
+  // Root's string, length and contents, on every rank.
+  void broadcast(std::string& s, int root) const {
+    std::uint64_t n = s.size();
+    broadcast(&n, 1, root);
+    s.resize(n);
+    broadcast(s.data(), n, root);
+  }
   template <class T>
   void allgather(const T* send, T* recv, std::size_t n) const { iallgather(send, recv, n).wait(); }
   template <class T>

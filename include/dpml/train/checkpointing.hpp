@@ -474,10 +474,7 @@ inline std::optional<std::string> resolve_resume(const comm::Mpi& world, const s
       }
     }
     detail::raise_collected(world, error, "--resume " + (resume.empty() ? std::string("latest") : resume));
-    std::uint64_t n = found.size();
-    world.broadcast(&n, 1, 0);
-    found.resize(n);
-    world.broadcast(found.data(), n, 0);
+    world.broadcast(found, 0);
     if (found.empty()) return std::nullopt;
     return found;
   }

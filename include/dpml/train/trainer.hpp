@@ -643,10 +643,7 @@ class Trainer {
     std::string name;
     if (holder != kNoParam) {
       if (world.rank() == holder) name = optimizer_.flat().params()[static_cast<std::size_t>(local)]->name();
-      std::uint64_t n = name.size();
-      world.broadcast(&n, 1, holder);
-      name.resize(n);
-      world.broadcast(name.data(), n, holder);
+      world.broadcast(name, holder);
     }
     std::string what = "step " + std::to_string(ctx_.step) + ": non-finite ";
     what += std::isfinite(loss) ? "gradient" : "loss (" + std::to_string(loss) + ")";
