@@ -92,6 +92,8 @@ TEST_CASE("token shards: wrong magic, version or size is refused, naming the fil
   has(error(dir / "missing.bin"), "missing.bin' cannot be opened");
   has(dpml::test::error_of([&] { dpml::data::expand_pattern(dir / "nothing_*.bin"); }),
       "no file matches '" + (dir / "nothing_*.bin") + "'");
+  has(dpml::test::error_of([&] { dpml::data::expand_pattern(dir / "absent.bin"); }),  // a plain path: not "matches"
+      "token shard '" + (dir / "absent.bin") + "' does not exist");
   const std::string text = dir / "text.bin";  // another format: long enough for a header, no magic
   std::ofstream(text) << std::string(2000, 'a');
   has(error(text), "token shard '" + text + "' has magic 1633771873, expected 20240520 (not an llm.c token shard)");

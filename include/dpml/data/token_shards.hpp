@@ -113,7 +113,9 @@ inline std::vector<std::string> expand_pattern(const std::string& pattern) {
   if (rc == 0)
     for (std::size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
   ::globfree(&g);
-  DPML_REQUIRE_EVERYWHERE(!files.empty(), "no file matches '" << pattern << "'");
+  const bool is_glob = pattern.find_first_of("*?[") != std::string::npos;
+  DPML_REQUIRE_EVERYWHERE(!files.empty(), (is_glob ? "no file matches '" : "token shard '")
+                                              << pattern << (is_glob ? "'" : "' does not exist"));
   return files;
 }
 
