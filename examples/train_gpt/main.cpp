@@ -431,15 +431,22 @@ int main(int argc, char** argv) {
 
     const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
                                    .dim = f.hidden, .recompute = f.recompute};
-    if (f.device == "cpu") {  // a size that cannot fit is refused now, not by std::bad_alloc later
-      const auto bound = models::gpt_memory_lower_bound(config, f.tp, f.pp, f.micro_batch);
+    {  // a size that cannot fit is refused now, not by std::bad_alloc or cudaErrorMemoryAllocation later
+      const bool gpu = f.device == "cuda";  // bf16 values and gradients, fp32 master and moments (ZeRO-1: sharded), flash attention
+      const double state_bytes = gpu ? 4.0 + 12.0 / (f.zero ? grid.dp() : 1) : 16.0;
+      const auto bound = models::gpt_memory_lower_bound(
+          config, f.tp, f.pp, f.micro_batch,
+          {.state_bytes = state_bytes, .activation_bytes = gpu ? 2.0 : 4.0, .attention_probabilities = !gpu});
       std::ostringstream what;
       what.precision(3);
       what << "the GPT's parameters with their gradients and AdamW state (" << bound.state / (1 << 30)
            << " GiB: --num-layers " << f.layers << ", --hidden-size " << f.hidden << ", --vocab-size " << f.vocab
            << ") and one micro-batch's logits and attention (" << bound.activations / (1 << 30) << " GiB: --micro-batch "
            << f.micro_batch << ", --seq-length " << f.seq << ", --num-attention-heads " << f.heads << ")";
-      train::require_fits(world, bound.total(), train::host_bytes_per_rank(world), what.str());
+#ifdef DPML_WITH_CUDA
+      if (gpu) train::require_fits(world, bound.total(), train::device_bytes_per_rank(world), what.str(), train::kDeviceMemory);
+#endif
+      if (!gpu) train::require_fits(world, bound.total(), train::host_bytes_per_rank(world), what.str());
     }
     if (world.rank() == 0)
       std::printf("dpml train_gpt: %s%s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
