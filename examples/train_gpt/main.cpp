@@ -32,7 +32,8 @@
 // starts from such a file, which must hold exactly the model's parameters — refused beside a
 // --resume that finds a checkpoint (the import would be ignored). --on-nonfinite skip|stop;
 // --collective-timeout S (the watchdog, comm/watchdog.hpp). examples/restart/ shows restart loops
-// around this program.
+// around this program. --profile-steps A:B brackets steps A..B for a profiler (train/profile_steps.hpp;
+// NVTX ranges name each micro-batch's F/B/W, bucket reductions, the optimizer step, saves).
 //
 // --inject-fault is for tests only (tests/resilience): comma-separated
 //   kill:R:S      world rank R SIGKILLs itself S seconds (a decimal) after start
@@ -55,6 +56,7 @@
 #include <dpml/train/checkpointing.hpp>
 #include <dpml/train/gpt_trainer.hpp>
 #include <dpml/train/memory_fit.hpp>
+#include <dpml/train/profile_steps.hpp>
 #include <dpml/train/progress.hpp>
 #ifdef DPML_WITH_CUDA
 #include <dpml/comm/cuda_placement.hpp>
@@ -93,6 +95,7 @@ struct Flags {
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes";
   std::string metrics = "";
+  std::string profile_steps = "";
   std::int64_t sample_tokens = 300;
   double temperature = 0.8;
   int top_k = 40;
@@ -208,6 +211,7 @@ int train_and_sample(Trainer& trainer, const Run& run) {
   train::Progress progress(f.iters, world.rank(), "tok/s");
   train::MetricsLog metrics(f.metrics, world.rank());
   const double tokens_per_step = static_cast<double>(f.global_batch * f.seq);
+  const auto profile = train::ProfileSteps::parse("--profile-steps", f.profile_steps);
   auto& train_data = run.train_data;
   std::int64_t epoch = start.epoch, b = start.batch;
   train_data.set_epoch(epoch);
@@ -219,6 +223,7 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     if (step == faults.hang_step && world.rank() == faults.hang_rank)
       std::this_thread::sleep_for(std::chrono::hours(1));  // stops calling collectives: the watchdog reports it
     const double rate = lr(step);
+    profile.before(step);
     train::StepResult r;
     if constexpr (on_host) {
       auto* poisoned = step == faults.nan_step ? find_parameter(model, "wpe.weight") : nullptr;
@@ -229,6 +234,7 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     } else {
       r = trainer.train_step(train_data.batch(b++), rate);
     }
+    profile.after(step);
     if (loss_log.is_open()) loss_log << step << ' ' << std::hexfloat << r.loss << std::defaultfloat << ' ' << r.loss << std::endl;
     if (ckpt) {
       ckpt->poll();
@@ -358,6 +364,7 @@ int main(int argc, char** argv) {
         .flag("--eval-interval", f.eval_interval, "steps between validation losses", train::at_least(1))
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
+        .flag("--profile-steps", f.profile_steps, "A:B: a profiler records steps A to B (cudaProfilerStart/Stop; nsys --capture-range=cudaProfilerApi)")
         .flag("--sample-tokens", f.sample_tokens, "tokens to sample at the end (0: none)", train::at_least(0))
         .flag("--temperature", f.temperature, "sampling temperature (0: always the most likely token)", train::at_least(0.0))
         .flag("--top-k", f.top_k, "sample among the k most likely tokens (0: all)", train::at_least(0))
@@ -392,6 +399,7 @@ int main(int argc, char** argv) {
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
                                                                  << " must be below --train-iters " << f.iters);
     const Faults faults = Faults::parse(f.faults);
+    (void)train::ProfileSteps::parse("--profile-steps", f.profile_steps);  // refused before anything is built
     (void)train::parse_nonfinite(f.on_nonfinite);  // refused on every rank before anything is built
     comm::watchdog::set_timeout(f.collective_timeout);
     if (faults.kill_rank == world.rank())

@@ -14,6 +14,7 @@
 #include "dpml/core/error.hpp"
 #include "dpml/core/flat_parameters.hpp"
 #include "dpml/core/memory_space.hpp"
+#include "dpml/core/nvtx.hpp"
 #include "dpml/core/parameter.hpp"
 #include "dpml/core/philox.hpp"
 #include "dpml/core/tensor.hpp"
@@ -112,6 +113,7 @@
 #include "dpml/train/gpt_trainer.hpp"
 #include "dpml/train/layer_stage.hpp"
 #include "dpml/train/memory_fit.hpp"
+#include "dpml/train/profile_steps.hpp"
 #include "dpml/train/progress.hpp"
 #include "dpml/train/trainer.hpp"
 

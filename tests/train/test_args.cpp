@@ -5,6 +5,7 @@
 
 #include <dpml/core/error.hpp>
 #include <dpml/train/args.hpp>
+#include <dpml/train/profile_steps.hpp>
 
 #include <cstdint>
 #include <string>
@@ -126,4 +127,18 @@ TEST_CASE("Args: --check-flags takes valid values and stops; a bad value is refu
   CHECK(proceed);
   Flags h;
   CHECK(parse({"--check-flags", "--heads", "0"}, h, &proceed) == "flag --heads 0 is outside its range >= 1");
+}
+
+TEST_CASE("ProfileSteps: A:B with 1 <= A <= B, or nothing", "[train][args]") {
+  using dpml::train::ProfileSteps;
+  CHECK(ProfileSteps::parse("--profile-steps", "").empty());
+  const auto w = ProfileSteps::parse("--profile-steps", "10:12");
+  CHECK((w.first == 10 && w.last == 12 && !w.empty()));
+  const auto one = ProfileSteps::parse("--profile-steps", "3:3");
+  CHECK((one.first == 3 && one.last == 3 && !one.empty()));
+  for (const std::string bad : {"12:10", "0:2", "5", "a:b", "1:2x", ":3", "4:", "-1:2"}) {
+    CAPTURE(bad);
+    const std::string got = dpml::test::message_of([&] { (void)ProfileSteps::parse("--profile-steps", bad); });
+    CHECK(got.find("--profile-steps " + bad + " is not A:B with steps 1 <= A <= B") != std::string::npos);
+  }
 }

@@ -26,6 +26,7 @@
 
 #include "dpml/comm/communicator.hpp"
 #include "dpml/core/error.hpp"
+#include "dpml/core/nvtx.hpp"
 #include "dpml/core/flat_parameters.hpp"
 #include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
@@ -182,6 +183,7 @@ class GradientBuckets {
   void start(std::size_t b) {
     state_[b].started = true;
     if (!comm_) return;  // one data rank: the gradients are the sums, and the shard is all of it
+    const NvtxRange range('R', static_cast<long long>(b));  // the reduction of bucket b
     const FlatBucket& bucket = flat_.buckets()[b];
     T* grads = flat_.grads().data() + bucket.offset;
     if (mode_ == GradReduction::all_reduce)

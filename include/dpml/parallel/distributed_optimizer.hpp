@@ -35,6 +35,7 @@
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/axis.hpp"
 #include "dpml/core/error.hpp"
+#include "dpml/core/nvtx.hpp"
 #include "dpml/core/flat_parameters.hpp"
 #include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
@@ -114,6 +115,7 @@ class DistributedOptimizer {
   }
 
   StepReport finish_step(double lr) {
+    const NvtxRange range("optimizer step");
     buckets_.finish();
     Ops::sum_squares(*dev_, static_cast<const T*>(buckets_.shard_grads().data()), counted_begin_.data(),
                      counted_before_.data(), static_cast<int>(counted_begin_.numel()), counted_total_, norm_sq_.data());

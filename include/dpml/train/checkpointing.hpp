@@ -81,6 +81,7 @@
 #include "dpml/checkpoint/safetensors.hpp"
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
+#include "dpml/core/nvtx.hpp"
 #include "dpml/layers/init.hpp"
 #include "dpml/core/parameter.hpp"
 #include "dpml/models/gpt.hpp"
@@ -339,6 +340,7 @@ class Checkpointer {
   // gathers each optimizer state slot into a buffer the writer reads in place until the commit
   // (with `in_place` and no ZeRO, the optimizer's own state is read in place).
   void save_async(const TrainPosition& pos) {
+    const NvtxRange range("checkpoint save");
     using T = detail::state_t<Trainer>;
     const auto t0 = clock::now();
     auto& t = trainer_;

@@ -38,6 +38,7 @@
 
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
+#include "dpml/core/nvtx.hpp"
 #include "dpml/core/tensor.hpp"
 #include "dpml/parallel/pipeline/schedule.hpp"
 #include "dpml/parallel/pipeline/transport.hpp"
@@ -117,14 +118,25 @@ StepTimings run_stage(const std::vector<Action>& actions, S& stage, Transport& t
         }
         case Op::Forward:
           if (s > 0) timed(t.wait, [&] { transport.wait_recv(Flow::forward, mb); });
-          timed(t.forward, [&] { stage.forward(mb); });
+          timed(t.forward, [&] {
+            const NvtxRange range('F', mb);
+            stage.forward(mb);
+          });
           break;
         case Op::BackwardInput:
           if (s < p - 1) timed(t.wait, [&] { transport.wait_recv(Flow::backward, mb); });
           timed(t.wait, [&] { transport.wait_send(Flow::forward, mb); });  // F's output reusable after
-          timed(t.backward_input, [&] { stage.backward_input(mb); });
+          timed(t.backward_input, [&] {
+            const NvtxRange range('B', mb);
+            stage.backward_input(mb);
+          });
           break;
-        case Op::BackwardWeight: timed(t.backward_weight, [&] { stage.backward_weight(mb); }); break;
+        case Op::BackwardWeight:
+          timed(t.backward_weight, [&] {
+            const NvtxRange range('W', mb);
+            stage.backward_weight(mb);
+          });
+          break;
         case Op::SendForward: {
           auto buf = stage.send_forward_buffer(mb);
           transport.post_send(Flow::forward, buf.data(), numel(buf), mb);
