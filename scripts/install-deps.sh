@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what dpml needs to build, test and run its examples on Debian 12 or Ubuntu 24.04:
 # compilers, CMake + Ninja, MPICH, Catch2, OpenBLAS, zlib, the Fashion-MNIST and fortunes data
-# packages, python3. Idempotent: packages already installed are skipped, and apt is not touched at
-# all when nothing is missing. Runs apt-get as root, through sudo otherwise.
+# packages, python3 with matplotlib (scripts/plot-metrics.py). Idempotent: packages already
+# installed are skipped, and apt is not touched at all when nothing is missing. Runs apt-get as root, through sudo otherwise.
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build mpich libmpich-dev catch2 libopenblas-dev zlib1g-dev
-          dataset-fashion-mnist fortunes python3)
+          dataset-fashion-mnist fortunes python3 python3-matplotlib)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -33,7 +33,8 @@
 // --resume that finds a checkpoint (the import would be ignored). --on-nonfinite skip|stop;
 // --collective-timeout S (the watchdog, comm/watchdog.hpp). examples/restart/ shows restart loops
 // around this program. --profile-steps A:B brackets steps A..B for a profiler (train/profile_steps.hpp;
-// NVTX ranges name each micro-batch's F/B/W, bucket reductions, the optimizer step, saves).
+// NVTX ranges name each micro-batch's F/B/W, bucket reductions, the optimizer step, saves);
+// --trace-pipeline FILE writes every rank's F/B/W and waits of the last step (train/pipeline_trace.hpp).
 //
 // --inject-fault is for tests only (tests/resilience): comma-separated
 //   kill:R:S      world rank R SIGKILLs itself S seconds (a decimal) after start
@@ -56,6 +57,7 @@
 #include <dpml/train/checkpointing.hpp>
 #include <dpml/train/gpt_trainer.hpp>
 #include <dpml/train/memory_fit.hpp>
+#include <dpml/train/pipeline_trace.hpp>
 #include <dpml/train/profile_steps.hpp>
 #include <dpml/train/progress.hpp>
 #ifdef DPML_WITH_CUDA
@@ -96,6 +98,7 @@ struct Flags {
   std::string data = "/usr/share/games/fortunes";
   std::string metrics = "";
   std::string profile_steps = "";
+  std::string trace_pipeline = "";
   std::int64_t sample_tokens = 300;
   double temperature = 0.8;
   int top_k = 40;
@@ -224,6 +227,8 @@ int train_and_sample(Trainer& trainer, const Run& run) {
       std::this_thread::sleep_for(std::chrono::hours(1));  // stops calling collectives: the watchdog reports it
     const double rate = lr(step);
     profile.before(step);
+    const bool traced = !f.trace_pipeline.empty() && step == f.iters;
+    if (traced) trainer.trace_next_step();
     train::StepResult r;
     if constexpr (on_host) {
       auto* poisoned = step == faults.nan_step ? find_parameter(model, "wpe.weight") : nullptr;
@@ -235,6 +240,7 @@ int train_and_sample(Trainer& trainer, const Run& run) {
       r = trainer.train_step(train_data.batch(b++), rate);
     }
     profile.after(step);
+    if (traced) train::write_pipeline_trace(f.trace_pipeline, trainer.grid(), step, f.schedule, trainer.micro_batches(), r.pipeline);
     if (loss_log.is_open()) loss_log << step << ' ' << std::hexfloat << r.loss << std::defaultfloat << ' ' << r.loss << std::endl;
     if (ckpt) {
       ckpt->poll();
@@ -364,6 +370,7 @@ int main(int argc, char** argv) {
         .flag("--eval-interval", f.eval_interval, "steps between validation losses", train::at_least(1))
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
+        .flag("--trace-pipeline", f.trace_pipeline, "JSON of every rank's F/B/W and waits in the last step (scripts/plot-metrics.py --trace)")
         .flag("--profile-steps", f.profile_steps, "A:B: a profiler records steps A to B (cudaProfilerStart/Stop; nsys --capture-range=cudaProfilerApi)")
         .flag("--sample-tokens", f.sample_tokens, "tokens to sample at the end (0: none)", train::at_least(0))
         .flag("--temperature", f.temperature, "sampling temperature (0: always the most likely token)", train::at_least(0.0))
@@ -396,6 +403,7 @@ int main(int argc, char** argv) {
     train::require_writable_output("--metrics", f.metrics);
     train::require_writable_output("--loss-log", f.loss_log);
     train::require_writable_output("--export", f.export_path);
+    train::require_writable_output("--trace-pipeline", f.trace_pipeline);
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
                                                                  << " must be below --train-iters " << f.iters);
     const Faults faults = Faults::parse(f.faults);

@@ -113,6 +113,7 @@
 #include "dpml/train/gpt_trainer.hpp"
 #include "dpml/train/layer_stage.hpp"
 #include "dpml/train/memory_fit.hpp"
+#include "dpml/train/pipeline_trace.hpp"
 #include "dpml/train/profile_steps.hpp"
 #include "dpml/train/progress.hpp"
 #include "dpml/train/trainer.hpp"

@@ -392,7 +392,7 @@ class Trainer {
     prepare(batch);
     optimizer_.begin_step(options_.micro_batches);
     StepResult r;
-    r.pipeline = run(actions());
+    r.pipeline = run(actions(), std::exchange(trace_next_, false));
     if constexpr (requires { stage().finish_tied_gradients(); }) stage().finish_tied_gradients();
     optimizer_.buckets().finish();  // reduced gradients, checked before the update
     ++ctx_.step;
@@ -431,6 +431,10 @@ class Trainer {
     ctx_.mode = layers::Mode::train;
     return sum_over_last_stage(stage().take_loss());
   }
+
+  // The next train_step records each F/B/W and wait of this stage as Spans in its
+  // StepResult::pipeline.spans (host times: on a GPU the launches; pipeline/executor.hpp).
+  void trace_next_step() noexcept { trace_next_ = true; }
 
   // A value the last pipeline stage computed (a loss, a count), summed over the data axis (tensor
   // rank 0 counts, the other tensor ranks hold copies): the same on every rank. Collective.
@@ -535,8 +539,8 @@ class Trainer {
   const std::vector<parallel::pipeline::Action>& actions() const {
     return schedule_[static_cast<std::size_t>(grid_.coord(Axis::pipeline))];
   }
-  parallel::pipeline::StepTimings run(const std::vector<parallel::pipeline::Action>& actions) {
-    return parallel::pipeline::run_stage(actions, step_, transport_);
+  parallel::pipeline::StepTimings run(const std::vector<parallel::pipeline::Action>& actions, bool trace = false) {
+    return parallel::pipeline::run_stage(actions, step_, transport_, trace);
   }
   // Norm, clip, update (DistributedOptimizer::finish_step) into r.
   void update(StepResult& r, double lr) {
@@ -663,6 +667,7 @@ class Trainer {
   parallel::pipeline::Schedule schedule_;
   detail::PipelineStep<Stage> step_;
   typename Transport::type transport_;
+  bool trace_next_ = false;  // trace_next_step()
   Tensor<typename detail::BatchElement<Stage>::input, Space> inputs_;    // a GPU's copy of the step's batch
   Tensor<typename detail::BatchElement<Stage>::target, Space> targets_;
 };

@@ -33,8 +33,10 @@
 // sender's.
 //
 // Timing: the wall time of each op kind and of the transport's waits is recorded in StepTimings
-// (for the bubble benchmark and the training metrics). Stream-ordered stages return as soon as
-// their work is enqueued: their times are the host's launch times, not the device's.
+// (for the bubble benchmark and the training metrics), each action inside an NVTX range (core/
+// nvtx.hpp: F3, B3, W3, w3 for a wait) and, when asked, as Spans (a Gantt chart of the step).
+// Stream-ordered stages return as soon as their work is enqueued: their times are the host's
+// launch times, not the device's (the NVTX ranges then sit above the kernels they launched).
 
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
@@ -69,11 +71,22 @@ concept Stage = requires(S& s, int mb) {
   { s.send_backward_buffer(mb) } -> MessageBuffer<const typename S::value_type>;
 };
 
+// One timed stretch of a stage's step (StepTimings::spans): F, B or W of a micro-batch, or a wait
+// ('w': for the message micro-batch `micro_batch` needs, or, with micro_batch −1, for the sends at
+// the end). Times in seconds on the host's steady clock (CLOCK_MONOTONIC: one time base for all
+// processes of a node).
+struct Span {
+  char kind = 'F';
+  int micro_batch = 0;
+  double start = 0, end = 0;
+};
+
 // Seconds spent by one stage in one step (wall clock).
 struct StepTimings {
   double forward = 0, backward_input = 0, backward_weight = 0;  // busy, per op kind
   double wait = 0;   // blocked in a receive (before F/B) or completing sends
   double total = 0;  // the whole step on this stage
+  std::vector<Span> spans;  // each F/B/W and wait in order, when run_stage was asked to trace
   double busy() const { return forward + backward_input + backward_weight; }
   double idle() const { return total - busy(); }
   StepTimings& operator+=(const StepTimings& o) {
@@ -86,20 +99,28 @@ struct StepTimings {
 namespace detail {
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+inline double clock_seconds(Clock::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
 }  // namespace detail
 
 // Runs `actions` (this stage's list of a checked schedule) on `stage`, moving its messages through
-// `transport` (whose rank is the stage index). Returns this stage's timings.
+// `transport` (whose rank is the stage index). Returns this stage's timings; with `trace`, also
+// each F/B/W and wait as a Span (a Gantt chart of the step: train_gpt --trace-pipeline).
 template <Stage S, class Transport>
-StepTimings run_stage(const std::vector<Action>& actions, S& stage, Transport& transport) {
+StepTimings run_stage(const std::vector<Action>& actions, S& stage, Transport& transport, bool trace = false) {
   using detail::Clock;
   const int s = transport.rank(), p = transport.size();
   StepTimings t;
   const auto step_start = Clock::now();
-  auto timed = [&](double& slot, auto&& f) {
+  // f's wall time into `slot` (and a span of `kind` for micro-batch mb), inside an NVTX range.
+  auto timed = [&](double& slot, char kind, int mb, auto&& f) {
     const auto t0 = Clock::now();
-    f();
-    slot += detail::seconds_since(t0);
+    {
+      const NvtxRange range(kind, mb);
+      f();
+    }
+    const auto t1 = Clock::now();
+    slot += std::chrono::duration<double>(t1 - t0).count();
+    if (trace) t.spans.push_back({kind, mb, detail::clock_seconds(t0), detail::clock_seconds(t1)});
   };
   auto numel = [](const auto& buf) { return static_cast<std::size_t>(buf.numel()); };
   try {
@@ -117,26 +138,15 @@ StepTimings run_stage(const std::vector<Action>& actions, S& stage, Transport& t
           break;
         }
         case Op::Forward:
-          if (s > 0) timed(t.wait, [&] { transport.wait_recv(Flow::forward, mb); });
-          timed(t.forward, [&] {
-            const NvtxRange range('F', mb);
-            stage.forward(mb);
-          });
+          if (s > 0) timed(t.wait, 'w', mb, [&] { transport.wait_recv(Flow::forward, mb); });
+          timed(t.forward, 'F', mb, [&] { stage.forward(mb); });
           break;
         case Op::BackwardInput:
-          if (s < p - 1) timed(t.wait, [&] { transport.wait_recv(Flow::backward, mb); });
-          timed(t.wait, [&] { transport.wait_send(Flow::forward, mb); });  // F's output reusable after
-          timed(t.backward_input, [&] {
-            const NvtxRange range('B', mb);
-            stage.backward_input(mb);
-          });
+          if (s < p - 1) timed(t.wait, 'w', mb, [&] { transport.wait_recv(Flow::backward, mb); });
+          timed(t.wait, 'w', mb, [&] { transport.wait_send(Flow::forward, mb); });  // F's output reusable after
+          timed(t.backward_input, 'B', mb, [&] { stage.backward_input(mb); });
           break;
-        case Op::BackwardWeight:
-          timed(t.backward_weight, [&] {
-            const NvtxRange range('W', mb);
-            stage.backward_weight(mb);
-          });
-          break;
+        case Op::BackwardWeight: timed(t.backward_weight, 'W', mb, [&] { stage.backward_weight(mb); }); break;
         case Op::SendForward: {
           auto buf = stage.send_forward_buffer(mb);
           transport.post_send(Flow::forward, buf.data(), numel(buf), mb);
@@ -155,16 +165,16 @@ StepTimings run_stage(const std::vector<Action>& actions, S& stage, Transport& t
     transport.abandon();
     throw;
   }
-  timed(t.wait, [&] { transport.finish(); });
+  timed(t.wait, 'w', -1, [&] { transport.finish(); });
   t.total = detail::seconds_since(step_start);
   return t;
 }
 
 // The host form: messages over the pipeline-axis communicator `pipe` (MpiTransport).
 template <Stage S>
-StepTimings run_stage(const std::vector<Action>& actions, S& stage, const comm::Mpi& pipe) {
+StepTimings run_stage(const std::vector<Action>& actions, S& stage, const comm::Mpi& pipe, bool trace = false) {
   MpiTransport<typename S::value_type> transport(pipe);
-  return run_stage(actions, stage, transport);
+  return run_stage(actions, stage, transport, trace);
 }
 
 }  // namespace dpml::parallel::pipeline
