@@ -34,8 +34,9 @@
 // (cudaDeviceProp::name); an unknown GPU, or a CPU run, has no peak (NaN) and so no MFU.
 //
 //   const double flops = train::training_flops(train::gpt_forward_flops_per_token(cfg, T)) * B_global * T;
-//   const double peak = train::device_peak_bf16_tflops(rank == 0) * world;   // CUDA translation units
-//   const double u = train::mfu(flops, step_seconds, peak);                    // NaN where peak is
+//   const double peak = train::device_peak_bf16_tflops(rank == 0) * gpus;  // CUDA translation units; host: NaN
+//   const double u = train::mfu(flops, step_seconds, peak);                  // NaN where peak is
+// (gpus: the GPUs of the run — the world with one rank per GPU, fewer where ranks share them.)
 
 #include "dpml/core/error.hpp"
 #include "dpml/models/bottleneck_resnet.hpp"
@@ -47,6 +48,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string_view>

@@ -7,12 +7,13 @@
 //   CudaSpace  (CUDA translation units) current: the device's used memory, total − free from
 //              cudaMemGetInfo — the CUDA context, NCCL's and the libraries' buffers included, and
 //              every process on the device (ranks sharing a GPU see their sum);
-//              peak: what current would have read at the moment dpml's tensors (CudaSpace::
-//              allocate, core/cuda_space.hpp) were largest — current − their bytes now + their
-//              most — taken as the memory outside them has not shrunk since; never below any
-//              current this has returned. A step's temporaries therefore count even between
-//              two calls, while buffers made outside CudaSpace (Device scratch, workspaces) count
-//              as they are when sampled: dpml's GPU steps keep theirs from step to step.
+//              peak: what current would have read when dpml's tensors (CudaSpace::allocate,
+//              core/cuda_space.hpp, which counts them) were largest — current − their bytes now +
+//              their most — taking the memory outside them (context, NCCL, workspaces, Device
+//              scratch) as it is now: it only grows in dpml's runs, so this errs high, by what it
+//              grew since; never below any current returned before. A step's tensor temporaries
+//              count even when freed between two calls; buffers outside CudaSpace count as they
+//              are when sampled (dpml's GPU steps keep theirs from step to step).
 //
 //   const train::MemoryUse m = train::memory_now<Space>();   // bytes
 //   log.write({…, {"mem_gib", m.current_bytes / 1073741824.0}, {"peak_mem_gib", m.peak_bytes / 1073741824.0}});
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <fstream>
 
