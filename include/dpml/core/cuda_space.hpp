@@ -1,16 +1,30 @@
 #pragma once
 // CudaSpace: device memory of the current CUDA device, and the copies between it and the host.
 // CUDA builds only. Allocation here is plain cudaMalloc; the caching, stream-ordered allocator
-// used inside training steps sits on top of it (kernels/cuda).
+// used inside training steps sits on top of it (kernels/cuda). The process counts the bytes it
+// holds through CudaSpace, now and at most (cuda_space_bytes(): two relaxed atomics, beside a
+// cudaMalloc's cost nothing), for train::memory_now<CudaSpace> (train/memory.hpp).
 
 #include "dpml/core/cuda_error.hpp"
 #include "dpml/core/memory_space.hpp"
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstddef>
 #include <string_view>
 
 namespace dpml {
+
+// Bytes of device memory held through CudaSpace::allocate by this process (every device), and
+// the most held at once since the process started.
+struct CudaSpaceBytes {
+  std::atomic<std::size_t> in_use{0}, peak{0};
+};
+inline CudaSpaceBytes& cuda_space_bytes() noexcept {
+  static CudaSpaceBytes bytes;
+  return bytes;
+}
 
 struct CudaSpace {
   static constexpr std::string_view name = "cuda";
@@ -20,10 +34,17 @@ struct CudaSpace {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     DPML_CHECK_CUDA(cudaMalloc(&p, bytes));
+    CudaSpaceBytes& b = cuda_space_bytes();
+    const std::size_t now = b.in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    for (std::size_t top = b.peak.load(std::memory_order_relaxed);
+         now > top && !b.peak.compare_exchange_weak(top, now, std::memory_order_relaxed);) {
+    }
     return p;
   }
-  static void deallocate(void* p, std::size_t) noexcept {
-    if (p) cudaFree(p);
+  static void deallocate(void* p, std::size_t bytes) noexcept {
+    if (!p) return;
+    cudaFree(p);
+    cuda_space_bytes().in_use.fetch_sub(bytes, std::memory_order_relaxed);
   }
 };
 
