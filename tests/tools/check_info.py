@@ -118,7 +118,7 @@ def main():
             fail(f"busbw {busbw} is not 2(n-1)/n x algbw {algbw}", out)
         if ranks > 1 and busbw <= 0:
             fail("busbw must be positive on more than one rank", out)
-    if not re.search(r"NCCL all-reduce, bf16 GEMM: (built without CUDA|skipped)|^NCCL \d+ all-reduce", "\n".join(body["probe"]), re.M):
+    if not re.search(r"NCCL all-reduce, bf16 GEMM: (built without CUDA|skipped)|^NCCL [\d.]+ all-reduce", "\n".join(body["probe"]), re.M):
         fail("the GPU probes neither ran nor said why not", out)
 
 

@@ -222,8 +222,11 @@ std::string nvml_details(const std::optional<nvml::Device>& d) {
 }
 
 #ifdef DPML_WITH_CUDA
-std::string version_text(int v) {  // CUDA's 12040 → "12.4"
+std::string cuda_version(int v) {  // CUDA's 12040 → "12.4"
   return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+std::string library_version(long long v) {  // cuBLAS, cuDNN 9, NCCL ≥ 2.9: 22809 → "2.28.9"
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
 std::string gpu_text(const Node& n, const nvml::Library& lib) {
@@ -240,14 +243,14 @@ std::string gpu_text(const Node& n, const nvml::Library& lib) {
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
   ncclGetVersion(&nccl);
-  os << "  CUDA runtime " << version_text(runtime) << ", driver "
-     << (driver ? version_text(driver) : std::string("none")) << ", cuBLASLt " << cublasLtGetVersion();
+  os << "  CUDA runtime " << cuda_version(runtime) << ", driver " << (driver ? cuda_version(driver) : std::string("none"))
+     << ", cuBLASLt " << library_version(static_cast<long long>(cublasLtGetVersion()));
 #ifdef DPML_HAS_CUDNN
-  os << ", cuDNN " << cudnnGetVersion();
+  os << ", cuDNN " << library_version(static_cast<long long>(cudnnGetVersion()));
 #else
   os << ", cuDNN not linked";
 #endif
-  os << ", NCCL " << nccl << "\n";
+  os << ", NCCL " << library_version(nccl) << "\n";
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp p{};
     DPML_CHECK_CUDA(cudaGetDeviceProperties(&p, i));
@@ -357,7 +360,7 @@ void probe_nccl(const comm::Mpi& world, const Options& o) {
   int version = 0;
   ncclGetVersion(&version);
   if (world.rank() == 0)
-    std::printf("NCCL %d all-reduce, fp32 sum over %d GPU(s), %d calls per size%s:\n", version, p, o.iters,
+    std::printf("NCCL %s all-reduce, fp32 sum over %d GPU(s), %d calls per size%s:\n", library_version(version).c_str(), p, o.iters,
                 p == 1 ? " (one rank: a copy, busbw 0)" : "");
   const Event start(true), stop(true);
   for (std::size_t bytes : o.bytes) {
