@@ -8,7 +8,8 @@
 - host: the nodes' ranks add up to N and their world ranks are 0..N-1, each once; on one node its
   name is this machine's (socket.gethostname) and its cores os.cpu_count();
 - GPUs and topology, once per node: "no NVML" exactly where libnvidia-ml.so.1 does not load here
-  (ctypes); "built without CUDA" for a host build, else "no CUDA device" or GPU lines;
+  (ctypes); "built without CUDA" for a host build, else "no CUDA device" or GPU lines; with
+  DPML_NVML_LIBRARY set to tests/tools/fake_nvml.cpp's library, that file's GPUs, NVLinks and values;
 - probe: one MPI line per --sizes entry, whose algbw is bytes / time and busbw 2(N-1)/N · algbw
   (recomputed here from the printed bytes and microseconds, to the printed rounding), busbw > 0 on
   more than one rank; then the GPU probes, or why they did not run.
@@ -84,13 +85,27 @@ def main():
         fail("no MPI library line per node", out)
 
     # NVML and CUDA as this machine has them.
+    fake = bool(os.environ.get("DPML_NVML_LIBRARY"))
     try:
-        ctypes.CDLL("libnvidia-ml.so.1")
+        ctypes.CDLL(os.environ.get("DPML_NVML_LIBRARY") or "libnvidia-ml.so.1")
         nvml = True
     except OSError:
         nvml = False
     gpus = "\n".join(body["GPUs"])
     topo = "\n".join(body["topology"])
+    if fake:  # tests/tools/fake_nvml.cpp's two GPUs, per node
+        want = ["  NVML: driver 999.1.2, 2 GPU(s)"]
+        want_topo = ["  GPU 0 (00000000:18:00.0): 2 NVLink(s) to NVSwitch, 2 to GPU 1",
+                     "  GPU 1 (00000000:2a:00.0): 2 NVLink(s) to NVSwitch, 2 to GPU 0", "  GPU 0 - GPU 1: NVLink x2"]
+        if not cuda_build:
+            want.append("  NVML GPU 0: Fake GPU 0, 80.0 GiB, power limit 700 W (drawing 250 W), SM clock max 1980 MHz "
+                        "(now 1500), memory clock 2619 MHz, 42% busy, 20.0 GiB in use")
+        for w in want:
+            if body["GPUs"].count(w) != nodes:
+                fail(f"expected in GPUs once per node: {w!r}", out)
+        for w in want_topo:
+            if body["topology"].count(w) != nodes:
+                fail(f"expected in topology once per node: {w!r}", out)
     if gpus.count("no NVML") != (0 if nvml else nodes):
         fail(f"'no NVML' printed {gpus.count('no NVML')} time(s); libnvidia-ml.so.1 {'loads' if nvml else 'does not load'} here", out)
     if (topo.count("no NVML, topology unknown") == nodes) == nvml:

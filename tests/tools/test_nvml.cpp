@@ -1,14 +1,17 @@
 // core/nvml.hpp without a GPU: a library name that does not load, and a library that loads but is
 // not NVML, each leave a clean unavailable Library that says why and answers every query with
 // nothing; a Device of such a library and a PowerMeter on it report time and no energy. The
-// process's own NVML (Library::instance) is checked against itself where the machine has one.
+// process's own NVML (Library::instance) is checked against itself where the machine has one, and
+// every query and both ways of PowerMeter through a stand-in with known answers (fake_nvml.cpp).
 #include "test.hpp"
 
 #include <dpml/core/nvml.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <thread>
+#include <vector>
 
 using namespace dpml;
 
@@ -84,4 +87,67 @@ TEST_CASE("nvml: the process's NVML is there and consistent, or says why not", "
     CHECK(same->pci() == gpu->pci());
     if (const auto m = gpu->memory()) CHECK(m->used <= m->total);
   }
+}
+
+// tests/tools/fake_nvml.cpp: two GPUs whose answers that file lists.
+TEST_CASE("nvml: every query through a stand-in library with known answers", "[core][nvml]") {
+  const nvml::Library lib(DPML_FAKE_NVML);
+  REQUIRE(lib.available());
+  CHECK(lib.why().empty());
+  CHECK(lib.driver_version() == "999.1.2");
+  REQUIRE(lib.device_count() == 2);
+  CHECK_FALSE(lib.device(2).has_value());
+  const nvml::Device g0 = *lib.device(0), g1 = *lib.device(1);
+  CHECK(g0.name() == "Fake GPU 0");
+  CHECK(g0.power_w() == 250.0);
+  CHECK(g1.power_w() == 100.0);
+  CHECK(g0.power_limit_w() == 700.0);
+  CHECK(g0.utilization()->gpu == 42);
+  CHECK(g0.utilization()->memory == 7);
+  CHECK(g0.memory()->total == 80ull << 30);
+  CHECK(g0.memory()->free == 60ull << 30);
+  CHECK(g0.memory()->used == 20ull << 30);
+  CHECK(g0.clock_mhz(nvml::Clock::sm) == 1500u);
+  CHECK_FALSE(g0.clock_mhz(nvml::Clock::graphics).has_value());
+  CHECK(g0.max_clock_mhz(nvml::Clock::sm) == 1980u);
+  CHECK(g0.max_clock_mhz(nvml::Clock::memory) == 2619u);
+  CHECK(g0.pci_bus_id() == "00000000:18:00.0");
+  CHECK(g1.pci() == nvml::PciAddress{0, 0x2a, 0});
+  REQUIRE(lib.device_by_pci_bus_id("0000:2a:00.0").has_value());  // CUDA's form of the address
+  CHECK(lib.device_by_pci_bus_id("0000:2a:00.0")->pci() == g1.pci());
+  CHECK_FALSE(lib.device_by_pci_bus_id("0000:99:00.0").has_value());
+  CHECK(g0.common_ancestor(g1) == nvml::Topology::host_bridge);
+
+  const std::vector<nvml::NvLink> l0 = g0.nvlinks(), l1 = g1.nvlinks();
+  REQUIRE(l0.size() == 4);
+  REQUIRE(l1.size() == 4);
+  CHECK(l0[0].remote == g1.pci());
+  CHECK(l0[1].remote == g1.pci());
+  CHECK(l0[2].remote == nvml::PciAddress{0, 0x80, 0});
+  CHECK(l0[3].link == 3);
+  CHECK(l1[0].remote == g0.pci());
+  CHECK_FALSE(l1[2].remote.has_value());  // an end NVML does not name
+}
+
+TEST_CASE("nvml: PowerMeter from the energy counter, and from power samples without one", "[core][nvml]") {
+  const nvml::Library lib(DPML_FAKE_NVML);
+  REQUIRE(lib.available());
+  nvml::PowerMeter counter(*lib.device(0)), sampled(*lib.device(1));  // 250 W counter; 100 W, no counter
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  sampled.sample();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const nvml::Lap a = counter.lap(), b = sampled.lap();
+  CHECK(a.from_energy_counter);
+  CHECK_FALSE(b.from_energy_counter);
+  CAPTURE(a.seconds, b.seconds);
+  CHECK(a.seconds >= 0.2);
+  REQUIRE(a.watts.has_value());
+  CHECK(*a.watts == dpml::test::Approx(250.0).epsilon(0.05));  // the counter is read ~µs away from the meter's clock
+  CHECK(*a.joules == dpml::test::Approx(250.0 * a.seconds).epsilon(0.05));
+  REQUIRE(b.watts.has_value());
+  CHECK(*b.watts == dpml::test::Approx(100.0).epsilon(1e-9));  // a constant power integrates exactly
+  CHECK(*b.joules == dpml::test::Approx(100.0 * b.seconds).epsilon(1e-9));
+  CHECK(b.utilization->gpu == 42);
+  const nvml::Lap next = counter.lap();  // the next lap starts where the last ended
+  CHECK(next.seconds < a.seconds);
 }

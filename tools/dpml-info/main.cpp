@@ -292,15 +292,17 @@ std::string topology_text(const Node& n, const nvml::Library& lib) {
     }
   os << gpus.size() << " GPU(s)\n";
   const std::size_t g = gpus.size();
-  std::vector<int> direct(g * g, 0), to_switch(g, 0);  // (g, g) links between GPUs; (g) to anything else
+  // (g, g) active links between two GPUs; (g) to anything else: an NVSwitch, or an end NVML does not name
+  std::vector<int> direct(g * g, 0), to_switch(g, 0);
   for (std::size_t i = 0; i < g; ++i)
     for (const nvml::NvLink& l : gpus[i].nvlinks()) {
-      const auto j = static_cast<std::size_t>(std::find(where.begin(), where.end(), l.remote) - where.begin());
+      const auto j = static_cast<std::size_t>(l.remote ? std::find(where.begin(), where.end(), *l.remote) - where.begin() : g);
       if (j < g) ++direct[i * g + j];
       else ++to_switch[i];
     }
   for (std::size_t i = 0; i < g; ++i) {
-    os << "  GPU " << i << " (" << gpus[i].pci_bus_id().value_or("?") << "): " << to_switch[i] << " NVLink(s) to NVSwitch";
+    os << "  GPU " << i << " (" << gpus[i].pci_bus_id().value_or("?") << "): " << to_switch[i]
+       << " NVLink(s) to NVSwitch";
     for (std::size_t j = 0; j < g; ++j)
       if (direct[i * g + j]) os << ", " << direct[i * g + j] << " to GPU " << j;
     os << "\n";

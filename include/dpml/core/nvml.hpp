@@ -17,7 +17,7 @@
 // A CUDA device maps to its NVML handle by PCI bus id — CUDA_VISIBLE_DEVICES renumbers CUDA's
 // devices, not NVML's — through device_of_cuda() (dpml::cuda builds: DPML_WITH_CUDA).
 //
-//   const nvml::Library& nvml = nvml::Library::instance();      // loaded once per process
+//   const nvml::Library& nvml = nvml::Library::instance();      // loaded once (DPML_NVML_LIBRARY: another)
 //   if (!nvml.available()) std::printf("no NVML (%s)\n", nvml.why().c_str());
 //   if (auto gpu = nvml.device(0)) {
 //     nvml::PowerMeter meter(*gpu);
@@ -34,6 +34,7 @@
 #include <chrono>
 #include <compare>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,8 +84,8 @@ struct PciAddress {
 };
 
 struct NvLink {
-  unsigned int link = 0;  // this GPU's link number
-  PciAddress remote;      // the far end: a GPU, or an NVSwitch
+  unsigned int link = 0;             // this GPU's link number
+  std::optional<PciAddress> remote;  // the far end (a GPU, an NVSwitch), where NVML names it
 };
 
 class Library;
@@ -160,9 +161,11 @@ class Library {
     close();
   }
 
-  // The process's NVML, loaded on first use.
+  // The process's NVML, loaded on first use: libnvidia-ml.so.1, or the library DPML_NVML_LIBRARY
+  // names (tests: a stand-in with known answers).
   static const Library& instance() {
-    static const Library lib;
+    static const char* const name = std::getenv("DPML_NVML_LIBRARY");
+    static const Library lib(name && *name ? name : "libnvidia-ml.so.1");
     return lib;
   }
 
@@ -282,10 +285,10 @@ inline std::vector<NvLink> Device::nvlinks() const {
   std::vector<NvLink> out;
   for (unsigned int l = 0; l < abi::kMaxNvLinks; ++l) {
     int active = 0;
+    if (!Library::ok(lib_->f_.nvlink_state, h_, l, &active) || active != 1) continue;
     abi::PciInfo p{};
-    if (Library::ok(lib_->f_.nvlink_state, h_, l, &active) && active == 1 &&
-        Library::ok(lib_->f_.nvlink_remote_pci, h_, l, &p))
-      out.push_back({l, {p.domain, p.bus, p.device}});
+    if (Library::ok(lib_->f_.nvlink_remote_pci, h_, l, &p)) out.push_back({l, PciAddress{p.domain, p.bus, p.device}});
+    else out.push_back({l, std::nullopt});
   }
   return out;
 }
