@@ -10,8 +10,9 @@
 //                   cuDNN (where dpml links it) and NCCL versions. Else "built without CUDA" or
 //                   "no CUDA device", and NVML's GPUs if the node has any. "no NVML" where
 //                   libnvidia-ml.so.1 is missing.
-//   == topology ==  per pair of the node's GPUs (NVML's numbering): NVLinks between them, both on
-//                   NVSwitches, or how near they sit on PCIe
+//   == topology ==  per GPU of the node (NVML's numbering) its active NVLinks, to which GPU or to
+//                   an NVSwitch; per pair: direct NVLinks, both on NVSwitches, or how near they sit
+//                   on PCIe
 //   == probe ==     (--probe) an MPI all-reduce (fp32 sum, out of place, the result checked) of each
 //                   --sizes over all ranks: time per call (the slowest rank's), algbw = bytes / time,
 //                   busbw = 2(n−1)/n · algbw (each link's traffic in a ring, as nccl-tests report
@@ -22,8 +23,10 @@
 // The MPI probe uses comm::Mpi's all-reduce, which polls and yields the core while it waits: on
 // ranks oversubscribing cores (CI) that is what dpml's runs see; on a cluster it costs little.
 // Flags (train::Args; --help, --check-flags): --probe, --sizes (comma-separated, 4 B to 1 GiB
-// each, K/M/G powers of 1024), --iters (≥ 1) timed and --warmup (≥ 0) untimed calls per size,
-// --gemm-size (256 – 16384).
+// each, K/M/G powers of 1024), --iters (1 – 100000) timed and --warmup (0 – 100000) untimed calls
+// per size and of the GEMM, --gemm-size (256 – 16384). Not yet run on a GPU machine: the GPU
+// sections and probes are compiled with nvcc in CI, and their NVML lines tested against a stand-in
+// library (tests/tools/fake_nvml.cpp).
 
 #include <dpml/comm/launch.hpp>
 #include <dpml/comm/local_rank.hpp>
