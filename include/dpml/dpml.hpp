@@ -14,6 +14,7 @@
 #include "dpml/core/error.hpp"
 #include "dpml/core/flat_parameters.hpp"
 #include "dpml/core/memory_space.hpp"
+#include "dpml/core/nvml.hpp"
 #include "dpml/core/nvtx.hpp"
 #include "dpml/core/parameter.hpp"
 #include "dpml/core/philox.hpp"

@@ -142,3 +142,28 @@ TEST_CASE("ProfileSteps: A:B with 1 <= A <= B, or nothing", "[train][args]") {
     CHECK(got.find("--profile-steps " + bad + " is not A:B with steps 1 <= A <= B") != std::string::npos);
   }
 }
+
+TEST_CASE("Args: a text flag with a check refuses what the check refuses, --check-flags too", "[train][args]") {
+  auto run = [](std::vector<std::string> words, std::string& mode) {
+    train::Args args("prog", "a test program");
+    args.flag("--mode", mode, "a or b", [](const std::string& v) {
+      DPML_REQUIRE_EVERYWHERE(v == "a" || v == "b", "flag --mode '" << v << "' is not a or b");
+    });
+    words.insert(words.begin(), "prog");
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    try {
+      args.parse(static_cast<int>(argv.size()), argv.data());
+    } catch (const Error& e) {
+      CHECK(e.scope() == Scope::everywhere);
+      return e.message();
+    }
+    return std::string();
+  };
+  std::string mode = "unchecked default";
+  CHECK(run({}, mode).empty());  // the program's own default is not checked
+  CHECK(run({"--mode", "b"}, mode).empty());
+  CHECK(mode == "b");
+  CHECK(run({"--mode=c"}, mode) == "flag --mode 'c' is not a or b");
+  CHECK(run({"--check-flags", "--mode", "x"}, mode) == "flag --mode 'x' is not a or b");
+}

@@ -88,6 +88,17 @@ class Args {
     return *this;
   }
 
+  // A text flag whose value, when given, `check` validates (throwing an Error that names the flag,
+  // Scope::everywhere) as a range does a number's, so --check-flags refuses it too: a list of sizes.
+  Args& flag(std::string name, std::string& target, std::string help, std::function<void(const std::string&)> check) {
+    flag(std::move(name), target, std::move(help));
+    flags_.back().set = [set = std::move(flags_.back().set), &target, check = std::move(check)](std::string_view v) {
+      set(v);
+      check(target);
+    };
+    return *this;
+  }
+
   // Returns false when --help or --check-flags was asked for (the program then exits 0; rank 0
   // printed the help, or "flags accepted"); throws on a bad flag.
   bool parse(int argc, char** argv, int rank = 0) {
