@@ -371,7 +371,8 @@ int main(int argc, char** argv) {
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
         .flag("--trace-pipeline", f.trace_pipeline, "JSON of every rank's F/B/W and waits in the last step (scripts/plot-metrics.py --trace)")
-        .flag("--profile-steps", f.profile_steps, "A:B: a profiler records steps A to B (cudaProfilerStart/Stop; nsys --capture-range=cudaProfilerApi)")
+        .flag("--profile-steps", f.profile_steps, "A:B: a profiler records steps A to B (cudaProfilerStart/Stop; nsys --capture-range=cudaProfilerApi)",
+              [](const std::string& v) { (void)train::ProfileSteps::parse("--profile-steps", v); })
         .flag("--sample-tokens", f.sample_tokens, "tokens to sample at the end (0: none)", train::at_least(0))
         .flag("--temperature", f.temperature, "sampling temperature (0: always the most likely token)", train::at_least(0.0))
         .flag("--top-k", f.top_k, "sample among the k most likely tokens (0: all)", train::at_least(0))
@@ -407,7 +408,6 @@ int main(int argc, char** argv) {
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
                                                                  << " must be below --train-iters " << f.iters);
     const Faults faults = Faults::parse(f.faults);
-    (void)train::ProfileSteps::parse("--profile-steps", f.profile_steps);  // refused before anything is built
     (void)train::parse_nonfinite(f.on_nonfinite);  // refused on every rank before anything is built
     comm::watchdog::set_timeout(f.collective_timeout);
     if (faults.kill_rank == world.rank())
