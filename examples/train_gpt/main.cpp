@@ -32,7 +32,8 @@
 // starts from such a file, which must hold exactly the model's parameters — refused beside a
 // --resume that finds a checkpoint (the import would be ignored). --on-nonfinite skip|stop;
 // --collective-timeout S (the watchdog, comm/watchdog.hpp). examples/restart/ shows restart loops
-// around this program.
+// around this program. --metrics FILE.jsonl and --tensorboard DIR (a run directory per launch in
+// it): rank 0 records every step's metrics (train/progress.hpp).
 //
 // --inject-fault is for tests only (tests/resilience): comma-separated
 //   kill:R:S      world rank R SIGKILLs itself S seconds (a decimal) after start
@@ -56,6 +57,7 @@
 #include <dpml/train/gpt_trainer.hpp>
 #include <dpml/train/memory_fit.hpp>
 #include <dpml/train/progress.hpp>
+#include <dpml/train/tensorboard.hpp>
 #ifdef DPML_WITH_CUDA
 #include <dpml/comm/cuda_placement.hpp>
 #include <dpml/core/bf16.hpp>
@@ -92,7 +94,7 @@ struct Flags {
   double lr = 3e-3, min_lr = 3e-4, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes";
-  std::string metrics = "";
+  std::string metrics = "", tensorboard = "";
   std::int64_t sample_tokens = 300;
   double temperature = 0.8;
   int top_k = 40;
@@ -206,7 +208,7 @@ int train_and_sample(Trainer& trainer, const Run& run) {
   std::ofstream loss_log;
   if (!f.loss_log.empty() && world.rank() == 0) loss_log.open(f.loss_log, std::ios::trunc);
   train::Progress progress(f.iters, world.rank(), "tok/s");
-  train::MetricsLog metrics(f.metrics, world.rank());
+  train::MetricsLog metrics(f.metrics, f.tensorboard, world.rank());
   const double tokens_per_step = static_cast<double>(f.global_batch * f.seq);
   auto& train_data = run.train_data;
   std::int64_t epoch = start.epoch, b = start.batch;
@@ -240,10 +242,10 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     }
     if (world.rank() == faults.kill_steps_rank && step - start.step == faults.kill_steps) std::raise(SIGKILL);
     if (step % f.eval_interval == 0 || step == f.iters) val = trainer.evaluate(run.val_data.batch(0));
-    metrics.write({{"step", double(step)}, {"loss", r.loss}, {"val_loss", val}, {"lr", rate},
-                   {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
-                   {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
-                   {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}});
+    metrics.write(step, {{"loss", r.loss}, {"val_loss", val}, {"lr", rate},
+                         {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
+                         {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
+                         {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}});
     if (step % f.log_interval == 0 || step == 1 || step == f.iters) {
       // Named lists: nvcc's front end mangles a braced list written in the call. No "val" before
       // the first evaluation.
@@ -358,6 +360,7 @@ int main(int argc, char** argv) {
         .flag("--eval-interval", f.eval_interval, "steps between validation losses", train::at_least(1))
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
+        .flag("--tensorboard", f.tensorboard, "TensorBoard log directory: rank 0 writes this launch's scalars to a run directory in it")
         .flag("--sample-tokens", f.sample_tokens, "tokens to sample at the end (0: none)", train::at_least(0))
         .flag("--temperature", f.temperature, "sampling temperature (0: always the most likely token)", train::at_least(0.0))
         .flag("--top-k", f.top_k, "sample among the k most likely tokens (0: all)", train::at_least(0))
@@ -387,6 +390,7 @@ int main(int argc, char** argv) {
                             "--inject-fault nan:N poisons a host weight: --device cpu only");
     if (f.warmup == -1) f.warmup = f.iters / 10;  // the default follows the run's length
     train::require_writable_output("--metrics", f.metrics);
+    train::require_writable_directory("--tensorboard", f.tensorboard);
     train::require_writable_output("--loss-log", f.loss_log);
     train::require_writable_output("--export", f.export_path);
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
