@@ -45,8 +45,9 @@ enum class JsonStep { written, omitted };
 
 // The metrics sinks of a run, written by rank 0 only: a JSON-lines file (one object per record)
 // and TensorBoard event files (train/tensorboard.hpp: one event per record, a scalar per metric
-// under its name, in a run directory of this launch inside `tensorboard_dir`, named on stdout). An
-// empty path or directory disables that sink. Non-finite values are null in JSON and left out of TensorBoard.
+// under its name, in a run directory of this launch inside `tensorboard_dir`, named on stdout).
+// An empty path or directory disables that sink. Non-finite values are null in JSON and left out
+// of TensorBoard.
 //
 //   {"step": 120, "loss": 0.4123, "val_loss": null, "lr": 0.0003}
 class MetricsLog {
@@ -62,6 +63,7 @@ class MetricsLog {
       tensorboard_.emplace(tensorboard_dir);
       std::printf("metrics: TensorBoard run '%s' (tensorboard --logdir %s)\n", tensorboard_->run_dir().c_str(),
                   tensorboard_dir.c_str());
+      std::fflush(stdout);
     }
   }
 
@@ -70,7 +72,10 @@ class MetricsLog {
     if (json_.is_open() && json_.good()) {
       json_ << '{';
       const char* separator = "";
-      if (json_step == JsonStep::written) json_ << "\"step\": " << step, separator = ", ";  // an integer, exact at any step
+      if (json_step == JsonStep::written) {
+        json_ << "\"step\": " << step;  // an integer, exact at any step
+        separator = ", ";
+      }
       for (const auto& m : metrics) {
         json_ << separator << '"' << m.name << "\": ";
         if (std::isfinite(m.value)) json_ << m.value;  // 6 significant digits, as ever

@@ -126,7 +126,7 @@ class TensorBoardWriter {
 
   const std::string& run_dir() const { return run_dir_; }
   const std::string& file() const { return file_; }
-  // False once a write failed (a full disk): the file is then left as it was.
+  // False once a write failed (a full disk): nothing more is written then.
   bool good() const { return out_.good(); }
 
   // One event at `step` holding every scalar, flushed.
