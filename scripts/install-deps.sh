@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs what dpml needs to build, test and run its examples on Debian 12 or Ubuntu 24.04:
 # compilers, CMake + Ninja, MPICH, Catch2, OpenBLAS, zlib, the Fashion-MNIST and fortunes data
-# packages, python3 with matplotlib (scripts/plot-metrics.py). Idempotent: packages already
-# installed are skipped, and apt is not touched at all when nothing is missing. Runs apt-get as root, through sudo otherwise.
+# packages, python3 with matplotlib (scripts/plot-metrics.py) — and, in a Python venv at
+# /opt/dpml-venv ($DPML_VENV), the `tensorboard` package, whose reader checks dpml's event files
+# (tests/train/check_tensorboard.py) and which shows them (`/opt/dpml-venv/bin/tensorboard
+# --logdir DIR`). Idempotent: packages already installed are skipped, apt is not touched at all
+# when nothing is missing, and pip is not run when the venv imports tensorboard. Runs apt-get (and
+# writes /opt) as root, through sudo otherwise.
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build mpich libmpich-dev catch2 libopenblas-dev zlib1g-dev
-          dataset-fashion-mnist fortunes python3 python3-matplotlib)
+          dataset-fashion-mnist fortunes python3 python3-matplotlib python3-venv)
+venv="${DPML_VENV:-/opt/dpml-venv}"
 
 missing=()
 for p in "${packages[@]}"; do
@@ -14,8 +19,10 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-if (( ${#missing[@]} == 0 )); then
-  echo "install-deps: all ${#packages[@]} packages present"
+need_venv=1
+if "$venv/bin/python3" -c 'import tensorboard' >/dev/null 2>&1; then need_venv=0; fi
+if (( ${#missing[@]} == 0 && need_venv == 0 )); then
+  echo "install-deps: all ${#packages[@]} packages present, and tensorboard in $venv"
   exit 0
 fi
 
@@ -24,11 +31,22 @@ if (( EUID == 0 )); then
 elif command -v sudo >/dev/null 2>&1; then
   as_root=(sudo)
 else
-  echo "install-deps: missing ${missing[*]}; run this script as root (no sudo found)" >&2
+  what=("${missing[@]}")
+  if (( need_venv )); then what+=("tensorboard (a venv at $venv)"); fi
+  echo "install-deps: missing ${what[*]}; run this script as root (no sudo found)" >&2
   exit 1
 fi
 
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${as_root[@]}" apt-get update -q
-"${as_root[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+if (( ${#missing[@]} > 0 )); then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${as_root[@]}" apt-get update -q
+  "${as_root[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if (( need_venv )); then
+  echo "install-deps: installing tensorboard into $venv"
+  "${as_root[@]}" /usr/bin/python3 -m venv "$venv"
+  "${as_root[@]}" "$venv/bin/python3" -m pip install -q --disable-pip-version-check 'tensorboard>=2,<3'
+  "$venv/bin/python3" -c 'import tensorboard' || { echo "install-deps: tensorboard does not import from $venv" >&2; exit 1; }
+fi

@@ -18,6 +18,9 @@
 // images are converted to bf16 NHWC on the host and uploaded once per step; evaluation runs on
 // the GPU too. --sync-bn synchronises BatchNorm over the data axis through a communicator on the
 // model's stream.
+//
+// --metrics FILE.jsonl and --tensorboard DIR (a run directory per launch in it): rank 0 records
+// every step and each epoch's test accuracy (train/progress.hpp).
 #include <dpml/comm/launch.hpp>
 #include <dpml/data/image.hpp>
 #include <dpml/data/loader.hpp>
@@ -33,6 +36,7 @@
 #include <dpml/train/args.hpp>
 #include <dpml/train/classifier.hpp>
 #include <dpml/train/progress.hpp>
+#include <dpml/train/tensorboard.hpp>
 #ifdef DPML_WITH_CUDA
 #include <dpml/comm/cuda_placement.hpp>
 #include <dpml/core/bf16.hpp>
@@ -59,7 +63,7 @@ struct Flags {
   std::int64_t warmup = 100;
   bool nesterov = true, sync_bn = false, zero = false, augment = true;
   std::string data_dir = data::kFashionMnistDir;
-  std::string metrics = "";
+  std::string metrics = "", tensorboard = "";
   std::int64_t log_interval = 50;
   std::uint64_t seed = 1;
   std::string device = "cpu";
@@ -82,7 +86,7 @@ int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer) {
   const optim::WarmupCosineLR schedule{.max_lr = f.lr, .min_lr = f.min_lr, .warmup_steps = std::min(f.warmup, total - 1),
                                        .decay_steps = total};
   train::Progress progress(total, rank, "img/s");
-  train::MetricsLog metrics(f.metrics, rank);
+  train::MetricsLog metrics(f.metrics, f.tensorboard, rank);
   std::int64_t step = 0;
   double accuracy = 0;
   for (std::int64_t epoch = 0; epoch < f.epochs; ++epoch) {
@@ -96,8 +100,8 @@ int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer) {
       loss_sum += r.loss;
       ++seen;
       const double ips = static_cast<double>(batch->global_size) / r.seconds;
-      metrics.write({{"step", double(step)}, {"epoch", double(epoch)}, {"loss", r.loss}, {"train_acc", r.accuracy},
-                     {"lr", lr}, {"img_per_s", ips}, {"grad_norm", r.grad_norm}, {"exposed_comm_s", r.exposed_comm_seconds}});
+      metrics.write(step, {{"epoch", double(epoch)}, {"loss", r.loss}, {"train_acc", r.accuracy},
+                           {"lr", lr}, {"img_per_s", ips}, {"grad_norm", r.grad_norm}, {"exposed_comm_s", r.exposed_comm_seconds}});
       if (step % f.log_interval == 0 || step == 1) {
         // A named list: nvcc's front end mangles this braced list written in the call.
         const std::initializer_list<train::Metric> extra = {{"epoch", double(epoch + 1)}, {"train-acc", r.accuracy}, {"lr", lr}};
@@ -105,7 +109,9 @@ int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer) {
       }
     }
     accuracy = trainer.evaluate(test_loader);
-    metrics.write({{"epoch", double(epoch + 1)}, {"test_accuracy", accuracy}, {"elapsed_s", progress.elapsed()}});
+    // At the epoch's last step in TensorBoard; its JSON line has never named a step.
+    metrics.write(step, {{"epoch", double(epoch + 1)}, {"test_accuracy", accuracy}, {"elapsed_s", progress.elapsed()}},
+                  train::JsonStep::omitted);
     if (rank == 0)
       std::printf("epoch %lld/%lld: train loss %.4f | test accuracy %.2f%% (10000 images) | %s elapsed\n",
                   static_cast<long long>(epoch + 1), static_cast<long long>(f.epochs), loss_sum / static_cast<double>(seen),
@@ -196,10 +202,12 @@ int main(int argc, char** argv) {
         .flag("--augment", f.augment, "random crop (pad 2) and horizontal flip")
         .flag("--data-dir", f.data_dir, "directory of the four Fashion-MNIST IDX files (gzipped or not)")
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
+        .flag("--tensorboard", f.tensorboard, "TensorBoard log directory: rank 0 writes this launch's scalars to a run directory in it")
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--seed", f.seed, "seed of initialisation, data order and augmentation");
     if (!args.parse(argc, argv, world.rank())) return 0;
     train::require_writable_output("--metrics", f.metrics);
+    train::require_writable_directory("--tensorboard", f.tensorboard);
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
     DPML_REQUIRE_EVERYWHERE(f.model == "resnet" || f.model == "mlp", "--model " << f.model << " is not one of resnet, mlp");
 #ifdef DPML_WITH_CUDA

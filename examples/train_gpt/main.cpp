@@ -32,9 +32,11 @@
 // starts from such a file, which must hold exactly the model's parameters — refused beside a
 // --resume that finds a checkpoint (the import would be ignored). --on-nonfinite skip|stop;
 // --collective-timeout S (the watchdog, comm/watchdog.hpp). examples/restart/ shows restart loops
-// around this program. --profile-steps A:B brackets steps A..B for a profiler (train/profile_steps.hpp;
-// NVTX ranges name each micro-batch's F/B/W, bucket reductions, the optimizer step, saves);
-// --trace-pipeline FILE writes every rank's F/B/W and waits of the last step (train/pipeline_trace.hpp).
+// around this program. --metrics FILE.jsonl and --tensorboard DIR (a run directory per launch in
+// it): rank 0 records every step's metrics (train/progress.hpp). --profile-steps A:B brackets steps
+// A..B for a profiler (train/profile_steps.hpp; NVTX ranges name each micro-batch's F/B/W, bucket
+// reductions, the optimizer step, saves); --trace-pipeline FILE writes every rank's F/B/W and waits
+// of the last step (train/pipeline_trace.hpp).
 //
 // --inject-fault is for tests only (tests/resilience): comma-separated
 //   kill:R:S      world rank R SIGKILLs itself S seconds (a decimal) after start
@@ -60,6 +62,7 @@
 #include <dpml/train/pipeline_trace.hpp>
 #include <dpml/train/profile_steps.hpp>
 #include <dpml/train/progress.hpp>
+#include <dpml/train/tensorboard.hpp>
 #ifdef DPML_WITH_CUDA
 #include <dpml/comm/cuda_placement.hpp>
 #include <dpml/core/bf16.hpp>
@@ -96,7 +99,7 @@ struct Flags {
   double lr = 3e-3, min_lr = 3e-4, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes";
-  std::string metrics = "";
+  std::string metrics = "", tensorboard = "";
   std::string profile_steps = "";
   std::string trace_pipeline = "";
   std::int64_t sample_tokens = 300;
@@ -212,7 +215,7 @@ int train_and_sample(Trainer& trainer, const Run& run) {
   std::ofstream loss_log;
   if (!f.loss_log.empty() && world.rank() == 0) loss_log.open(f.loss_log, std::ios::trunc);
   train::Progress progress(f.iters, world.rank(), "tok/s");
-  train::MetricsLog metrics(f.metrics, world.rank());
+  train::MetricsLog metrics(f.metrics, f.tensorboard, world.rank());
   const double tokens_per_step = static_cast<double>(f.global_batch * f.seq);
   const auto profile = train::ProfileSteps::parse("--profile-steps", f.profile_steps);
   auto& train_data = run.train_data;
@@ -252,10 +255,10 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     }
     if (world.rank() == faults.kill_steps_rank && step - start.step == faults.kill_steps) std::raise(SIGKILL);
     if (step % f.eval_interval == 0 || step == f.iters) val = trainer.evaluate(run.val_data.batch(0));
-    metrics.write({{"step", double(step)}, {"loss", r.loss}, {"val_loss", val}, {"lr", rate},
-                   {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
-                   {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
-                   {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}});
+    metrics.write(step, {{"loss", r.loss}, {"val_loss", val}, {"lr", rate},
+                         {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
+                         {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
+                         {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}});
     if (step % f.log_interval == 0 || step == 1 || step == f.iters) {
       // Named lists: nvcc's front end mangles a braced list written in the call. No "val" before
       // the first evaluation.
@@ -370,6 +373,7 @@ int main(int argc, char** argv) {
         .flag("--eval-interval", f.eval_interval, "steps between validation losses", train::at_least(1))
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
+        .flag("--tensorboard", f.tensorboard, "TensorBoard log directory: rank 0 writes this launch's scalars to a run directory in it")
         .flag("--trace-pipeline", f.trace_pipeline, "JSON of every rank's F/B/W and waits in the last step (scripts/plot-metrics.py --trace)")
         .flag("--profile-steps", f.profile_steps, "A:B: a profiler records steps A to B (cudaProfilerStart/Stop; nsys --capture-range=cudaProfilerApi)",
               [](const std::string& v) { (void)train::ProfileSteps::parse("--profile-steps", v); })
@@ -402,6 +406,7 @@ int main(int argc, char** argv) {
                             "--inject-fault nan:N poisons a host weight: --device cpu only");
     if (f.warmup == -1) f.warmup = f.iters / 10;  // the default follows the run's length
     train::require_writable_output("--metrics", f.metrics);
+    train::require_writable_directory("--tensorboard", f.tensorboard);
     train::require_writable_output("--loss-log", f.loss_log);
     train::require_writable_output("--export", f.export_path);
     train::require_writable_output("--trace-pipeline", f.trace_pipeline);

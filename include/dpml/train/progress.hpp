@@ -1,16 +1,20 @@
 #pragma once
-// What a user watches: a progress line on rank 0 (step, epoch, loss, accuracy, throughput, ETA)
-// and a JSON-lines metrics file (one object per logged step, for plots and comparisons).
+// What a user watches: a progress line on rank 0 (step, epoch, loss, accuracy, throughput, ETA),
+// and the metrics of every step in a JSON-lines file (for plots and comparisons) and TensorBoard
+// event files (`tensorboard --logdir DIR`), written by one MetricsLog.
 //
 //   step  120/1000 | epoch 1 | loss 0.4123 | acc 88.10% | 5123 img/s | 0:42 elapsed | ETA 5:08
 
 #include "dpml/core/error.hpp"
+#include "dpml/train/tensorboard.hpp"
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -35,30 +39,71 @@ struct Metric {
   double value;
 };
 
-// One JSON object per line; only rank 0 writes. An empty path disables the file.
+// Whether a record's JSON line names its step: every per-step line does; fashion_mnist's
+// end-of-epoch line never has (scripts read it so), though TensorBoard needs a step for it.
+enum class JsonStep { written, omitted };
+
+// The metrics sinks of a run, written by rank 0 only: a JSON-lines file (one object per record)
+// and TensorBoard event files (train/tensorboard.hpp: one event per record, a scalar per metric
+// under its name, in a run directory of this launch inside `tensorboard_dir`, named on stdout).
+// An empty path or directory disables that sink. Non-finite values are null in JSON and left out
+// of TensorBoard.
+//
+//   {"step": 120, "loss": 0.4123, "val_loss": null, "lr": 0.0003}
 class MetricsLog {
  public:
-  MetricsLog(const std::string& path, int rank) {
-    if (rank != 0 || path.empty()) return;
-    out_.open(path, std::ios::out | std::ios::trunc);
-    DPML_REQUIRE(out_.good(), "cannot open metrics file '" << path << "' for writing");
-  }
-  void write(std::initializer_list<Metric> metrics) {
-    if (!out_.is_open()) return;
-    out_ << '{';
-    bool first = true;
-    for (const auto& m : metrics) {
-      out_ << (first ? "" : ", ") << '"' << m.name << "\": ";
-      if (std::isfinite(m.value)) out_ << m.value;
-      else out_ << "null";
-      first = false;
+  MetricsLog(const std::string& jsonl_path, const std::string& tensorboard_dir, int rank) {
+    if (rank != 0) return;
+    if (!jsonl_path.empty()) {
+      json_path_ = jsonl_path;
+      json_.open(jsonl_path, std::ios::out | std::ios::trunc);
+      DPML_REQUIRE(json_.good(), "cannot open metrics file '" << jsonl_path << "' for writing");
     }
-    out_ << "}\n";
-    out_.flush();
+    if (!tensorboard_dir.empty()) {
+      tensorboard_.emplace(tensorboard_dir);
+      std::printf("metrics: TensorBoard run '%s' (tensorboard --logdir %s)\n", tensorboard_->run_dir().c_str(),
+                  tensorboard_dir.c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  // One record of `step` to every sink.
+  void write(std::int64_t step, std::initializer_list<Metric> metrics, JsonStep json_step = JsonStep::written) {
+    if (json_.is_open() && json_.good()) {
+      json_ << '{';
+      const char* separator = "";
+      if (json_step == JsonStep::written) {
+        json_ << "\"step\": " << step;  // an integer, exact at any step
+        separator = ", ";
+      }
+      for (const auto& m : metrics) {
+        json_ << separator << '"' << m.name << "\": ";
+        if (std::isfinite(m.value)) json_ << m.value;  // 6 significant digits, as ever
+        else json_ << "null";
+        separator = ", ";
+      }
+      json_ << "}\n";
+      json_.flush();
+      if (!json_.good()) warn_write_failed(json_path_);
+    }
+    if (tensorboard_ && tensorboard_->good()) {
+      std::vector<Scalar> scalars;
+      for (const auto& m : metrics)
+        if (std::isfinite(m.value)) scalars.push_back({m.name, m.value});
+      if (!scalars.empty()) tensorboard_->write(step, scalars);
+      if (!tensorboard_->good()) warn_write_failed(tensorboard_->file());
+    }
   }
 
  private:
-  std::ofstream out_;
+  // A sink that cannot be written (a full disk) stops, with one message; training goes on.
+  static void warn_write_failed(const std::string& path) {
+    std::fprintf(stderr, "dpml: writing '%s' failed: no more metrics go there\n", path.c_str());
+  }
+
+  std::string json_path_;
+  std::ofstream json_;
+  std::optional<TensorBoardWriter> tensorboard_;
 };
 
 // The progress line. ETA from the mean time per step so far.
