@@ -58,6 +58,8 @@
 #include <dpml/train/args.hpp>
 #include <dpml/train/checkpointing.hpp>
 #include <dpml/train/gpt_trainer.hpp>
+#include <dpml/train/flops.hpp>
+#include <dpml/train/memory.hpp>
 #include <dpml/train/memory_fit.hpp>
 #include <dpml/train/pipeline_trace.hpp>
 #include <dpml/train/profile_steps.hpp>
@@ -171,6 +173,7 @@ struct Run {
   data::TokenWindows& train_data;
   data::TokenWindows& val_data;
   double unigram;
+  double peak_tflops;  // bf16 dense peak of all the run's GPUs (MFU); NaN on CPU ranks, shared GPUs, unknown GPUs
 };
 
 // Resume or import, the training loop with its checkpoints, progress line and metrics, then the
@@ -217,6 +220,9 @@ int train_and_sample(Trainer& trainer, const Run& run) {
   train::Progress progress(f.iters, world.rank(), "tok/s");
   train::MetricsLog metrics(f.metrics, f.tensorboard, world.rank());
   const double tokens_per_step = static_cast<double>(f.global_batch * f.seq);
+  const double flops_per_step =  // model FLOPs (train/flops.hpp: 6·N + 12·L·T·C per token, bench/gpt_train's count)
+      train::training_flops(train::gpt_forward_flops_per_token(model.config(), f.seq)) * tokens_per_step;
+  using Space = typename std::remove_reference_t<decltype(model)>::space;
   const auto profile = train::ProfileSteps::parse("--profile-steps", f.profile_steps);
   auto& train_data = run.train_data;
   std::int64_t epoch = start.epoch, b = start.batch;
@@ -255,16 +261,21 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     }
     if (world.rank() == faults.kill_steps_rank && step - start.step == faults.kill_steps) std::raise(SIGKILL);
     if (step % f.eval_interval == 0 || step == f.iters) val = trainer.evaluate(run.val_data.batch(0));
+    const double mfu = train::mfu(flops_per_step, r.seconds, run.peak_tflops);
+    const train::MemoryUse mem = train::memory_now<Space>();  // rank 0's (the metrics are rank 0's)
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     metrics.write(step, {{"loss", r.loss}, {"val_loss", val}, {"lr", rate},
-                         {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
+                         {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds}, {"mfu", mfu},
+                         {"memory_gib", static_cast<double>(mem.current_bytes) / kGiB},
+                         {"peak_memory_gib", static_cast<double>(mem.peak_bytes) / kGiB},
                          {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
                          {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}});
     if (step % f.log_interval == 0 || step == 1 || step == f.iters) {
-      // Named lists: nvcc's front end mangles a braced list written in the call. No "val" before
-      // the first evaluation.
-      const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}};
-      const std::initializer_list<train::Metric> before_eval = {{"lr", rate}, {"gnorm", r.grad_norm}};
-      progress.print(step, r.loss, tokens_per_step / r.seconds, std::isnan(val) ? before_eval : extra);
+      // A named list: nvcc's front end mangles a braced list written in the call. NaNs are left
+      // out: "val" before the first evaluation, "mfu%" without a known peak.
+      const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}, {"mfu%", 100 * mfu},
+                                                          {"mem GiB", static_cast<double>(mem.peak_bytes) / kGiB}};
+      progress.print(step, r.loss, tokens_per_step / r.seconds, extra);
     }
     if (f.exit_interval > 0 && step % f.exit_interval == 0 && step < f.iters) {
       if (world.rank() == 0) std::printf("exiting after step %lld (--exit-interval %lld)\n", static_cast<long long>(step),
@@ -473,7 +484,11 @@ int main(int argc, char** argv) {
       std::printf("dpml train_gpt: %s%s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
                   f.device == "cpu" ? "" : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
-    const Run run{f, faults, world, train_data, val_data, unigram};
+    double peak_tflops = NAN;
+#ifdef DPML_WITH_CUDA
+    if (f.device == "cuda" && !staged) peak_tflops = train::device_peak_bf16_tflops(world.rank() == 0) * world.size();
+#endif
+    const Run run{f, faults, world, train_data, val_data, unigram, peak_tflops};
 #ifdef DPML_WITH_CUDA
     if (f.device == "cuda") return staged ? train_on_gpu<comm::Staged>(config, grid, run) : train_on_gpu<comm::Nccl>(config, grid, run);
 #endif

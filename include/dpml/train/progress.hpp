@@ -15,6 +15,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -114,14 +115,21 @@ class Progress {
 
   double elapsed() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
 
-  // `throughput` in the unit given at construction; `extra` printed as "name value" pairs.
+  // `throughput` in the unit given at construction; `extra` printed as "name value" pairs (4
+  // significant digits), a NaN one left out (a validation loss before the first evaluation, MFU
+  // where no peak is known).
   void print(std::int64_t step, double loss, double throughput, std::initializer_list<Metric> extra = {}) const {
+    print(step, loss, throughput, std::span<const Metric>(extra.begin(), extra.size()));
+  }
+  void print(std::int64_t step, double loss, double throughput, std::span<const Metric> extra) const {
     if (rank_ != 0) return;
     const double t = elapsed();
     const double eta = step > 0 ? t / static_cast<double>(step) * static_cast<double>(total_ - step) : NAN;
     std::ostringstream os;
     os << "step " << step << '/' << total_;
-    for (const auto& m : extra) os << " | " << m.name << ' ' << m.value;
+    os.precision(4);
+    for (const auto& m : extra)
+      if (!std::isnan(m.value)) os << " | " << m.name << ' ' << m.value;
     char buf[160];
     std::snprintf(buf, sizeof buf, " | loss %.4f | %.0f %s | %s elapsed | ETA %s", loss, throughput, unit_.c_str(),
                   format_duration(t).c_str(), format_duration(eta).c_str());
