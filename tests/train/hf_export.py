@@ -51,7 +51,7 @@ def expected_config():
             "layer_norm_epsilon": 1e-5, "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0,
             "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "tie_word_embeddings": True,
             "bos_token_id": None, "eos_token_id": None,  # V < 50257: no <|endoftext|> token
-            "torch_dtype": "float32"}
+            "torch_dtype": "float32", "dtype": "float32"}
 
 
 def expected_tensors(cfg):

@@ -32,6 +32,18 @@ constexpr const char* kHubGpt2Config = R"({
   "summary_use_proj": true, "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
   "vocab_size": 50257})";
 
+// config.json that transformers 5.17 wrote (GPT2LMHeadModel(GPT2Config(vocab_size=256,
+// n_positions=32, n_embd=64, n_layer=2, n_head=2, pdrops 0, bos/eos None)).save_pretrained).
+constexpr const char* kTransformersTinyConfig = R"({
+  "activation_function": "gelu_new", "add_cross_attention": false, "architectures": ["GPT2LMHeadModel"],
+  "attn_pdrop": 0.0, "bos_token_id": null, "dtype": "float32", "embd_pdrop": 0.0, "eos_token_id": null,
+  "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_embd": 64, "n_head": 2,
+  "n_inner": null, "n_layer": 2, "n_positions": 32, "pad_token_id": null, "reorder_and_upcast_attn": false,
+  "resid_pdrop": 0.0, "scale_attn_by_inverse_layer_idx": false, "scale_attn_weights": true,
+  "summary_activation": null, "summary_first_dropout": 0.1, "summary_proj_to_labels": true,
+  "summary_type": "cls_index", "summary_use_proj": true, "tie_word_embeddings": true,
+  "transformers_version": "5.17.0", "use_cache": true, "vocab_size": 256})";
+
 const models::GptConfig kGpt2Small{.vocab = 50257, .max_seq = 1024, .layers = 12, .heads = 12, .dim = 768};
 const models::GptConfig kTiny{.vocab = 256, .max_seq = 16, .layers = 2, .heads = 2, .dim = 32};
 
@@ -111,6 +123,15 @@ TEST_CASE("hf_gpt2: config.json holds GPT2Config's fields as the Hub's gpt2 has 
     CHECK(j.at("bos_token_id") == (v >= 50257 ? Json(50256) : Json(nullptr)));
     CHECK(j.at("eos_token_id") == j.at("bos_token_id"));
   }
+  // Every field transformers writes for a byte-level model of this size, ours has alike.
+  const models::GptConfig byte_model{.vocab = 256, .max_seq = 32, .layers = 2, .heads = 2, .dim = 64};
+  const Json written = Json::parse(kTransformersTinyConfig, "transformers' config.json");
+  const Json mine = train::hf_gpt2_config(byte_model);
+  for (const auto& [key, value] : mine.as_object()) {
+    CAPTURE(key);
+    if (key != "torch_dtype") CHECK(value == written.at(key));
+  }
+  CHECK(refusal(written, byte_model).empty());
   const Json tiny = train::hf_gpt2_config(kTiny);
   CHECK(tiny.at("n_positions").as_int() == 16);
   CHECK(tiny.at("n_embd").as_int() == 32);

@@ -21,7 +21,8 @@
 // config.json (hf_gpt2_config): GPT2Config's fields for this model — sizes; n_inner null (4C);
 // activation "gelu_new" (dpml's GELU is the tanh approximation: kernels/host/activation.hpp);
 // layer_norm_epsilon 1e-5 (layers/layer_norm.hpp); no dropout (pdrop 0); attention scaled by
-// 1/sqrt(head dim) (scale_attn_weights); tied embeddings; float32; bos/eos 50256, the GPT-2
+// 1/sqrt(head dim) (scale_attn_weights); tied embeddings; float32 (as torch_dtype and as dtype,
+// its name since transformers 4.56); bos/eos 50256, the GPT-2
 // tokenizer's <|endoftext|>, where the vocabulary holds it (V ≥ 50257), else null (a byte
 // vocabulary has no such token; GPT2Config's default 50256 would lie outside it).
 // check_hf_gpt2_config refuses a config.json that describes another model: a size other than
@@ -120,7 +121,8 @@ inline checkpoint::Json hf_gpt2_config(const models::GptConfig& c) {
                            {"use_cache", true},
                            {"bos_token_id", eot},
                            {"eos_token_id", eot},
-                           {"torch_dtype", "float32"}});
+                           {"torch_dtype", "float32"},    // transformers < 4.56
+                           {"dtype", "float32"}});        // transformers >= 4.56
 }
 
 // Refuses a config.json (`file`) that describes a model other than `c`; see the top of the file.
