@@ -88,6 +88,11 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tolerance", type=float, default=1e-5, help="relative")
     args = p.parse_args()
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        sys.exit(f"hf-check.py needs torch and transformers: {e}")
     with open(os.path.join(args.dir, "config.json")) as f:
         cfg = json.load(f)
     T, V = cfg["n_positions"], cfg["vocab_size"]

@@ -16,7 +16,7 @@
    with lr 0, exported again: the same bytes, and the validation loss of the imported model equals
    the exporting run's final one (the same layout; within 1e-5 at tp 2).
 3. What transformers' save_pretrained may hold, written here (by the safetensors package where it
-   imports): an lm_head.weight equal to
+   imports): a model in bfloat16 (imported as its values widened to fp32), an lm_head.weight equal to
    the embedding and GPT-2's attention-mask buffers are taken (the same model); an lm_head.weight
    that differs, a config.json of another depth, and a tensor the model lacks are refused with a
    message naming them.
@@ -81,13 +81,15 @@ def read_plain(path):
 
 
 def write_file(path, tensors, meta):
-    """Writes {name: (dtype, shape, raw bytes)} (F32) as a safetensors file: with the safetensors
-    package where it imports (as save_pretrained does), else by the published format."""
+    """Writes {name: (dtype, shape, raw bytes)} as a safetensors file: all F32 with the safetensors
+    package where it imports (as save_pretrained does), else (numpy has no bfloat16) by the
+    published format."""
     try:
         import numpy as np
         from safetensors.numpy import save_file
-        save_file({k: np.frombuffer(raw, dtype="<f4").reshape(shape) for k, (_, shape, raw) in tensors.items()}, path, meta)
-        return
+        if all(dtype == "F32" for dtype, _, _ in tensors.values()):
+            save_file({k: np.frombuffer(raw, dtype="<f4").reshape(shape) for k, (_, shape, raw) in tensors.items()}, path, meta)
+            return
     except ImportError:
         pass
     header, at = {"__metadata__": meta}, 0
@@ -216,6 +218,19 @@ def main():
     if r.read("saved-again", "model.safetensors") != r.read("out", "model.safetensors"):
         fail("a tied lm_head.weight and the attention masks changed the imported model")
     print("--import of a file with a tied lm_head.weight and GPT-2's attention masks: the same model")
+
+    def bf16(raw):  # float32 → bfloat16 by dropping the low half (exact in bfloat16), and back
+        halves = struct.unpack(f"<{len(raw) // 2}H", raw)[1::2]
+        return struct.pack(f"<{len(halves)}H", *halves), b"".join(b"\0\0" + struct.pack("<H", h) for h in halves)
+    os.makedirs(r.path("half"))
+    write_file(r.path("half", "model.safetensors"), {k: ("BF16", shape, bf16(raw)[0]) for k, (_, shape, raw) in hf.items()},
+               {"format": "pt"})
+    r.run(1, LR0 + ["--import", "half/", "--export", "half-again/"])
+    _, widened = read_plain(r.path("half-again", "model.safetensors"))
+    for name, (dtype, shape, raw) in hf.items():
+        if widened[name] != ("F32", shape, bf16(raw)[1]):
+            fail(f"{name}: imported from BF16 and exported, not the bfloat16 values widened")
+    print("--import of a BF16 file: its values, widened to F32 exactly")
 
     wte = bytearray(hf["transformer.wte.weight"][2])
     wte[0] ^= 1

@@ -84,6 +84,7 @@
 #include "dpml/checkpoint/manifest.hpp"
 #include "dpml/checkpoint/safetensors.hpp"
 #include "dpml/comm/mpi.hpp"
+#include "dpml/core/bf16.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/layers/init.hpp"
 #include "dpml/core/parameter.hpp"
@@ -606,6 +607,15 @@ std::vector<T> gpt2_convert(const std::string& name, const std::vector<std::int6
   return out;
 }
 
+// One tensor of a GPT-2 file as float: F32, or BF16 (a model saved in bfloat16) widened exactly.
+inline std::vector<float> read_as_float(const checkpoint::SafetensorsFile& file, const checkpoint::SafetensorsEntry& e) {
+  if (e.dtype != checkpoint::Dtype::BF16) return file.read<float>(e.name);  // any other dtype: refused naming it
+  const auto narrow = file.read<bf16>(e.name);
+  std::vector<float> out(narrow.size());
+  std::transform(narrow.begin(), narrow.end(), out.begin(), [](bf16 v) { return static_cast<float>(v); });
+  return out;
+}
+
 }  // namespace detail
 
 // Writes the trainer's model as one GPT-2-style safetensors file, or, where `path` names a
@@ -668,7 +678,7 @@ void export_gpt2(Trainer& t, const std::string& path) {
 // config.json check). Every parameter must be there with GPT-2's shape for this model, and every
 // tensor of the file must be a parameter of the model (a pipeline stage's or another's) but
 // GPT-2's attention masks (h.N.attn.bias, h.N.attn.masked_bias) and a tied lm_head.weight: a file
-// of a deeper or otherwise larger model is refused, not truncated.
+// of a deeper or otherwise larger model is refused, not truncated. F32 or BF16 tensors.
 template <class Trainer>
 void import_gpt2(Trainer& t, const std::string& path) {
   const auto& model = t.model();
@@ -726,7 +736,7 @@ void import_gpt2(Trainer& t, const std::string& path) {
       DPML_REQUIRE(e->shape == file_shape, "tensor '" << e->name << "' in '" << where << "' has shape "
                                                       << checkpoint::shape_string(e->shape) << ", this model needs "
                                                       << checkpoint::shape_string(file_shape));
-      const auto values = file.read<float>(e->name);
+      const auto values = detail::read_as_float(file, *e);
       const auto ours = detail::gpt2_convert<float>(p->name(), b.shape, values, cfg.heads, /*to_file=*/false);
       // This rank's block of the (now ours-layout) global tensor: at most 2-D, split along one dim.
       const auto& s = b.slice;
