@@ -22,9 +22,9 @@
 // activation "gelu_new" (dpml's GELU is the tanh approximation: kernels/host/activation.hpp);
 // layer_norm_epsilon 1e-5 (layers/layer_norm.hpp); no dropout (pdrop 0); attention scaled by
 // 1/sqrt(head dim) (scale_attn_weights); tied embeddings; float32 (as torch_dtype and as dtype,
-// its name since transformers 4.56); bos/eos 50256, the GPT-2
-// tokenizer's <|endoftext|>, where the vocabulary holds it (V ≥ 50257), else null (a byte
-// vocabulary has no such token; GPT2Config's default 50256 would lie outside it).
+// its name since transformers 4.56); bos/eos 50256, the GPT-2 tokenizer's <|endoftext|>, where
+// the vocabulary holds it (V ≥ 50257), else null (a byte vocabulary has no such token;
+// GPT2Config's default 50256 would lie outside it). An import reads F32 or BF16 tensors.
 // check_hf_gpt2_config refuses a config.json that describes another model: a size other than
 // this run's (naming the field, the file and the flag; a field it lacks means GPT2Config's
 // default, as it does to transformers) or a computation dpml does not do (another activation,
