@@ -28,9 +28,13 @@
 // --save-max-failures K in a row stop the run. A model that cannot fit in a rank's host memory
 // is refused with the estimate before anything is allocated. A resume refuses a --seed or data (--data-path, its token count) other than the
 // checkpoint's, which would change the data order, unless --override-resume-config. --export
-// FILE.safetensors writes the model with GPT-2's names at the end; --import FILE.safetensors
-// starts from such a file, which must hold exactly the model's parameters — refused beside a
-// --resume that finds a checkpoint (the import would be ignored). --on-nonfinite skip|stop;
+// FILE.safetensors writes the model with GPT-2's names at the end; --export DIR/ (a path ending
+// in '/', or an existing directory) writes a Hugging Face directory instead — model.safetensors
+// and config.json, which transformers' GPT2LMHeadModel.from_pretrained(DIR) loads
+// (train/hf_gpt2.hpp). --import starts from either, or from a save_pretrained file or directory
+// (a config.json there must describe this model: --num-layers, --hidden-size, …); it must hold
+// exactly the model's parameters — refused beside a --resume that finds a checkpoint (the import
+// would be ignored). --on-nonfinite skip|stop;
 // --collective-timeout S (the watchdog, comm/watchdog.hpp). examples/restart/ shows restart loops
 // around this program. --metrics FILE.jsonl and --tensorboard DIR (a run directory per launch in
 // it): rank 0 records every step's metrics (train/progress.hpp). --profile-steps A:B brackets steps
@@ -60,6 +64,7 @@
 #include <dpml/train/gpt_trainer.hpp>
 #include <dpml/train/flops.hpp>
 #include <dpml/train/memory.hpp>
+#include <dpml/train/hf_gpt2.hpp>
 #include <dpml/train/memory_fit.hpp>
 #include <dpml/train/pipeline_trace.hpp>
 #include <dpml/train/profile_steps.hpp>
@@ -299,7 +304,9 @@ int train_and_sample(Trainer& trainer, const Run& run) {
   if (!finished) return 0;
   if (!f.export_path.empty()) {
     train::export_gpt2(trainer, f.export_path);
-    if (world.rank() == 0) std::printf("exported '%s'\n", f.export_path.c_str());
+    if (world.rank() == 0)
+      std::printf("exported '%s'%s\n", f.export_path.c_str(),
+                  train::is_hf_directory(f.export_path) ? " (model.safetensors, config.json: transformers' GPT2LMHeadModel)" : "");
   }
   if (world.rank() == 0)
     std::printf("final validation loss %.3f nats (%.3f bits/byte) vs unigram entropy %.3f nats\n", val,
@@ -403,8 +410,10 @@ int main(int argc, char** argv) {
         .flag("--resume", f.resume, "latest (newest complete checkpoint in --save) or DIR/step-N")
         .flag("--override-resume-config", f.override_resume,
               "resume even if --seed or the data differ from the checkpoint's (the data order then changes)")
-        .flag("--export", f.export_path, "write the trained model as GPT-2-style safetensors")
-        .flag("--import", f.import_path, "start from a GPT-2-style safetensors file (exactly the model's parameters)")
+        .flag("--export", f.export_path,
+              "write the trained model: FILE.safetensors (GPT-2's names) or DIR/ (Hugging Face: model.safetensors, config.json)")
+        .flag("--import", f.import_path,
+              "start from GPT-2 weights: a safetensors file or a Hugging Face directory (exactly the model's parameters)")
         .flag("--on-nonfinite", f.on_nonfinite, "non-finite loss or gradient: stop | skip (no update) | ignore (no check)")
         .flag("--collective-timeout", f.collective_timeout, "seconds a collective may wait before the job is ended (0: off)", train::at_least(0.0))
         .flag("--loss-log", f.loss_log, "rank 0 writes 'step loss(hex) loss' per step to this file")
@@ -419,7 +428,7 @@ int main(int argc, char** argv) {
     train::require_writable_output("--metrics", f.metrics);
     train::require_writable_directory("--tensorboard", f.tensorboard);
     train::require_writable_output("--loss-log", f.loss_log);
-    train::require_writable_output("--export", f.export_path);
+    train::require_writable_export("--export", f.export_path);
     train::require_writable_output("--trace-pipeline", f.trace_pipeline);
     DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
                                                                  << " must be below --train-iters " << f.iters);

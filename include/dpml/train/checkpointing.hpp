@@ -67,8 +67,12 @@
 // GPT-2's c_attn columns are [q | k | v] (each head-major), while our c_attn rows are
 // (head, {q, k, v}, head_dim) so that tensor parallelism splits whole heads: rows are permuted
 // (weight and bias). The file is assembled through a temporary checkpoint (<file>.parts/, any
-// layout) that rank 0 reads whole and rewrites. import_gpt2 is the inverse: every rank reads the
-// file's tensors it needs (whole: fine at GPT-2 sizes) and keeps its block.
+// layout) that rank 0 reads whole and rewrites. A path ending in '/' (or an existing directory)
+// is a Hugging Face directory instead: DIR/model.safetensors with transformers' names
+// ("transformer." + name, no lm_head.weight: tied) and DIR/config.json (train/hf_gpt2.hpp), which
+// GPT2LMHeadModel.from_pretrained(DIR) loads. import_gpt2 is the inverse, of either form or of a
+// save_pretrained file or directory (a config.json there is checked against the model): every
+// rank reads the file's tensors it needs (whole: fine at GPT-2 sizes) and keeps its block.
 //
 //   train::Checkpointer ckpt(trainer, "runs/gpt", {.keep_last = 3});
 //   ... after step s: ckpt.save_async({.step = s, .epoch = e, .batch = b});
@@ -80,12 +84,14 @@
 #include "dpml/checkpoint/manifest.hpp"
 #include "dpml/checkpoint/safetensors.hpp"
 #include "dpml/comm/mpi.hpp"
+#include "dpml/core/bf16.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/core/nvtx.hpp"
 #include "dpml/layers/init.hpp"
 #include "dpml/core/parameter.hpp"
 #include "dpml/models/gpt.hpp"
 #include "dpml/parallel/grid.hpp"
+#include "dpml/train/hf_gpt2.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -94,6 +100,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 #include <span>
 #include <string>
@@ -602,14 +609,26 @@ std::vector<T> gpt2_convert(const std::string& name, const std::vector<std::int6
   return out;
 }
 
+// One tensor of a GPT-2 file as float: F32, or BF16 (a model saved in bfloat16) widened exactly.
+inline std::vector<float> read_as_float(const checkpoint::SafetensorsFile& file, const checkpoint::SafetensorsEntry& e) {
+  if (e.dtype != checkpoint::Dtype::BF16) return file.read<float>(e.name);  // any other dtype: refused naming it
+  const auto narrow = file.read<bf16>(e.name);
+  std::vector<float> out(narrow.size());
+  std::transform(narrow.begin(), narrow.end(), out.begin(), [](bf16 v) { return static_cast<float>(v); });
+  return out;
+}
+
 }  // namespace detail
 
-// Writes the trainer's model as one GPT-2-style safetensors file (collective; rank 0 writes).
+// Writes the trainer's model as one GPT-2-style safetensors file, or, where `path` names a
+// directory (is_hf_directory), as a Hugging Face directory (collective; rank 0 writes).
 template <class Trainer>
 void export_gpt2(Trainer& t, const std::string& path) {
   namespace fs = std::filesystem;
   const auto& world = t.grid().world();
-  const std::string parts = path + ".parts";
+  const bool hf = is_hf_directory(path);
+  const std::string file = hf ? (fs::path(path) / kHfWeightsFile).string() : path;
+  const std::string parts = file + ".parts";
   const auto& model = t.model();
   const auto& cfg = model.config();
   {
@@ -630,19 +649,25 @@ void export_gpt2(Trainer& t, const std::string& path) {
   if (world.rank() == 0) {
     try {
       const checkpoint::CheckpointReader reader((fs::path(parts) / checkpoint::step_dir_name(0)).string());
-      checkpoint::SafetensorsWriter file;
-      file.set_metadata("format", "pt");
-      file.set_metadata("producer", "dpml export_gpt2");
+      checkpoint::SafetensorsWriter out_file;
+      out_file.set_metadata("format", "pt");  // transformers loads only "pt" safetensors
+      out_file.set_metadata("producer", "dpml export_gpt2");
       for (const auto& rec : reader.manifest().tensors) {
         const auto read = reader.read_full<detail::state_t<Trainer>>(rec.name, rec.shape);
         const std::vector<float> values(read.begin(), read.end());  // GPT-2 files are F32
         const auto out = detail::gpt2_convert<float>(rec.name, rec.shape, values, cfg.heads, /*to_file=*/true);
-        file.add<float>(rec.name, detail::gpt2_shape(rec.name, rec.shape), std::span<const float>(out));
+        out_file.add<float>(hf ? hf_tensor_name(rec.name) : rec.name, detail::gpt2_shape(rec.name, rec.shape),
+                            std::span<const float>(out));
       }
-      const std::string tmp = path + ".tmp";
-      file.write(tmp);
-      fs::rename(tmp, path);
+      const std::string tmp = file + ".tmp";
+      out_file.write(tmp);
+      fs::rename(tmp, file);
       fs::remove_all(parts);
+      if (hf) {
+        const std::string config = (fs::path(path) / kHfConfigFile).string();
+        checkpoint::write_file_synced(config + ".tmp", hf_gpt2_config(cfg).dump() + "\n");
+        fs::rename(config + ".tmp", config);
+      }
     } catch (const std::exception& e) {
       error = std::string("exporting '") + path + "': " + e.what();
     }
@@ -650,10 +675,12 @@ void export_gpt2(Trainer& t, const std::string& path) {
   detail::raise_collected(world, error, "export");
 }
 
-// Sets the trainer's model from a GPT-2-style safetensors file (collective). Every parameter must
-// be there with GPT-2's shape for this model, and every tensor of the file must be a parameter of
-// the model (a pipeline stage's or another's) but GPT-2's attention masks (h.N.attn.bias,
-// h.N.attn.masked_bias): a file of a deeper or otherwise larger model is refused, not truncated.
+// Sets the trainer's model from a GPT-2-style safetensors file, a transformers save_pretrained
+// file or a Hugging Face directory (collective; see train/hf_gpt2.hpp for names and the
+// config.json check). Every parameter must be there with GPT-2's shape for this model, and every
+// tensor of the file must be a parameter of the model (a pipeline stage's or another's) but
+// GPT-2's attention masks (h.N.attn.bias, h.N.attn.masked_bias) and a tied lm_head.weight: a file
+// of a deeper or otherwise larger model is refused, not truncated. F32 or BF16 tensors.
 template <class Trainer>
 void import_gpt2(Trainer& t, const std::string& path) {
   const auto& model = t.model();
@@ -668,28 +695,50 @@ void import_gpt2(Trainer& t, const std::string& path) {
   std::vector<detail::state_t<Trainer>> weights;  // a GPU's (collective, first: padding keeps its values)
   if constexpr (detail::on_device<Trainer>) weights = detail::read_weights(t);
   try {
-    const checkpoint::SafetensorsFile file(path);
+    const Gpt2Source source = resolve_gpt2_import(path);
+    if (!source.config.empty()) check_hf_gpt2_config(read_json_file(source.config), source.config, cfg);
+    const std::string& where = source.weights;
+    const checkpoint::SafetensorsFile file(where);
+    std::map<std::string, const checkpoint::SafetensorsEntry*> entry_of;  // our name → the file's entry
+    const checkpoint::SafetensorsEntry* head = nullptr;
     std::int64_t unused = 0;
     std::string some;  // the first few of them
     bool deeper = false;
     for (const auto& e : file.entries()) {
-      if (names.contains(e.name) || e.name.ends_with(".attn.bias") || e.name.ends_with(".attn.masked_bias")) continue;
+      if (e.name == kHfHead) head = &e;
+      if (e.name == kHfHead || is_gpt2_buffer(e.name)) continue;
+      const std::string ours = tensor_name_from_file(e.name);
+      if (names.contains(ours)) {
+        const auto [it, fresh] = entry_of.emplace(ours, &e);
+        DPML_REQUIRE(fresh, "'" << where << "' holds '" << ours << "' twice: as '" << it->second->name << "' and as '" << e.name << "'");
+        continue;
+      }
       if (++unused <= 3) some += (unused > 1 ? ", '" : "'") + e.name + "'";
       long long layer = -1;
-      deeper = deeper || (std::sscanf(e.name.c_str(), "h.%lld.", &layer) == 1 && layer >= cfg.layers);
+      deeper = deeper || (std::sscanf(ours.c_str(), "h.%lld.", &layer) == 1 && layer >= cfg.layers);
     }
-    DPML_REQUIRE(unused == 0, "'" << path << "' has " << unused << " tensor" << (unused == 1 ? "" : "s") << " the model does not use, e.g. "
+    DPML_REQUIRE(unused == 0, "'" << where << "' has " << unused << " tensor" << (unused == 1 ? "" : "s") << " the model does not use, e.g. "
                                   << some << (deeper ? " (the file has more layers than --num-layers " + std::to_string(cfg.layers) + "?)" : ""));
+    if (head != nullptr && t.grid().world().rank() == 0) {  // one rank compares (two vocabulary-sized reads)
+      const auto wte = entry_of.find("wte.weight");
+      DPML_REQUIRE(wte != entry_of.end() && head->dtype == wte->second->dtype && head->shape == wte->second->shape &&
+                       file.read_bytes(*head) == file.read_bytes(*wte->second),
+                   "'" << where << "': " << kHfHead << " differs from the token embedding"
+                       << (wte == entry_of.end() ? "" : " '" + wte->second->name + "'")
+                       << ": dpml's GPT ties its output head to it (tie_word_embeddings), an untied head cannot be imported");
+    }
     for (std::size_t i = 0; i < params.size(); ++i) {
       const auto* p = params[i];
       const auto b = detail::block_of(*p, t.grid(), model);
       const auto file_shape = detail::gpt2_shape(p->name(), b.shape);
-      const checkpoint::SafetensorsEntry* e = file.find(p->name());
-      DPML_REQUIRE(e != nullptr, "'" << path << "' has no tensor '" << p->name() << "'");
-      DPML_REQUIRE(e->shape == file_shape, "tensor '" << p->name() << "' in '" << path << "' has shape "
+      const auto found = entry_of.find(p->name());
+      DPML_REQUIRE(found != entry_of.end(),
+                   "'" << where << "' has no tensor '" << p->name() << "' (nor '" << hf_tensor_name(p->name()) << "')");
+      const checkpoint::SafetensorsEntry* e = found->second;
+      DPML_REQUIRE(e->shape == file_shape, "tensor '" << e->name << "' in '" << where << "' has shape "
                                                       << checkpoint::shape_string(e->shape) << ", this model needs "
                                                       << checkpoint::shape_string(file_shape));
-      const auto values = file.read<float>(p->name());
+      const auto values = detail::read_as_float(file, *e);
       const auto ours = detail::gpt2_convert<float>(p->name(), b.shape, values, cfg.heads, /*to_file=*/false);
       // This rank's block of the (now ours-layout) global tensor: at most 2-D, split along one dim.
       const auto& s = b.slice;
