@@ -4,8 +4,9 @@
 # packages, python3 with matplotlib (scripts/plot-metrics.py) — and, in a Python venv at
 # /opt/dpml-venv ($DPML_VENV), the `tensorboard` package, whose reader checks dpml's event files
 # (tests/train/check_tensorboard.py) and which shows them (`/opt/dpml-venv/bin/tensorboard
-# --logdir DIR`). Idempotent: packages already installed are skipped, apt is not touched at all
-# when nothing is missing, and pip is not run when the venv imports tensorboard. Runs apt-get (and
+# --logdir DIR`), and `safetensors` (reading exported models: tests/train/hf_export.py).
+# Idempotent: packages already installed are skipped, apt is not touched at all when nothing is
+# missing, and pip is not run when the venv imports both. Runs apt-get (and
 # writes /opt) as root, through sudo otherwise.
 set -euo pipefail
 
@@ -20,9 +21,9 @@ for p in "${packages[@]}"; do
   fi
 done
 need_venv=1
-if "$venv/bin/python3" -c 'import tensorboard' >/dev/null 2>&1; then need_venv=0; fi
+if "$venv/bin/python3" -c 'import tensorboard, safetensors' >/dev/null 2>&1; then need_venv=0; fi
 if (( ${#missing[@]} == 0 && need_venv == 0 )); then
-  echo "install-deps: all ${#packages[@]} packages present, and tensorboard in $venv"
+  echo "install-deps: all ${#packages[@]} packages present, and tensorboard and safetensors in $venv"
   exit 0
 fi
 
@@ -32,7 +33,7 @@ elif command -v sudo >/dev/null 2>&1; then
   as_root=(sudo)
 else
   what=("${missing[@]}")
-  if (( need_venv )); then what+=("tensorboard (a venv at $venv)"); fi
+  if (( need_venv )); then what+=("tensorboard and safetensors (a venv at $venv)"); fi
   echo "install-deps: missing ${what[*]}; run this script as root (no sudo found)" >&2
   exit 1
 fi
@@ -45,8 +46,8 @@ if (( ${#missing[@]} > 0 )); then
 fi
 
 if (( need_venv )); then
-  echo "install-deps: installing tensorboard into $venv"
+  echo "install-deps: installing tensorboard and safetensors into $venv"
   "${as_root[@]}" /usr/bin/python3 -m venv "$venv"
-  "${as_root[@]}" "$venv/bin/python3" -m pip install -q --disable-pip-version-check 'tensorboard>=2,<3'
-  "$venv/bin/python3" -c 'import tensorboard' || { echo "install-deps: tensorboard does not import from $venv" >&2; exit 1; }
+  "${as_root[@]}" "$venv/bin/python3" -m pip install -q --disable-pip-version-check 'tensorboard>=2,<3' 'safetensors<1'
+  "$venv/bin/python3" -c 'import tensorboard, safetensors' || { echo "install-deps: tensorboard or safetensors does not import from $venv" >&2; exit 1; }
 fi
