@@ -88,6 +88,14 @@ TEST_CASE("broadcast of a string: the root's length and contents, longer or shor
   }
 }
 
+TEST_CASE("allgather of strings: every rank's, of its own length (some empty), in rank order", "[comm]") {
+  const auto w = test::world();
+  const auto text = [](int r) { return std::string(static_cast<std::size_t>(2 * r), static_cast<char>('a' + r)); };  // rank 0: empty
+  const std::vector<std::string> all = w.allgather(text(w.rank()));
+  REQUIRE(static_cast<int>(all.size()) == w.size());
+  for (int r = 0; r < w.size(); ++r) CHECK(all[static_cast<std::size_t>(r)] == text(r));
+}
+
 TEMPLATE_TEST_CASE("allgather and allgatherv (uneven counts)", "[comm]", float, double, std::int32_t) {
   const auto w = test::world();
   const int p = w.size();

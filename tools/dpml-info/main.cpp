@@ -60,7 +60,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <numeric>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -121,25 +120,9 @@ bool parse(int argc, char** argv, int rank, Options& o) {
   return true;
 }
 
-// Every rank's `text`, in world rank order (collective).
-std::vector<std::string> gather_text(const comm::Mpi& world, const std::string& text) {
-  const int mine = static_cast<int>(text.size());
-  std::vector<int> counts(static_cast<std::size_t>(world.size()));
-  world.allgather(&mine, counts.data(), 1);
-  std::string all(static_cast<std::size_t>(std::accumulate(counts.begin(), counts.end(), 0)), '\0');
-  world.allgatherv(text.data(), all.data(), counts);
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  for (int c : counts) {
-    out.push_back(all.substr(at, static_cast<std::size_t>(c)));
-    at += static_cast<std::size_t>(c);
-  }
-  return out;
-}
-
 // Rank 0 prints the non-empty texts (one per node: its first rank's), in rank order.
 void print_nodes(const comm::Mpi& world, const std::string& text) {
-  const std::vector<std::string> all = gather_text(world, text);
+  const std::vector<std::string> all = world.allgather(text);
   if (world.rank() != 0) return;
   for (const std::string& t : all) std::fputs(t.c_str(), stdout);
   std::fflush(stdout);

@@ -117,24 +117,6 @@ struct SaveInfo {
 
 namespace detail {
 
-// Every rank's string, on every rank, in rank order (collective).
-inline std::vector<std::string> allgather_strings(const comm::Mpi& comm, const std::string& mine) {
-  const int n = comm::detail::to_int_count(mine.size());
-  std::vector<int> counts(static_cast<std::size_t>(comm.size()));
-  comm.allgather(&n, counts.data(), 1);
-  std::size_t total = 0;
-  for (int c : counts) total += static_cast<std::size_t>(c);
-  std::string all(total, '\0');
-  comm.allgatherv(mine.data(), all.data(), counts);
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  for (int c : counts) {
-    out.push_back(all.substr(at, static_cast<std::size_t>(c)));
-    at += static_cast<std::size_t>(c);
-  }
-  return out;
-}
-
 // Raises, on every rank alike, the errors that ranks reported ("" = none) in an exchange.
 inline void raise_reported(const std::vector<std::string>& errors, std::string_view during) {
   std::string message;
@@ -295,7 +277,7 @@ class CheckpointWriter {
       mine.as_object()[1].second.push_back(Json(Json::Object{
           {"name", s.name}, {"dtype", dtype_name(s.dtype)}, {"shape", shape}, {"slice", detail::slice_json(s.slice)}}));
     }
-    const auto all = detail::allgather_strings(comm_, mine.dump());
+    const auto all = comm_.allgather(mine.dump());
     std::vector<std::string> errors;
     for (const auto& text : all) errors.push_back(Json::parse(text, "checkpoint plan").at("error").as_string());
     detail::raise_reported(errors, "checkpoint step " + std::to_string(info.step));
@@ -376,7 +358,7 @@ class CheckpointWriter {
 
     // Errors and checksums (by tensor name) of every rank, on every rank.
     Json mine = Json(Json::Object{{"error", job.error}, {"crcs", job.crcs}});
-    const auto all = detail::allgather_strings(comm_, mine.dump());
+    const auto all = comm_.allgather(mine.dump());
     std::vector<std::string> errors;
     std::vector<Json> crcs;  // [rank] → {tensor name: crc32}
     for (const auto& text : all) {
@@ -395,7 +377,7 @@ class CheckpointWriter {
         error = detail::message_of(e);
       }
     }
-    detail::raise_reported(detail::allgather_strings(comm_, error), what);
+    detail::raise_reported(comm_.allgather(error), what);
     if (comm_.rank() == 0) start_pruning(job.final_dir, job.manifest.step, prune_now);
   }
 

@@ -297,6 +297,23 @@ class Mpi {
   }
   template <class T>
   void allgather(const T* send, T* recv, std::size_t n) const { iallgather(send, recv, n).wait(); }
+  // Every rank's string, on every rank, in rank order.
+  std::vector<std::string> allgather(const std::string& mine) const {
+    const int n = detail::to_int_count(mine.size());
+    std::vector<int> counts(static_cast<std::size_t>(size()));
+    allgather(&n, counts.data(), 1);
+    std::size_t total = 0;
+    for (int c : counts) total += static_cast<std::size_t>(c);
+    std::string all(total, '\0');
+    allgatherv(mine.data(), all.data(), counts);
+    std::vector<std::string> out;
+    std::size_t at = 0;
+    for (int c : counts) {
+      out.push_back(all.substr(at, static_cast<std::size_t>(c)));
+      at += static_cast<std::size_t>(c);
+    }
+    return out;
+  }
   template <class T>
   void allgatherv(const T* send, T* recv, std::span<const int> counts) const {
     iallgatherv(send, recv, counts).wait();

@@ -196,7 +196,7 @@ GlobalBlock block_of(const Param<T, Space>& p, const parallel::ProcessGrid& grid
 
 // Raises on every rank the distinct errors that ranks caught ("" = none), naming what was done.
 inline void raise_collected(const comm::Mpi& world, const std::string& mine, const std::string& during) {
-  const auto all = checkpoint::detail::allgather_strings(world, mine);
+  const auto all = world.allgather(mine);
   std::string message;
   for (std::size_t r = 0; r < all.size(); ++r)
     if (!all[r].empty() && message.find(all[r]) == std::string::npos)
@@ -689,7 +689,7 @@ void import_gpt2(Trainer& t, const std::string& path) {
   std::string error, mine;
   for (const auto* p : params) mine += p->name() + "\n";
   std::set<std::string> names;  // the whole model's: every rank's (a pipeline stage holds its own)
-  for (const auto& theirs : checkpoint::detail::allgather_strings(t.grid().world(), mine))
+  for (const auto& theirs : t.grid().world().allgather(mine))
     for (std::size_t at = 0, end; (end = theirs.find('\n', at)) != std::string::npos; at = end + 1)
       names.insert(theirs.substr(at, end - at));
   std::vector<detail::state_t<Trainer>> weights;  // a GPU's (collective, first: padding keeps its values)

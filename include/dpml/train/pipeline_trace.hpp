@@ -26,7 +26,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -39,13 +38,11 @@ namespace dpml::train {
 inline void write_pipeline_trace(const std::string& path, const parallel::ProcessGrid& grid, std::int64_t step,
                                  const std::string& schedule, int micro_batches, const parallel::pipeline::StepTimings& timings) {
   const comm::Mpi& world = grid.world();
-  // Per span: kind, micro-batch, start, end (doubles); per rank: its coordinates and host first.
-  constexpr int kHost = 64;
-  std::array<char, kHost> host{};
+  // Per rank: its coordinates, then per span kind, micro-batch, start, end (doubles); its host.
   int len = 0;
   char name[MPI_MAX_PROCESSOR_NAME] = {};
   DPML_CHECK_MPI(MPI_Get_processor_name(name, &len));
-  std::copy_n(name, std::min(len, kHost - 1), host.begin());
+  const std::vector<std::string> hosts = world.allgather(std::string(name, static_cast<std::size_t>(len)));
   std::vector<double> mine = {static_cast<double>(grid.coord(Axis::pipeline)), static_cast<double>(grid.coord(Axis::tensor)),
                               static_cast<double>(grid.coord(Axis::data))};
   for (const auto& s : timings.spans) mine.insert(mine.end(), {static_cast<double>(s.kind), static_cast<double>(s.micro_batch), s.start, s.end});
@@ -57,8 +54,6 @@ inline void write_pipeline_trace(const std::string& path, const parallel::Proces
   for (int c : counts) all += c;
   std::vector<double> gathered(static_cast<std::size_t>(all));
   world.allgatherv(mine.data(), gathered.data(), counts);
-  std::vector<char> hosts(static_cast<std::size_t>(kHost * n));
-  world.allgather(host.data(), hosts.data(), kHost);
   if (world.rank() != 0) return;
 
   double t0 = std::numeric_limits<double>::infinity();
@@ -71,7 +66,7 @@ inline void write_pipeline_trace(const std::string& path, const parallel::Proces
       << "\", \"time_unit\": \"s\",\n \"ranks\": [";
   for (std::size_t at = 0, r = 0; r < counts.size(); at += static_cast<std::size_t>(counts[r]), ++r) {
     const double* d = gathered.data() + at;
-    out << (r ? ",\n  " : "\n  ") << "{\"rank\": " << r << ", \"host\": \"" << std::string(hosts.data() + r * kHost) << "\", \"stage\": "
+    out << (r ? ",\n  " : "\n  ") << "{\"rank\": " << r << ", \"host\": \"" << hosts[r] << "\", \"stage\": "
         << static_cast<int>(d[0]) << ", \"tensor\": " << static_cast<int>(d[1]) << ", \"data\": " << static_cast<int>(d[2])
         << ", \"spans\": [";
     for (int i = 3, k = 0; i < counts[r]; i += 4, ++k) {
