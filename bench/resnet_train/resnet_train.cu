@@ -61,6 +61,7 @@
 #include <dpml/parallel/distributed_optimizer.hpp>
 #include <dpml/parallel/grid.hpp>
 #include <dpml/train/args.hpp>
+#include <dpml/train/flops.hpp>
 #ifndef DPML_HAS_CUDNN
 #define DPML_HAS_CUDNN 0
 #endif
@@ -172,30 +173,12 @@ models::BottleneckResNetConfig composed_config(const Options& o) {
           .classes = o.model.classes, .sync_batch_norm = o.sync_bn};
 }
 
-// Forward FLOPs of one image through the convolutions and the classifier (2 per multiply-add),
-// the stem at its real input channels: models::cuda::ResNet::forward_flops_per_image's count for
-// the composed model, which has no buffers to ask (--check compares the two).
+// Forward FLOPs of one image through the convolutions and the classifier (2 per multiply-add;
+// train/flops.hpp), the stem at its real input channels: models::cuda::ResNet::forward_flops_per_image's
+// count for the composed model, which has no buffers to ask (--check compares the two).
 double forward_flops_per_image(const Options& o) {
-  const auto out = [](std::int64_t h, std::int64_t k, std::int64_t s) { return (h + 2 * (k / 2) - k) / s + 1; };
-  const auto conv = [](std::int64_t ho, std::int64_t cin, std::int64_t cout, std::int64_t k) {
-    return 2.0 * static_cast<double>(ho * ho * cout * k * k * cin);
-  };
-  const std::int64_t w = o.model.width;
-  std::int64_t h = out(o.image, 7, 2);
-  double f = conv(h, o.model.in_channels, w, 7) + 2.0 * static_cast<double>(32 * w * o.model.classes);
-  h = out(h, 3, 2);  // the max pool
-  std::int64_t in = w;
-  for (int st = 0; st < 4; ++st) {
-    const std::int64_t m = w << st;
-    for (std::int64_t i = 0; i < o.model.blocks[static_cast<std::size_t>(st)]; ++i) {
-      const std::int64_t s = (i == 0 && st > 0) ? 2 : 1, ho = out(h, 3, s);
-      f += conv(h, in, m, 1) + conv(ho, m, m, 3) + conv(ho, m, 4 * m, 1);
-      if (i == 0) f += conv(ho, in, 4 * m, 1);  // the projection
-      in = 4 * m;
-      h = ho;
-    }
-  }
-  return f;
+  return train::bottleneck_resnet_forward_flops_per_image(
+      {.in_channels = o.model.in_channels, .width = o.model.width, .blocks = o.model.blocks, .classes = o.model.classes}, o.image);
 }
 
 // The composed model with its step: forward, loss (dlogits in place), backward, and the update by

@@ -20,7 +20,8 @@
 // model's stream.
 //
 // --metrics FILE.jsonl and --tensorboard DIR (a run directory per launch in it): rank 0 records
-// every step and each epoch's test accuracy (train/progress.hpp).
+// every step (loss, accuracy, img/s, MFU against the GPUs' bf16 peak, memory, GPU power and energy
+// per image where NVML meters them) and each epoch's test accuracy (train/progress.hpp).
 #include <dpml/comm/launch.hpp>
 #include <dpml/data/image.hpp>
 #include <dpml/data/loader.hpp>
@@ -35,6 +36,9 @@
 #include <dpml/parallel/strategy.hpp>
 #include <dpml/train/args.hpp>
 #include <dpml/train/classifier.hpp>
+#include <dpml/train/energy.hpp>
+#include <dpml/train/flops.hpp>
+#include <dpml/train/memory.hpp>
 #include <dpml/train/progress.hpp>
 #include <dpml/train/tensorboard.hpp>
 #ifdef DPML_WITH_CUDA
@@ -45,10 +49,12 @@
 #include <dpml/parallel/device_grid.hpp>
 #endif
 
+#include <cmath>
 #include <cstdio>
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 using namespace dpml;
 
@@ -71,8 +77,22 @@ struct Flags {
 };
 
 // The epochs of training and evaluation, on either space.
+// What the run's GPUs allow measuring: MFU needs their bf16 peak, power a GPU per rank.
+struct Gpus {
+  double peak_tflops = NAN;  // all of them; NaN on CPU ranks, shared GPUs, unknown GPUs
+  bool own = false;          // a GPU per rank (NVML meters each: train/energy.hpp)
+};
+
+// Model FLOPs of one training image (train/flops.hpp: counted conv by conv, 3 × the forward).
+double training_flops_per_image(const Flags& f) {
+  const double forward = f.model == "mlp" ? train::mlp_forward_flops_per_sample({.hidden = f.hidden, .depth = f.depth})
+                                          : train::resnet_forward_flops_per_image({.width = f.width, .blocks_per_stage = f.blocks}, 28, 28);
+  return train::training_flops(forward);
+}
+
 template <class Trainer>
-int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer) {
+int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer, const Gpus& gpus = {}) {
+  using Space = typename std::remove_reference_t<decltype(trainer.model())>::space;
   const int rank = grid.world_rank(), dp = grid.dp(), dp_rank = grid.coord(Axis::data);
   const auto train_set = data::fashion_mnist(data::Split::train, f.data_dir);
   const auto test_set = data::fashion_mnist(data::Split::test, f.data_dir);
@@ -87,6 +107,8 @@ int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer) {
                                        .decay_steps = total};
   train::Progress progress(total, rank, "img/s");
   train::MetricsLog metrics(f.metrics, f.tensorboard, rank);
+  const double flops_per_image = training_flops_per_image(f);
+  train::EnergyMeter energy(grid.world(), gpus.own);  // collective; NaN readings on CPU ranks
   std::int64_t step = 0;
   double accuracy = 0;
   for (std::int64_t epoch = 0; epoch < f.epochs; ++epoch) {
@@ -99,12 +121,21 @@ int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer) {
       const auto r = trainer.train_step(*batch, lr);
       loss_sum += r.loss;
       ++seen;
-      const double ips = static_cast<double>(batch->global_size) / r.seconds;
+      const double images = static_cast<double>(batch->global_size), ips = images / r.seconds;
+      const double mfu = train::mfu(flops_per_image * images, r.seconds, gpus.peak_tflops);
+      const train::MemoryUse mem = train::memory_now<Space>();  // rank 0's (the metrics are rank 0's)
+      const train::EnergyReading power = energy.lap();          // collective: every rank, every step
+      constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
       metrics.write(step, {{"epoch", double(epoch)}, {"loss", r.loss}, {"train_acc", r.accuracy},
-                           {"lr", lr}, {"img_per_s", ips}, {"grad_norm", r.grad_norm}, {"exposed_comm_s", r.exposed_comm_seconds}});
+                           {"lr", lr}, {"img_per_s", ips}, {"mfu", mfu}, {"memory_gib", static_cast<double>(mem.current_bytes) / kGiB},
+                           {"peak_memory_gib", static_cast<double>(mem.peak_bytes) / kGiB}, {"power_w", power.watts},
+                           {"energy_j", power.joules}, {"energy_j_per_image", power.joules / images}, {"gpu_util", power.gpu_util},
+                           {"grad_norm", r.grad_norm}, {"exposed_comm_s", r.exposed_comm_seconds}});
       if (step % f.log_interval == 0 || step == 1) {
         // A named list: nvcc's front end mangles this braced list written in the call.
-        const std::initializer_list<train::Metric> extra = {{"epoch", double(epoch + 1)}, {"train-acc", r.accuracy}, {"lr", lr}};
+        const std::initializer_list<train::Metric> extra = {{"epoch", double(epoch + 1)}, {"train-acc", r.accuracy}, {"lr", lr},
+                                                            {"mfu%", 100 * mfu}, {"mem GiB", static_cast<double>(mem.peak_bytes) / kGiB},
+                                                            {"W", power.watts}};
         progress.print(step, loss_sum / static_cast<double>(seen), ips, extra);
       }
     }
@@ -150,13 +181,16 @@ int train_on_host(const Flags& f, const ProcessGrid& grid, Model& model) {
 // ranks share GPUs), the trainer over the grid's device communicators.
 template <class Comm>
 int train_on_gpu(const Flags& f, const ProcessGrid& grid) {
+  Gpus gpus;
+  gpus.own = !std::is_same_v<Comm, comm::Staged>;
+  if (gpus.own) gpus.peak_tflops = train::device_peak_bf16_tflops(grid.world_rank() == 0) * grid.world_size();
   kernels::Device<CudaSpace> dev;
   const parallel::DeviceGrid<Comm> comms(grid, dev);
   const auto run = [&]<class Model>(Model& model) {
     layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to bf16
     return with_optimizer(f, [&]<class Strategy, class Rule>(typename Rule::Options rule) {
       train::ClassifierTrainer<Model, Rule, Strategy, Comm> trainer(model, comms, dev, rule, {.clip = f.clip}, options_of(f));
-      return train(f, grid, trainer);
+      return train(f, grid, trainer, gpus);
     });
   };
   if (f.model == "mlp") {

@@ -111,12 +111,17 @@
 #include "dpml/train/batch.hpp"
 #include "dpml/train/checkpointing.hpp"
 #include "dpml/train/classifier.hpp"
+#include "dpml/train/energy.hpp"
+#include "dpml/train/flops.hpp"
 #include "dpml/train/gpt_trainer.hpp"
+#include "dpml/train/hf_gpt2.hpp"
 #include "dpml/train/layer_stage.hpp"
+#include "dpml/train/memory.hpp"
 #include "dpml/train/memory_fit.hpp"
 #include "dpml/train/pipeline_trace.hpp"
 #include "dpml/train/profile_steps.hpp"
 #include "dpml/train/progress.hpp"
+#include "dpml/train/tensorboard.hpp"
 #include "dpml/train/trainer.hpp"
 
 #if defined(DPML_WITH_CUDA)
