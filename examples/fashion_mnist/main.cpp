@@ -36,10 +36,9 @@
 #include <dpml/parallel/strategy.hpp>
 #include <dpml/train/args.hpp>
 #include <dpml/train/classifier.hpp>
-#include <dpml/train/energy.hpp>
 #include <dpml/train/flops.hpp>
-#include <dpml/train/memory.hpp>
 #include <dpml/train/progress.hpp>
+#include <dpml/train/step_meter.hpp>
 #include <dpml/train/tensorboard.hpp>
 #ifdef DPML_WITH_CUDA
 #include <dpml/comm/cuda_placement.hpp>
@@ -77,12 +76,6 @@ struct Flags {
 };
 
 // The epochs of training and evaluation, on either space.
-// What the run's GPUs allow measuring: MFU needs their bf16 peak, power a GPU per rank.
-struct Gpus {
-  double peak_tflops = NAN;  // all of them; NaN on CPU ranks, shared GPUs, unknown GPUs
-  bool own = false;          // a GPU per rank (NVML meters each: train/energy.hpp)
-};
-
 // Model FLOPs of one training image (train/flops.hpp: counted conv by conv, 3 × the forward).
 double training_flops_per_image(const Flags& f) {
   const double forward = f.model == "mlp" ? train::mlp_forward_flops_per_sample({.hidden = f.hidden, .depth = f.depth})
@@ -90,9 +83,9 @@ double training_flops_per_image(const Flags& f) {
   return train::training_flops(forward);
 }
 
+// own_gpus: a GPU per rank (MFU against their peak, their power: train/step_meter.hpp).
 template <class Trainer>
-int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer, const Gpus& gpus = {}) {
-  using Space = typename std::remove_reference_t<decltype(trainer.model())>::space;
+int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer, bool own_gpus = false) {
   const int rank = grid.world_rank(), dp = grid.dp(), dp_rank = grid.coord(Axis::data);
   const auto train_set = data::fashion_mnist(data::Split::train, f.data_dir);
   const auto test_set = data::fashion_mnist(data::Split::test, f.data_dir);
@@ -108,7 +101,7 @@ int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer, const Gpus&
   train::Progress progress(total, rank, "img/s");
   train::MetricsLog metrics(f.metrics, f.tensorboard, rank);
   const double flops_per_image = training_flops_per_image(f);
-  train::EnergyMeter energy(grid.world(), gpus.own);  // collective; NaN readings on CPU ranks
+  train::StepMeter<typename std::remove_reference_t<decltype(trainer.model())>::space> meter(grid.world(), own_gpus);  // collective
   std::int64_t step = 0;
   double accuracy = 0;
   for (std::int64_t epoch = 0; epoch < f.epochs; ++epoch) {
@@ -122,20 +115,15 @@ int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer, const Gpus&
       loss_sum += r.loss;
       ++seen;
       const double images = static_cast<double>(batch->global_size), ips = images / r.seconds;
-      const double mfu = train::mfu(flops_per_image * images, r.seconds, gpus.peak_tflops);
-      const train::MemoryUse mem = train::memory_now<Space>();  // rank 0's (the metrics are rank 0's)
-      const train::EnergyReading power = energy.lap();          // collective: every rank, every step
-      constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+      const auto hw = meter.lap(flops_per_image * images, r.seconds);  // collective: every rank, every step
       metrics.write(step, {{"epoch", double(epoch)}, {"loss", r.loss}, {"train_acc", r.accuracy},
-                           {"lr", lr}, {"img_per_s", ips}, {"mfu", mfu}, {"memory_gib", static_cast<double>(mem.current_bytes) / kGiB},
-                           {"peak_memory_gib", static_cast<double>(mem.peak_bytes) / kGiB}, {"power_w", power.watts},
-                           {"energy_j", power.joules}, {"energy_j_per_image", power.joules / images}, {"gpu_util", power.gpu_util},
-                           {"grad_norm", r.grad_norm}, {"exposed_comm_s", r.exposed_comm_seconds}});
+                           {"lr", lr}, {"img_per_s", ips}, {"grad_norm", r.grad_norm}, {"exposed_comm_s", r.exposed_comm_seconds}},
+                    hw.metrics("energy_j_per_image", images));
       if (step % f.log_interval == 0 || step == 1) {
         // A named list: nvcc's front end mangles this braced list written in the call.
         const std::initializer_list<train::Metric> extra = {{"epoch", double(epoch + 1)}, {"train-acc", r.accuracy}, {"lr", lr},
-                                                            {"mfu%", 100 * mfu}, {"mem GiB", static_cast<double>(mem.peak_bytes) / kGiB},
-                                                            {"W", power.watts}};
+                                                            {"mfu%", 100 * hw.mfu}, {"mem GiB", hw.peak_memory_gib},
+                                                            {"W", hw.power.watts}};
         progress.print(step, loss_sum / static_cast<double>(seen), ips, extra);
       }
     }
@@ -181,16 +169,13 @@ int train_on_host(const Flags& f, const ProcessGrid& grid, Model& model) {
 // ranks share GPUs), the trainer over the grid's device communicators.
 template <class Comm>
 int train_on_gpu(const Flags& f, const ProcessGrid& grid) {
-  Gpus gpus;
-  gpus.own = !std::is_same_v<Comm, comm::Staged>;
-  if (gpus.own) gpus.peak_tflops = train::device_peak_bf16_tflops(grid.world_rank() == 0) * grid.world_size();
   kernels::Device<CudaSpace> dev;
   const parallel::DeviceGrid<Comm> comms(grid, dev);
   const auto run = [&]<class Model>(Model& model) {
     layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to bf16
     return with_optimizer(f, [&]<class Strategy, class Rule>(typename Rule::Options rule) {
       train::ClassifierTrainer<Model, Rule, Strategy, Comm> trainer(model, comms, dev, rule, {.clip = f.clip}, options_of(f));
-      return train(f, grid, trainer, gpus);
+      return train(f, grid, trainer, !std::is_same_v<Comm, comm::Staged>);
     });
   };
   if (f.model == "mlp") {

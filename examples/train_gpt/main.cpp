@@ -62,14 +62,13 @@
 #include <dpml/train/args.hpp>
 #include <dpml/train/checkpointing.hpp>
 #include <dpml/train/gpt_trainer.hpp>
-#include <dpml/train/energy.hpp>
 #include <dpml/train/flops.hpp>
-#include <dpml/train/memory.hpp>
 #include <dpml/train/hf_gpt2.hpp>
 #include <dpml/train/memory_fit.hpp>
 #include <dpml/train/pipeline_trace.hpp>
 #include <dpml/train/profile_steps.hpp>
 #include <dpml/train/progress.hpp>
+#include <dpml/train/step_meter.hpp>
 #include <dpml/train/tensorboard.hpp>
 #ifdef DPML_WITH_CUDA
 #include <dpml/comm/cuda_placement.hpp>
@@ -179,8 +178,7 @@ struct Run {
   data::TokenWindows& train_data;
   data::TokenWindows& val_data;
   double unigram;
-  double peak_tflops;  // bf16 dense peak of all the run's GPUs (MFU); NaN on CPU ranks, shared GPUs, unknown GPUs
-  bool own_gpus;       // a GPU per rank: their power and energy are metered (train/energy.hpp)
+  bool own_gpus;  // a GPU per rank: MFU against their peak, their power and energy (train/step_meter.hpp)
 };
 
 // Resume or import, the training loop with its checkpoints, progress line and metrics, then the
@@ -229,14 +227,13 @@ int train_and_sample(Trainer& trainer, const Run& run) {
   const double tokens_per_step = static_cast<double>(f.global_batch * f.seq);
   const double flops_per_step =  // model FLOPs (train/flops.hpp: 6·N + 12·L·T·C per token, bench/gpt_train's count)
       train::training_flops(train::gpt_forward_flops_per_token(model.config(), f.seq)) * tokens_per_step;
-  using Space = typename std::remove_reference_t<decltype(model)>::space;
   const auto profile = train::ProfileSteps::parse("--profile-steps", f.profile_steps);
   auto& train_data = run.train_data;
   std::int64_t epoch = start.epoch, b = start.batch;
   train_data.set_epoch(epoch);
   double val = NAN;
   bool finished = true;  // false: stopped by --exit-interval (no export, no sample)
-  train::EnergyMeter energy(world, run.own_gpus);  // collective; NaN readings on CPU ranks
+  train::StepMeter<typename std::remove_reference_t<decltype(model)>::space> meter(world, run.own_gpus);  // collective
   const auto loop_start = std::chrono::steady_clock::now();
   for (std::int64_t step = start.step + 1; step <= f.iters; ++step) {
     if (b == train_data.batches_per_epoch()) train_data.set_epoch(++epoch), b = 0;
@@ -269,23 +266,17 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     }
     if (world.rank() == faults.kill_steps_rank && step - start.step == faults.kill_steps) std::raise(SIGKILL);
     if (step % f.eval_interval == 0 || step == f.iters) val = trainer.evaluate(run.val_data.batch(0));
-    const double mfu = train::mfu(flops_per_step, r.seconds, run.peak_tflops);
-    const train::EnergyReading power = energy.lap();  // collective: every rank, every step
-    const train::MemoryUse mem = train::memory_now<Space>();  // rank 0's (the metrics are rank 0's)
-    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    const auto hw = meter.lap(flops_per_step, r.seconds);  // collective: every rank, every step
     metrics.write(step, {{"loss", r.loss}, {"val_loss", val}, {"lr", rate},
-                         {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds}, {"mfu", mfu},
-                         {"memory_gib", static_cast<double>(mem.current_bytes) / kGiB},
-                         {"peak_memory_gib", static_cast<double>(mem.peak_bytes) / kGiB}, {"power_w", power.watts},
-                         {"energy_j", power.joules}, {"energy_j_per_token", power.joules / tokens_per_step},
-                         {"gpu_util", power.gpu_util},
+                         {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
                          {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
-                         {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}});
+                         {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}},
+                  hw.metrics("energy_j_per_token", tokens_per_step));
     if (step % f.log_interval == 0 || step == 1 || step == f.iters) {
       // A named list: nvcc's front end mangles a braced list written in the call. NaNs are left
       // out: "val" before the first evaluation, "mfu%" without a known peak.
-      const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}, {"mfu%", 100 * mfu},
-                                                          {"mem GiB", static_cast<double>(mem.peak_bytes) / kGiB}, {"W", power.watts}};
+      const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}, {"mfu%", 100 * hw.mfu},
+                                                          {"mem GiB", hw.peak_memory_gib}, {"W", hw.power.watts}};
       progress.print(step, r.loss, tokens_per_step / r.seconds, extra);
     }
     if (f.exit_interval > 0 && step % f.exit_interval == 0 && step < f.iters) {
@@ -499,13 +490,11 @@ int main(int argc, char** argv) {
       std::printf("dpml train_gpt: %s%s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
                   f.device == "cpu" ? "" : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
-    double peak_tflops = NAN;  // MFU and power need a GPU per rank
-    bool own_gpus = false;
+    bool own_gpus = false;  // MFU and power need a GPU per rank
 #ifdef DPML_WITH_CUDA
     own_gpus = f.device == "cuda" && !staged;
-    if (own_gpus) peak_tflops = train::device_peak_bf16_tflops(world.rank() == 0) * world.size();
 #endif
-    const Run run{f, faults, world, train_data, val_data, unigram, peak_tflops, own_gpus};
+    const Run run{f, faults, world, train_data, val_data, unigram, own_gpus};
 #ifdef DPML_WITH_CUDA
     if (f.device == "cuda") return staged ? train_on_gpu<comm::Staged>(config, grid, run) : train_on_gpu<comm::Nccl>(config, grid, run);
 #endif

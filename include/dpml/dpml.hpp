@@ -121,6 +121,7 @@
 #include "dpml/train/pipeline_trace.hpp"
 #include "dpml/train/profile_steps.hpp"
 #include "dpml/train/progress.hpp"
+#include "dpml/train/step_meter.hpp"
 #include "dpml/train/tensorboard.hpp"
 #include "dpml/train/trainer.hpp"
 

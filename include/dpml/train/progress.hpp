@@ -70,6 +70,12 @@ class MetricsLog {
 
   // One record of `step` to every sink.
   void write(std::int64_t step, std::initializer_list<Metric> metrics, JsonStep json_step = JsonStep::written) {
+    write(step, metrics, std::span<const Metric>(), json_step);
+  }
+  // The same with `more` fields after `metrics` (e.g. a StepMeter reading's: train/step_meter.hpp).
+  void write(std::int64_t step, std::initializer_list<Metric> metrics, std::span<const Metric> more,
+             JsonStep json_step = JsonStep::written) {
+    const std::span<const Metric> parts[] = {std::span<const Metric>(metrics.begin(), metrics.size()), more};
     if (json_.is_open() && json_.good()) {
       json_ << '{';
       const char* separator = "";
@@ -77,20 +83,22 @@ class MetricsLog {
         json_ << "\"step\": " << step;  // an integer, exact at any step
         separator = ", ";
       }
-      for (const auto& m : metrics) {
-        json_ << separator << '"' << m.name << "\": ";
-        if (std::isfinite(m.value)) json_ << m.value;  // 6 significant digits, as ever
-        else json_ << "null";
-        separator = ", ";
-      }
+      for (const auto& part : parts)
+        for (const auto& m : part) {
+          json_ << separator << '"' << m.name << "\": ";
+          if (std::isfinite(m.value)) json_ << m.value;  // 6 significant digits, as ever
+          else json_ << "null";
+          separator = ", ";
+        }
       json_ << "}\n";
       json_.flush();
       if (!json_.good()) warn_write_failed(json_path_);
     }
     if (tensorboard_ && tensorboard_->good()) {
       std::vector<Scalar> scalars;
-      for (const auto& m : metrics)
-        if (std::isfinite(m.value)) scalars.push_back({m.name, m.value});
+      for (const auto& part : parts)
+        for (const auto& m : part)
+          if (std::isfinite(m.value)) scalars.push_back({m.name, m.value});
       if (!scalars.empty()) tensorboard_->write(step, scalars);
       if (!tensorboard_->good()) warn_write_failed(tensorboard_->file());
     }
