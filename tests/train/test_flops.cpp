@@ -16,7 +16,6 @@
 #include <vector>
 
 using namespace dpml;
-using Catch::Matchers::Contains;
 
 namespace {
 
@@ -43,7 +42,7 @@ TEST_CASE("GPT: training FLOPs per token are 6·N + 12·L·T·C, N every paramet
   const double attention = L * (2 * T * C + 2 * T * C);
   CHECK(train::gpt_forward_flops_per_token(c, 12) == 2 * N + attention);
   CHECK(train::training_flops(train::gpt_forward_flops_per_token(c, 12)) == 6 * N + 3 * attention);
-  CHECK_THROWS_WITH(train::gpt_forward_flops_per_token(c, 0), Contains("sequence length 0"));
+  CHECK(test::message_of([&] { (void)train::gpt_forward_flops_per_token(c, 0); }).find("sequence length 0") != std::string::npos);
 }
 
 TEST_CASE("GPT-2 124M: the parameter count GPT-2 publishes and bench/gpt_train's FLOPs per token", "[train][flops]") {
@@ -70,11 +69,11 @@ TEST_CASE("CnnFlops: a small CNN counted by hand, convolution by convolution", "
   train::CnnFlops g({3, 4, 4});
   train::CnnFlops shortcut = g.branch();
   g.conv(5, 3, 2, 1);  // (5, 2, 2)
-  CHECK_THROWS_WITH(train::CnnFlops(g).join(shortcut), Contains("the branch ends in (3, 4, 4)"));
+  CHECK(test::message_of([&] { (void)train::CnnFlops(g).join(shortcut); }).find("the branch ends in (3, 4, 4)") != std::string::npos);
   g.join(shortcut.conv(5, 1, 2));
   CHECK(g.forward_flops() == 2.0 * 27 * 5 * 4 + 2.0 * 3 * 5 * 4);
-  CHECK_THROWS_WITH(train::CnnFlops({1, 2, 2}).conv(1, 5), Contains("smaller than the kernel 5"));
-  CHECK_THROWS_WITH(train::CnnFlops({3, 2, 2}).conv(4, 1, 1, 0, 2), Contains("groups 2"));
+  CHECK(test::message_of([&] { (void)train::CnnFlops({1, 2, 2}).conv(1, 5); }).find("smaller than the kernel 5") != std::string::npos);
+  CHECK(test::message_of([&] { (void)train::CnnFlops({3, 2, 2}).conv(4, 1, 1, 0, 2); }).find("groups 2") != std::string::npos);
 }
 
 TEST_CASE("ResNet (Fashion-MNIST's CNN): hand count, and the walk meets the built model's weights", "[train][flops]") {
