@@ -8,9 +8,9 @@
 #   3. bench/gpt_train (composed model, the same shapes and GPUs): its tokens/s
 #   4. dpml-info --probe on every GPU, and bench_allreduce at the probe's largest size
 #   5. a table: train_gpt's power_w against nvidia-smi's over the same seconds (both the middle
-#      half of the training loop; the ratio should be within 5 %), its median tokens/s against
-#      gpt_train's, MFU, peak memory, J/token; dpml-info's NCCL busbw against bench_allreduce's
-#      raw NCCL (within 10 %)
+#      half of the training loop, the run's GPUs only; the ratio should be within 5 %), its median
+#      tokens/s and MFU against gpt_train's, peak memory, J/token; dpml-info's NCCL busbw against
+#      bench_allreduce's raw NCCL (within 10 %)
 #
 # Usage: scripts/gpu-metrics-check.sh [--iters N] [--dir DIR]
 # Everything lands in DIR (default $TMPDIR/dpml-metrics-check): metrics files, TensorBoard runs,
@@ -33,6 +33,7 @@ build=build/cuda-openmpi
 rm -rf "$dir" && mkdir -p "$dir"
 gpu_build "$build" "$dir" train_gpt gpt_train bench_allreduce dpml-info
 gpus=$(nvidia-smi --list-gpus | wc -l)
+echo "$gpus" >"$dir/gpus.count"
 python3 - "$dir/random_000000.bin" <<'PY'
 import array, random, sys
 n = 8_000_000
@@ -77,7 +78,7 @@ python3 - "$dir" <<'PY'
 import datetime, glob, json, os, re, statistics, sys, time
 d = sys.argv[1]
 
-def smi_mean_watts(name, t0, t1):  # sum over GPUs of each GPU's mean power in [t0, t1]
+def smi_mean_watts(name, gpus, t0, t1):  # sum over the run's GPUs (0 .. gpus-1) of each one's mean power in [t0, t1]
     per_gpu = {}
     for line in open(f"{d}/{name}.smi.csv"):
         f = [x.strip() for x in line.split(",")]
@@ -87,12 +88,12 @@ def smi_mean_watts(name, t0, t1):  # sum over GPUs of each GPU's mean power in [
             w = float(f[2])
         except (ValueError, IndexError):
             continue
-        if t0 <= t <= t1:
+        if t0 <= t <= t1 and int(f[1]) < gpus:
             per_gpu.setdefault(f[1], []).append(w)
     return sum(statistics.mean(v) for v in per_gpu.values()), sum(len(v) for v in per_gpu.values())
 
 rows = []
-for name in ("gpu1", "gpus"):
+for name, gpus in (("gpu1", 1), ("gpus", int(open(f"{d}/gpus.count").read()))):
     if not os.path.exists(f"{d}/{name}.jsonl"):
         continue
     recs = [json.loads(l) for l in open(f"{d}/{name}.jsonl")]
@@ -101,14 +102,18 @@ for name in ("gpu1", "gpus"):
     lo, hi = loop * 0.25, loop * 0.75  # the middle half of the loop, in the loop's seconds
     mid = [r for r in recs if lo <= r["elapsed_s"] <= hi]
     ours = statistics.mean(r["power_w"] for r in mid)
-    smi, samples = smi_mean_watts(name, end - loop + lo, end - loop + hi)
+    smi, samples = smi_mean_watts(name, gpus, end - loop + lo, end - loop + hi)
     bench = [json.loads(l) for l in open(f"{d}/{name}-bench.txt") if l.startswith('{"bench":"gpt_train"')][0]
     tps = statistics.median(r["tokens_per_s"] for r in mid)
+    mfu = statistics.median(r["mfu"] for r in mid)
+    # train_gpt's MFU is against the datasheet peak (train/flops.hpp), gpt_train's against a GEMM
+    # it measures: put gpt_train's model TFLOP/s over the datasheet peak too.
+    datasheet = bench["model_tflops"] / bench["tokens_per_s"] * tps / mfu
     rows.append((name, len(mid), ours, smi, samples, tps, bench["tokens_per_s"],
-                 statistics.median(r["mfu"] for r in mid), bench["mfu"], recs[-1]["peak_memory_gib"],
+                 mfu, bench["model_tflops"] / datasheet, recs[-1]["peak_memory_gib"],
                  statistics.median(r["energy_j_per_token"] for r in mid), statistics.median(r["gpu_util"] for r in mid)))
 
-print("\n| run | steps | power_w (ours) | nvidia-smi W (samples) | ratio | tok/s train_gpt | tok/s gpt_train | ratio | MFU ours / bench | peak GiB | J/token | util % |")
+print("\n| run | steps | power_w (ours) | nvidia-smi W (samples) | ratio | tok/s train_gpt | tok/s gpt_train | ratio | MFU train_gpt / gpt_train (datasheet peak) | peak GiB | J/token | util % |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for n, k, ours, smi, s, tps, btps, mfu, bmfu, mem, jpt, util in rows:
     print(f"| {n} | {k} | {ours:.1f} | {smi:.1f} ({s}) | {ours / smi:.3f} | {tps:,.0f} | {btps:,.0f} | {tps / btps:.3f} | "

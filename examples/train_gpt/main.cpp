@@ -306,8 +306,8 @@ int train_and_sample(Trainer& trainer, const Run& run) {
                   train::is_hf_directory(f.export_path) ? " (model.safetensors, config.json: transformers' GPT2LMHeadModel)" : "");
   }
   if (world.rank() == 0)
-    std::printf("final validation loss %.3f nats (%.3f bits/byte) vs unigram entropy %.3f nats\n", val,
-                val / std::log(2.0), run.unigram);
+    std::printf("final validation loss %.3f nats (%.3f bits/%s) vs unigram entropy %.3f nats\n", val, val / std::log(2.0),
+                f.vocab == data::kByteVocab ? "byte" : "token", run.unigram);
   if (f.sample_tokens > 0) {
     std::vector<std::int32_t> prompt;
     for (unsigned char c : f.prompt) prompt.push_back(c);

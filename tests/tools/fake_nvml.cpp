@@ -3,12 +3,13 @@
 // The C declarations are written here again from NVML's API reference, not taken from
 // core/nvml.hpp, so that a layout slip on either side shows as wrong values.
 //
-//   GPU 0: bus 00000000:18:00.0, "Fake GPU 0", 250 W (its energy counter runs at 250 W), limit 700 W
+//   GPU 0: bus 00000000:18:00.0, "Fake GPU 0", 250 W (its energy counter runs at 250 W, moving every 50 ms), limit 700 W
 //   GPU 1: bus 00000000:2a:00.0, "Fake GPU 1", 100 W, no energy counter (NOT_SUPPORTED)
 //   both: 80 GiB of which 20 GiB used, 42 % / 7 % busy, SM clock 1500 MHz (max 1980), memory
 //         clock max 2619 MHz; NVLinks 0-3 active: links 0-1 to the other GPU, links 2-3 to an
 //         NVSwitch at bus 0x80 (GPU 1 does not name that end); common ancestor: host bridge (30)
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -86,7 +87,8 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int* mw) {
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long long* mj) {
   if (!valid(d) || d->index != 0) return NOT_SUPPORTED;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - loaded).count();
-  *mj = static_cast<unsigned long long>(s * 250.0 * 1000.0);  // 250 W since the library loaded
+  const double ticked = std::floor(s / 0.05) * 0.05;  // moves every 50 ms, as real counters move in steps
+  *mj = static_cast<unsigned long long>(ticked * 250.0 * 1000.0);  // 250 W since the library loaded
   return SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t* u) {

@@ -151,3 +151,32 @@ TEST_CASE("nvml: PowerMeter from the energy counter, and from power samples with
   const nvml::Lap next = counter.lap();  // the next lap starts where the last ended
   CHECK(next.seconds < a.seconds);
 }
+
+TEST_CASE("nvml: laps shorter than the counter's steps each get their share of its recent mean", "[core][nvml]") {
+  // The fake counter moves every 50 ms; laps of ~10 ms (a training step's scale against a real
+  // GPU's ~100 ms) each read 0 J or a whole step's joules from the counter alone.
+  const nvml::Library lib(DPML_FAKE_NVML);
+  REQUIRE(lib.available());
+  constexpr double window = 0.3;
+  nvml::PowerMeter meter(*lib.device(0), window);
+  double seconds = 0, joules = 0;
+  int laps = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(900)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const nvml::Lap l = meter.lap();
+    REQUIRE(l.watts.has_value());
+    seconds += l.seconds;
+    joules += *l.joules;
+    ++laps;
+    // Past the first window the mean spans >= 0.3 s between readings that are each late by at
+    // most one lap after the counter moved: within a lap / window (CI's loaded cores stretch laps).
+    if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(450)) {
+      CAPTURE(laps, l.seconds);
+      CHECK(*l.watts == dpml::test::Approx(250.0).epsilon(0.2));
+    }
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(seconds == dpml::test::Approx(wall).epsilon(0.02));  // the laps chain: no time falls between them
+  CHECK(joules == dpml::test::Approx(250.0 * seconds).epsilon(0.1));
+}

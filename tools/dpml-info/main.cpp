@@ -18,15 +18,16 @@
 //                   busbw = 2(n−1)/n · algbw (each link's traffic in a ring, as nccl-tests report
 //                   it; 0 on one rank). With a GPU per rank: the same through comm::Nccl on the
 //                   device, and a bf16 GEMM (kernels::cuda::gemm, cuBLASLt) of --gemm-size³ on every
-//                   rank with its TFLOP/s and, through NVML, the GPU's energy and mean power.
+//                   rank with its TFLOP/s and, through NVML, the GPU's mean power under ~2 s more of
+//                   it (the energy counter over the last second, nvml::PowerMeter) and TFLOP/J.
 //
 // The MPI probe uses comm::Mpi's all-reduce, which polls and yields the core while it waits: on
 // ranks oversubscribing cores (CI) that is what dpml's runs see; on a cluster it costs little.
 // Flags (train::Args; --help, --check-flags): --probe, --sizes (comma-separated, 4 B to 1 GiB
 // each, K/M/G powers of 1024), --iters (1 – 100000) timed and --warmup (0 – 100000) untimed calls
-// per size and of the GEMM, --gemm-size (256 – 16384). Not yet run on a GPU machine: the GPU
-// sections and probes are compiled with nvcc in CI, and their NVML lines tested against a stand-in
-// library (tests/tools/fake_nvml.cpp).
+// per size and of the GEMM, --gemm-size (256 – 16384). The GPU sections and probes are compiled
+// with nvcc in CI, their NVML lines tested there against a stand-in library
+// (tests/tools/fake_nvml.cpp), and run on GPUs by scripts/gpu-check.sh and gpu-metrics-check.sh.
 
 #include <dpml/comm/launch.hpp>
 #include <dpml/comm/local_rank.hpp>
@@ -145,7 +146,8 @@ std::string mpi_library() {
   DPML_CHECK_MPI(MPI_Get_library_version(v, &len));
   DPML_CHECK_MPI(MPI_Get_version(&major, &minor));
   std::string first(v, static_cast<std::size_t>(len));
-  first = first.substr(0, first.find('\n'));  // MPICH and Open MPI say more on later lines
+  // MPICH and Open MPI say more on later lines; Open MPI's len counts the terminating NUL.
+  first = first.substr(0, std::min(first.find('\n'), first.find('\0')));
   std::replace(first.begin(), first.end(), '\t', ' ');
   return first + " (MPI " + std::to_string(major) + "." + std::to_string(minor) + ")";
 }
@@ -393,15 +395,32 @@ void probe_gemm(const comm::Mpi& world, const Node& node, int device, const Opti
   g.lda = g.ldb = g.ldc = n;
   for (int i = 0; i < o.warmup; ++i) kernels::cuda::gemm<kernels::cuda::epilogue::None>(ctx, g, stream);
   stream.synchronize();
-  const std::optional<nvml::Device> gpu = nvml::device_of_cuda(nvml::Library::instance(), device);
-  std::optional<nvml::PowerMeter> meter;
-  if (gpu) meter.emplace(*gpu);
   const Event start(true), stop(true);
   start.record(stream);
   for (int i = 0; i < o.iters; ++i) kernels::cuda::gemm<kernels::cuda::epilogue::None>(ctx, g, stream);
   stop.record(stream);
   const double seconds = 1e-3 * stop.elapsed_ms_since(start) / o.iters;
-  const std::optional<nvml::Lap> lap = meter ? std::optional(meter->lap()) : std::nullopt;
+  // Power under load: ~2 s of the same GEMM in chunks of ~50 ms, the meter read as each chunk
+  // ends while the next one runs; its window is the last second. The operands are constant, so
+  // few bits toggle: an H200 draws ~450 W here at 900 TFLOP/s, ~670 W training GPT-2 at 44 % MFU
+  // (bench/RESULTS.md) — a floor for the GPU's power, not its training figure.
+  const std::optional<nvml::Device> gpu = nvml::device_of_cuda(nvml::Library::instance(), device);
+  std::optional<nvml::Lap> lap;
+  constexpr int kChunks = 40;
+  const int per_chunk = std::max(1, static_cast<int>(0.05 / seconds));
+  if (gpu) {
+    nvml::PowerMeter meter(*gpu, /*window_s=*/1.0);
+    const Event done[2];
+    for (int k = 0; k < kChunks; ++k) {
+      for (int i = 0; i < per_chunk; ++i) kernels::cuda::gemm<kernels::cuda::epilogue::None>(ctx, g, stream);
+      done[k % 2].record(stream);
+      if (k > 0) {
+        done[(k - 1) % 2].synchronize();
+        lap = meter.lap();
+      }
+    }
+    stream.synchronize();
+  }
   bf16 corners[3];
   for (int k = 0; k < 3; ++k) {
     const std::int64_t at = k == 0 ? 0 : k == 1 ? n * n - 1 : (n / 2) * n + n / 3;
@@ -416,8 +435,9 @@ void probe_gemm(const comm::Mpi& world, const Node& node, int device, const Opti
   os << "  rank " << world.rank() << " (" << node.host << ", GPU " << device << "): "
      << fixed(2.0 * static_cast<double>(n) * n * n / seconds / 1e12, 1) << " TFLOP/s";
   if (lap && lap->watts)
-    os << ", " << fixed(*lap->watts, 0) << " W mean, " << fixed(*lap->joules, 1) << " J over " << o.iters << " calls ("
-       << (lap->from_energy_counter ? "energy counter" : "power samples") << ")";
+    os << ", " << fixed(*lap->watts, 0) << " W under load (" << (lap->from_energy_counter ? "energy counter" : "power samples")
+       << ", " << kChunks * per_chunk << " more calls), " << fixed(2.0 * static_cast<double>(n) * n * n / seconds / *lap->watts / 1e12, 2)
+       << " TFLOP/J";
   else
     os << ", power unknown (" << (gpu ? "NVML gives no power" : "no NVML") << ")";
   os << "\n";

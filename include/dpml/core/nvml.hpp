@@ -10,9 +10,10 @@
 //
 // nvml::Device is one GPU: name, memory, power and its enforced limit (W), the total-energy counter
 // (J), utilisation (%), clocks (MHz), PCI address, active NVLinks and their far ends, the PCIe level
-// two GPUs share. nvml::PowerMeter gives the energy (J) and mean power (W) between two laps: from
-// the energy counter where the GPU has one (Volta and later), else from power samples integrated
-// over time (trapezoids between the constructor, sample() and lap() calls).
+// two GPUs share. nvml::PowerMeter gives the energy (J) and mean power (W) of each lap: from the
+// energy counter where the GPU has one (Volta and later; its mean over the last seconds, as the
+// counter moves in ~100 ms steps), else from power samples integrated over time (trapezoids
+// between the constructor, sample() and lap() calls).
 //
 // A CUDA device maps to its NVML handle by PCI bus id — CUDA_VISIBLE_DEVICES renumbers CUDA's
 // devices, not NVML's — through device_of_cuda() (dpml::cuda builds: DPML_WITH_CUDA).
@@ -35,6 +36,7 @@
 #include <compare>
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -312,17 +314,30 @@ inline std::optional<Device> device_of_cuda(const Library& lib, int cuda_index) 
 
 // What a GPU drew between two laps of a PowerMeter.
 struct Lap {
-  double seconds = 0;
+  double seconds = 0;                   // since the previous lap (or the meter's construction)
   std::optional<double> joules, watts;  // nothing where the GPU reports neither energy nor power
   bool from_energy_counter = false;     // else integrated from power samples
   std::optional<abi::Utilization> utilization;  // NVML's last sample period, at the lap
 };
 
+// Laps chain: each starts at the instant the previous one ended, so their seconds add up to the
+// time metered. With an energy counter, a lap's power is the counter's mean over its recent
+// history — from the first reading at which the counter had moved that is at least `window`
+// seconds old, to the latest such reading — and its joules are that power × its seconds. The
+// counter moves in steps (every ~100 ms on H100/H200): a lap shorter than that (a 38 ms training
+// step) would otherwise read 0 J or a whole step's worth, and a difference of two arbitrary
+// readings is off by up to a step at each end; readings at which the counter had just moved are
+// late by at most one lap, so over the window the error is at most a lap / window. Until the
+// counter has moved twice, the power is NVML's own power reading.
 class PowerMeter {
  public:
   using clock = std::chrono::steady_clock;
 
-  explicit PowerMeter(Device gpu) : gpu_(gpu), counter_(gpu.energy_j().has_value()) { restart(); }
+  explicit PowerMeter(Device gpu, double window_s = 2.0)
+      : gpu_(gpu), counter_(gpu.energy_j().has_value()), window_(window_s), start_(clock::now()), last_t_(start_) {
+    if (counter_) last_j_ = gpu_.energy_j();
+    else begin_integral();
+  }
 
   // One more power sample for the integral (no-op where the energy counter is used): call it
   // now and then during long work when the GPU has no counter.
@@ -336,41 +351,61 @@ class PowerMeter {
     last_t_ = t;
   }
 
-  // Since construction or the previous lap; starts the next.
+  // Since construction or the previous lap; the next starts now.
   Lap lap() {
     Lap out;
     out.from_energy_counter = counter_;
     if (counter_) {
       const clock::time_point t = clock::now();
-      const std::optional<double> e = gpu_.energy_j();
+      observe(t, gpu_.energy_j());
       out.seconds = std::chrono::duration<double>(t - start_).count();
-      if (e && start_j_) out.joules = *e - *start_j_;
+      start_ = t;
+      out.watts = ticks_.size() >= 2 ? std::optional((ticks_.back().joules - ticks_.front().joules) /
+                                                     std::chrono::duration<double>(ticks_.back().t - ticks_.front().t).count())
+                                     : gpu_.power_w();
+      if (out.watts) out.joules = *out.watts * out.seconds;
     } else {
       sample();
       out.seconds = std::chrono::duration<double>(last_t_ - start_).count();
       out.joules = integral_j_;
+      if (out.joules && out.seconds > 0) out.watts = *out.joules / out.seconds;
+      start_ = last_t_;
+      begin_integral();
     }
-    if (out.joules && out.seconds > 0) out.watts = *out.joules / out.seconds;
     out.utilization = gpu_.utilization();
-    restart();
     return out;
   }
 
  private:
-  void restart() {
-    start_ = last_t_ = clock::now();
-    if (counter_) {
-      start_j_ = gpu_.energy_j();
-    } else {
-      last_w_ = gpu_.power_w();
-      integral_j_ = last_w_ ? std::optional(0.0) : std::nullopt;
+  struct Tick {
+    clock::time_point t;
+    double joules;
+  };
+
+  // A counter reading: kept as a tick where the counter moved since the previous reading; ticks
+  // older than needed for `window_` seconds of history are dropped (two are always kept).
+  void observe(clock::time_point t, std::optional<double> joules) {
+    if (!joules) {  // a failed read: the history no longer spans the work
+      ticks_.clear();
+    } else if (!last_j_ || *joules != *last_j_) {
+      ticks_.push_back({t, *joules});
+      while (ticks_.size() > 2 && ticks_[1].t <= t - std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(window_)))
+        ticks_.pop_front();
     }
+    last_j_ = joules;
+  }
+
+  void begin_integral() {
+    last_w_ = gpu_.power_w();
+    integral_j_ = last_w_ ? std::optional(0.0) : std::nullopt;
   }
 
   Device gpu_;
   bool counter_;
-  clock::time_point start_, last_t_;
-  std::optional<double> start_j_;     // counter: the reading at the start of the lap
+  double window_;
+  clock::time_point start_, last_t_;  // the lap's start; sampling: the latest sample's time
+  std::optional<double> last_j_;      // counter: the latest reading
+  std::deque<Tick> ticks_;            // counter: readings at which it had moved, oldest first
   std::optional<double> last_w_;      // sampling: the latest power reading
   std::optional<double> integral_j_;  // sampling: joules so far this lap (nothing once a sample failed)
 };

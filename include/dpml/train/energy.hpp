@@ -1,8 +1,9 @@
 #pragma once
 // What the GPUs of a run draw, step by step: each rank meters its own GPU through NVML
-// (core/nvml.hpp, loaded at run time: the GPU's energy counter, else power samples × time) and
-// each lap() sums the laps over the world — the joules of all the run's GPUs since the previous
-// lap, their summed mean power, and rank 0's GPU utilisation. A training loop calls lap() once per
+// (core/nvml.hpp, loaded at run time: nvml::PowerMeter, the GPU's energy counter over its last
+// ~2 s, else power samples × time) and each lap() sums the laps over the world — the run's GPUs'
+// summed power, the joules that power draws over the lap (a step's share even where a step is
+// shorter than the counter's ~100 ms steps), and rank 0's GPU utilisation. A training loop calls lap() once per
 // step (it is collective: one all-reduce of three numbers) and logs power_w, energy_j and
 // energy_j_per_token (train_gpt, fashion_mnist).
 //
@@ -29,7 +30,7 @@
 namespace dpml::train {
 
 struct EnergyReading {
-  double joules = NAN;         // all GPUs, since the previous lap
+  double joules = NAN;         // all GPUs, over the time since the previous lap
   double watts = NAN;          // their summed mean power over it
   double gpu_util = NAN;       // rank 0's GPU, percent of NVML's last sample period
 };
