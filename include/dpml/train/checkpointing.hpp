@@ -480,10 +480,10 @@ inline std::optional<std::string> resolve_resume(const comm::Mpi& world, const s
         for (std::size_t i = 0; i < skipped.size(); ++i) error += (i ? "; " : "") + skipped[i];
         error += "); --resume-fresh-if-corrupt starts fresh instead";
       } else {
-        for (const auto& s : skipped) std::cerr << "dpml: " << s << '\n';
+        for (const auto& s : skipped) checkpoint::detail::report_line("dpml: " + s);
         if (found.empty() && !skipped.empty())
-          std::cerr << "dpml: every checkpoint in --save '" << root << "' is corrupt or incomplete (" << skipped.size()
-                    << " skipped): starting fresh (--resume-fresh-if-corrupt)" << std::endl;
+          checkpoint::detail::report_line("dpml: every checkpoint in --save '" + root + "' is corrupt or incomplete (" +
+                                          std::to_string(skipped.size()) + " skipped): starting fresh (--resume-fresh-if-corrupt)");
       }
     }
     detail::raise_collected(world, error, "--resume " + (resume.empty() ? std::string("latest") : resume));
