@@ -49,6 +49,9 @@
 //   hang:R:N      world rank R stops calling collectives before step N (sleeps)
 //   nan:N         step N sees a NaN weight (wpe.weight[0], restored after the step; --device cpu)
 //   slow-save:MS  every rank sleeps MS ms after starting each save (a wider window mid-save)
+//   save-fail:N   the saves of step N and later fail on every rank as on a full disk: each rank
+//                 writes 4 KiB of its file into step-<S>.tmp/, then fails with ENOSPC (where a
+//                 test cannot mount a small tmpfs)
 #include <dpml/comm/launch.hpp>
 #include <dpml/comm/watchdog.hpp>
 #include <dpml/data/text.hpp>
@@ -79,16 +82,19 @@
 #endif
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 
@@ -132,7 +138,7 @@ struct Faults {
   double kill_after = 0.0;
   int hang_rank = -1, kill_steps_rank = -1;
   std::int64_t kill_steps = 0;
-  std::int64_t hang_step = -1, nan_step = -1, slow_save_ms = 0;
+  std::int64_t hang_step = -1, nan_step = -1, slow_save_ms = 0, save_fail_step = -1;
 
   static Faults parse(const std::string& spec) {
     Faults f;
@@ -149,6 +155,7 @@ struct Faults {
         else if (kind == "hang") f.hang_rank = std::stoi(a), f.hang_step = std::stoll(b);
         else if (kind == "nan") f.nan_step = std::stoll(a);
         else if (kind == "slow-save") f.slow_save_ms = std::stoll(a);
+        else if (kind == "save-fail") f.save_fail_step = std::stoll(a);
         else throw std::invalid_argument(kind);
       } catch (const std::exception&) {
         DPML_REQUIRE_EVERYWHERE(false, "--inject-fault: cannot parse '" << item << "'");
@@ -163,6 +170,22 @@ auto* find_parameter(Model& model, const std::string& name) {
   for (auto* p : model.parameters())
     if (p->name() == name) return p;
   return static_cast<std::remove_reference_t<decltype(*model.parameters().front())>*>(nullptr);
+}
+
+// --inject-fault save-fail:N, on each rank's background writer thread (CheckpointWriter's
+// before_write): from step N on, part of the rank's file lands in step-<S>.tmp/, then the write
+// fails with ENOSPC — the error a full disk gives.
+std::function<void(std::int64_t)> failing_save(std::int64_t from_step, const std::string& root, int rank) {
+  if (from_step < 0) return {};
+  return [from_step, root, rank](std::int64_t step) {
+    if (step < from_step) return;
+    const std::string path =
+        (std::filesystem::path(root) / (checkpoint::step_dir_name(step) + ".tmp") / ("rank-" + std::to_string(rank) + ".safetensors"))
+            .string();
+    std::ofstream(path, std::ios::binary) << std::string(4096, '\0');
+    throw std::system_error(ENOSPC, std::generic_category(), "cannot write '" + path + "' (--inject-fault save-fail:" +
+                                                                 std::to_string(from_step) + ")");
+  };
 }
 
 // Token shards: a glob, a *.bin path or a file that starts with the llm.c magic; text otherwise.
@@ -219,7 +242,8 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     ckpt.emplace(trainer, f.save, train::CheckpointerOptions{.keep_last = f.keep, .max_failures = f.save_max_failures, .seq_len = f.seq,
                                                              .extra_config = [&](checkpoint::Json& c) {
                                                                for (const auto& d : data_fields) c.set(d.key, d.value);
-                                                             }});
+                                                             },
+                                                             .before_write = failing_save(faults.save_fail_step, f.save, world.rank())});
   std::ofstream loss_log;
   if (!f.loss_log.empty() && world.rank() == 0) loss_log.open(f.loss_log, std::ios::trunc);
   train::Progress progress(f.iters, world.rank(), "tok/s");
@@ -414,7 +438,7 @@ int main(int argc, char** argv) {
         .flag("--on-nonfinite", f.on_nonfinite, "non-finite loss or gradient: stop | skip (no update) | ignore (no check)")
         .flag("--collective-timeout", f.collective_timeout, "seconds a collective may wait before the job is ended (0: off)", train::at_least(0.0))
         .flag("--loss-log", f.loss_log, "rank 0 writes 'step loss(hex) loss' per step to this file")
-        .flag("--inject-fault", f.faults, "tests only: kill:R:S, kill-after:R:N, hang:R:N, nan:N, slow-save:MS");
+        .flag("--inject-fault", f.faults, "tests only: kill:R:S, kill-after:R:N, hang:R:N, nan:N, slow-save:MS, save-fail:N");
     if (!args.parse(argc, argv, world.rank())) return 0;
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");

@@ -44,6 +44,15 @@ tests:
             fresh with --resume-fresh-if-corrupt (and removes a leftover step-N.tmp, named once);
             a --save that cannot be written: each failed save named once, training goes on, and
             --save-max-failures failures in a row stop the run.
+  disk-full a disk that fills up during a save: a tmpfs sized for one checkpoint and a half (the
+            size measured from a plain save first) where this process may mount one (root with
+            CAP_SYS_ADMIN), else (or with DPML_DISK_FULL_INJECT=1) --inject-fault save-fail:3,
+            which writes part of each rank's file, then fails with ENOSPC; the path taken is
+            printed. Saves every 2 steps, --keep 2: step 2's save commits, step 4's and 6's fail
+            for lack of space — each named once (step, path, "No space left on device"), no
+            step-N.tmp left, training finishes with the uninterrupted run's losses; step-2 (and
+            `latest`) stay intact: --resume latest from it (copied off the tmpfs, which is always
+            unmounted) reproduces the uninterrupted losses of steps 3-6 bit for bit.
   bad-setup writes the bad checkpoints that the failure tests (CMakeLists.txt) resume from:
             truncated file, flipped byte, missing tensor, shape that disagrees with the model (the
             edited manifests without their checksum: a manifest that lies consistently).
@@ -441,6 +450,89 @@ def test_corrupt(r):
     print("corrupt: failed saves named once each while training went on; the 3rd in a row stopped the run")
 
 
+def mount_tmpfs(mnt, kib):
+    """Mounts a tmpfs of `kib` KiB on `mnt`: "" on success, else why not (not root, no CAP_SYS_ADMIN,
+    no mount(8))."""
+    try:
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", mnt], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    if p.returncode != 0:
+        return " ".join(p.stdout.split()) or f"mount exited {p.returncode}"
+    if not os.path.ismount(mnt):
+        return "mount exited 0 but the directory is no mount point"
+    return ""
+
+
+def unmount(mnt):
+    if os.path.ismount(mnt) and subprocess.run(["umount", mnt]).returncode != 0:
+        subprocess.run(["umount", "-l", mnt])
+    if os.path.ismount(mnt):
+        fail(f"could not unmount the tmpfs on {mnt}")
+
+
+def test_disk_full(r):
+    d = r.path("disk-full")
+    mnt = os.path.join(d, "mnt")
+    unmount(mnt)  # left mounted by an earlier run that was killed
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(mnt)
+    base = ["--pp", "2", "--train-iters", "6", "--save-interval", "2", "--keep", "2"]
+    # The uninterrupted run, on a disk with room: its losses, and what one checkpoint takes (in
+    # pages: tmpfs counts whole ones), the newest one and `latest`.
+    r.run(2, base + ["--save", "disk-full/ref", "--loss-log", "disk-full/ref.log"])
+    ref = losses(r.path("disk-full", "ref.log"))
+    page = 4096
+    one = sum(-(-os.path.getsize(os.path.join(r.path("disk-full", "ref", "step-6"), f)) // page) * page
+              for f in os.listdir(r.path("disk-full", "ref", "step-6"))) + page
+    kib = (one * 3 // 2 + 16 * 1024) // 1024  # one checkpoint fits, a second does not
+    why = "DPML_DISK_FULL_INJECT is set" if os.environ.get("DPML_DISK_FULL_INJECT") else mount_tmpfs(mnt, kib)
+    try:
+        if not why:
+            save, inject = "disk-full/mnt/ckpt", []
+            print(f"disk-full: tmpfs path: a {kib} KiB tmpfs on {mnt} (one checkpoint takes {one // 1024} KiB)")
+        else:
+            save, inject = "disk-full/ckpt", ["--inject-fault", "save-fail:3"]
+            print(f"disk-full: fallback path: no tmpfs ({why}); --inject-fault save-fail:3 fails the saves of steps 4 "
+                  "and 6 with ENOSPC after writing part of each rank's file")
+        # Step 2's save fits; step 4's and 6's run out of space (--keep 2 deletes nothing to make room).
+        _, out = r.run(2, base + ["--save", save, "--save-max-failures", "5", "--loss-log", "disk-full/full.log"] + inject)
+        if "step 2 not saved" in out:
+            fail(f"the first save (step 2) failed, so the tmpfs ({kib} KiB) is too small for one checkpoint:\n{out}")
+        for step in (4, 6):
+            once(out, rf"dpml checkpoint: step {step} not saved \(failure {step // 2 - 1} in a row; failure 5 stops the "
+                      rf"run\); training goes on, the next save retries: saving checkpoint '{re.escape(save)}/step-{step}' "
+                      rf"failed: rank \d: cannot write '{re.escape(save)}/step-{step}\.tmp/[^']+'[^\n]*: No space left on "
+                      rf"device\n", f"the failed save of step {step}")
+        once(out, rf"checkpoints: 1 saved in '{re.escape(save)}'", "the one save that committed")
+        once(out, r"final validation loss", "the end of training")
+        got = losses(r.path("disk-full", "full.log"))
+        if sorted(got) != list(range(1, 7)) or any(got[s][0] != ref[s][0] for s in got):
+            fail(f"the run with full-disk saves logged {got}, the uninterrupted run {ref}")
+        left = sorted(os.listdir(r.path(save)))
+        if left != ["latest", "step-2"] or read_bytes(r.path(save, "latest")) != b"step-2\n":
+            fail(f"{save} holds {left} (latest: {read_bytes(r.path(save, 'latest'))!r}) after the failed saves: "
+                 "expected step-2 alone, no step-N.tmp")
+        print("disk-full: the saves of steps 4 and 6 failed for lack of space, each named once with its path; "
+              "training finished with the uninterrupted run's losses; no step-N.tmp left, `latest` on step-2")
+        # The last good checkpoint, as the full disk left it, resumed by a fresh run saving elsewhere:
+        # --resume latest verifies the manifest's checksum and every tensor's.
+        shutil.copytree(r.path(save), r.path("disk-full", "resume"))
+    finally:
+        unmount(mnt)
+    _, out = r.run(2, base + ["--save", "disk-full/resume", "--resume", "latest", "--loss-log", "disk-full/resumed.log"])
+    once(out, r"resumed from 'disk-full/resume/step-2' at step 2 ", "the resume from step 2")
+    got = losses(r.path("disk-full", "resumed.log"))
+    if sorted(got) != [3, 4, 5, 6]:
+        fail(f"steps {sorted(got)} logged after resuming at step 2")
+    for s in got:
+        if got[s][0] != ref[s][0]:
+            fail(f"disk-full: step {s} loss {got[s][0]} after resuming from step-2, {ref[s][0]} uninterrupted")
+    print(f"disk-full ({'tmpfs' if not why else 'fallback'}): step-2 intact: resumed with --resume latest, steps 3-6 "
+          "equal the uninterrupted run's losses bit for bit")
+
+
 def bad_setup(r):
     d = r.path("bad")
     shutil.rmtree(d, ignore_errors=True)
@@ -530,7 +622,8 @@ def test_gpu(r):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("test", choices=["bitwise", "reshard", "export", "faults", "skip", "corrupt", "gpu", "bad-setup"])
+    p.add_argument("test", choices=["bitwise", "reshard", "export", "faults", "skip", "corrupt", "disk-full", "gpu",
+                                    "bad-setup"])
     p.add_argument("--train", required=True)
     p.add_argument("--mpiexec", required=True)
     p.add_argument("--np-flag", default="-n")
@@ -542,7 +635,8 @@ def main():
     r = Runner(a)
     {"bitwise": lambda: test_bitwise(r), "reshard": lambda: test_reshard(r),
      "export": lambda: test_export(r, a.python_reader), "faults": lambda: test_faults(r),
-     "skip": lambda: test_skip(r, a.python_reader), "corrupt": lambda: test_corrupt(r), "gpu": lambda: test_gpu(r),
+     "skip": lambda: test_skip(r, a.python_reader), "corrupt": lambda: test_corrupt(r),
+     "disk-full": lambda: test_disk_full(r), "gpu": lambda: test_gpu(r),
      "bad-setup": lambda: bad_setup(r)}[a.test]()
 
 

@@ -125,6 +125,11 @@ inline void raise_reported(const std::vector<std::string>& errors, std::string_v
   if (!message.empty()) throw Error(std::string(during) + " failed: " + message, Scope::everywhere);
 }
 
+// One line to std::cerr in one piece (one write() on stderr): mpiexec forwards each rank's stdout
+// and stderr as they come, so a line written piece by piece (std::cerr << a << b: a write each)
+// can be cut by another stream's line (the progress line) and no longer reads, or matches, as one.
+inline void report_line(const std::string& line) { std::cerr << line + "\n" << std::flush; }
+
 inline std::string message_of(const std::exception& e) {
   if (const auto* d = dynamic_cast<const Error*>(&e)) return d->message();
   return e.what();
@@ -347,9 +352,9 @@ class CheckpointWriter {
                   Scope::everywhere);
     }
     if (comm_.rank() == 0)
-      std::cerr << "dpml checkpoint: step " << step << " not saved (failure " << failures_ << " in a row; failure "
-                << options_.max_failures << " stops the run); training goes on, the next save retries: " << e.message()
-                << std::endl;
+      detail::report_line("dpml checkpoint: step " + std::to_string(step) + " not saved (failure " + std::to_string(failures_) +
+                          " in a row; failure " + std::to_string(options_.max_failures) +
+                          " stops the run); training goes on, the next save retries: " + e.message());
   }
 
   // complete()'s work: the checksums and errors of every rank, the commit, pruning.
@@ -390,8 +395,7 @@ class CheckpointWriter {
       try {
         prune(keep, step);
       } catch (const std::exception& e) {
-        std::cerr << "dpml checkpoint: could not delete old checkpoints in '" << root_ << "': " << detail::message_of(e)
-                  << std::endl;
+        detail::report_line("dpml checkpoint: could not delete old checkpoints in '" + root_ + "': " + detail::message_of(e));
       }
     };
     if (now) run();
@@ -531,11 +535,10 @@ class CheckpointWriter {
         names += (names.empty() ? "" : ", ") + p.filename().string();
       }
     } catch (const std::exception& e) {
-      std::cerr << "dpml checkpoint: could not remove the unfinished saves in '" << root_ << "': " << detail::message_of(e)
-                << std::endl;
+      detail::report_line("dpml checkpoint: could not remove the unfinished saves in '" + root_ + "': " + detail::message_of(e));
     }
     if (!names.empty())
-      std::cerr << "dpml checkpoint: removed unfinished saves of an earlier run in '" << root_ << "': " << names << std::endl;
+      detail::report_line("dpml checkpoint: removed unfinished saves of an earlier run in '" + root_ + "': " + names);
   }
 
   comm::Mpi comm_;
@@ -728,7 +731,7 @@ inline std::optional<std::string> find_latest_valid(const std::string& root, std
     } catch (const Error& e) {
       const std::string why = "skipping checkpoint '" + dir.string() + "': " + e.message();
       if (skipped) skipped->push_back(why);
-      else std::cerr << "dpml: " << why << '\n';
+      else detail::report_line("dpml: " + why);
     }
   }
   return std::nullopt;

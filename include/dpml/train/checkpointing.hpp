@@ -330,6 +330,9 @@ struct CheckpointerOptions {
   // Adds entries to the manifest's config: state the host trainer does not hold (a device
   // trainer's loss scale). Read back with checkpoint::CheckpointReader(dir).manifest().config.
   std::function<void(checkpoint::Json& config)> extra_config;
+  // Tests (checkpoint::WriterOptions::before_write): runs on each rank's background thread before
+  // it writes its file; an exception it throws fails the save as a full disk would.
+  std::function<void(std::int64_t step)> before_write;
 };
 
 // Saves a trainer's state asynchronously; see the top of the file. Collective over the world.
@@ -338,7 +341,8 @@ class Checkpointer {
  public:
   Checkpointer(Trainer& trainer, std::string root, CheckpointerOptions options = {})
       : trainer_(trainer), options_(options),
-        writer_(trainer.grid().world(), std::move(root), {.keep_last = options.keep_last, .max_failures = options.max_failures}) {}
+        writer_(trainer.grid().world(), std::move(root),
+                {.keep_last = options.keep_last, .max_failures = options.max_failures, .before_write = options.before_write}) {}
 
   const std::string& root() const noexcept { return writer_.root(); }
 
@@ -476,10 +480,10 @@ inline std::optional<std::string> resolve_resume(const comm::Mpi& world, const s
         for (std::size_t i = 0; i < skipped.size(); ++i) error += (i ? "; " : "") + skipped[i];
         error += "); --resume-fresh-if-corrupt starts fresh instead";
       } else {
-        for (const auto& s : skipped) std::cerr << "dpml: " << s << '\n';
+        for (const auto& s : skipped) checkpoint::detail::report_line("dpml: " + s);
         if (found.empty() && !skipped.empty())
-          std::cerr << "dpml: every checkpoint in --save '" << root << "' is corrupt or incomplete (" << skipped.size()
-                    << " skipped): starting fresh (--resume-fresh-if-corrupt)" << std::endl;
+          checkpoint::detail::report_line("dpml: every checkpoint in --save '" + root + "' is corrupt or incomplete (" +
+                                          std::to_string(skipped.size()) + " skipped): starting fresh (--resume-fresh-if-corrupt)");
       }
     }
     detail::raise_collected(world, error, "--resume " + (resume.empty() ? std::string("latest") : resume));
