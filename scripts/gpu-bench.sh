@@ -84,8 +84,18 @@ case $llmc in
   built)
     echo "== llm.c train_gpt2cu, cuDNN attention (built from $llmc_src)"
     llmc_data=$(cd "$results" && pwd)/llmc-data
-    llmc_shards "$llmc_data" "$batch" "$seq" $((warmup + steps)) &&
+    # llm.c reports no peak memory: the GPU's memory in use, sampled by nvidia-smi ~0.1-0.2 s apart (a process a
+    # sample: no buffered line lost when the loop is killed); the first line is from before the run
+    smi() { nvidia-smi --id=0 --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null || true; }
+    if llmc_shards "$llmc_data" "$batch" "$seq" $((warmup + steps)); then
+      smi >"$results/llmc-mem.txt"
+      while :; do smi; sleep 0.1; done >>"$results/llmc-mem.txt" &
+      llmc_smi=$!
       llmc_run build/llmc-build "$llmc_data" "$batch" "$seq" "$warmup" "$steps" "$lr" | tee "$results/llmc.txt" || status=1
+      kill "$llmc_smi" 2>/dev/null || true
+    else
+      status=1
+    fi
     if [[ -f $llmc_src/COMMITS ]]; then cp "$llmc_src/COMMITS" "$results/llmc-commits.txt"; fi
     rm -rf "$llmc_data" ;;
 esac
@@ -109,7 +119,7 @@ for f in ("dpml.txt", "dpml-saved-gelu.txt", "dpml-fp16.txt", "torch-eager.txt",
                 fams.setdefault(j["impl"], {})[j["family"]] = j["ms"]
 
 # llm.c's log: its per-step lines ("step  k/n | loss … | 33.10 ms | 47.0% bf16 MFU | 495000 tok/s", cudaEvent
-# times of the training section), its model table and "device memory usage" after the first update. Steps
+# times of the training section), its model table and "device memory usage" (before the first step). Steps
 # after the warm-up count, as gpt_train's: ms_per_step their mean (tokens/s = B·T / it, as gpt_train and
 # torch_gpt.py report), step_ms_median beside it; MFU with their FLOPs per token (6N + 12·L·T·d, N without the
 # vocabulary padding) over the GEMM peak gpt_train measured in this job.
@@ -126,12 +136,15 @@ def parse_llmc(text):
     tok_s = batch * seq / (ms * 1e-3)
     tflops = (6 * params + 12 * L * seq * C) * tok_s / 1e12
     peak = next((runs[i]["peak_tflops"] for i in ("dpml", "torch-eager", "torch-compile") if i in runs), None)
-    mem = re.search(r"device memory usage: (\d+) MiB", text)
+    state = re.search(r"device memory usage: (\d+) MiB", text)  # printed once its state is allocated
+    smi = [int(x) for x in (d / "llmc-mem.txt").read_text().split() if x.isdigit()] if (d / "llmc-mem.txt").exists() else []
+    mem = (max(smi) - smi[0]) / 1024 if len(smi) > 1 else None
     losses = [l for _, l, _ in rows]
     return {"bench": "gpt_train", "impl": "llm.c-cudnn", "batch": batch, "seq": seq, "layers": L, "dim": C, "vocab": V,
             "params": params, "steps": len(timed), "warmup": warmup, "ms_per_step": round(ms, 3),
             "tokens_per_s": round(tok_s, 1), "model_tflops": round(tflops, 2), "peak_tflops": peak,
-            "mfu": round(tflops / peak, 4) if peak else None, "mem_gib": int(mem[1]) / 1024 if mem else None,
+            "mfu": round(tflops / peak, 4) if peak else None, "mem_gib": mem,
+            "mem_gib_state": int(state[1]) / 1024 if state else None,
             "loss_first": losses[0], "loss_last": losses[-1], "step_ms_median": statistics.median(timed),
             "step_ms_min": min(timed), "llmc_mfu_last": float(re.findall(r"(-?[\d.]+)% bf16 MFU", text)[-1]) / 100}
 
@@ -151,8 +164,9 @@ llmc = runs.get("llm.c-cudnn")
 if llmc:
     print(f"\nllm.c: median step {llmc['step_ms_median']:.2f} ms, fastest {llmc['step_ms_min']:.2f} ms; MFU over the GEMM "
           f"peak gpt_train measured (llm.c's own, over its spec sheet peak: {100 * llmc['llmc_mfu_last']:.1f}%).")
-    print("* llm.c's memory: device memory in use after its first update (cudaMemGetInfo, the whole GPU: CUDA context "
-          "and library workspaces included).")
+    print("* llm.c's memory: the GPU's peak memory in use during its run less that before it (nvidia-smi, ~0.1-0.2 s apart: "
+          "CUDA context and library workspaces included); llm.c's own count once its state is allocated, before the "
+          f"first step: {cell(llmc['mem_gib_state'], '.2f')} GiB.")
 else:
     print("| llm.c + cuDNN attention (TOOLCHAIN.md, 1×H100: not measured in this job) | 495000 | 33.1 | | | 7.6 | |")
 ours = runs.get("dpml")
