@@ -470,11 +470,9 @@ int main(int argc, char** argv) {
     const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
                                    .dim = f.hidden, .recompute = f.recompute};
     {  // a size that cannot fit is refused now, not by std::bad_alloc or cudaErrorMemoryAllocation later
-      const bool gpu = f.device == "cuda";  // bf16 values and gradients, fp32 master and moments (ZeRO-1: sharded), flash attention
-      const double state_bytes = gpu ? 4.0 + 12.0 / (f.zero ? grid.dp() : 1) : 16.0;
-      const auto bound = models::gpt_memory_lower_bound(
-          config, f.tp, f.pp, f.micro_batch,
-          {.state_bytes = state_bytes, .activation_bytes = gpu ? 2.0 : 4.0, .attention_probabilities = !gpu});
+      const bool gpu = f.device == "cuda";
+      const auto terms = gpu ? models::GptMemoryTerms::gpu_trainer(f.zero ? grid.dp() : 1) : models::GptMemoryTerms{};
+      const auto bound = models::gpt_memory_lower_bound(config, f.tp, f.pp, f.micro_batch, terms);
       std::ostringstream what;
       what.precision(3);
       what << "the GPT's parameters with their gradients and AdamW state (" << bound.state / (1 << 30)
