@@ -345,14 +345,13 @@ int train_on_gpu(models::GptConfig config, const parallel::ProcessGrid& grid, co
 }
 
 // A GPU per rank (NCCL) where every node has enough of them, unless --gpu-comm staged; else each
-// node's ranks share its GPUs round robin and talk through comm::Staged. Collective.
-bool gpus_shared(const comm::Mpi& world, const std::string& choice) {
+// node's ranks share its GPUs round robin and talk through comm::Staged, said once. Collective.
+comm::GpuPlacement place_ranks_on_gpus(const comm::Mpi& world, const std::string& choice) {
   const comm::GpuPlacement gpus = comm::place_on_gpus(world, choice);
-  if (gpus.comm == comm::GpuComm::nccl) return false;
-  if (world.rank() == 0)
+  if (gpus.comm == comm::GpuComm::staged && world.rank() == 0)
     std::printf("dpml train_gpt: %d ranks per node on %d GPU(s): device buffers travel through the host (comm::Staged)\n",
                 gpus.node_ranks, gpus.devices);
-  return true;
+  return gpus;
 }
 #endif
 }  // namespace
@@ -438,7 +437,9 @@ int main(int argc, char** argv) {
         std::raise(SIGKILL);
       }).detach();
 #ifdef DPML_WITH_CUDA
-    const bool staged = f.device == "cuda" && gpus_shared(world, f.gpu_comm);  // before any CUDA allocation
+    std::optional<comm::GpuPlacement> gpus;  // --device cuda
+    if (f.device == "cuda") gpus = place_ranks_on_gpus(world, f.gpu_comm);  // before any CUDA allocation
+    const bool staged = gpus && gpus->comm == comm::GpuComm::staged;
 #else
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset)");
 #endif
@@ -480,7 +481,7 @@ int main(int argc, char** argv) {
            << ") and one micro-batch's logits and attention (" << bound.activations / (1 << 30) << " GiB: --micro-batch "
            << f.micro_batch << ", --seq-length " << f.seq << ", --num-attention-heads " << f.heads << ")";
 #ifdef DPML_WITH_CUDA
-      if (gpu) train::require_fits(world, bound.total(), train::device_bytes_per_rank(world), what.str(), train::kDeviceMemory);
+      if (gpu) train::require_fits(world, bound.total(), train::device_bytes_per_rank(world, *gpus), what.str(), train::kDeviceMemory);
 #endif
       if (!gpu) train::require_fits(world, bound.total(), train::host_bytes_per_rank(world), what.str());
     }
