@@ -369,14 +369,13 @@ int train_on_gpu(models::GptConfig config, const parallel::ProcessGrid& grid, co
 }
 
 // A GPU per rank (NCCL) where every node has enough of them, unless --gpu-comm staged; else each
-// node's ranks share its GPUs round robin and talk through comm::Staged. Collective.
-bool gpus_shared(const comm::Mpi& world, const std::string& choice) {
+// node's ranks share its GPUs round robin and talk through comm::Staged, said once. Collective.
+comm::GpuPlacement place_ranks_on_gpus(const comm::Mpi& world, const std::string& choice) {
   const comm::GpuPlacement gpus = comm::place_on_gpus(world, choice);
-  if (gpus.comm == comm::GpuComm::nccl) return false;
-  if (world.rank() == 0)
+  if (gpus.comm == comm::GpuComm::staged && world.rank() == 0)
     std::printf("dpml train_gpt: %d ranks per node on %d GPU(s): device buffers travel through the host (comm::Staged)\n",
                 gpus.node_ranks, gpus.devices);
-  return true;
+  return gpus;
 }
 #endif
 }  // namespace
@@ -462,7 +461,9 @@ int main(int argc, char** argv) {
         std::raise(SIGKILL);
       }).detach();
 #ifdef DPML_WITH_CUDA
-    const bool staged = f.device == "cuda" && gpus_shared(world, f.gpu_comm);  // before any CUDA allocation
+    std::optional<comm::GpuPlacement> gpus;  // --device cuda
+    if (f.device == "cuda") gpus = place_ranks_on_gpus(world, f.gpu_comm);  // before any CUDA allocation
+    const bool staged = gpus && gpus->comm == comm::GpuComm::staged;
 #else
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset)");
 #endif
@@ -494,11 +495,9 @@ int main(int argc, char** argv) {
     const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
                                    .dim = f.hidden, .recompute = f.recompute};
     {  // a size that cannot fit is refused now, not by std::bad_alloc or cudaErrorMemoryAllocation later
-      const bool gpu = f.device == "cuda";  // bf16 values and gradients, fp32 master and moments (ZeRO-1: sharded), flash attention
-      const double state_bytes = gpu ? 4.0 + 12.0 / (f.zero ? grid.dp() : 1) : 16.0;
-      const auto bound = models::gpt_memory_lower_bound(
-          config, f.tp, f.pp, f.micro_batch,
-          {.state_bytes = state_bytes, .activation_bytes = gpu ? 2.0 : 4.0, .attention_probabilities = !gpu});
+      const bool gpu = f.device == "cuda";
+      const auto terms = gpu ? models::GptMemoryTerms::gpu_trainer(f.zero ? grid.dp() : 1) : models::GptMemoryTerms{};
+      const auto bound = models::gpt_memory_lower_bound(config, f.tp, f.pp, f.micro_batch, terms);
       std::ostringstream what;
       what.precision(3);
       what << "the GPT's parameters with their gradients and AdamW state (" << bound.state / (1 << 30)
@@ -506,7 +505,7 @@ int main(int argc, char** argv) {
            << ") and one micro-batch's logits and attention (" << bound.activations / (1 << 30) << " GiB: --micro-batch "
            << f.micro_batch << ", --seq-length " << f.seq << ", --num-attention-heads " << f.heads << ")";
 #ifdef DPML_WITH_CUDA
-      if (gpu) train::require_fits(world, bound.total(), train::device_bytes_per_rank(world), what.str(), train::kDeviceMemory);
+      if (gpu) train::require_fits(world, bound.total(), train::device_bytes_per_rank(world, *gpus), what.str(), train::kDeviceMemory);
 #endif
       if (!gpu) train::require_fits(world, bound.total(), train::host_bytes_per_rank(world), what.str());
     }

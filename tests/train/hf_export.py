@@ -18,8 +18,8 @@
 3. What transformers' save_pretrained may hold, written here (by the safetensors package where it
    imports): a model in bfloat16 (imported as its values widened to fp32), an lm_head.weight equal to
    the embedding and GPT-2's attention-mask buffers are taken (the same model); an lm_head.weight
-   that differs, a config.json of another depth, and a tensor the model lacks are refused with a
-   message naming them.
+   that differs (on 1 rank, and on 2 ranks where every rank stops: one message), a config.json of
+   another depth, and a tensor the model lacks are refused with a message naming them.
 Exits non-zero with a message on the first failure.
 """
 import argparse
@@ -136,8 +136,8 @@ class Runner:
             fail(f"accepted, should be refused: {' '.join(cmd)}\n{p.stdout}")
         return p.stdout
 
-    def refused(self, flags, pattern):
-        out = self.run(1, flags, ok=False)
+    def refused(self, flags, pattern, np=1):
+        out = self.run(np, flags, ok=False)
         if len(re.findall(pattern, out)) != 1:
             fail(f"expected one message matching {pattern!r}, got:\n{out}")
 
@@ -236,9 +236,12 @@ def main():
     wte[0] ^= 1
     untied = dict(extra, **{"lm_head.weight": ("F32", hf["transformer.wte.weight"][1], bytes(wte))})
     write_file(r.path("saved", "model.safetensors"), untied, {"format": "pt"})
-    r.refused(LR0 + ["--import", "saved/"],
-              r"importing 'saved/' failed: rank 0: '[^']*saved/model.safetensors': lm_head.weight differs from the token "
-              r"embedding 'transformer.wte.weight'")
+    # "dpml: ", not "dpml error on rank 0: ": an Error of every rank (dpml::run prints it once, every rank exits 1),
+    # not one rank's (which would end the job by MPI_Abort)
+    untied_message = (r"dpml: importing 'saved/' failed: rank 0: '[^']*saved/model.safetensors': lm_head.weight differs "
+                      r"from the token embedding 'transformer.wte.weight'")
+    r.refused(LR0 + ["--import", "saved/"], untied_message)
+    r.refused(LR0 + ["--pp", "2", "--import", "saved/"], untied_message, np=2)  # every rank stops, the message once
     write_file(r.path("saved", "model.safetensors"), extra, {"format": "pt"})
     deeper = dict(cfg, n_layer=L + 1)
     with open(r.path("saved", "config.json"), "w") as f:
@@ -251,7 +254,8 @@ def main():
     r.refused(LR0 + ["--import", "saved/"],
               r"'[^']*saved/model.safetensors' has 1 tensor the model does not use, e.g. 'transformer.h.9.ln_1.weight' "
               rf"\(the file has more layers than --num-layers {L}\?\)")
-    print("refused: an untied lm_head.weight, a config.json of another depth, a tensor of a deeper model")
+    print("refused: an untied lm_head.weight (1 rank; 2 ranks, pp 2), a config.json of another depth, a tensor of a deeper "
+          "model")
 
 
 if __name__ == "__main__":

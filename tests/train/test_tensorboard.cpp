@@ -3,9 +3,11 @@
 // library's table), the Event protobuf decoded field by field, then tags, steps and values
 // compared with what was written. MetricsLog writes one record to both sinks: the JSON line as
 // before and an event without the non-finite values. tests/train/check_tensorboard.py reads a
-// run of train_gpt with TensorBoard's own reader.
+// run of train_gpt with TensorBoard's own reader. --tensorboard DIR is checked before a run
+// (train::require_writable_directory, train/args.hpp).
 #include "test.hpp"
 
+#include <dpml/train/args.hpp>
 #include <dpml/train/progress.hpp>
 #include <dpml/train/tensorboard.hpp>
 

@@ -11,6 +11,8 @@
 //
 // place_on_gpus() makes the chosen device current, so call it before any CUDA allocation; it is
 // collective over the world (every rank decides alike; a rank without any GPU is an Error on all).
+// The placement it returns also says how many of the node's ranks share each rank's GPU
+// (gpu_ranks, told apart by UUID: train::device_bytes_per_rank splits the free memory by it).
 // with_gpu_comm() turns the choice into the communicator type, as parallel::with_strategy does
 // for the strategy:
 //
@@ -24,6 +26,7 @@
 #include "dpml/core/cuda_space.hpp"
 #include "dpml/core/error.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace dpml::comm {
@@ -34,23 +37,28 @@ struct GpuPlacement {
   GpuComm comm = GpuComm::nccl;
   int node_ranks = 1;  // ranks on this node
   int devices = 1;     // CUDA devices this rank sees
+  int gpu_ranks = 1;   // ranks of this node on this rank's GPU, itself included (nccl: 1; staged: by UUID)
 };
 
 // `choice`: auto | nccl | staged (see the top of the file). Collective over `world`.
 inline GpuPlacement place_on_gpus(const Mpi& world, const std::string& choice) {
   DPML_REQUIRE_EVERYWHERE(choice == "auto" || choice == "nccl" || choice == "staged",
                           "--gpu-comm " << choice << " is not one of auto, nccl, staged");
-  const NodeRank local = node_local_rank(world);
+  const detail::NodeComm node_comm(world);
+  const Mpi node = node_comm.view();
   const int devices = cuda_device_count();
   DPML_REQUIRE_EVERYWHERE(world.allreduce(devices == 0 ? 1 : 0, ReduceOp::max) == 0,
                           "--device cuda: a rank of this launch sees no CUDA device");
-  const bool short_of_gpus = world.allreduce(local.size > devices ? 1 : 0, ReduceOp::max) != 0;
+  const bool short_of_gpus = world.allreduce(node.size() > devices ? 1 : 0, ReduceOp::max) != 0;
   if (choice == "nccl" || (choice == "auto" && !short_of_gpus)) {
     select_device(world);  // one GPU each, or one clear Error on every rank
-    return {GpuComm::nccl, local.size, devices};
+    return {GpuComm::nccl, node.size(), devices, 1};
   }
-  set_device(local.rank % devices);
-  return {GpuComm::staged, local.size, devices};
+  const int device = node.rank() % devices;
+  set_device(device);
+  const auto uuids = detail::node_gpu_uuids(node, device);
+  const std::string& mine = uuids[static_cast<std::size_t>(node.rank())];
+  return {GpuComm::staged, node.size(), devices, static_cast<int>(std::count(uuids.begin(), uuids.end(), mine))};
 }
 
 // body.template operator()<comm::Nccl>() or <comm::Staged>(), as `comm` says; returns its result.

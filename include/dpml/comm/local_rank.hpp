@@ -79,6 +79,25 @@ inline void set_device(int index) {
   DPML_CHECK_CUDA(cudaSetDevice(index));
 }
 
+namespace detail {
+// The UUID (16 bytes) of each node rank's visible device `device`, in node-rank order: which
+// ranks are on the same GPU, whatever devices each process sees. All zero where `device` is −1
+// (no GPU). Collective over `node`.
+inline std::vector<std::string> node_gpu_uuids(const Mpi& node, int device) {
+  std::array<char, 16> uuid{};
+  if (device >= 0) {
+    cudaDeviceProp prop{};
+    DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+    std::memcpy(uuid.data(), prop.uuid.bytes, uuid.size());
+  }
+  std::vector<char> all(uuid.size() * static_cast<std::size_t>(node.size()));  // (node ranks, 16)
+  node.allgather(uuid.data(), all.data(), uuid.size());
+  std::vector<std::string> uuids;
+  for (int r = 0; r < node.size(); ++r) uuids.emplace_back(all.data() + static_cast<std::size_t>(r) * uuid.size(), uuid.size());
+  return uuids;
+}
+}  // namespace detail
+
 // Every rank takes visible device `local rank % visible devices` and returns its index.
 // Collective over `world`: where the ranks of any node would not each have a GPU of their own,
 // every rank throws the same Error (Scope::everywhere) naming the first such rank's node.
@@ -87,19 +106,9 @@ inline int select_device(const Mpi& world) {
   const Mpi node = node_comm.view();
   const int count = cuda_device_count();
   const int pick = count > 0 ? node.rank() % count : -1;
-  std::array<char, 16> uuid{};  // all zero: no GPU
-  if (pick >= 0) {
-    cudaDeviceProp prop{};
-    DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, pick));
-    std::memcpy(uuid.data(), prop.uuid.bytes, uuid.size());
-  }
-  std::vector<char> uuids(uuid.size() * static_cast<std::size_t>(node.size()));  // (node ranks, 16)
-  node.allgather(uuid.data(), uuids.data(), uuid.size());
   std::set<std::string> distinct;
-  for (int r = 0; r < node.size(); ++r) {
-    const std::string u(uuids.data() + static_cast<std::size_t>(r) * uuid.size(), uuid.size());
-    if (u != std::string(uuid.size(), '\0')) distinct.insert(u);
-  }
+  for (const std::string& u : detail::node_gpu_uuids(node, pick))
+    if (u != std::string(u.size(), '\0')) distinct.insert(u);
   const bool own_gpu = pick >= 0 && static_cast<int>(distinct.size()) == node.size();
   const int first_bad = world.allreduce(own_gpu ? INT_MAX : world.rank(), ReduceOp::min);
   if (first_bad != INT_MAX) {

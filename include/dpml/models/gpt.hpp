@@ -101,10 +101,18 @@ struct GptMemoryBound {
   double state = 0, activations = 0;
   double total() const noexcept { return state + activations; }
 };
+// The defaults are the host trainer's (fp32 throughout; its attention keeps the probabilities).
 struct GptMemoryTerms {
   double state_bytes = 16;      // per parameter: fp32 value, gradient, AdamW's two moments
   double activation_bytes = 4;  // per activation element
   bool attention_probabilities = true;
+
+  // The GPU trainer's (models/cuda/gpt.hpp, Bf16): per parameter a bf16 value and gradient (2 + 2)
+  // and an fp32 master copy and AdamW's two moments (4 + 8, split over the `zero_shards` data ranks
+  // under ZeRO-1; 1: not sharded); bf16 activations; flash attention keeps no probabilities.
+  static constexpr GptMemoryTerms gpu_trainer(int zero_shards = 1) {
+    return {.state_bytes = 4.0 + 12.0 / zero_shards, .activation_bytes = 2.0, .attention_probabilities = false};
+  }
 };
 inline GptMemoryBound gpt_memory_lower_bound(const GptConfig& c, int tp, int pp, std::int64_t micro_batch, GptMemoryTerms t = {}) {
   const double C = static_cast<double>(c.dim), L = static_cast<double>(c.layers), V = static_cast<double>(c.vocab);

@@ -10,6 +10,10 @@
 // exits, doing nothing (the program's checks across flags — a layout that does not divide — come
 // later): tests/train/flag_corpus.py drives every program's flags through it.
 //
+// Output paths a flag names are checked the same way, before any work is done, on every rank
+// alike: a file (require_writable_output) or a directory the program makes
+// (require_writable_directory: with its missing parents, or only its last part).
+//
 //   int tp = 1; std::string schedule = "1f1b";
 //   dpml::train::Args args("train_gpt", "Train a GPT with 3D parallelism.");
 //   args.flag("--tp", tp, "tensor-parallel degree", train::at_least(1))
@@ -230,6 +234,36 @@ inline void require_writable_output(std::string_view flag, const std::string& pa
                                                                      << "' is not writable");
   DPML_REQUIRE_EVERYWHERE(!fs::exists(p, ec) || ::access(p.c_str(), W_OK) == 0,
                           "flag " << flag << " '" << path << "' exists and is not writable");
+}
+
+// How much of a directory's path (require_writable_directory) the program makes: every part that
+// is missing (its parents too: --tensorboard DIR, under which each run makes its own), or only the
+// last, in a directory that exists (--export DIR/).
+enum class Missing { any, last };
+
+// A directory a flag names ("" : none) must be creatable before any work is done: it is a writable
+// directory, or the nearest part of its path that exists is one (Missing::any), or its parent is
+// (Missing::last). Nothing is created here. Every rank checks alike (Scope::everywhere).
+inline void require_writable_directory(std::string_view flag, const std::string& path, Missing missing = Missing::any) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto parent_of = [](const fs::path& p) { return p.has_parent_path() ? p.parent_path() : fs::path("."); };
+  fs::path dir = fs::path(path).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();  // "out/" → "out"
+  fs::path p = dir;                                  // → the nearest part of the path that exists
+  if (missing == Missing::any) {
+    for (fs::path up; !fs::exists(p, ec) && (up = parent_of(p)) != p;) p = up;
+  } else if (!fs::exists(dir, ec)) {
+    p = parent_of(dir);
+    DPML_REQUIRE_EVERYWHERE(fs::is_directory(p, ec) && ::access(p.c_str(), W_OK) == 0,
+                            "flag " << flag << " '" << path << "': cannot make directory '" << dir.string() << "': '"
+                                    << p.string() << "' is not a writable directory");
+    return;
+  }
+  DPML_REQUIRE_EVERYWHERE(fs::is_directory(p, ec), "flag " << flag << " '" << path << "': '" << p.string() << "' is not a directory");
+  DPML_REQUIRE_EVERYWHERE(::access(p.c_str(), W_OK) == 0, "flag " << flag << " '" << path << "': directory '" << p.string()
+                                                                   << "' is not writable");
 }
 
 }  // namespace dpml::train

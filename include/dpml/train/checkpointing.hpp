@@ -723,7 +723,9 @@ void import_gpt2(Trainer& t, const std::string& path) {
     }
     DPML_REQUIRE(unused == 0, "'" << where << "' has " << unused << " tensor" << (unused == 1 ? "" : "s") << " the model does not use, e.g. "
                                   << some << (deeper ? " (the file has more layers than --num-layers " + std::to_string(cfg.layers) + "?)" : ""));
-    if (head != nullptr && t.grid().world().rank() == 0) {  // one rank compares (two vocabulary-sized reads)
+    // One rank compares (two vocabulary-sized reads); its refusal reaches every rank, as every check
+    // here does, through raise_collected below.
+    if (head != nullptr && t.grid().world().rank() == 0) {
       const auto wte = entry_of.find("wte.weight");
       DPML_REQUIRE(wte != entry_of.end() && head->dtype == wte->second->dtype && head->shape == wte->second->shape &&
                        file.read_bytes(*head) == file.read_bytes(*wte->second),

@@ -38,8 +38,6 @@
 #include "dpml/models/gpt.hpp"
 #include "dpml/train/args.hpp"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -77,23 +75,10 @@ inline bool is_hf_directory(const std::string& path) {
 }
 
 // Refuses (on every rank alike) an --export target that cannot be written: a directory (existing
-// and writable, or to be made in a writable one), else a file as train::require_writable_output.
+// and writable, or to be made in a writable one), else a file (train/args.hpp, as every output flag).
 inline void require_writable_export(std::string_view flag, const std::string& path) {
-  if (!is_hf_directory(path)) return require_writable_output(flag, path);
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path dir = fs::path(path).lexically_normal();
-  if (!dir.has_filename()) dir = dir.parent_path();  // "out/" → "out"
-  if (fs::is_directory(dir, ec)) {
-    DPML_REQUIRE_EVERYWHERE(::access(dir.c_str(), W_OK) == 0, "flag " << flag << " '" << path << "': directory '" << dir.string()
-                                                                       << "' is not writable");
-    return;
-  }
-  DPML_REQUIRE_EVERYWHERE(!fs::exists(dir, ec), "flag " << flag << " '" << path << "': '" << dir.string() << "' is not a directory");
-  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
-  DPML_REQUIRE_EVERYWHERE(fs::is_directory(parent, ec) && ::access(parent.c_str(), W_OK) == 0,
-                          "flag " << flag << " '" << path << "': cannot make directory '" << dir.string() << "': '"
-                                  << parent.string() << "' is not a writable directory");
+  if (is_hf_directory(path)) require_writable_directory(flag, path, Missing::last);
+  else require_writable_output(flag, path);
 }
 
 // GPT2Config of a dpml GPT (see the top of the file), in config.json's field names.

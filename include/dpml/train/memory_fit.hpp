@@ -3,21 +3,22 @@
 // bound of the bytes its largest rank will hold (models::Gpt: gpt_memory_lower_bound) and
 // require_fits compares it with the memory a rank of this launch has — on the host, the node's
 // MemAvailable (/proc/meminfo; else the free physical pages) shared by the node's ranks; on a GPU
-// (CUDA translation units), its free device memory shared by the node's ranks on that GPU — the
-// smallest over the world. Too large is one Error on every rank alike, naming the estimate, what
-// drives it (the flags) and what is there, instead of a std::bad_alloc naming nothing after
-// minutes of set-up. The bound is low on purpose: a run it refuses cannot fit; one it accepts
+// (CUDA translation units), its free device memory shared by the node's ranks on that GPU
+// (comm::GpuPlacement::gpu_ranks) — the smallest over the world. Too large is one Error on every
+// rank alike, naming the estimate, what drives it (the flags) and what is there, instead of a
+// std::bad_alloc naming nothing after minutes of set-up. The bound is low on purpose: a run it refuses cannot fit; one it accepts
 // may still not (buffers, more micro-batches in flight, the allocator's slack).
 //
 //   const double need = models::gpt_memory_lower_bound(cfg, tp, pp, micro_batch, {...}).total();
 //   train::require_fits(world, need, train::host_bytes_per_rank(world), "the GPT of --num-layers …");
-//   train::require_fits(world, need_on_gpu, train::device_bytes_per_rank(world), "…", train::kDeviceMemory);
+//   train::require_fits(world, need_on_gpu, train::device_bytes_per_rank(world, gpus), "…", train::kDeviceMemory);
 
 #include "dpml/comm/local_rank.hpp"
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
 
 #if defined(__CUDACC__)
+#include "dpml/comm/cuda_placement.hpp"
 #include "dpml/core/cuda_error.hpp"
 
 #include <cuda_runtime.h>
@@ -25,11 +26,9 @@
 
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <vector>
 
 namespace dpml::train {
 
@@ -56,26 +55,13 @@ inline double host_bytes_per_rank(const comm::Mpi& world) {
 
 #if defined(__CUDACC__)
 // The device memory one rank may use: the free memory of its current GPU over the ranks of its
-// node on that GPU (told apart by UUID: ranks sharing a GPU through comm::Staged split it), the
-// smallest over the world. Call once the rank's device is chosen (comm::select_device,
-// comm::place_on_gpus), before allocating. Collective over `world`.
-inline double device_bytes_per_rank(const comm::Mpi& world) {
+// node on that GPU (`gpus`, from comm::place_on_gpus, which made the GPU current: ranks sharing a
+// GPU through comm::Staged split it), the smallest over the world. Call before allocating.
+// Collective over `world`.
+inline double device_bytes_per_rank(const comm::Mpi& world, const comm::GpuPlacement& gpus) {
   std::size_t free = 0, total = 0;
   DPML_CHECK_CUDA(cudaMemGetInfo(&free, &total));
-  int device = 0;
-  DPML_CHECK_CUDA(cudaGetDevice(&device));
-  cudaDeviceProp prop{};
-  DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
-  std::array<char, 16> uuid{};
-  std::memcpy(uuid.data(), prop.uuid.bytes, uuid.size());
-  const comm::detail::NodeComm node_comm(world);
-  const comm::Mpi node = node_comm.view();
-  std::vector<char> uuids(uuid.size() * static_cast<std::size_t>(node.size()));  // (node ranks, 16)
-  node.allgather(uuid.data(), uuids.data(), uuid.size());
-  int sharing = 0;
-  for (int r = 0; r < node.size(); ++r)
-    sharing += std::memcmp(uuids.data() + static_cast<std::size_t>(r) * uuid.size(), uuid.data(), uuid.size()) == 0;
-  return world.allreduce(static_cast<double>(free) / sharing, comm::ReduceOp::min);
+  return world.allreduce(static_cast<double>(free) / gpus.gpu_ranks, comm::ReduceOp::min);
 }
 #endif
 

@@ -164,19 +164,4 @@ class TensorBoardWriter {
   std::ofstream out_;
 };
 
-// A directory a flag names ("" : none) must be creatable before any work is done: it is a
-// writable directory, or the nearest part of its path that exists is one. Nothing is created
-// here (the run directory is made by rank 0 when the run starts). Every rank checks alike.
-inline void require_writable_directory(std::string_view flag, const std::string& dir) {
-  if (dir.empty()) return;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path p = fs::absolute(dir, ec).lexically_normal();
-  while (!fs::exists(p, ec) && p.has_relative_path()) p = p.parent_path();
-  DPML_REQUIRE_EVERYWHERE(fs::is_directory(p, ec), "flag " << flag << " '" << dir << "': '" << p.string()
-                                                            << "' is not a directory");
-  DPML_REQUIRE_EVERYWHERE(::access(p.c_str(), W_OK) == 0, "flag " << flag << " '" << dir << "': directory '" << p.string()
-                                                                   << "' is not writable");
-}
-
 }  // namespace dpml::train
