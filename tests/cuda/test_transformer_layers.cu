@@ -177,6 +177,13 @@ TEMPLATE_TEST_CASE("CausalSelfAttention on the GPU equals the float64 host layer
   }
 }
 
+TEST_CASE("CausalSelfAttention on the GPU refuses a head dimension its kernels lack, at construction",
+          "[cuda][layers][transformer][attention]") {
+  CHECK(test::message_of([] { CausalSelfAttention<bf16, CudaSpace> a(64, 4, "attn"); }) ==
+        "attention attn: head dimension 16 (64 / 4 heads) is not one this space's attention kernels take (32, 64 or 128)");
+  CHECK(test::message_of([] { CausalSelfAttention<double> a(64, 4, "attn"); }).empty());  // the host takes any
+}
+
 TEMPLATE_TEST_CASE("Mlp on the GPU, with and without the GELU recompute, equals the float64 host Mlp",
                    "[cuda][layers][transformer][mlp]", bf16, float) {
   using T = TestType;

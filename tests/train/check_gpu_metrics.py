@@ -42,7 +42,7 @@ def main():
     os.makedirs(workdir, exist_ok=True)
     text = os.path.join(workdir, "text.txt")
     with open(text, "w") as f:
-        f.write("It was the best of times, it was the worst of times.\n" * 400)
+        f.write("It was the best of times, it was the worst of times.\n" * 2000)  # 10 % validation: >= 32 windows of 65
     jsonl = os.path.join(workdir, "metrics.jsonl")
     steps = 12
     argv = [*launch, "--data-path", text, "--metrics", jsonl, "--log-interval", "1", "--profile-steps", "3:5",

@@ -69,7 +69,12 @@ class CausalSelfAttention {
                       const parallel::TensorRegion<Comm>& region = {})
       : C_(dim), H_(detail::heads_per_rank(dim, heads, region.size(), name)), D_(dim / heads),
         c_attn_(dim, 3 * dim, {.bias = true, .name = name + ".c_attn"}, region),
-        c_proj_(dim, dim, {.bias = true, .name = name + ".c_proj"}, region) {}
+        c_proj_(dim, dim, {.bias = true, .name = name + ".c_proj"}, region) {
+    DPML_REQUIRE_EVERYWHERE(Ops::attention_head_dim_supported(D_),
+                            "attention " << name << ": head dimension " << D_ << " (" << dim << " / " << heads
+                                         << " heads) is not one this space's attention kernels take ("
+                                         << Ops::attention_head_dims << ")");
+  }
 
   Output forward(Context<Space>& ctx, Input x) { return forward(ctx, x, Input()); }
 

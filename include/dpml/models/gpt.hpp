@@ -312,6 +312,11 @@ class Gpt {
     DPML_REQUIRE_EVERYWHERE(c.heads % grid.tp() == 0, "--num-attention-heads " << c.heads << " is not divisible by --tp " << grid.tp());
     DPML_REQUIRE_EVERYWHERE(c.dim % grid.tp() == 0, "--hidden-size " << c.dim << " is not divisible by --tp " << grid.tp());
     DPML_REQUIRE_EVERYWHERE(c.dim % c.heads == 0, "--hidden-size " << c.dim << " is not divisible by --num-attention-heads " << c.heads);
+    using Attention = kernels::Ops<Space>;
+    DPML_REQUIRE_EVERYWHERE(Attention::attention_head_dim_supported(c.dim / c.heads),
+                            "--hidden-size " << c.dim << " / --num-attention-heads " << c.heads << " = head dimension "
+                                             << c.dim / c.heads << ": the attention kernels of this device take "
+                                             << Attention::attention_head_dims);
     return c;
   }
   // ln_f and the head consume what they compute within one forward: one buffer slot for all

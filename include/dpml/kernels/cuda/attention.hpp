@@ -155,6 +155,10 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const float* 
 // Ops<CudaSpace>'s attention family, on the Device's stream (Policy: attention::Auto).
 struct AttentionOps {
   using Dev = Device<CudaSpace>;
+  // The head dimensions the kernels are compiled for (with_head_dim): layers check theirs at
+  // construction, on every rank, rather than fail in the first forward.
+  static constexpr const char* attention_head_dims = "32, 64 or 128";
+  static constexpr bool attention_head_dim_supported(std::int64_t D) { return D == 32 || D == 64 || D == 128; }
   // What the forward keeps for the backward: the rows' log-sum-exp, sized by the forward (the
   // backward also reads the forward's output, which the layer keeps anyway).
   template <class T>

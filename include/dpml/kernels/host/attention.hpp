@@ -86,6 +86,9 @@ void attention_backward(const T* dout, const T* qkv, const T* probs, T* dqkv, st
 // Ops<HostSpace>'s attention family (kernels/cuda/attention.hpp's AttentionOps is the twin).
 struct AttentionOps {
   using Dev = Device<HostSpace>;
+  // Any head dimension (the GPU's kernels take fewer: kernels/cuda/attention.hpp).
+  static constexpr const char* attention_head_dims = "any";
+  static constexpr bool attention_head_dim_supported(std::int64_t D) { return D > 0; }
   // What the forward keeps for the backward: the probabilities, sized by the forward.
   template <class T>
   struct AttentionState {
