@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds the main example with the "cpu" preset and runs it on 4 ranks:
-# the ResNet-style CNN trained on Fashion-MNIST with data parallelism (about 7 minutes on 2 cores,
+# the ResNet-style CNN trained on Fashion-MNIST with data parallelism (about 6 minutes on 2 cores,
 # ≥ 91% test accuracy; see bench/RESULTS.md).
 #   bash scripts/run-example.sh [flags for the example, replacing its defaults]
 # MPIEXEC (default mpiexec) and MPIEXEC_FLAGS (e.g. "--allow-run-as-root --oversubscribe" for
