@@ -10,7 +10,7 @@
 - GPUs and topology, once per node: "no NVML" exactly where libnvidia-ml.so.1 does not load here
   (ctypes); "built without CUDA" for a host build, else "no CUDA device" or GPU lines; with
   DPML_NVML_LIBRARY set to tests/tools/fake_nvml.cpp's library, that file's GPUs, NVLinks and values;
-- probe: one MPI line per --sizes entry, whose algbw is bytes / time and busbw 2(N-1)/N · algbw
+- probe: one MPI line per --sizes entry (ending with the blocking MPI_Allreduce's time), whose algbw is bytes / time and busbw 2(N-1)/N · algbw
   (recomputed here from the printed bytes and microseconds, to the printed rounding), busbw > 0 on
   more than one rank; then the GPU probes, or why they did not run.
 """
@@ -117,13 +117,16 @@ def main():
 
     if not probe:
         return
-    rows = [re.match(r"\s+(\d+) bytes\s+([\d.]+) us\s+algbw\s+([\d.]+) GB/s\s+busbw\s+([\d.]+) GB/s$", l)
+    rows = [re.match(r"\s+(\d+) bytes\s+([\d.]+) us\s+algbw\s+([\d.]+) GB/s\s+busbw\s+([\d.]+) GB/s"
+                     r"(\s+MPI_Allreduce\s+[\d.]+ us)?$", l)
             for l in body["probe"] if " bytes " in l]
     if not body["probe"] or not body["probe"][0].startswith("MPI all-reduce"):
         fail("the probe does not start with the MPI all-reduce", out)
     mpi = [r for r in rows[:len(sizes_of(cmd))]]
     if not all(mpi) or [int(r.group(1)) for r in mpi] != sizes_of(cmd):
         fail(f"expected one MPI line per size {sizes_of(cmd)}", out)
+    if not all(r.group(5) for r in mpi):
+        fail("every MPI line must end with the blocking MPI_Allreduce's time", out)
     for r in mpi:
         size, us, algbw, busbw = int(r.group(1)), float(r.group(2)), float(r.group(3)), float(r.group(4))
         expect_alg = size / (us * 1e-6) / 1e9

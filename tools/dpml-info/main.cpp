@@ -14,7 +14,8 @@
 //                   an NVSwitch; per pair: direct NVLinks, both on NVSwitches, or how near they sit
 //                   on PCIe
 //   == probe ==     (--probe) an MPI all-reduce (fp32 sum, out of place, the result checked) of each
-//                   --sizes over all ranks: time per call (the slowest rank's), algbw = bytes / time,
+//                   --sizes over all ranks, through comm::Mpi and, for comparison, the library's
+//                   blocking MPI_Allreduce: time per call (the slowest rank's), algbw = bytes / time,
 //                   busbw = 2(n−1)/n · algbw (each link's traffic in a ring, as nccl-tests report
 //                   it; 0 on one rank). With a GPU per rank: the same through comm::Nccl on the
 //                   device, and a bf16 GEMM (kernels::cuda::gemm, cuBLASLt) of --gemm-size³ on every
@@ -318,26 +319,42 @@ std::string bandwidth_line(std::size_t bytes, double seconds, int ranks) {
 }
 
 // fp32 sums, out of place, of --sizes over the world: every element checked (rank r sends r + 1).
+// Each size is timed through comm::Mpi (non-blocking, polled: what dpml's host collectives do)
+// and through the library's own blocking MPI_Allreduce, whose time closes the line: a dpml
+// path much slower than the library's is worth a look on a new cluster.
 void probe_mpi(const comm::Mpi& world, const Options& o) {
   const int p = world.size();
   if (world.rank() == 0)
-    std::printf("MPI all-reduce, fp32 sum over %d rank(s), %d calls per size%s:\n", p, o.iters,
-                p == 1 ? " (one rank: nothing crosses a link, busbw 0)" : "");
+    std::printf("MPI all-reduce, fp32 sum over %d rank(s), %d calls per size%s; dpml's polled path, then "
+                "MPI_Allreduce's time:\n",
+                p, o.iters, p == 1 ? " (one rank: nothing crosses a link, busbw 0)" : "");
   for (std::size_t bytes : o.bytes) {
     const std::size_t n = bytes / sizeof(float);
     const std::vector<float> send(n, static_cast<float>(world.rank() + 1));
     std::vector<float> recv(n, 0.f);
-    for (int i = 0; i < o.warmup; ++i) world.allreduce(send.data(), recv.data(), n, comm::ReduceOp::sum);
-    world.barrier();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < o.iters; ++i) world.allreduce(send.data(), recv.data(), n, comm::ReduceOp::sum);
-    const double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.iters;
+    const auto timed = [&](auto&& allreduce) {  // the slowest rank's seconds per call
+      for (int i = 0; i < o.warmup; ++i) allreduce();
+      world.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < o.iters; ++i) allreduce();
+      const double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.iters;
+      return world.allreduce(mine, comm::ReduceOp::max);
+    };
+    const double dpml = timed([&] { world.allreduce(send.data(), recv.data(), n, comm::ReduceOp::sum); });
     const auto expected = static_cast<float>(p * (p + 1) / 2);
     const bool right = std::all_of(recv.begin(), recv.end(), [&](float v) { return v == expected; });
     DPML_REQUIRE_EVERYWHERE(world.allreduce(right ? 1 : 0, comm::ReduceOp::min) == 1,
                             "MPI all-reduce of " << bytes << " bytes gave a wrong sum on some rank");
-    const double slowest = world.allreduce(mine, comm::ReduceOp::max);
-    if (world.rank() == 0) std::fputs(bandwidth_line(bytes, slowest, p).c_str(), stdout);
+    const double blocking = timed([&] {
+      DPML_CHECK_MPI(MPI_Allreduce(send.data(), recv.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, world.native()));
+    });
+    if (world.rank() == 0) {
+      std::string line = bandwidth_line(bytes, dpml, p);
+      char tail[80];
+      std::snprintf(tail, sizeof tail, "  MPI_Allreduce %10.1f us\n", blocking * 1e6);
+      line.replace(line.size() - 1, 1, tail);
+      std::fputs(line.c_str(), stdout);
+    }
   }
   std::fflush(stdout);
 }
