@@ -179,14 +179,9 @@ if ours:
             print(f"| dpml / {impl} | {ours['tokens_per_s'] / runs[impl]['tokens_per_s']:.3f} |")
     if not llmc:
         print(f"| dpml / llm.c 495k (TOOLCHAIN.md, not measured in this job) | {ours['tokens_per_s'] / 495e3:.3f} |")
-names = sorted({f for v in fams.values() for f in v})
-if names:
-    impls = list(fams)
-    print()
-    print("| family (ms, one profiled step) | " + " | ".join(impls) + " |")
-    print("|---|" + "---|" * len(impls))
-    for n in names:
-        print(f"| {n} | " + " | ".join(f"{fams[i].get(n, 0):.2f}" for i in impls) + " |")
+sys.path.insert(0, "scripts/lib")
+from family_table import print_family_table
+print_family_table(fams)
 EOF
 if [[ -n "${OUT:-}" ]]; then cp "$results"/*.txt "$results"/*.json "$OUT"/ 2>/dev/null || true; fi
 exit $status

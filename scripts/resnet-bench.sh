@@ -136,14 +136,9 @@ for our_suffix, ref_suffix in (("", ""), ("-dp2", "-ddp2")):  # one GPU; two
         for ref in ("torch-eager" + ref_suffix, "torch-compile" + ref_suffix):
             if ours in runs and ref in runs:
                 print(f"| {ours} / {ref} | {runs[ours][0] / runs[ref][0]:.3f}; {runs[ours][2] / runs[ref][2]:.3f} |")
-names = sorted({f for v in fams.values() for f in v})
-if names:
-    impls = list(fams)
-    print()
-    print("| family (ms, one profiled step) | " + " | ".join(impls) + " |")
-    print("|---|" + "---|" * len(impls))
-    for n in names:
-        print(f"| {n} | " + " | ".join(f"{fams[i].get(n, 0):.2f}" for i in impls) + " |")
+sys.path.insert(0, "scripts/lib")
+from family_table import print_family_table
+print_family_table(fams)
 PY
 if [[ -n "${OUT:-}" ]]; then cp "$results"/*.txt "$OUT"/ 2>/dev/null || true; fi
 exit $status
