@@ -30,16 +30,8 @@ build=build/cuda-openmpi
 cmake --preset cuda-openmpi >/dev/null
 cmake --build "$build" --target train_gpt -j "$(nproc)"
 rm -rf "$dir" && mkdir -p "$dir"
-python3 - "$dir/random_000000.bin" <<'PY'
-import array, random, sys
-n = 4_000_000  # tokens: B·T·iters/2 at the defaults, so the run wraps an epoch at most twice
-random.seed(1)
-header = array.array("i", [20240520, 1, n] + [0] * 253)
-tokens = array.array("H", (random.randrange(50257) for _ in range(n)))
-with open(sys.argv[1], "wb") as f:
-    header.tofile(f)
-    tokens.tofile(f)
-PY
+# 4M tokens: B·T·iters/2 at the defaults, so the run wraps an epoch at most twice
+python3 scripts/lib/random_shard.py "$dir/random_000000.bin=4000000"
 model=(--device cuda --data-path "$dir/random_*.bin" --vocab-size 50257 --num-layers 12 --hidden-size 768
        --num-attention-heads 12 --seq-length 1024 --micro-batch 16 --global-batch 16 --train-iters "$iters"
        --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters 10 --eval-interval 100000 --log-interval 50 --sample-tokens 0)

@@ -34,16 +34,7 @@ rm -rf "$dir" && mkdir -p "$dir"
 gpu_build "$build" "$dir" train_gpt gpt_train bench_allreduce dpml-info
 gpus=$(nvidia-smi --list-gpus | wc -l)
 echo "$gpus" >"$dir/gpus.count"
-python3 - "$dir/random_000000.bin" <<'PY'
-import array, random, sys
-n = 8_000_000
-random.seed(1)
-header = array.array("i", [20240520, 1, n] + [0] * 253)
-tokens = array.array("H", (random.randrange(50257) for _ in range(n)))
-with open(sys.argv[1], "wb") as f:
-    header.tofile(f)
-    tokens.tofile(f)
-PY
+python3 scripts/lib/random_shard.py "$dir/random_000000.bin=8000000"
 
 train() {  # train RANKS NAME: train_gpt with nvidia-smi sampling beside it
   local ranks=$1 name=$2

@@ -80,15 +80,9 @@ llmc_build() {
 llmc_shards() {
   local dir=$1 b=$2 t=$3 n=$4
   mkdir -p "$dir"
-  python3 - "$dir" $((b * t * (n + 1) + 1)) $((b * t + 1)) <<'PY'
-import array, random, sys
-# llm.c's shard format (llmc/dataloader.h): 256 int32 header (magic 20240520, version 1, token count), uint16 tokens
-random.seed(1)
-for name, n in (("llmc_train_000000.bin", int(sys.argv[2])), ("llmc_val_000000.bin", int(sys.argv[3]))):
-    with open(f"{sys.argv[1]}/{name}", "wb") as f:
-        array.array("i", [20240520, 1, n] + [0] * 253).tofile(f)
-        array.array("H", (random.randrange(50257) for _ in range(n))).tofile(f)
-PY
+  # llm.c's shard format (llmc/dataloader.h), as scripts/lib/random_shard.py writes it
+  python3 scripts/lib/random_shard.py "$dir/llmc_train_000000.bin=$((b * t * (n + 1) + 1))" \
+    "$dir/llmc_val_000000.bin=$((b * t + 1))"
 }
 
 # AdamW β 0.9/0.95, ε 1e-8 and clipping at 1.0 are llm.c's fixed choices, as gpt_train's and torch_gpt.py's;
