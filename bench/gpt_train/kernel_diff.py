@@ -55,18 +55,12 @@ def read(path):
     return rows
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("a", help="ncu raw CSV of run A")
-    p.add_argument("b", help="ncu raw CSV of run B")
-    p.add_argument("--top", type=int, default=40, help="rows to print (40)")
-    args = p.parse_args()
-    a, b = read(args.a), read(args.b)
-    if not a or not b:
-        sys.exit(f"kernel_diff: no kernels in {args.a if not a else args.b} (was the step bracketed by --cuda-profile?)")
+def print_diff(a, b, top=40):
+    """Markdown tables of two {(kernel, geometry): [count, µs]}: the rows that differ most, the
+    totals, then the kernels by name with their shapes merged. Shared with bench/timeline."""
     keys = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, [0, 0])[1] - a.get(k, [0, 0])[1]))
     print(f"| kernel | grid x block | A n | A µs | B n | B µs | B − A µs |\n|---|---|---:|---:|---:|---:|---:|")
-    for k in keys[: args.top]:
+    for k in keys[:top]:
         na, ta = a.get(k, [0, 0.0])
         nb, tb = b.get(k, [0, 0.0])
         print(f"| {k[0][:70]} | {k[1]} | {na} | {ta:.1f} | {nb} | {tb:.1f} | {tb - ta:+.1f} |")
@@ -82,8 +76,20 @@ def main():
     for (n, _), v in b.items():
         fb[n] += v[1]
     print("\n| kernel (all shapes) | A µs | B µs | B − A µs |\n|---|---:|---:|---:|")
-    for n in sorted(set(fa) | set(fb), key=lambda n: -abs(fb[n] - fa[n]))[: args.top // 2]:
+    for n in sorted(set(fa) | set(fb), key=lambda n: -abs(fb[n] - fa[n]))[: top // 2]:
         print(f"| {n[:70]} | {fa[n]:.1f} | {fb[n]:.1f} | {fb[n] - fa[n]:+.1f} |")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("a", help="ncu raw CSV of run A")
+    p.add_argument("b", help="ncu raw CSV of run B")
+    p.add_argument("--top", type=int, default=40, help="rows to print (40)")
+    args = p.parse_args()
+    a, b = read(args.a), read(args.b)
+    if not a or not b:
+        sys.exit(f"kernel_diff: no kernels in {args.a if not a else args.b} (was the step bracketed by --cuda-profile?)")
+    print_diff(a, b, args.top)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""What the GPU did during a profiled step, from libdpml_cupti_trace's CSV (cupti_trace.cpp):
+kernels as they really ran, streams overlapping — unlike Nsight Compute, which serialises them.
+
+    bench/timeline/timeline.py RUN.csv                 # one run: streams, busy time, overlap
+    bench/timeline/timeline.py A.csv B.csv [--top 40]  # two runs: each summary, then per-kernel A vs B
+
+Per run: the window (first start to last end), each stream's busy time (the union of its
+records) and largest kernels; the compute stream (the stream with the most non-NCCL kernel time):
+its busy time, its idle gaps inside the window, the time it ran beside an NCCL kernel, and each
+kernel's mean duration alone against beside NCCL (contention shows as the second being longer).
+Two runs: the per-kernel table of bench/gpt_train/kernel_diff.py over the in-run durations.
+"""
+import argparse
+import bisect
+import collections
+import csv
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpt_train"))
+from kernel_diff import print_diff, short_name  # noqa: E402
+
+
+def read(path):
+    """[(kind, start_ns, end_ns, stream, geometry, short name)] sorted by start."""
+    out = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            name = short_name(r["name"]) if r["kind"] == "kernel" else r["name"]
+            out.append((r["kind"], int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]),
+                        f'{r["grid"]}x{r["block"]}', name))
+    if not out:
+        sys.exit(f"timeline: no records in {path} (did the program call cudaProfilerStart/Stop, e.g. --cuda-profile?)")
+    return sorted(out, key=lambda r: r[1])
+
+
+def union(intervals):
+    """Merged, sorted [(start, end)] of possibly overlapping intervals."""
+    merged = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return merged
+
+
+def covered(merged, s, e):
+    """ns of [s, e) inside the merged intervals."""
+    i = max(0, bisect.bisect_right([m[0] for m in merged], s) - 1)
+    total = 0
+    while i < len(merged) and merged[i][0] < e:
+        total += max(0, min(e, merged[i][1]) - max(s, merged[i][0]))
+        i += 1
+    return total
+
+
+def is_nccl(r):
+    return "nccl" in r[5].lower()
+
+
+def summarise(path, records, top):
+    t0 = min(r[1] for r in records)
+    span = max(r[2] for r in records) - t0
+    streams = collections.defaultdict(list)
+    for r in records:
+        streams[r[3]].append(r)
+    compute = max(streams, key=lambda s: sum(r[2] - r[1] for r in streams[s] if r[0] == "kernel" and not is_nccl(r)))
+    print(f"\n## {path}: window {span / 1e6:.3f} ms, {len(records)} records, compute stream {compute}\n")
+    print("| stream | records | busy ms | largest (ms) |\n|---|---:|---:|---|")
+    for s, rs in sorted(streams.items(), key=lambda kv: -sum(r[2] - r[1] for r in kv[1])):
+        busy = sum(e - b for b, e in union((r[1], r[2]) for r in rs))
+        names = collections.Counter()
+        for r in rs:
+            names[r[5]] += r[2] - r[1]
+        big = ", ".join(f"{n[:40]} {t / 1e6:.2f}" for n, t in names.most_common(3))
+        print(f"| {s}{' (compute)' if s == compute else ''} | {len(rs)} | {busy / 1e6:.3f} | {big} |")
+    mine = [r for r in streams[compute] if r[0] == "kernel"]
+    busy = union((r[1], r[2]) for r in mine)
+    first, last = busy[0][0], busy[-1][1]
+    gaps = (last - first) - sum(e - b for b, e in busy)
+    nccl = union((r[1], r[2]) for r in records if r[3] != compute and is_nccl(r))
+    other = union((r[1], r[2]) for r in records if r[3] != compute and not is_nccl(r))
+    beside_nccl = sum(covered(nccl, r[1], r[2]) for r in mine)
+    beside_other = sum(covered(other, r[1], r[2]) for r in mine)
+    print(f"\ncompute stream: {len(mine)} kernels, {sum(r[2] - r[1] for r in mine) / 1e6:.3f} ms of kernels, "
+          f"idle gaps {gaps / 1e6:.3f} ms between its first and last kernel; beside NCCL kernels "
+          f"{beside_nccl / 1e6:.3f} ms, beside other streams' work {beside_other / 1e6:.3f} ms")
+    # Each kernel alone against beside NCCL (at least half its time overlapped).
+    alone, shared = collections.defaultdict(list), collections.defaultdict(list)
+    for r in mine:
+        (shared if 2 * covered(nccl, r[1], r[2]) >= r[2] - r[1] else alone)[(r[5], r[4])].append(r[2] - r[1])
+    rows = [(k, alone[k], shared[k]) for k in shared if alone.get(k)]
+    rows.sort(key=lambda x: -(sum(x[2]) / len(x[2]) - sum(x[1]) / len(x[1])) * len(x[2]))
+    if rows:
+        print("\n| kernel beside NCCL | grid x block | alone n | alone µs mean | beside n | beside µs mean |\n"
+              "|---|---|---:|---:|---:|---:|")
+        for k, a, s in rows[:top // 2]:
+            print(f"| {k[0][:60]} | {k[1]} | {len(a)} | {sum(a) / len(a) / 1e3:.1f} | {len(s)} | {sum(s) / len(s) / 1e3:.1f} |")
+    table = collections.defaultdict(lambda: [0, 0.0])
+    for r in records:
+        if r[0] == "kernel" and not is_nccl(r):
+            table[(r[5], r[4])][0] += 1
+            table[(r[5], r[4])][1] += (r[2] - r[1]) / 1e3
+    return table
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="one or two CSVs of libdpml_cupti_trace")
+    p.add_argument("--top", type=int, default=40, help="rows of the per-kernel tables (40)")
+    args = p.parse_args()
+    if len(args.runs) > 2:
+        p.error("one or two runs")
+    tables = [summarise(path, read(path), args.top) for path in args.runs]
+    if len(tables) == 2:
+        print("\n## per kernel in the run (NCCL excluded): A = first, B = second\n")
+        print_diff(tables[0], tables[1], args.top)
+
+
+if __name__ == "__main__":
+    main()
