@@ -27,7 +27,7 @@ mkdir -p "$dir"
 bin=build/cuda-openmpi/bench/gpt_train/gpt_train
 tracer=$PWD/build/cuda-openmpi/bench/timeline/libdpml_cupti_trace.so
 if [[ $timeline == 1 && ! -f $tracer ]]; then
-  echo "kernel-diff.sh: $tracer is missing (cmake --build --preset cuda-openmpi --target dpml_cupti_trace; CUPTI_ROOT)" >&2
+  echo "kernel-diff.sh: $tracer is missing (scripts/cupti-fetch.sh here, carry build/cupti, configure with CUPTI_ROOT=$PWD/build/cupti, build dpml_cupti_trace)" >&2
   exit 1
 fi
 for model in fused composed; do
