@@ -9,12 +9,15 @@ Per run: the window (first start to last end), each stream's busy time (the unio
 records) and largest kernels; the compute stream (the stream with the most non-NCCL kernel time):
 its busy time, its idle gaps inside the window, the time it ran beside an NCCL kernel, and each
 kernel's mean duration alone against beside NCCL (contention shows as the second being longer).
-Two runs: the per-kernel table of bench/gpt_train/kernel_diff.py over the in-run durations.
+Two runs: the per-kernel table of bench/gpt_train/kernel_diff.py over the in-run durations, and
+where B's compute stream idles longer than A's between the same two operations.
 """
 import argparse
 import bisect
 import collections
 import csv
+import difflib
+import gzip
 import os
 import sys
 
@@ -23,9 +26,9 @@ from kernel_diff import print_diff, short_name  # noqa: E402
 
 
 def read(path):
-    """[(kind, start_ns, end_ns, stream, geometry, short name)] sorted by start."""
+    """[(kind, start_ns, end_ns, stream, geometry, short name)] sorted by start (a .csv or .csv.gz)."""
     out = []
-    with open(path, newline="") as f:
+    with (gzip.open(path, "rt", newline="") if path.endswith(".gz") else open(path, newline="")) as f:
         for r in csv.DictReader(f):
             name = short_name(r["name"]) if r["kind"] == "kernel" else r["name"]
             out.append((r["kind"], int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]),
@@ -106,17 +109,73 @@ def summarise(path, records, top):
     return table
 
 
+def list_gaps(records, min_us):
+    """The compute stream's idle gaps ≥ min_us and the NCCL kernels, in time order (ms from the
+    window's start): where a step waits, and on what."""
+    t0 = min(r[1] for r in records)
+    kernels = [r for r in records if r[0] == "kernel"]
+    compute = collections.Counter(r[3] for r in kernels if not is_nccl(r)).most_common(1)[0][0]
+    mine = sorted((r for r in kernels if r[3] == compute), key=lambda r: r[1])
+    events = []
+    for before, after in zip(mine, mine[1:]):
+        if after[1] - before[2] >= min_us * 1e3:
+            events.append((before[2], f"idle {(after[1] - before[2]) / 1e3:8.1f} µs  after {before[5][-45:]}  before {after[5][-45:]}"))
+    for r in kernels:
+        if is_nccl(r):
+            events.append((r[1], f"NCCL {(r[2] - r[1]) / 1e3:8.1f} µs  {r[5][:40]} (stream {r[3]}, ends {(r[2] - t0) / 1e6:.3f})"))
+    print(f"\ncompute stream's gaps ≥ {min_us:g} µs and NCCL kernels (ms from the window's start):")
+    for t, what in sorted(events):
+        print(f"  {(t - t0) / 1e6:8.3f}  {what}")
+
+
+def gap_diff(a, b, top):
+    """Where B's compute stream idles longer than A's between the same two operations: the two
+    streams' operation sequences aligned (difflib), each pair of neighbours present in both
+    compared, the differences summed by (before, after) names."""
+    def ops(records):
+        compute = collections.Counter(r[3] for r in records if r[0] == "kernel" and not is_nccl(r)).most_common(1)[0][0]
+        return sorted((r for r in records if r[3] == compute), key=lambda r: r[1])
+    oa, ob = ops(a), ops(b)
+    match = difflib.SequenceMatcher(None, [r[5] for r in oa], [r[5] for r in ob], autojunk=False)
+    extra = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for blk in match.get_matching_blocks():
+        for k in range(blk.size - 1):
+            i, j = blk.a + k, blk.b + k
+            key = (oa[i][5], oa[i + 1][5])
+            e = extra[key]
+            e[0] += 1
+            e[1] += (oa[i + 1][1] - oa[i][2]) / 1e3
+            e[2] += (ob[j + 1][1] - ob[j][2]) / 1e3
+    matched = sum(blk.size for blk in match.get_matching_blocks())
+    print(f"\n## idle between the same two operations, B against A ({matched} of {len(oa)} / {len(ob)} operations aligned)\n")
+    print("| before | after | n | A µs | B µs | B − A µs |\n|---|---|---:|---:|---:|---:|")
+    rows = sorted(extra.items(), key=lambda kv: -(kv[1][2] - kv[1][1]))
+    for (x, y), (n, ga, gb) in rows[:top // 2]:
+        print(f"| {x[-45:]} | {y[-45:]} | {n} | {ga:.1f} | {gb:.1f} | {gb - ga:+.1f} |")
+    ta = sum(v[1] for v in extra.values())
+    tb = sum(v[2] for v in extra.values())
+    print(f"\nall aligned neighbours: A {ta / 1e3:.3f} ms idle, B {tb / 1e3:.3f} ms, B − A {(tb - ta) / 1e3:+.3f} ms")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="one or two CSVs of libdpml_cupti_trace")
     p.add_argument("--top", type=int, default=40, help="rows of the per-kernel tables (40)")
+    p.add_argument("--gaps", type=float, default=0, metavar="US",
+                   help="also list the compute stream's idle gaps of at least US µs, and the NCCL kernels, in order")
     args = p.parse_args()
     if len(args.runs) > 2:
         p.error("one or two runs")
-    tables = [summarise(path, read(path), args.top) for path in args.runs]
+    tables, runs = [], []
+    for path in args.runs:
+        runs.append(read(path))
+        tables.append(summarise(path, runs[-1], args.top))
+        if args.gaps > 0:
+            list_gaps(runs[-1], args.gaps)
     if len(tables) == 2:
         print("\n## per kernel in the run (NCCL excluded): A = first, B = second\n")
         print_diff(tables[0], tables[1], args.top)
+        gap_diff(runs[0], runs[1], args.top)
 
 
 if __name__ == "__main__":
