@@ -9,8 +9,9 @@
 //
 // CUDA loads the library at its initialisation and calls InitializeInjection(); CUPTI's activity
 // API then hands over records in buffers, which are kept in memory and written at exit, one line
-// per record: kind, start and end (ns, the GPU's clock), device, stream, grid and block, registers
-// per thread, dynamic shared memory, demangled name. Activity is enabled only inside the profiler
+// per record: kind, start and end (ns, CUPTI's clock), device, stream, grid and block, registers
+// per thread, dynamic shared memory, start and end of the host's runtime call that launched it
+// (0 if unknown), demangled name. Activity is enabled only inside the profiler
 // window, so the CSV holds the steady-state step(s) the program brackets.
 
 #include <cupti.h>
@@ -22,6 +23,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <unistd.h>
@@ -46,14 +48,22 @@ struct Record {
   int grid[3], block[3];
   int registers;
   int dynamic_smem;
+  std::uint32_t correlation;
   std::string name;
+};
+
+// The host side of each launch or copy (runtime API record), joined to its GPU record by the
+// correlation id: when the host called it, so a timeline shows whether the GPU waited for the host.
+struct ApiCall {
+  std::uint64_t start, end;
 };
 
 std::mutex records_mutex;
 std::vector<Record> records;
+std::unordered_map<std::uint32_t, ApiCall> api_calls;
 
 const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                    CUPTI_ACTIVITY_KIND_MEMSET};
+                                    CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME};
 
 std::string demangle(const char* name) {
   int status = 0;
@@ -71,26 +81,28 @@ void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::si
 
 void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, std::size_t, std::size_t valid) {
   std::vector<Record> batch;
+  std::vector<std::pair<std::uint32_t, ApiCall>> calls;
   CUpti_Activity* a = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &a) == CUPTI_SUCCESS) {
     if (a->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || a->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(a);
       batch.push_back({"kernel", k->start, k->end, k->deviceId, k->streamId, {k->gridX, k->gridY, k->gridZ},
                        {k->blockX, k->blockY, k->blockZ}, k->registersPerThread, k->dynamicSharedMemory,
-                       demangle(k->name)});
+                       k->correlationId, demangle(k->name)});
     } else if (a->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(a);
       batch.push_back({"memcpy", m->start, m->end, m->deviceId, m->streamId, {0, 0, 0}, {0, 0, 0}, 0, 0,
-                       "memcpy kind " + std::to_string(m->copyKind) + " bytes " + std::to_string(m->bytes)});
+                       m->correlationId, "memcpy kind " + std::to_string(m->copyKind) + " bytes " + std::to_string(m->bytes)});
     } else if (a->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(a);
       batch.push_back({"memset", m->start, m->end, m->deviceId, m->streamId, {0, 0, 0}, {0, 0, 0}, 0, 0,
-                       "memset bytes " + std::to_string(m->bytes)});
+                       m->correlationId, "memset bytes " + std::to_string(m->bytes)});
     }
   }
   std::free(buffer);
   std::lock_guard lock(records_mutex);
   for (auto& r : batch) records.push_back(std::move(r));
+  for (const auto& [id, call] : calls) api_calls[id] = call;
 }
 
 // Activity on inside [cudaProfilerStart, cudaProfilerStop].
@@ -120,15 +132,18 @@ void write_records() {
     std::fprintf(stderr, "dpml_cupti_trace: cannot write %s\n", path.c_str());
     return;
   }
-  std::fprintf(f, "kind,start_ns,end_ns,device,stream,grid,block,registers,dynamic_smem,name\n");
+  std::fprintf(f, "kind,start_ns,end_ns,device,stream,grid,block,registers,dynamic_smem,api_start_ns,api_end_ns,name\n");
   std::lock_guard lock(records_mutex);
   for (const auto& r : records) {
     std::string name = r.name;
     for (auto& c : name)
       if (c == '"') c = '\'';
-    std::fprintf(f, "%s,%llu,%llu,%u,%u,%dx%dx%d,%dx%dx%d,%d,%d,\"%s\"\n", r.kind, (unsigned long long)r.start,
-                 (unsigned long long)r.end, r.device, r.stream, r.grid[0], r.grid[1], r.grid[2], r.block[0],
-                 r.block[1], r.block[2], r.registers, r.dynamic_smem, name.c_str());
+    const auto call = api_calls.find(r.correlation);
+    const ApiCall host = call == api_calls.end() ? ApiCall{0, 0} : call->second;
+    std::fprintf(f, "%s,%llu,%llu,%u,%u,%dx%dx%d,%dx%dx%d,%d,%d,%llu,%llu,\"%s\"\n", r.kind,
+                 (unsigned long long)r.start, (unsigned long long)r.end, r.device, r.stream, r.grid[0], r.grid[1],
+                 r.grid[2], r.block[0], r.block[1], r.block[2], r.registers, r.dynamic_smem,
+                 (unsigned long long)host.start, (unsigned long long)host.end, name.c_str());
   }
   std::fclose(f);
   std::fprintf(stderr, "dpml_cupti_trace: %zu records in %s\n", records.size(), path.c_str());

@@ -26,13 +26,14 @@ from kernel_diff import print_diff, short_name  # noqa: E402
 
 
 def read(path):
-    """[(kind, start_ns, end_ns, stream, geometry, short name)] sorted by start (a .csv or .csv.gz)."""
+    """[(kind, start_ns, end_ns, stream, geometry, short name, host call end ns or 0)] sorted by
+    start (a .csv or .csv.gz)."""
     out = []
     with (gzip.open(path, "rt", newline="") if path.endswith(".gz") else open(path, newline="")) as f:
         for r in csv.DictReader(f):
             name = short_name(r["name"]) if r["kind"] == "kernel" else r["name"]
             out.append((r["kind"], int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]),
-                        f'{r["grid"]}x{r["block"]}', name))
+                        f'{r["grid"]}x{r["block"]}', name, int(r.get("api_end_ns") or 0)))
     if not out:
         sys.exit(f"timeline: no records in {path} (did the program call cudaProfilerStart/Stop, e.g. --cuda-profile?)")
     return sorted(out, key=lambda r: r[1])
@@ -90,6 +91,15 @@ def summarise(path, records, top):
     print(f"\ncompute stream: {len(mine)} kernels, {sum(r[2] - r[1] for r in mine) / 1e6:.3f} ms of kernels, "
           f"idle gaps {gaps / 1e6:.3f} ms between its first and last kernel; beside NCCL kernels "
           f"{beside_nccl / 1e6:.3f} ms, beside other streams' work {beside_other / 1e6:.3f} ms")
+    # Idle because the host had not launched the next operation yet: the part of each gap before
+    # the host's call for the next operation returned.
+    ops = sorted((r for r in streams[compute]), key=lambda r: r[1])
+    if all(r[6] for r in ops):
+        waited = sum(max(0, min(b[1], b[6]) - a[2]) for a, b in zip(ops, ops[1:]) if b[1] > a[2])
+        lead = sorted(r[1] - r[6] for r in ops)
+        print(f"host: the compute stream waited {waited / 1e6:.3f} ms for the host's launches; an operation started "
+              f"a median {lead[len(lead) // 2] / 1e3:.1f} µs after its launch call returned "
+              f"(10th percentile {lead[len(lead) // 10] / 1e3:.1f} µs)")
     # Each kernel alone against beside NCCL (at least half its time overlapped).
     alone, shared = collections.defaultdict(list), collections.defaultdict(list)
     for r in mine:
