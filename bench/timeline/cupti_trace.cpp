@@ -62,8 +62,11 @@ std::mutex records_mutex;
 std::vector<Record> records;
 std::unordered_map<std::uint32_t, ApiCall> api_calls;
 
+// GPU records: on inside the profiler window only. Host API records: on from the start (enabling
+// them from inside an API callback yields none), kept only where a GPU record has their id.
 const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                    CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME};
+                                    CUPTI_ACTIVITY_KIND_MEMSET};
+const CUpti_ActivityKind api_kinds[] = {CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER};
 
 std::string demangle(const char* name) {
   int status = 0;
@@ -102,7 +105,7 @@ void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, s
   std::free(buffer);
   std::lock_guard lock(records_mutex);
   for (auto& r : batch) records.push_back(std::move(r));
-  for (const auto& [id, call] : calls) api_calls[id] = call;
+  for (const auto& [id, call] : calls) api_calls.emplace(id, call);
 }
 
 // Activity on inside [cudaProfilerStart, cudaProfilerStop].
@@ -159,6 +162,7 @@ extern "C" int InitializeInjection() {
                                   CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000));
   TRACE_CUPTI(cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API,
                                   CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000));
+  for (auto k : api_kinds) TRACE_CUPTI(cuptiActivityEnable(k));
   std::atexit(write_records);
   return 1;
 }
