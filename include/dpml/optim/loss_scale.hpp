@@ -37,7 +37,6 @@ class DynamicLossScale {
   }
   double scale() const noexcept { return scale_; }
   std::int64_t clean_steps() const noexcept { return clean_; }
-  const LossScaleOptions& options() const noexcept { return options_; }
   // Restores the state a checkpoint saved.
   void set(double scale, std::int64_t clean_steps) {
     DPML_REQUIRE(std::isfinite(scale) && scale >= options_.min && clean_steps >= 0 && clean_steps < options_.window,
