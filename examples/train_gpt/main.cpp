@@ -12,6 +12,11 @@
 // robin and talk through comm::Staged (device buffers staged through the host over MPI: for tests
 // and small machines). --tp, --pp, --schedule, --zero as on the CPU; the GELU output is recomputed
 // in the backward and the vocabulary padded to 128 rows per tensor rank. Head dim 32, 64 or 128.
+// --fp16 trains in IEEE fp16 instead (fp32 master weights and state) with dynamic loss scaling
+// (optim/loss_scale.hpp; Megatron's --initial-loss-scale, --loss-scale-window, --min-loss-scale):
+// an overflowed step is skipped and the scale halved, rank 0 saying so. --loss-scale S is a static
+// scale instead (on CPU ranks too, where it multiplies fp32 gradients). The progress line and the
+// final line show the scale when there is one; checkpoints keep the dynamic scaler.
 //
 // Data: a text file or directory (byte-level, vocabulary 256; default: the Debian `fortunes`
 // package), or llm.c token shards (--data-path 'dir/*.bin' --vocab-size N: a glob, a *.bin path or
@@ -59,6 +64,7 @@
 #include <dpml/layers/init.hpp>
 #include <dpml/models/gpt.hpp>
 #include <dpml/optim/adamw.hpp>
+#include <dpml/optim/loss_scale.hpp>
 #include <dpml/optim/schedule.hpp>
 #include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/strategy.hpp>
@@ -77,6 +83,7 @@
 #include <dpml/comm/cuda_placement.hpp>
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_space.hpp>
+#include <dpml/kernels/cuda/common.hpp>
 #include <dpml/kernels/cuda/device.hpp>
 #include <dpml/parallel/device_grid.hpp>
 #endif
@@ -129,6 +136,8 @@ struct Flags {
   std::string device = "cpu";
   std::string gpu_comm = "auto";
   bool fp16 = false;
+  double loss_scale = 0.0, initial_loss_scale = 65536.0, min_loss_scale = 1.0;  // --loss-scale 0: none (--fp16: dynamic)
+  std::int64_t loss_scale_window = 1000;
   double collective_timeout = 300.0;
 };
 
@@ -252,6 +261,7 @@ int train_and_sample(Trainer& trainer, const Run& run) {
   const double flops_per_step =  // model FLOPs (train/flops.hpp: 6·N + 12·L·T·C per token, bench/gpt_train's count)
       train::training_flops(train::gpt_forward_flops_per_token(model.config(), f.seq)) * tokens_per_step;
   const auto profile = train::ProfileSteps::parse("--profile-steps", f.profile_steps);
+  const bool scaled = trainer.train_options().loss_scaling.mode != optim::LossScaling::Mode::off;
   auto& train_data = run.train_data;
   std::int64_t epoch = start.epoch, b = start.batch;
   train_data.set_epoch(epoch);
@@ -299,8 +309,10 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     if (step % f.log_interval == 0 || step == 1 || step == f.iters) {
       // A named list: nvcc's front end mangles a braced list written in the call. NaNs are left
       // out: "val" before the first evaluation, "mfu%" without a known peak.
-      const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm}, {"mfu%", 100 * hw.mfu},
-                                                          {"mem GiB", hw.peak_memory_gib}, {"W", hw.power.watts}};
+      const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm},
+                                                          {"loss scale", scaled ? trainer.loss_scale() : NAN},
+                                                          {"mfu%", 100 * hw.mfu}, {"mem GiB", hw.peak_memory_gib},
+                                                          {"W", hw.power.watts}};
       progress.print(step, r.loss, tokens_per_step / r.seconds, extra);
     }
     if (f.exit_interval > 0 && step % f.exit_interval == 0 && step < f.iters) {
@@ -329,9 +341,12 @@ int train_and_sample(Trainer& trainer, const Run& run) {
       std::printf("exported '%s'%s\n", f.export_path.c_str(),
                   train::is_hf_directory(f.export_path) ? " (model.safetensors, config.json: transformers' GPT2LMHeadModel)" : "");
   }
-  if (world.rank() == 0)
-    std::printf("final validation loss %.3f nats (%.3f bits/%s) vs unigram entropy %.3f nats\n", val, val / std::log(2.0),
+  if (world.rank() == 0) {
+    std::printf("final validation loss %.3f nats (%.3f bits/%s) vs unigram entropy %.3f nats", val, val / std::log(2.0),
                 f.vocab == data::kByteVocab ? "byte" : "token", run.unigram);
+    if (scaled) std::printf(" | loss scale %g", trainer.loss_scale());
+    std::printf("\n");
+  }
   if (f.sample_tokens > 0) {
     std::vector<std::int32_t> prompt;
     for (unsigned char c : f.prompt) prompt.push_back(c);
@@ -344,26 +359,34 @@ int train_and_sample(Trainer& trainer, const Run& run) {
 }
 
 optim::AdamWOptions adamw_of(const Flags& f) { return {.beta2 = 0.95, .weight_decay = f.weight_decay}; }
+// --loss-scale S: static; else --fp16: dynamic (Megatron's rule); else none.
+optim::LossScaling loss_scaling_of(const Flags& f) {
+  if (f.loss_scale > 0.0) return optim::LossScaling::fixed_at(f.loss_scale);
+  if (f.fp16)
+    return optim::LossScaling::dynamic_from(
+        {.initial = f.initial_loss_scale, .window = f.loss_scale_window, .min = f.min_loss_scale});
+  return {};
+}
 train::GptTrainOptions train_options_of(const Flags& f) {
   return {.micro_batch = f.micro_batch, .global_batch = f.global_batch, .seed = f.seed,
-          .on_nonfinite = train::parse_nonfinite(f.on_nonfinite)};
+          .on_nonfinite = train::parse_nonfinite(f.on_nonfinite), .loss_scaling = loss_scaling_of(f)};
 }
 
 #ifdef DPML_WITH_CUDA
 // --device cuda: the model and trainer on this rank's GPU (Comm: comm::Nccl, or comm::Staged
-// where ranks share GPUs), bf16 with fp32 master weights.
-template <class Comm>
+// where ranks share GPUs), T = bf16 (or fp16: --fp16) with fp32 master weights.
+template <class T, class Comm>
 int train_on_gpu(models::GptConfig config, const parallel::ProcessGrid& grid, const Run& run) {
   const Flags& f = run.f;
   config.recompute_gelu = true;                           // one GELU output for all blocks
   config.pad_multiple = std::max<std::int64_t>(1, 128 / f.tp);  // V padded to a multiple of 128 (for tp | 128)
   kernels::Device<CudaSpace> dev;
   const parallel::DeviceGrid<Comm> comms(grid, dev);
-  models::Gpt<bf16, CudaSpace, Comm> model(config, comms);
-  layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to bf16
+  models::Gpt<T, CudaSpace, Comm> model(config, comms);
+  layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to T
   return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
-    train::GptTrainer<Strategy, optim::AdamW, bf16, CudaSpace, Comm> trainer(model, comms, dev, adamw_of(f), {.clip = f.clip},
-                                                                             train_options_of(f));
+    train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, Comm> trainer(model, comms, dev, adamw_of(f), {.clip = f.clip},
+                                                                          train_options_of(f));
     return train_and_sample(trainer, run);
   });
 }
@@ -387,7 +410,12 @@ int main(int argc, char** argv) {
                                   "parallelism on CPU ranks or on GPUs (--device cuda), then samples text from it.");
     args.flag("--device", f.device, "cpu (the ranks' cores) | cuda (a GPU per rank, bf16)")
         .flag("--gpu-comm", f.gpu_comm, "--device cuda: auto | nccl (a GPU per rank) | staged (ranks sharing GPUs, through the host)")
-        .flag("--fp16", f.fp16, "refused: the trainer trains bf16 on GPUs (fp16 loss scaling is not wired)")
+        .flag("--fp16", f.fp16, "--device cuda: IEEE fp16 instead of bf16 (fp32 master weights), with dynamic loss scaling")
+        .flag("--loss-scale", f.loss_scale, "static loss scale S (0: none; with --fp16 the scale is dynamic); on CPU ranks it scales fp32 gradients",
+              train::at_least(0.0))
+        .flag("--initial-loss-scale", f.initial_loss_scale, "--fp16's dynamic loss scale at the start", train::positive<double>())
+        .flag("--loss-scale-window", f.loss_scale_window, "--fp16: clean steps after which the dynamic loss scale doubles", train::at_least(1))
+        .flag("--min-loss-scale", f.min_loss_scale, "--fp16: the dynamic loss scale's floor", train::positive<double>())
         .flag("--tp", f.tp, "tensor-parallel degree", train::at_least(1))
         .flag("--pp", f.pp, "pipeline-parallel degree (stages)", train::at_least(1))
         .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
@@ -441,7 +469,10 @@ int main(int argc, char** argv) {
     if (!args.parse(argc, argv, world.rank())) return 0;
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
-    DPML_REQUIRE_EVERYWHERE(!f.fp16, "--fp16: the trainer trains bf16 on GPUs (fp32 on CPU ranks); fp16 with loss scaling is not wired");
+    DPML_REQUIRE_EVERYWHERE(!f.fp16 || f.device == "cuda", "--fp16 trains IEEE fp16 on GPUs (--device cuda); CPU ranks train fp32 "
+                                                           "(--loss-scale S still scales their gradients)");
+    DPML_REQUIRE_EVERYWHERE(f.initial_loss_scale >= f.min_loss_scale, "--initial-loss-scale " << f.initial_loss_scale
+                                                                      << " is below --min-loss-scale " << f.min_loss_scale);
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
                             "--inject-fault nan:N poisons a host weight: --device cpu only");
     if (f.warmup == -1) f.warmup = f.iters / 10;  // the default follows the run's length
@@ -511,7 +542,7 @@ int main(int argc, char** argv) {
     }
     if (world.rank() == 0)
       std::printf("dpml train_gpt: %s%s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
-                  f.device == "cpu" ? "" : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
+                  f.device == "cpu" ? "" : f.fp16 ? "GPUs (fp16) " : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
     bool own_gpus = false;  // MFU and power need a GPU per rank
 #ifdef DPML_WITH_CUDA
@@ -519,7 +550,12 @@ int main(int argc, char** argv) {
 #endif
     const Run run{f, faults, world, train_data, val_data, unigram, own_gpus};
 #ifdef DPML_WITH_CUDA
-    if (f.device == "cuda") return staged ? train_on_gpu<comm::Staged>(config, grid, run) : train_on_gpu<comm::Nccl>(config, grid, run);
+    if (f.device == "cuda") {
+      if (f.fp16)
+        return staged ? train_on_gpu<kernels::cuda::f16, comm::Staged>(config, grid, run)
+                      : train_on_gpu<kernels::cuda::f16, comm::Nccl>(config, grid, run);
+      return staged ? train_on_gpu<bf16, comm::Staged>(config, grid, run) : train_on_gpu<bf16, comm::Nccl>(config, grid, run);
+    }
 #endif
     models::Gpt<float> model(config, grid);
     layers::initialize_all(model.parameters(), f.seed, &grid);

@@ -15,6 +15,13 @@
 //               test_gpt_pp.cu: bf16 roundings differ between layouts — tensor-parallel partial
 //               sums, the tied wte's two contributions summed over the stages, bucketed sums — but
 //               stay far below the motion)
+//   fp16        one GPU: the same model in IEEE fp16 (models::Gpt<f16, CudaSpace>) with dynamic loss
+//               scaling from 2^30, which overflows fp16 gradients (dlogits alone reach 2^30 / 512
+//               tokens = 2^21 > 65504): those steps are skipped, the optimizer's step count
+//               unchanged, the scale halved, and the batch retried until a step succeeds; the
+//               losses and weights after kSteps updates are the bf16 run's within the layouts'
+//               criteria (fp16 rounds finer than bf16: the difference is bf16's). On 2 ranks the same
+//               under dp 2 and tp 2.
 //
 // Tiny configuration: L = 4 (two blocks per stage), C = 64, H = 2 (head dim 32), V = 67 padded to
 // a multiple of 8 (of 16 under tp 2: the shards' padding rows are not compared), T = 64, a global
@@ -32,6 +39,7 @@
 #include <dpml/layers/init.hpp>
 #include <dpml/models/gpt.hpp>
 #include <dpml/optim/adamw.hpp>
+#include <dpml/optim/loss_scale.hpp>
 #include <dpml/parallel/device_grid.hpp>
 #include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/strategy.hpp>
@@ -90,26 +98,38 @@ Weights weights_of(const std::vector<Param<T, Space>*>& params, const ProcessGri
 struct Trained {
   std::vector<double> losses;
   Weights initial, final;
+  int overflows = 0;         // steps skipped by dynamic loss scaling (retried)
+  double loss_scale = 1.0;   // the scale after the last step
 };
 
-// The composed model trained kSteps on this grid's share of the global batches.
-template <class Comm>
-Trained train_composed(const ProcessGrid& grid, const std::string& schedule, bool zero) {
+// The composed model in T trained kSteps updates on this grid's share of the global batches; a
+// step whose scaled gradients overflowed (dynamic loss scaling) is retried on the same batch.
+template <class T, class Comm>
+Trained train_composed(const ProcessGrid& grid, const std::string& schedule, bool zero, optim::LossScaling scaling = {}) {
   Trained out;
   kernels::Device<CudaSpace> dev;
   const parallel::DeviceGrid<Comm> comms(grid, dev);
-  models::Gpt<bf16, CudaSpace, Comm> model(config(), comms);
+  models::Gpt<T, CudaSpace, Comm> model(config(), comms);
   layers::initialize_all(model.parameters(), kSeed, &grid);
   out.initial = weights_of(model.parameters(), grid);
   const std::int64_t local = kGlobalBatch / grid.dp(), first = local * grid.coord(Axis::data);
   parallel::with_strategy(schedule, zero, [&]<class Strategy>() {
-    train::GptTrainer<Strategy, optim::AdamW, bf16, CudaSpace, Comm> trainer(
-        model, comms, dev, kAdam, kDist, {.micro_batch = kMicro, .global_batch = kGlobalBatch, .seed = 5});
+    train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, Comm> trainer(
+        model, comms, dev, kAdam, kDist,
+        {.micro_batch = kMicro, .global_batch = kGlobalBatch, .seed = 5, .loss_scaling = scaling});
     for (int s = 0; s < kSteps; ++s) {
-      const auto r = trainer.train_step(batch(s, first, local), kLr);
+      auto r = trainer.train_step(batch(s, first, local), kLr);
+      for (int retry = 0; r.overflow && retry < 40; ++retry) {
+        ++out.overflows;
+        CHECK((r.skipped && std::isfinite(r.loss)));
+        CHECK(trainer.optimizer().optimizer().step_count() == s);  // no update
+        CHECK(trainer.loss_scale() == r.loss_scale / 2);
+        r = trainer.train_step(batch(s, first, local), kLr);
+      }
       CHECK_FALSE(r.skipped);
       out.losses.push_back(r.loss);
     }
+    out.loss_scale = trainer.loss_scale();
   });  // the trainer gone, the parameters hold their final values in storage of their own again
   out.final = weights_of(model.parameters(), grid);
   return out;
@@ -210,7 +230,7 @@ TEST_CASE("composed GPT: one GPU in bf16 against the host in float64, loss and e
 TEST_CASE("composed GPT: dp 2, tp 2, pp 2 (each schedule), ZeRO-1 train as one GPU does", "[gpu][gpt][layout]") {
   if (test::world().size() != 2) return;
   test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
-    const Trained reference = train_composed<Comm>(ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {}), "1f1b", false);
+    const Trained reference = train_composed<bf16, Comm>(ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {}), "1f1b", false);
     REQUIRE(reference.losses.back() < reference.losses.front());  // it trains
     struct Layout {
       parallel::Layout layout;
@@ -223,12 +243,38 @@ TEST_CASE("composed GPT: dp 2, tp 2, pp 2 (each schedule), ZeRO-1 train as one G
     for (const auto& l : layouts) {
       const auto grid = ProcessGrid::create(test::world(), l.layout);
       CAPTURE(grid.tp(), grid.pp(), grid.dp(), l.schedule, l.zero);
-      const Trained run = train_composed<Comm>(grid, l.schedule, l.zero);
+      const Trained run = train_composed<bf16, Comm>(grid, l.schedule, l.zero);
       for (int s = 0; s < kSteps; ++s) {
         CAPTURE(s, run.losses[s], reference.losses[s]);
         CHECK(std::abs(run.losses[s] - reference.losses[s]) <= 1e-2 * reference.losses[s]);
       }
       check_weights(run, reference);
+    }
+  });
+}
+
+TEST_CASE("composed GPT: fp16 with dynamic loss scaling skips overflows and trains as bf16 does", "[gpu][gpt][fp16]") {
+  test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
+    const auto self = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+    const Trained reference = train_composed<bf16, Comm>(self, "1f1b", false);
+    const auto dynamic = optim::LossScaling::dynamic_from({.initial = 0x1p30, .window = 1000});
+    auto check = [&](const ProcessGrid& grid) {
+      CAPTURE(grid.tp(), grid.dp());
+      const Trained run = train_composed<kernels::cuda::f16, Comm>(grid, "1f1b", false, dynamic);
+      CAPTURE(run.overflows, run.loss_scale);
+      CHECK(run.overflows >= 1);  // 2^30 overflows fp16
+      CHECK(run.loss_scale < 0x1p30);
+      CHECK(run.loss_scale >= 1.0);
+      for (int s = 0; s < kSteps; ++s) {
+        CAPTURE(s, run.losses[s], reference.losses[s]);
+        CHECK(std::abs(run.losses[s] - reference.losses[s]) <= 1e-2 * reference.losses[s]);
+      }
+      check_weights(run, reference);
+    };
+    check(self);
+    if (test::world().size() == 2) {
+      check(ProcessGrid::create(test::world(), {}));           // dp 2
+      check(ProcessGrid::create(test::world(), {.tp = 2}));    // tp 2
     }
   });
 }

@@ -19,6 +19,9 @@
 
 #include <mpi.h>
 #include <sched.h>
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
 
 #include <cstdint>
 #include <functional>
@@ -52,6 +55,9 @@ DPML_MPI_TYPE(std::uint64_t, MPI_UINT64_T)
 DPML_MPI_TYPE(std::uint16_t, MPI_UINT16_T)
 DPML_MPI_TYPE(char, MPI_CHAR)
 DPML_MPI_TYPE(bf16, MPI_UINT16_T)  // moved as bits: never reduced by MPI (see Reducible)
+#if defined(__CUDACC__)
+DPML_MPI_TYPE(__half, MPI_UINT16_T)  // kernels::cuda::f16 (IEEE fp16, CUDA TUs only): bits, as bf16
+#endif
 #undef DPML_MPI_TYPE
 
 // Types MPI can reduce arithmetically.

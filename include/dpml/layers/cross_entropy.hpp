@@ -7,7 +7,8 @@
 //            adds this micro-batch's Σ_n −log softmax(z_n)[label_n] / ctx.global_batch (N when
 //            global_batch is 0) to a running sum kept in the loss — one double in the space's
 //            memory, so nothing is read back in the step — and, when ctx.training(), forms
-//            dlogits = (softmax − onehot) / global_batch for the slot ctx.micro_batch
+//            dlogits = (softmax − onehot) · ctx.loss_scale / global_batch for the slot
+//            ctx.micro_batch (the loss scale S of fp16 training: the loss itself stays unscaled)
 //   Input  backward(ctx)     dlogits (N, C) of that slot
 //   double take_loss()       the running sum since the last take, then zeroed; on a GPU the one
 //                            place that waits for the device (one small copy)
@@ -89,7 +90,8 @@ class SoftmaxCrossEntropy {
     if (ctx.training()) d = opts_.in_place ? const_cast<T*>(logits.data()) : ensure(s.own, logits.shape()).data();
     s.dlogits = Input(d, d ? logits.shape() : Shape{0});
     const double divisor = ctx.global_batch > 0 ? static_cast<double>(ctx.global_batch) : static_cast<double>(N);
-    Ops::softmax_xent(ctx.dev(), logits.data(), labels.data(), d, sum_.running(ctx), N, C, valid, 1.0 / divisor);
+    Ops::softmax_xent(ctx.dev(), logits.data(), labels.data(), d, sum_.running(ctx), N, C, valid, 1.0 / divisor,
+                      ctx.loss_scale);
   }
 
   // dlogits (N, C) of the same micro-batch's training forward.

@@ -55,6 +55,8 @@ struct Context {
                                        // other per-sample randomness)
   std::int64_t global_batch = 0;       // samples in the whole step (all data ranks, all micro-batches):
                                        // losses divide by it, so gradients are summed, never averaged
+  double loss_scale = 1.0;             // S: the loss layers' gradient seed is S times dL/dlogits (fp16
+                                       // loss scaling, optim/loss_scale.hpp); the loss they report is not
   const parallel::ProcessGrid* grid = nullptr;  // communicators (tensor/data axes); null = one rank
   kernels::Device<Space>* device = nullptr;     // the space's stream, handles and workspace (CudaSpace:
                                                 // required; HostSpace: optional, a process-wide one

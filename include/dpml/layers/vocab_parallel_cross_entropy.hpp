@@ -24,7 +24,8 @@
 // The loss API of layers/cross_entropy.hpp (forward adds to a running sum in the space's memory,
 // take_loss() reads it), with the head's own parameter gradient split off:
 //   forward(ctx, h, targets)  the logits, the loss and — in training — dlogits = (softmax −
-//                             onehot(target)) / global_batch written over the logits in place
+//                             onehot(target)) · ctx.loss_scale / global_batch written over the
+//                             logits in place (the loss scale S of fp16; the loss stays unscaled)
 //                             (the loss is the root of the graph; the logits' producer is this
 //                             layer, which does not need them again)
 //   backward(ctx)             dh = dlogits · W_k, summed over the tensor axis (copy_to's backward,
@@ -92,7 +93,7 @@ class VocabParallelCrossEntropy {
     const double divisor = ctx.global_batch > 0 ? static_cast<double>(ctx.global_batch) : static_cast<double>(N);
     double* sum = sum_.running(ctx);
     if (region_.size() == 1) {
-      Ops::softmax_xent(ctx.dev(), z.data(), targets.data(), d, sum, N, Vl, part_.valid(), 1.0 / divisor);
+      Ops::softmax_xent(ctx.dev(), z.data(), targets.data(), d, sum, N, Vl, part_.valid(), 1.0 / divisor, ctx.loss_scale);
       return;
     }
     auto stats = ensure(stats_, Shape{region_.size(), 3, N});  // (tp, 3, N)
@@ -100,7 +101,7 @@ class VocabParallelCrossEntropy {
                              region_.size(), region_.rank());
     region_.all_reduce(stats);
     Ops::vocab_xent_finish(ctx.dev(), z.data(), targets.data(), stats.data(), d, sum, N, Vl, part_.begin, part_.vocab,
-                           region_.size(), 1.0 / divisor);
+                           region_.size(), 1.0 / divisor, ctx.loss_scale);
   }
 
   // dh (..., C) of the slot's training forward, summed over the tensor axis.

@@ -16,8 +16,8 @@
 // also the type of the rule's state and, where it differs from T, of master weights kept beside
 // the parameters (mixed precision: bf16 or fp16 parameters, fp32 master weights and moments, the
 // values rounded from the master after each update, as the fused GPU models do). float and double
-// parameters are their own master. Loss scaling for fp16 is not part of the update (a loss scale
-// folds into the clipping scale; the fused GPT keeps its own until it is removed).
+// parameters are their own master. Loss scaling for fp16 is not part of the update: 1/S folds into
+// the clipping scale the update multiplies each gradient by (optim/loss_scale.hpp).
 
 #include "dpml/core/error.hpp"
 #include "dpml/kernels/host/update.hpp"

@@ -4,7 +4,7 @@
 //
 //   begin_step(k)      zero the flat gradients; buckets expect k reports per parameter
 //   (backward runs; Context::grad_ready → on_grad_ready → buckets start reducing over the data axis)
-//   finish_step(lr)    finish the buckets → global gradient norm → clip scale → update rule on this
+//   finish_step(lr, S) finish the buckets → global gradient norm → clip scale → update rule on this
 //                      rank's ranges → (ZeRO-1) all-gather the updated values → read the norm
 //
 // Parameters live in one flat buffer (FlatParameters: 64-element-aligned offsets on a GPU, buckets
@@ -22,8 +22,12 @@
 // and a skipped update does not count as a step (StepReport::skipped).
 //
 // Precision: T is the parameters' and gradients' type; with 16-bit T the rule keeps fp32 master
-// weights and state and rounds the master into the values (optim/rule.hpp). Loss scaling (fp16) is
-// not done here. Gradients are summed over the data axis (losses divide by the global batch).
+// weights and state and rounds the master into the values (optim/rule.hpp). Gradients are summed
+// over the data axis (losses divide by the global batch). Loss scaling (fp16, optim/loss_scale.hpp):
+// the gradients of a step whose loss gradient was scaled by S are S times the true ones;
+// finish_step(lr, S) reports the unscaled norm, clips by it and divides S out in the update (the
+// clip scale carries 1/S), so a power-of-two S leaves every bit of the update as without it. An
+// overflowed (non-finite) norm skips the update like any other non-finite norm.
 //
 // Communicators: on the host the grid's MPI groups; on a GPU a DeviceGrid's (data axis: Comm; the
 // world, any type, for the norm), enqueued on their streams and ordered by events (CommLink).
@@ -68,7 +72,7 @@ struct DistributedOptimizerOptions {
 };
 
 struct StepReport {
-  double grad_norm = 0.0;          // before clipping
+  double grad_norm = 0.0;          // before clipping, without the loss scale
   double exposed_comm_seconds = 0.0;  // host time waiting for collectives (GPU streams: the launches only)
   bool skipped = false;            // a non-finite norm: no update, the step count unchanged
 };
@@ -114,20 +118,24 @@ class DistributedOptimizer {
     buckets_.begin_step(micro_batches);
   }
 
-  StepReport finish_step(double lr) {
+  // `loss_scale`: S, the factor every gradient of the step carries (1: none).
+  StepReport finish_step(double lr, double loss_scale = 1.0) {
     const NvtxRange range("optimizer step");
+    DPML_REQUIRE(loss_scale > 0.0 && std::isfinite(loss_scale),
+                 "DistributedOptimizer: loss scale " << loss_scale << " must be finite and positive");
+    const double inv_scale = 1.0 / loss_scale;
     buckets_.finish();
     Ops::sum_squares(*dev_, static_cast<const T*>(buckets_.shard_grads().data()), counted_begin_.data(),
                      counted_before_.data(), static_cast<int>(counted_begin_.numel()), counted_total_, norm_sq_.data());
     if (world_sum_) world_sum_(norm_sq_.data());
     Ops::clip_scale(*dev_, static_cast<const double*>(norm_sq_.data()), scale_.data(),
-                    options_.clip > 0.0 ? options_.clip : std::numeric_limits<double>::infinity());
+                    options_.clip > 0.0 ? options_.clip : std::numeric_limits<double>::infinity(), inv_scale);
     optimizer_.step(lr, scale_.data());
     buckets_.all_gather_values();
     double squared = 0.0;  // the step's one synchronisation on a GPU
     SpaceCopy<HostSpace, Space>::copy(&squared, norm_sq_.data(), sizeof(double));
     StepReport report;
-    report.grad_norm = std::sqrt(squared);
+    report.grad_norm = std::sqrt(squared) * inv_scale;  // the clip scale's norm (kernels' GradNormOps)
     if (!std::isfinite(report.grad_norm)) {  // the update skipped itself on every rank
       optimizer_.set_step_count(optimizer_.step_count() - 1);
       report.skipped = true;

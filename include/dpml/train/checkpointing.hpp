@@ -15,7 +15,10 @@
 //                           data.global_batch, a GPT's data.seq_len (checked: the data position
 //                           means nothing under another batch), train.step (steps run),
 //                           train.optimizer_step (updates made: skipped steps differ),
-//                           train.epoch / train.batch (the next batch), train.seed and what the
+//                           train.epoch / train.batch (the next batch), train.loss_scale and
+//                           train.loss_scale_clean_steps (a dynamic loss scaler's state; a
+//                           checkpoint without them resumes at the scaler's initial scale),
+//                           train.seed and what the
 //                           caller records of its data (extra_config: train_gpt's data.path,
 //                           data.tokens) — checked on load unless overridden (ResumeChecks): the
 //                           data order would change; a checkpoint without them loads unchecked;
@@ -101,6 +104,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -391,6 +395,10 @@ class Checkpointer {
     info.config.set("train.epoch", pos.epoch);
     info.config.set("train.batch", pos.batch);
     info.config.set("train.seed", std::to_string(t.options().seed));  // u64: kept exact as text
+    if (const auto* scaler = t.dynamic_loss_scale()) {
+      info.config.set("train.loss_scale", scaler->scale());
+      info.config.set("train.loss_scale_clean_steps", scaler->clean_steps());
+    }
     if (options_.extra_config) options_.extra_config(info.config);
     const auto& g = t.grid();
     info.layout = {.tp = g.tp(), .pp = g.pp(), .dp = g.dp(), .zero = Trainer::zero ? 1 : 0};
@@ -512,6 +520,7 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
   const auto& world = t.grid().world();
   TrainPosition pos;
   std::int64_t optimizer_step = 0;
+  std::optional<std::pair<double, std::int64_t>> loss_scale;  // a dynamic scaler's (scale, clean steps)
   std::string error;
   // A GPU's weights on the host, read first (collective) so that padding keeps its values.
   std::vector<detail::state_t<Trainer>> weights;
@@ -543,6 +552,11 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
                                                               << given_as << ": the data order would change (--override-resume-config resumes anyway)");
     pos = {get("train.step"), get("train.epoch"), get("train.batch")};
     optimizer_step = get("train.optimizer_step");
+    if (auto* scaler = t.dynamic_loss_scale(); scaler && config.find("train.loss_scale")) {
+      const checkpoint::Json* scale = config.find("train.loss_scale");
+      DPML_REQUIRE(scale->is_number(), "checkpoint manifest '" << manifest << "': config \"train.loss_scale\" is not a number");
+      loss_scale = {scale->as_double(), get("train.loss_scale_clean_steps")};
+    }
 
     auto& dist = t.optimizer();
     const auto& flat = dist.flat();
@@ -569,6 +583,7 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
   if constexpr (detail::on_device<Trainer>) detail::write_weights(t, weights);
   t.optimizer().optimizer().set_step_count(optimizer_step);
   t.set_step(pos.step);
+  if (loss_scale) t.dynamic_loss_scale()->set(loss_scale->first, loss_scale->second);
   return pos;
 }
 

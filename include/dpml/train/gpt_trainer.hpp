@@ -23,6 +23,7 @@
 #include "dpml/data/token_shards.hpp"
 #include "dpml/layers/layer.hpp"
 #include "dpml/models/gpt.hpp"
+#include "dpml/optim/loss_scale.hpp"
 #include "dpml/optim/optimizer.hpp"
 #include "dpml/parallel/distributed_optimizer.hpp"
 #include "dpml/parallel/grid.hpp"
@@ -46,6 +47,7 @@ struct GptTrainOptions {
   std::int64_t global_batch = 1;     // sequences per step over all data ranks (--global-batch)
   std::uint64_t seed = 0;
   NonFinite on_nonfinite = NonFinite::stop;
+  optim::LossScaling loss_scaling = {};  // --fp16 (dynamic), --loss-scale S (fixed): TrainOptions'
 };
 
 template <class Strategy, optim::UpdateRule Rule, class T = float, class Space = HostSpace,
@@ -134,7 +136,7 @@ class GptTrainer : public Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strate
                             "--global-batch " << o.global_batch << " is not a multiple of --micro-batch " << o.micro_batch
                                               << " × dp " << dp << ": the micro-batches do not divide the batch");
     return {.micro_batches = static_cast<int>(o.global_batch / per_rank), .global_batch = o.global_batch, .seed = o.seed,
-            .on_nonfinite = o.on_nonfinite};
+            .on_nonfinite = o.on_nonfinite, .loss_scaling = o.loss_scaling};
   }
   void check_length(const data::TokenBatch& batch) {
     DPML_REQUIRE(batch.inputs.size(1) <= this->model().config().max_seq,

@@ -45,6 +45,15 @@
 // raises an Error on every rank naming the step and the first non-finite gradient in model order
 // (pipeline stage, then registration order), `ignore` updates anyway (no check).
 //
+// Loss scaling (TrainOptions::loss_scaling, optim/loss_scale.hpp; fp16 needs it): the step's scale
+// S goes to the loss layers as ctx.loss_scale (their gradient seed is S times the true one, the
+// loss they report is not) and to the DistributedOptimizer, which reports the unscaled norm and
+// divides S out in the update. A fixed S changes nothing else: a non-finite step is handled as
+// above. With dynamic scaling a step whose loss is finite and whose scaled gradients are not is an
+// overflow, an expected event whatever on_nonfinite says: no update (StepResult::overflow), S
+// halved, rank 0 prints one line naming the step and the new S; after `window` clean steps S
+// doubles. Checkpoints save and restore the scaler (dynamic_loss_scale()).
+//
 // The trainer names the grid's communicators for the collective watchdog (comm/watchdog.hpp) and
 // tells it the step. Checkpoints (train/checkpointing.hpp) read and restore its state through
 // model(), grid(), options(), optimizer(), step() / set_step().
@@ -77,6 +86,7 @@
 #include "dpml/core/tensor.hpp"
 #include "dpml/kernels/device.hpp"
 #include "dpml/layers/layer.hpp"
+#include "dpml/optim/loss_scale.hpp"
 #include "dpml/optim/optimizer.hpp"
 #include "dpml/parallel/distributed_optimizer.hpp"
 #include "dpml/parallel/grid.hpp"
@@ -101,6 +111,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -149,12 +160,15 @@ struct TrainOptions {
   std::uint64_t seed = 0;              // dropout and other in-model randomness
   NonFinite on_nonfinite = NonFinite::stop;
   parallel::pipeline::Partition partition = {};  // where a Sequential/Stack is cut (pp > 1): balanced by default
+  optim::LossScaling loss_scaling = {};          // off | fixed S | dynamic (fp16): see the top of the file
 };
 
 struct StepResult {
   double loss = 0.0;                 // mean over the global batch (per target element)
   double grad_norm = 0.0;            // NaN when the step was skipped
-  bool skipped = false;              // non-finite, NonFinite::skip: no update
+  bool skipped = false;              // no update: non-finite (NonFinite::skip) or an overflow
+  bool overflow = false;             // dynamic loss scaling: the scaled gradients overflowed (skipped)
+  double loss_scale = 1.0;           // S the step's gradients carried (1: no loss scaling)
   double seconds = 0.0;
   double exposed_comm_seconds = 0.0; // waiting for data-parallel reductions after backward
   parallel::pipeline::StepTimings pipeline;  // this stage: busy per op kind, waits, total
@@ -392,14 +406,18 @@ class Trainer {
     prepare(batch);
     optimizer_.begin_step(options_.micro_batches);
     StepResult r;
+    r.loss_scale = ctx_.loss_scale = loss_scale();
     r.pipeline = run(actions(), std::exchange(trace_next_, false));
     if constexpr (requires { stage().finish_tied_gradients(); }) stage().finish_tied_gradients();
     optimizer_.buckets().finish();  // reduced gradients, checked before the update
     ++ctx_.step;
+    const bool checked = options_.on_nonfinite != NonFinite::ignore;
     if constexpr (on_host) {
       r.loss = sum_over_last_stage(stage().take_loss());
-      if (options_.on_nonfinite != NonFinite::ignore && !finite_step(r.loss)) {
-        handle_nonfinite(r.loss);  // throws with `stop`
+      const bool bad = (checked || scaler_) && !finite_step(r.loss);  // r.loss: the same on every rank
+      r.overflow = bad && scaler_ && std::isfinite(r.loss);
+      if (r.overflow || (bad && checked)) {
+        if (!r.overflow) handle_nonfinite(r.loss);  // throws with `stop`
         r.skipped = true;
         r.grad_norm = std::numeric_limits<double>::quiet_NaN();
       } else {
@@ -409,9 +427,16 @@ class Trainer {
       update(r, lr);
       r.loss = sum_over_last_stage(stage().take_loss());
       // r.skipped (a global norm) and r.loss (summed over the world) agree on every rank
-      if (options_.on_nonfinite != NonFinite::ignore && (r.skipped || !std::isfinite(r.loss)))
+      r.overflow = r.skipped && scaler_ && std::isfinite(r.loss);
+      if (checked && !r.overflow && (r.skipped || !std::isfinite(r.loss)))
         handle_nonfinite(r.loss);  // throws with `stop`
       if (r.skipped) r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    }
+    if (scaler_ && (r.overflow || !r.skipped)) {  // a skip for a non-finite loss says nothing of S
+      scaler_->update(r.overflow);
+      if (r.overflow && grid_.world().rank() == 0)
+        std::printf("dpml: step %llu: gradients overflowed at loss scale %g — skipping the step, loss scale now %g\n",
+                    static_cast<unsigned long long>(ctx_.step), r.loss_scale, scaler_->scale());
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
@@ -462,6 +487,13 @@ class Trainer {
   kernels::Device<Space>& device() noexcept { return *dev_; }
   int micro_batches() const noexcept { return options_.micro_batches; }
   const parallel::pipeline::Schedule& schedule() const noexcept { return schedule_; }
+  // The loss scale S of the next step (1 without loss scaling).
+  double loss_scale() const noexcept {
+    if (scaler_) return scaler_->scale();
+    return options_.loss_scaling.mode == optim::LossScaling::Mode::fixed ? options_.loss_scaling.scale : 1.0;
+  }
+  // The dynamic scaler (checkpoints save and restore it); null unless the scaling is dynamic.
+  optim::DynamicLossScale* dynamic_loss_scale() noexcept { return scaler_ ? &*scaler_ : nullptr; }
   // Steps run so far (skipped ones included); a checkpoint restores it with set_step, together
   // with the optimizer's own count of updates.
   std::int64_t step() const noexcept { return ctx_.step; }
@@ -489,6 +521,7 @@ class Trainer {
                                                {parallel::pipeline::Op::Forward, parallel::pipeline::Op::BackwardInput,
                                                 parallel::pipeline::Op::BackwardWeight})),
         transport_(Transport::make(grid, comms, *dev_, schedule_)) {
+    if (options_.loss_scaling.mode == optim::LossScaling::Mode::dynamic) scaler_.emplace(options_.loss_scaling.dynamic);
     ctx_.grid = &grid;
     ctx_.seed = options.seed;
     ctx_.device = dev_;
@@ -507,6 +540,9 @@ class Trainer {
   static TrainOptions checked(const TrainOptions& o, const parallel::DistributedOptimizerOptions& dist) {
     DPML_REQUIRE_EVERYWHERE(o.micro_batches >= 1, "--micro-batches must be at least 1, got " << o.micro_batches);
     DPML_REQUIRE_EVERYWHERE(o.global_batch >= 0, "the global batch " << o.global_batch << " is negative");
+    DPML_REQUIRE_EVERYWHERE(o.loss_scaling.mode != optim::LossScaling::Mode::fixed ||
+                                (o.loss_scaling.scale > 0.0 && std::isfinite(o.loss_scaling.scale)),
+                            "--loss-scale " << o.loss_scaling.scale << " must be finite and positive");
     DPML_REQUIRE_EVERYWHERE(!dist.zero || Strategy::zero,
                             "ZeRO-1 is chosen by the Strategy type (DataParallel<Zero1>), not by DistributedOptimizerOptions::zero");
     return o;
@@ -544,7 +580,7 @@ class Trainer {
   }
   // Norm, clip, update (DistributedOptimizer::finish_step) into r.
   void update(StepResult& r, double lr) {
-    const auto report = optimizer_.finish_step(lr);
+    const auto report = optimizer_.finish_step(lr, r.loss_scale);
     r.grad_norm = report.grad_norm;
     r.skipped = report.skipped;
     r.exposed_comm_seconds = report.exposed_comm_seconds;
@@ -668,6 +704,7 @@ class Trainer {
   detail::PipelineStep<Stage> step_;
   typename Transport::type transport_;
   bool trace_next_ = false;  // trace_next_step()
+  std::optional<optim::DynamicLossScale> scaler_;  // LossScaling::Mode::dynamic
   Tensor<typename detail::BatchElement<Stage>::input, Space> inputs_;    // a GPU's copy of the step's batch
   Tensor<typename detail::BatchElement<Stage>::target, Space> targets_;
 };

@@ -504,12 +504,13 @@ void vocab_parallel_xent_combine(const T* logits, T* dlogits, const std::int32_t
 struct CrossEntropyOps {
   using Dev = Device<CudaSpace>;
   // logits (N, V), real columns [0, V_real); targets (N); dlogits (N, V) or null, may be logits;
-  // *loss_sum += scale · Σ_n loss_n
+  // *loss_sum += scale · Σ_n loss_n; dlogits scaled by scale · loss_scale (fp16 loss scaling)
   template <class T>
   static void softmax_xent(Dev& dev, const T* logits, const std::int32_t* targets, T* dlogits, double* loss_sum,
-                           std::int64_t N, std::int64_t V, std::int64_t V_real, double scale) {
+                           std::int64_t N, std::int64_t V, std::int64_t V_real, double scale, double loss_scale = 1.0) {
     float* losses = dev.scratch<float>(N);  // (N)
-    softmax_cross_entropy(logits, dlogits, targets, losses, static_cast<float>(scale), N, V, V_real, dev.stream());
+    softmax_cross_entropy(logits, dlogits, targets, losses, static_cast<float>(scale * loss_scale), N, V, V_real,
+                          dev.stream());
     add_row_losses(losses, N, scale, loss_sum, dev.stream());
   }
   // Vocabulary-parallel pass 1: stats (tp, 3, N) fp32
@@ -522,10 +523,10 @@ struct CrossEntropyOps {
   template <class T>
   static void vocab_xent_finish(Dev& dev, const T* logits, const std::int32_t* targets, const float* stats, T* dlogits,
                                 double* loss_sum, std::int64_t N, std::int64_t V, std::int64_t begin,
-                                std::int64_t V_real, int tp, double scale) {
+                                std::int64_t V_real, int tp, double scale, double loss_scale = 1.0) {
     float* losses = dev.scratch<float>(N);  // (N)
-    vocab_parallel_xent_combine(logits, dlogits, targets, stats, losses, static_cast<float>(scale), N, V, begin, V_real,
-                                tp, dev.stream());
+    vocab_parallel_xent_combine(logits, dlogits, targets, stats, losses, static_cast<float>(scale * loss_scale), N, V,
+                                begin, V_real, tp, dev.stream());
     add_row_losses(losses, N, scale, loss_sum, dev.stream());
   }
   // logits (N, V), real columns [0, V_real); targets (N); *correct += the rows predicted right

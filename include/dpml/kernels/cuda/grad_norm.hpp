@@ -227,12 +227,14 @@ struct GradNormOps {
                              bytes, dev.stream());
   }
 
-  // *scale (device) = min(1, max_norm / (√*squared + 1e-6)) (max_norm = ∞: 1), NaN when the norm is
-  // not finite (the update kernel then skips the step).
+  // *scale (device) = inv_scale · min(1, max_norm / (√*squared · inv_scale + 1e-6)) (max_norm = ∞:
+  // inv_scale), NaN when the norm is not finite (the update kernel then skips the step); inv_scale
+  // = 1/S for gradients carrying a loss scale S (clip_coefficient's rule, the host's too).
   template <class S>
-  static void clip_scale(Dev& dev, const double* squared, S* scale, double max_norm) {
+  static void clip_scale(Dev& dev, const double* squared, S* scale, double max_norm, double inv_scale = 1.0) {
     DPML_REQUIRE(max_norm > 0.0, "clip_scale: max_norm " << max_norm << " must be positive");
-    detail::gnorm::clip_kernel<S><<<1, 1, 0, dev.stream()>>>(squared, scale, max_norm, 1.0);
+    DPML_REQUIRE(inv_scale > 0.0, "clip_scale: inv_scale " << inv_scale << " must be positive");
+    detail::gnorm::clip_kernel<S><<<1, 1, 0, dev.stream()>>>(squared, scale, max_norm, inv_scale);
     DPML_CHECK_LAUNCH();
   }
 };

@@ -3,10 +3,12 @@
 // (the maths of kernels/cuda/cross_entropy.hpp, which is the fast form).
 //
 //   loss_n     = logsumexp(x_n[0, V_real)) − x_n[target_n]
-//   dlogits_n  = (softmax(x_n) − onehot(target_n)) · scale     over the real columns [0, V_real),
+//   dlogits_n  = (softmax(x_n) − onehot(target_n)) · scale · loss_scale
+//                                                              over the real columns [0, V_real),
 //                0 on the padding [V_real, V)
 //
-// Σ_n loss_n · scale is ADDED to *loss_sum (a running sum, in double), so a loss layer sums its
+// loss_scale (1 unless fp16 loss scaling: optim/loss_scale.hpp) scales the gradient only: Σ_n
+// loss_n · scale is ADDED to *loss_sum (a running sum, in double), so a loss layer sums its
 // micro-batches without reading anything back. dlogits may be the logits themselves (each row is
 // read before it is written: the in-place form that saves a logits-sized buffer) or null (the loss
 // only, for evaluation). A target outside [0, V_real) marks an ignored row: zero loss, zero
@@ -70,7 +72,8 @@ void write_dlogits(const T* x, T* out, std::int64_t V, std::int64_t real, double
 // logits (N, V); targets (N); dlogits (N, V) or null, may be logits; *loss_sum += Σ loss · scale.
 template <class T>
 void softmax_cross_entropy(const T* logits, const std::int32_t* targets, T* dlogits, double* loss_sum, std::int64_t N,
-                           std::int64_t V, std::int64_t V_real, double scale) {
+                           std::int64_t V, std::int64_t V_real, double scale, double loss_scale = 1.0) {
+  const double seed = scale * loss_scale;
   double total = 0;
   for (std::int64_t n = 0; n < N; ++n) {
     const T* x = logits + n * V;
@@ -80,7 +83,7 @@ void softmax_cross_entropy(const T* logits, const std::int32_t* targets, T* dlog
     detail::xent::max_sum(x, V_real, m, s);
     const double lse = m + std::log(s);
     if (!ignored) total += lse - static_cast<double>(x[t]);  // read before dlogits may overwrite it
-    if (dlogits) detail::xent::write_dlogits(x, dlogits + n * V, V, V_real, lse, t, ignored ? 0.0 : scale);
+    if (dlogits) detail::xent::write_dlogits(x, dlogits + n * V, V, V_real, lse, t, ignored ? 0.0 : seed);
   }
   *loss_sum += total * scale;
 }
@@ -122,8 +125,9 @@ void vocab_parallel_xent_partials(const T* logits, const std::int32_t* targets, 
 template <class T, class S>
 void vocab_parallel_xent_finish(const T* logits, const std::int32_t* targets, const S* stats, T* dlogits,
                                 double* loss_sum, std::int64_t N, std::int64_t V, std::int64_t begin,
-                                std::int64_t V_real, int tp, double scale) {
+                                std::int64_t V_real, int tp, double scale, double loss_scale = 1.0) {
   const std::int64_t real = detail::xent::real_in_shard(begin, V, V_real);
+  const double seed = scale * loss_scale;
   double total = 0;
   for (std::int64_t n = 0; n < N; ++n) {
     double M = -std::numeric_limits<double>::infinity(), sum = 0, z = 0;
@@ -138,7 +142,7 @@ void vocab_parallel_xent_finish(const T* logits, const std::int32_t* targets, co
     const bool ignored = t < 0 || t >= V_real;
     if (!ignored) total += lse - z;
     if (dlogits)
-      detail::xent::write_dlogits(logits + n * V, dlogits + n * V, V, real, lse, t - begin, ignored ? 0.0 : scale);
+      detail::xent::write_dlogits(logits + n * V, dlogits + n * V, V, real, lse, t - begin, ignored ? 0.0 : seed);
   }
   *loss_sum += total * scale;
 }
@@ -147,11 +151,11 @@ void vocab_parallel_xent_finish(const T* logits, const std::int32_t* targets, co
 struct CrossEntropyOps {
   using Dev = Device<HostSpace>;
   // logits (N, V), real columns [0, V_real); targets (N); dlogits (N, V) or null, may be logits;
-  // *loss_sum += scale · Σ_n loss_n
+  // *loss_sum += scale · Σ_n loss_n; dlogits scaled by scale · loss_scale
   template <class T>
   static void softmax_xent(Dev&, const T* logits, const std::int32_t* targets, T* dlogits, double* loss_sum,
-                           std::int64_t N, std::int64_t V, std::int64_t V_real, double scale) {
-    host::softmax_cross_entropy(logits, targets, dlogits, loss_sum, N, V, V_real, scale);
+                           std::int64_t N, std::int64_t V, std::int64_t V_real, double scale, double loss_scale = 1.0) {
+    host::softmax_cross_entropy(logits, targets, dlogits, loss_sum, N, V, V_real, scale, loss_scale);
   }
   // Vocabulary-parallel pass 1: stats (tp, 3, N) in accum_t<T>
   template <class T, class S>
@@ -163,8 +167,8 @@ struct CrossEntropyOps {
   template <class T, class S>
   static void vocab_xent_finish(Dev&, const T* logits, const std::int32_t* targets, const S* stats, T* dlogits,
                                 double* loss_sum, std::int64_t N, std::int64_t V, std::int64_t begin,
-                                std::int64_t V_real, int tp, double scale) {
-    host::vocab_parallel_xent_finish(logits, targets, stats, dlogits, loss_sum, N, V, begin, V_real, tp, scale);
+                                std::int64_t V_real, int tp, double scale, double loss_scale = 1.0) {
+    host::vocab_parallel_xent_finish(logits, targets, stats, dlogits, loss_sum, N, V, begin, V_real, tp, scale, loss_scale);
   }
   // logits (N, V), real columns [0, V_real); targets (N); *correct += the rows predicted right
   template <class T>

@@ -31,12 +31,15 @@ struct GradNormOps {
     *out = sum;
   }
 
-  // *scale = min(1, max_norm / (√*squared + 1e-6)) (max_norm = ∞: 1), NaN when the norm is not
-  // finite (the update then skips the step).
+  // *scale = inv_scale · min(1, max_norm / (norm + 1e-6)) with norm = √*squared · inv_scale
+  // (max_norm = ∞: inv_scale), NaN when the norm is not finite (the update then skips the step).
+  // Gradients carrying a loss scale S (optim/loss_scale.hpp): inv_scale = 1/S, so the norm compared
+  // with max_norm is the unscaled one and *scale also divides S out — the device kernel's rule.
   template <class S>
-  static void clip_scale(Dev&, const double* squared, S* scale, double max_norm) {
-    const double norm = std::sqrt(*squared);
-    *scale = std::isfinite(norm) ? static_cast<S>(std::min(1.0, max_norm / (norm + 1e-6))) : std::numeric_limits<S>::quiet_NaN();
+  static void clip_scale(Dev&, const double* squared, S* scale, double max_norm, double inv_scale = 1.0) {
+    const double norm = std::sqrt(*squared) * inv_scale;
+    *scale = std::isfinite(norm) ? static_cast<S>(inv_scale * std::min(1.0, max_norm / (norm + 1e-6)))
+                                 : std::numeric_limits<S>::quiet_NaN();
   }
 };
 
