@@ -373,8 +373,7 @@ Measured run_fused(const Options& o, const comm::Mpi& world, const parallel::Pro
                           "gpt_train: --dp-comm copy-engine needs a data axis of 2 ranks on one host; this layout has dp = "
                               << dp << " (" << world.size() << " ranks, --tp " << o.tp << ", --pp " << o.pp << ")");
   Measured m;
-  std::size_t free0 = 0, total = 0, free1 = 0;
-  DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
+  const dpml::bench::MemoryPhases memory;  // no phases: the whole run's memory
   StageTrainer<Precision> trainer(o, grid);
   auto& model = trainer.model();
   Batches batches(o, grid.coord(Axis::data), dp);  // a pipeline's stages, a tensor group read the same batch
@@ -430,8 +429,7 @@ Measured run_fused(const Options& o, const comm::Mpi& world, const parallel::Pro
   const auto families = dpml::bench::family_ms<models::cuda::Profiler>(model, train_step);
   m.family_ms.assign(families.begin(), families.end());
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
-  DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
-  m.mem_gib = world.allreduce(static_cast<double>(free0 - free1) / (1 << 30), comm::ReduceOp::max);
+  m.mem_gib = world.allreduce(memory.gib(), comm::ReduceOp::max);
   m.buffers_gib = world.allreduce(static_cast<double>(model.device_bytes()) / (1 << 30), comm::ReduceOp::max);
   m.tied_grad = dp == 1 ? "none" : model.gathers_tied_gradient() ? "gather" : "allreduce";
   return m;

@@ -350,7 +350,8 @@ Result run_composed(const Options& o, const comm::Mpi& world) {
   Composed<Conv> model(o, world);
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   memory.after("device and communicators");
-  model.build([](auto& net) { layers::initialize_all(net.parameters(), 1337, nullptr); }, &memory);  // alike on every rank
+  const auto init = [](auto& net) { layers::initialize_all(net.parameters(), 1337, nullptr); };  // alike on every rank
+  model.build(init, &memory);
   model.upload(random_batch(o, world.rank()));
   memory.after("batch");
   Result r{.impl = impl_name(o, world.size())};
