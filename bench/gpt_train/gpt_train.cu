@@ -46,6 +46,7 @@
 //              stage tensor-parallel). tokens/s counts each token once (dp · B · T per step), MFU is
 //              per GPU. With --use-distributed-optimizer the optimizer state is sharded over the
 //              data axis of each tensor rank and pipeline stage.
+#include "../support/memory_phases.cuh"
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -337,7 +338,7 @@ struct Measured {
   std::int64_t skipped = 0;       // steps without an update (fp16 overflows)
   const char* tied_grad = "none"; // how the tied wte gradient was reduced over the data axis
   std::vector<double> family_ms;  // per kernel family of models::cuda::kFamilyNames (the fused model only)
-  std::vector<std::pair<const char*, double>> mem_parts;  // GiB taken by each set-up phase (the composed model)
+  dpml::bench::MemoryPhases::Phases mem_parts;  // GiB taken by the end of each set-up phase (the composed model)
 };
 
 // Times `train_step` (which appends its step's host time to step_ms and its launch time to
@@ -372,8 +373,7 @@ Measured run_fused(const Options& o, const comm::Mpi& world, const parallel::Pro
                           "gpt_train: --dp-comm copy-engine needs a data axis of 2 ranks on one host; this layout has dp = "
                               << dp << " (" << world.size() << " ranks, --tp " << o.tp << ", --pp " << o.pp << ")");
   Measured m;
-  std::size_t free0 = 0, total = 0, free1 = 0;
-  DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
+  const dpml::bench::MemoryPhases memory;  // no phases: the whole run's memory
   StageTrainer<Precision> trainer(o, grid);
   auto& model = trainer.model();
   Batches batches(o, grid.coord(Axis::data), dp);  // a pipeline's stages, a tensor group read the same batch
@@ -429,8 +429,7 @@ Measured run_fused(const Options& o, const comm::Mpi& world, const parallel::Pro
   const auto families = dpml::bench::family_ms<models::cuda::Profiler>(model, train_step);
   m.family_ms.assign(families.begin(), families.end());
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
-  DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
-  m.mem_gib = world.allreduce(static_cast<double>(free0 - free1) / (1 << 30), comm::ReduceOp::max);
+  m.mem_gib = world.allreduce(memory.gib(), comm::ReduceOp::max);
   m.buffers_gib = world.allreduce(static_cast<double>(model.device_bytes()) / (1 << 30), comm::ReduceOp::max);
   m.tied_grad = dp == 1 ? "none" : model.gathers_tied_gradient() ? "gather" : "allreduce";
   return m;
@@ -442,24 +441,17 @@ Measured run_composed(const Options& o, const comm::Mpi& world, const parallel::
   using T = bf16;
   const int dp = grid.dp();
   Measured m;
-  std::size_t free0 = 0, total = 0, free1 = 0;
-  DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
-  // Device memory taken by each phase, up to now (GiB): where the composed model's memory goes.
-  auto taken = [&](const char* phase) {
-    std::size_t free = 0, all = 0;
-    DPML_CHECK_CUDA(cudaMemGetInfo(&free, &all));
-    m.mem_parts.emplace_back(phase, static_cast<double>(free0 - free) / (1 << 30));
-  };
+  dpml::bench::MemoryPhases memory;  // where the composed model's memory goes
   kernels::Device<CudaSpace> dev;
-  taken("device");
+  memory.after("device");
   const parallel::DeviceGrid<comm::Nccl> comms(grid, dev);
-  taken("communicators");
+  memory.after("communicators");
   const models::GptConfig cfg{.vocab = o.model.vocab, .max_seq = o.model.max_seq, .layers = o.model.layers,
                               .heads = o.model.heads, .dim = o.model.dim, .pad_multiple = 128,
                               .recompute_gelu = o.model.recompute_gelu};
   models::Gpt<T, CudaSpace> model(cfg, comms);
   layers::initialize_all(model.parameters(), 1337, &grid);  // GPT-2's: N(0, 0.02), LayerNorms 1 and 0, biases 0
-  taken("model");
+  memory.after("model");
   Batches batches(o, grid.coord(Axis::data), dp);
   data::TokenBatch batch{Tensor<std::int32_t>(Shape{o.batch, o.seq}), Tensor<std::int32_t>(Shape{o.batch, o.seq})};
   const optim::AdamWOptions adam{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
@@ -468,7 +460,7 @@ Measured run_composed(const Options& o, const comm::Mpi& world, const parallel::
                                     .on_nonfinite = train::NonFinite::skip};
   parallel::with_strategy(o.schedule, o.distributed_optimizer, [&]<class Strategy>() {
     train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, comm::Nccl> trainer(model, comms, dev, adam, dist, topt);
-    taken("trainer");
+    memory.after("trainer");
     std::int64_t step = 0;
     std::vector<double> step_ms, launch_ms;
     double exposed_s = 0;
@@ -483,7 +475,7 @@ Measured run_composed(const Options& o, const comm::Mpi& world, const parallel::
       exposed_s = r.exposed_comm_seconds;
       launch_ms.push_back(r.pipeline.total * 1e3);  // the host's launches of the forward and backward
       step_ms.push_back(since(start));
-      if (step == 1) taken("first step");
+      if (step == 1) memory.after("first step");
     };
     time_steps(o, world, dev.stream(), step_ms, launch_ms, train_step, m);
     m.exposed_ms = world.allreduce(exposed_s * 1e3, comm::ReduceOp::max);
@@ -496,10 +488,10 @@ Measured run_composed(const Options& o, const comm::Mpi& world, const parallel::
                               owned * (Opt::kStates + (Opt::keeps_master ? 1 : 0)) * sizeof(typename Opt::master_type);
     m.buffers_gib = world.allreduce(static_cast<double>(bytes) / (1 << 30), comm::ReduceOp::max);
     dev.synchronize();
-    DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
-    m.mem_gib = world.allreduce(static_cast<double>(free0 - free1) / (1 << 30), comm::ReduceOp::max);
+    m.mem_gib = world.allreduce(memory.gib(), comm::ReduceOp::max);
   });
   m.tied_grad = dp == 1 ? "none" : "allreduce";
+  m.mem_parts = memory.phases();
   return m;
 }
 
@@ -557,8 +549,7 @@ int run(const Options& o, const comm::Mpi& world) {
     std::copy(r.family_ms.begin(), r.family_ms.end(), families.begin());
     dpml::bench::print_families("gpt_train_family", impl, families, models::cuda::kFamilyNames);
   }
-  for (const auto& [phase, gib] : r.mem_parts)  // rank 0's
-    std::printf("{\"bench\":\"gpt_train_memory\",\"impl\":\"%s\",\"after\":\"%s\",\"gib\":%.3f}\n", impl, phase, gib);
+  dpml::bench::print_memory_phases("gpt_train_memory", impl, r.mem_parts);  // rank 0's
 
   std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld (%d × %lld) T=%lld on %d × %s (tp %d × dp %d × pp %d), %s + fp32 master, AdamW, clip 1.0, %s model\n",
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),

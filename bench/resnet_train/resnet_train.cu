@@ -25,6 +25,14 @@
 //   buffers    model_buffers_gib: fused, its own allocations (parameters, activations); composed,
 //              the flat parameters, gradients and optimizer state and the Device's scratch and
 //              shared buffers (the layers' activations are in mem_gib only)
+//   phases     resnet_train_memory lines (bench/support/memory_phases.cuh), the GiB taken by the
+//              end of each set-up phase, from the same start as mem_gib except that the composed
+//              model's first phase is its Device and communicators (left out of its mem_gib):
+//              fused "model" (all its buffers, the convolutions' plans and workspace),
+//              "communicators" (several ranks or --sync-bn), "first step"; composed "device and
+//              communicators", "model" (the layers' parameters), "optimizer" (the flat buffers,
+//              master weights and momentum), "batch", "first step" (the layers' activations, the
+//              Device's scratch and shared gradient buffers, the cuDNN workspace)
 //   ranks      K: under scripts/launch.sh -n K (mpirun/srun), one GPU per rank, each on its own
 //              batch of B images (seeded by its rank); fused: gradients averaged by
 //              parallel/cuda/gradient_sync.hpp in fp32 while the backward runs (--bucket-mb),
@@ -41,6 +49,7 @@
 // --check N (one rank): both models from the same weights (the host model's initialisation rounded
 // to bf16) on the same batch for N SGD steps; prints both loss curves and fails unless every
 // composed loss is within 15 % + 0.05 of the fused one (tests/cuda/test_resnet_step.cu's bound).
+#include "../support/memory_phases.cuh"
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -196,10 +205,12 @@ class Composed {
 
   // The model and its optimizer (after construction, so that mem_gib leaves NCCL's memory out);
   // init: set the weights before the optimizer takes them (layers::initialize_all by default).
+  // memory (may be null): told of the end of the "model" and "optimizer" phases.
   template <class Init>
-  void build(Init&& init) {
+  void build(Init&& init, dpml::bench::MemoryPhases* memory = nullptr) {
     net_.emplace(Model::make(composed_config(opts_), bn_comm_.get()));
     init(*net_);
+    if (memory) memory->after("model");
     opt_.emplace(net_->parameters(), &grid_, opts_.sgd,
                  parallel::DistributedOptimizerOptions{.bucket_bytes = static_cast<std::size_t>(opts_.bucket_mb * (1 << 20))},
                  comms_, dev_);
@@ -207,6 +218,7 @@ class Composed {
     ctx_.grid = &grid_;
     ctx_.global_batch = opts_.batch * grid_.dp();
     ctx_.on_grad_ready = [this](std::span<ParamBase* const> ps) { opt_->on_grad_ready(ps); };
+    if (memory) memory->after("optimizer");
   }
   // The batch in the model's layout: (N, S, S, Cp) bf16, the pad channels zero; labels (N).
   void upload(const HostBatch& b) {
@@ -271,6 +283,7 @@ struct Result {
   std::int64_t params = 0;
   std::vector<double> losses;
   std::optional<std::array<double, static_cast<int>(models::cuda::CnnFamily::count)>> families;  // fused only
+  dpml::bench::MemoryPhases::Phases memory;  // GiB taken by the end of each set-up phase
 };
 
 // warmup untimed steps, then steps timed; every loss kept.
@@ -290,10 +303,10 @@ std::string impl_name(const Options& o, int ranks) {
 
 template <class Conv>
 Result run_fused(const Options& o, const comm::Mpi& world) {
-  std::size_t free0 = 0, free1 = 0, total = 0;
-  DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
+  dpml::bench::MemoryPhases memory;
   models::cuda::ResNet<Conv> model(o.model, o.batch, o.image);
   model.init_random(1337);  // the same on every rank
+  memory.after("model");
   std::unique_ptr<parallel::cuda::GradientSync<float>> sync;  // data parallel (several ranks)
   if (world.size() > 1) {
     const parallel::cuda::GradientSyncOptions opt{.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))};
@@ -306,6 +319,7 @@ Result run_fused(const Options& o, const comm::Mpi& world) {
     bn_comm = std::make_unique<comm::Nccl>(comm::Nccl::from(world, model.stream()));
     model.set_batch_norm_sync(bn_comm.get());
   }
+  if (sync || bn_comm) memory.after("communicators");
   {
     const HostBatch b = random_batch(o, world.rank());
     model.upload_batch(b.images, b.labels);
@@ -314,14 +328,16 @@ Result run_fused(const Options& o, const comm::Mpi& world) {
   auto step = [&] {
     model.forward_backward();
     model.update(o.lr, o.sgd);
-    return model.loss();  // synchronises: the step is done
+    const double loss = model.loss();  // synchronises: the step is done
+    if (r.losses.empty()) memory.after("first step");
+    return loss;
   };
   r.ms_step = time_steps(o, world, model.stream(), r.losses, step);
   r.exposed_ms = world.allreduce(sync ? sync->exposed_ms() : 0.0, comm::ReduceOp::max);
   r.families = dpml::bench::family_ms<models::cuda::CnnProfiler>(model, [&] { r.losses.push_back(step()); });
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
-  DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
-  r.mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
+  r.mem_gib = memory.gib();
+  r.memory = memory.phases();
   r.buffers_gib = static_cast<double>(model.device_bytes()) / (1 << 30);
   r.params = model.parameter_count();
   r.flops_per_image = model.forward_flops_per_image();
@@ -330,18 +346,24 @@ Result run_fused(const Options& o, const comm::Mpi& world) {
 
 template <class Conv>
 Result run_composed(const Options& o, const comm::Mpi& world) {
+  dpml::bench::MemoryPhases memory;
   Composed<Conv> model(o, world);
-  std::size_t free0 = 0, free1 = 0, total = 0;
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
-  DPML_CHECK_CUDA(cudaMemGetInfo(&free0, &total));
-  model.build([](auto& net) { layers::initialize_all(net.parameters(), 1337, nullptr); });  // alike on every rank
+  memory.after("device and communicators");
+  const auto init = [](auto& net) { layers::initialize_all(net.parameters(), 1337, nullptr); };  // alike on every rank
+  model.build(init, &memory);
   model.upload(random_batch(o, world.rank()));
+  memory.after("batch");
   Result r{.impl = impl_name(o, world.size())};
-  r.ms_step = time_steps(o, world, model.stream(), r.losses, [&] { return model.step(); });
+  r.ms_step = time_steps(o, world, model.stream(), r.losses, [&] {
+    const double loss = model.step();
+    if (r.losses.empty()) memory.after("first step");
+    return loss;
+  });
   r.exposed_ms = world.allreduce(model.exposed_ms(), comm::ReduceOp::max);
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
-  DPML_CHECK_CUDA(cudaMemGetInfo(&free1, &total));
-  r.mem_gib = static_cast<double>(free0 - free1) / (1 << 30);
+  r.mem_gib = memory.gib() - memory.phases().front().second;  // without the Device and communicators, as before
+  r.memory = memory.phases();
   r.buffers_gib = static_cast<double>(model.buffer_bytes()) / (1 << 30);
   r.params = model.parameter_count();
   r.flops_per_image = forward_flops_per_image(o);
@@ -377,6 +399,7 @@ int report(const Options& o, const comm::Mpi& world, const Result& r) {
               r.losses.front(), r.losses.back(), finite ? "true" : "false", ranks, o.bucket_mb, r.exposed_ms,
               o.sync_bn ? "true" : "false");
   if (r.families) dpml::bench::print_families("resnet_train_family", impl, *r.families, models::cuda::kCnnFamilyNames);
+  dpml::bench::print_memory_phases("resnet_train_memory", impl, r.memory);
   std::printf("\nResNet (width %lld, blocks %lld,%lld,%lld,%lld) B=%lld %lldpx on %s, %s model, bf16 + fp32 master, "
               "SGD, %s\n",
               static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),

@@ -15,7 +15,11 @@
 // (from the saved y) and, when the forward had a residual, also writes its gradient, read with
 // residual_grad(ctx). forward_into and backward_input_into do the same into the caller's buffers
 // (a fused block's forward-only temporary; its gradient scratch shared by all blocks, dx possibly
-// over dy: in place).
+// over dy: in place). backward_input_masked_into is backward_input_into for a caller that applied
+// the ReLU's mask to dy itself, from what it keeps anyway (a max pool's output over y is positive
+// exactly where the window's maximum is: ResNetStem): it does not read y, so forward_into's y may
+// be a temporary even with relu — the ResNet stem's ReLU output, the largest activation of the
+// network, is then not kept.
 //
 // backward_weight reads the per-channel sums (Σdy, Σdy·(x − mean); two C-vectors) that
 // backward_input kept in the micro-batch's slot — the pass over the activations runs once, in
@@ -96,7 +100,8 @@ class BatchNorm2d {
 
   // The same into the caller's buffer y (of x's shape) instead of the layer's own: a block's
   // forward-only temporary. Without relu nothing reads y afterwards; with relu backward_input does
-  // (the ReLU's mask), so the buffer must keep y until then.
+  // (the ReLU's mask), so the buffer must keep y until then — unless the backward is
+  // backward_input_masked_into, which does not read it.
   Output forward_into(Context<Space>& ctx, Input x, Input residual, TensorView<T, Space> y) {
     DPML_REQUIRE(x.rank() == 4 && x.is_contiguous() && Ops::image_dims(x.shape()).C == C_,
                  "BatchNorm2d " << opts_.name << ": input " << x.shape().str() << " is not " << image_of(C_));
@@ -132,23 +137,13 @@ class BatchNorm2d {
   // instead of the layer's own: dx (N, C, H, W; may be dy's own buffer: in place) and, exactly when
   // the forward added a residual, dres (N, C, H, W) for its gradient (else a null view).
   Input backward_input_into(Context<Space>& ctx, Output dy, TensorView<T, Space> dx, TensorView<T, Space> dres) {
-    Saved& s = slots_.slot(ctx);
-    check_dy(ctx, s, dy);
-    const bool has_dres = dres.data() != nullptr;
-    DPML_REQUIRE(dx.shape() == s.x.shape() && dx.is_contiguous() && has_dres == s.residual &&
-                     (!has_dres || (dres.shape() == s.x.shape() && dres.is_contiguous() && dres.data() != dx.data())),
-                 "BatchNorm2d " << opts_.name << ": gradient buffers dx " << dx.shape().str() << " and dres "
-                                << dres.shape().str() << " for the input " << s.x.shape().str()
-                                << (s.residual ? " (and its residual)" : " (no residual: dres is a null view)"));
-    with_data_axis(ctx, s.training, [&](const auto* across) {
-      Ops::batch_norm_backward_input(ctx.dev(), dy.data(), s.y_out.data(), s.x.data(), s.mean.data(), s.rstd.data(),
-                                     weight_.value().data(), dx.data(), dres.data(),
-                                     ensure(s.sums, Shape{2, C_}).data(), Ops::image_dims(s.x.shape()), s.training,
-                                     opts_.relu, across);
-    });
-    s.sums_kept = true;
-    s.residual_grad = dres;
-    return dx;
+    return backward_into(ctx, dy, dx, dres, opts_.relu);
+  }
+
+  // backward_input_into with dy already masked by the ReLU (zero where y is not positive) by the
+  // caller: y is not read (see the top of the file). Without relu the same as backward_input_into.
+  Input backward_input_masked_into(Context<Space>& ctx, Output dy, TensorView<T, Space> dx, TensorView<T, Space> dres) {
+    return backward_into(ctx, dy, dx, dres, false);
   }
 
   // The gradient of the residual that forward(ctx, x, residual) added, written by backward_input.
@@ -176,6 +171,28 @@ class BatchNorm2d {
   TensorView<Stat, Space> running_var() const noexcept { return running_var_.view(); }    // (C)
 
  private:
+  // backward_input_into; mask: apply the ReLU's mask from the saved y (false: dy comes masked, or
+  // there is no ReLU).
+  Input backward_into(Context<Space>& ctx, Output dy, TensorView<T, Space> dx, TensorView<T, Space> dres, bool mask) {
+    Saved& s = slots_.slot(ctx);
+    check_dy(ctx, s, dy);
+    const bool has_dres = dres.data() != nullptr;
+    DPML_REQUIRE(dx.shape() == s.x.shape() && dx.is_contiguous() && has_dres == s.residual &&
+                     (!has_dres || (dres.shape() == s.x.shape() && dres.is_contiguous() && dres.data() != dx.data())),
+                 "BatchNorm2d " << opts_.name << ": gradient buffers dx " << dx.shape().str() << " and dres "
+                                << dres.shape().str() << " for the input " << s.x.shape().str()
+                                << (s.residual ? " (and its residual)" : " (no residual: dres is a null view)"));
+    with_data_axis(ctx, s.training, [&](const auto* across) {
+      Ops::batch_norm_backward_input(ctx.dev(), dy.data(), mask ? s.y_out.data() : nullptr, s.x.data(),
+                                     s.mean.data(), s.rstd.data(), weight_.value().data(), dx.data(), dres.data(),
+                                     ensure(s.sums, Shape{2, C_}).data(), Ops::image_dims(s.x.shape()), s.training,
+                                     mask, across);
+    });
+    s.sums_kept = true;
+    s.residual_grad = dres;
+    return dx;
+  }
+
   struct Saved {
     Input x;                              // (N, C, H, W), the caller's buffer
     bool training = true;

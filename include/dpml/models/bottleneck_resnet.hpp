@@ -18,8 +18,8 @@
 //
 // What makes the fused GPU model fast and lean, as layer options here (resnet_block.hpp): every
 // BatchNorm carries its ReLU, a block's last one also the shortcut's add; the stem convolution
-// computes no input gradient (the image needs none); the projection's normalised shortcut is a
-// forward temporary; the backward of the blocks and the stem works in scratch shared by all of
+// computes no input gradient (the image needs none); the projection's normalised shortcut and the
+// stem's ReLU output (the pool's input) are forward temporaries; the backward of the blocks and the stem works in scratch shared by all of
 // them. Parameters in order: stem conv, stem BN (weight, bias), then per block conv1, bn1, conv2,
 // bn2, conv3, bn3 [, downsample.0 (conv), downsample.1 (BN)], then fc weight (classes, 32w) and
 // bias — torchvision's names under the network's child index ("0.conv1.weight",

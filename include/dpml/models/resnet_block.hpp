@@ -39,11 +39,17 @@
 //
 // ResNetStem
 //   forward    y = maxpool(relu(bn1(conv1(x)))) (3×3, stride 2, padding 1; ImageNet's stem) or
-//              y = relu(bn1(conv1(x))) without the pool
+//              y = relu(bn1(conv1(x))) without the pool. With the pool, relu(bn1(·)) — the largest
+//              activation of an ImageNet ResNet, 4× the pool's output — is a temporary in
+//              "resnet.tmp", read only by the pool (as the fused model keeps it): the backward needs
+//              only where it is positive at each window's maximum, which is where the pool's
+//              output (kept by the pool, and by the next block as its input) is positive
 //   backward   conv1 computes no input gradient (the image needs none: backward_input returns an
-//              empty view); the pool's input gradient goes into the ring entry that does not hold
-//              dy, BatchNorm works in place there, and conv1's weight gradient follows — in the
-//              block's scratch, or per slot when deferred, reported as the block's are
+//              empty view); with the pool, dy masked by [y > 0] (the ReLU's backward, before the
+//              pool's) into "resnet.tmp", the pool's input gradient from it into the ring entry
+//              that does not hold dy, BatchNorm (told that dy comes masked) in place there; without
+//              the pool, BatchNorm masks by its saved output. conv1's weight gradient follows — in
+//              the block's scratch, or per slot when deferred, reported as the block's are
 //
 // Both are containers (reports_grad_ready): they report their children themselves. Element types
 // and spaces: those of Conv2d and BatchNorm2d (float or double on the host; bf16 on a GPU, where
@@ -322,6 +328,7 @@ struct ResNetStemOptions {
 template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>,
           class ConvPolicy = typename kernels::Ops<Space>::DefaultConvPolicy>
 class ResNetStem {
+  using Ops = kernels::Ops<Space>;
   using Conv = layers::Conv2d<T, Space, ConvPolicy>;
   using BN = layers::BatchNorm2d<T, Space, Comm>;
   using View = TensorView<T, Space>;
@@ -344,25 +351,32 @@ class ResNetStem {
     Saved& s = saved_.slot(ctx);
     const Input c = conv_.forward(ctx, x);
     s.conv = c.shape();
-    const Output h = bn_.forward(ctx, c);
-    const Output y = pool_ ? pool_->forward(ctx, h) : h;
-    s.out = y.shape();
-    if (!ctx.deferred_weight_gradients) detail::resnet::reserve_scratch<T>(ctx, std::max(c.numel(), y.numel()));
-    return y;
+    if (pool_) {  // relu(bn1(c)) into the scratch: the pool reads it, nothing after (see the top of the file)
+      const View h(ctx.dev().template shared<T>(detail::resnet::kTmp, c.numel()), c.shape());
+      s.y = pool_->forward(ctx, bn_.forward_into(ctx, c, Input(), h));
+    } else {
+      s.y = bn_.forward(ctx, c);
+    }
+    if (!ctx.deferred_weight_gradients) detail::resnet::reserve_scratch<T>(ctx, std::max(c.numel(), s.y.numel()));
+    return s.y;
   }
 
   // Weight gradients (formed here unless deferred); no input gradient: an empty view.
   Input backward_input(layers::Context<Space>& ctx, Output dy) {
     Saved& s = saved_.slot(ctx);
-    DPML_REQUIRE(s.out.rank() == 4 && dy.shape() == s.out && dy.is_contiguous(),
-                 "ResNetStem: dy " << dy.shape().str() << " differs from the output " << s.out.str()
+    DPML_REQUIRE(s.y.rank() == 4 && dy.shape() == s.y.shape() && dy.is_contiguous(),
+                 "ResNetStem: dy " << dy.shape().str() << " differs from the output " << s.y.shape().str()
                                    << " of micro-batch " << ctx.micro_batch);
     s.weights_pending = ctx.deferred_weight_gradients;
     const View d = s.weights_pending ? layers::ensure(s.kept, s.conv)
                                      : View(detail::resnet::ring<T>(ctx, s.conv.numel(), dy.data()).first, s.conv);
-    Input dh = dy;  // the gradient of BatchNorm's output
-    if (pool_) dh = pool_->backward_input_into(ctx, dy, d);
-    bn_.backward_input_into(ctx, dh, d, View());  // in place after the pool
+    if (pool_) {  // the ReLU's backward before the pool's (see the top of the file), then BatchNorm in place
+      const View masked(ctx.dev().template shared<T>(detail::resnet::kTmp, dy.numel()), dy.shape());
+      Ops::relu_backward(ctx.dev(), s.y.data(), dy.data(), masked.data(), dy.numel());
+      bn_.backward_input_masked_into(ctx, pool_->backward_input_into(ctx, masked, d), d, View());
+    } else {
+      bn_.backward_input_into(ctx, dy, d, View());
+    }
     if (!s.weights_pending) weight_gradients(ctx, d);
     return Input();
   }
@@ -384,7 +398,8 @@ class ResNetStem {
 
  private:
   struct Saved {                   // per micro-batch slot
-    Shape conv, out;               // conv1's output (N, out, H', W'); the stem's
+    Shape conv;                    // conv1's output (N, out, H', W')
+    Output y;                      // the stem's output: the pool's (or BatchNorm's) buffer
     bool weights_pending = false;  // backward_input left the weight gradients to backward_weight
     Tensor<T, Space> kept;         // deferred: conv1's output gradient
   };
