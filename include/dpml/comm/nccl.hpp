@@ -90,6 +90,22 @@ inline double nccl_timeout_seconds() {
   return v;
 }
 
+// NCCL settings dpml changes from NCCL's defaults, applied before the process's first NCCL call
+// (NCCL reads its environment once) unless the user set them:
+//   NCCL_CUMEM_ENABLE=0  buffers from cudaMalloc and peers mapped by CUDA IPC instead of cuMem
+//                        virtual memory. With cuMem, every kernel of a process holding three
+//                        communicators (a pipeline stage of the library's trainer) started ~1 µs
+//                        later after the previous one on its stream (the kernels' own times
+//                        unchanged): 3–4 % of a GPT-2 pp 2 step; with 0, the step equals the
+//                        fused model's (bench/RESULTS.md, "the pipeline's millisecond").
+inline void apply_nccl_defaults() {
+  static const bool applied = [] {
+    ::setenv("NCCL_CUMEM_ENABLE", "0", /*overwrite=*/0);
+    return true;
+  }();
+  (void)applied;
+}
+
 // What a communicator and its pending requests share. A communicator that saw an error or a
 // timeout, or that is released while an exception unwinds (this rank left the step midway, its
 // peers may be inside a collective or a connection with it), is aborted (ncclCommAbort) instead
@@ -375,6 +391,7 @@ class Nccl {
 
  private:
   Nccl(const Mpi& group, cudaStream_t stream, bool owns_stream) : state_(std::make_shared<detail::NcclState>()) {
+    detail::apply_nccl_defaults();
     state_->stream = stream;
     state_->owns_stream = owns_stream;
     state_->rank = group.rank();
