@@ -503,20 +503,20 @@ int main(int argc, char** argv) {
 
     // Data: train / validation windows, this data rank's share of each global batch.
     const data::WindowOptions wo{.seq_len = f.seq, .global_batch = f.global_batch, .seed = f.seed};
-    std::vector<std::uint16_t> train_tokens, val_tokens;
+    data::TokenStore train_tokens, val_tokens;
     const bool shards = is_token_shards(f.data);
     if (f.vocab == 0) f.vocab = shards ? data::kTokenShardVocab : data::kByteVocab;
-    if (shards) {
-      auto all = data::read_token_shards({f.data}, f.vocab);  // every id checked, validation part included
+    if (shards) {  // memory-mapped: each rank reads only its windows (every id checked once, validation part included)
+      const auto all = data::TokenStore::map_shards({f.data}, f.vocab);
       const auto cut = all.size() - all.size() / 20;
-      train_tokens.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(cut));
-      val_tokens.assign(all.begin() + static_cast<std::ptrdiff_t>(cut), all.end());
+      train_tokens = all.slice(0, cut);
+      val_tokens = all.slice(cut, all.size());
     } else {
       const std::string text = data::read_text(f.data);
       data::require_tokens_below(data::byte_tokens(text), f.vocab, "text '" + f.data + "'");  // --vocab-size below 256
       auto split = data::split_text(text, 0.05);
-      train_tokens = std::move(split.train);
-      val_tokens = std::move(split.validation);
+      train_tokens = data::TokenStore::own(std::move(split.train));
+      val_tokens = data::TokenStore::own(std::move(split.validation));
     }
     const double unigram = data::unigram_entropy(train_tokens, static_cast<int>(f.vocab));
     data::TokenWindows train_data(std::move(train_tokens), wo, dp_rank, grid.dp(), f.data);

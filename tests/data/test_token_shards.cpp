@@ -1,6 +1,8 @@
 // llm.c token shards (round trip, refused bad files naming the file, token ids checked against
-// the vocabulary at load time) and TokenWindows (windows, data-parallel split whose union is the
-// sequential batch, determinism for a seed).
+// the vocabulary at load time — read or memory-mapped alike), TokenStore (mapped shards equal to
+// the read ones, slices, copies across shards, resident memory of a mapped dataset) and
+// TokenWindows (windows, data-parallel split whose union is the sequential batch, determinism for
+// a seed).
 #include "test.hpp"
 
 #include <dpml/data/token_shards.hpp>
@@ -69,7 +71,14 @@ TEST_CASE("token shards: wrong magic, version or size is refused, naming the fil
     dpml::data::write_token_shard(p, tokens);
     return p;
   };
-  auto error = [](const std::string& p) { return dpml::test::error_of([&] { dpml::data::read_token_shard(p); }); };
+  // The read and the memory-mapped path refuse a malformed file with the same message.
+  auto error = [](const std::string& p) {
+    const auto read = dpml::test::error_of([&] { dpml::data::read_token_shard(p); });
+    if (fs::exists(p))
+      CHECK(dpml::test::message_of([&] { dpml::data::TokenStore::map_shards({p}); }) ==
+            dpml::test::message_of([&] { dpml::data::read_token_shard(p); }));
+    return read;
+  };
   auto has = [](const std::string& text, const std::string& part) {
     INFO(text);
     CHECK(text.find(part) != std::string::npos);
@@ -118,6 +127,7 @@ TEST_CASE("token shards: an id >= the vocabulary is refused at load time, naming
   // The first bad id, its position counted in its own file (not in the concatenation).
   CHECK(dpml::test::message_of([&] { dpml::data::read_token_shard(bad_path, 50257); }) == expected);
   CHECK(dpml::test::message_of([&] { dpml::data::read_token_shards({dir / "train_*.bin"}, 50257); }) == expected);
+  CHECK(dpml::test::message_of([&] { dpml::data::TokenStore::map_shards({dir / "train_*.bin"}, 50257); }) == expected);
   CHECK(dpml::data::read_token_shards({dir / "train_*.bin"}, 60001).size() == 500);
   CHECK(dpml::data::read_token_shard(bad_path).size() == 200);  // without a vocabulary: every uint16
   CHECK(dpml::test::message_of([&] { dpml::data::require_tokens_below(good, 7, "x"); }) ==
@@ -182,4 +192,81 @@ TEST_CASE("token shards: dp ranks' batches are disjoint and their union is the s
   dpml::data::TokenShardDataset epoch1({dir / "train_*.bin"}, opt);
   epoch1.set_epoch(1);
   CHECK(first_inputs(epoch1) != first_inputs(seq));
+}
+
+namespace {
+std::vector<std::uint16_t> all_of(const dpml::data::TokenStore& s) {
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(s.size()));
+  s.copy(0, s.size(), out.data());
+  return out;
+}
+// This process's own resident memory (RssAnon: what it allocated, not the page cache a mapping
+// shows), bytes.
+double private_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("RssAnon:", 0) == 0) return std::stod(line.substr(8)) * 1024.0;
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("token store: mapped shards equal the read ones; slices and copies across shards", "[data]") {
+  TempDir dir;
+  const auto a = random_tokens(700, 5), b = random_tokens(0, 6), c = random_tokens(555, 7);
+  dpml::data::write_token_shard(dir / "train_000.bin", a);
+  dpml::data::write_token_shard(dir / "train_001.bin", b);  // empty: contributes nothing
+  dpml::data::write_token_shard(dir / "train_002.bin", c);
+  const auto read = dpml::data::read_token_shards({dir / "train_*.bin"});
+  const auto mapped = dpml::data::TokenStore::map_shards({dir / "train_*.bin"});
+  REQUIRE(mapped.size() == 1255);
+  CHECK(all_of(mapped) == read);
+  std::vector<std::uint16_t> across(20);  // 10 tokens of each non-empty shard
+  mapped.copy(690, 20, across.data());
+  CHECK(across == std::vector<std::uint16_t>(read.begin() + 690, read.begin() + 710));
+  const auto tail = mapped.slice(600, 1255), inner = tail.slice(50, 150);  // a slice of a slice
+  CHECK(all_of(tail) == std::vector<std::uint16_t>(read.begin() + 600, read.end()));
+  CHECK(all_of(inner) == std::vector<std::uint16_t>(read.begin() + 650, read.begin() + 750));
+  CHECK(mapped.slice(3, 3).size() == 0);
+  std::int64_t pieces = 0;
+  mapped.for_each_piece([&](std::span<const std::uint16_t>) { ++pieces; });
+  CHECK(pieces == 2);
+  CHECK_THROWS_AS(mapped.copy(1250, 6, across.data()), dpml::Error);
+  CHECK_THROWS_AS(mapped.slice(10, 1256), dpml::Error);
+  // Windows over the mapped shards are the windows over the tokens read into memory.
+  const WindowOptions opt{.seq_len = 16, .global_batch = 7, .seed = 11, .shuffle = true};
+  const TokenWindows from_map(mapped, opt, 1, 2), from_vector(read, opt, 1, 2);
+  for (std::int64_t step = 0; step < from_map.batches_per_epoch(); ++step) {
+    const auto x = from_map.batch(step), y = from_vector.batch(step);
+    CHECK(std::vector<std::int32_t>(x.inputs.begin(), x.inputs.end()) == std::vector<std::int32_t>(y.inputs.begin(), y.inputs.end()));
+    CHECK(std::vector<std::int32_t>(x.targets.begin(), x.targets.end()) ==
+          std::vector<std::int32_t>(y.targets.begin(), y.targets.end()));
+  }
+}
+
+TEST_CASE("token store: a mapped 64 MiB shard is checked and trained on without a private copy", "[data]") {
+  TempDir dir;
+  const std::string path = dir / "big.bin";
+  constexpr std::int64_t kTokens = 32 << 20;  // 64 MiB of tokens, written in 1 Mi-token pieces
+  {
+    std::int32_t header[256] = {20240520, 1, static_cast<std::int32_t>(kTokens)};
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header), sizeof(header));
+    std::vector<std::uint16_t> piece(1 << 20);
+    for (std::int64_t at = 0; at < kTokens; at += static_cast<std::int64_t>(piece.size())) {
+      for (std::size_t i = 0; i < piece.size(); ++i) piece[i] = static_cast<std::uint16_t>((at + static_cast<std::int64_t>(i)) % 50257);
+      out.write(reinterpret_cast<const char*>(piece.data()), static_cast<std::streamsize>(piece.size() * 2));
+    }
+  }
+  const double before = private_bytes();
+  const TokenWindows w(dpml::data::TokenStore::map_shards({path}, 50257),
+                       WindowOptions{.seq_len = 1024, .global_batch = 8, .seed = 1, .shuffle = true});
+  for (std::int64_t step = 0; step < 4; ++step) {
+    const auto batch = w.batch(step);
+    const auto first = w.sampler().local_batch(step)[0];
+    CHECK(batch.inputs(0, 0) == (first * 1024) % 50257);
+    CHECK(batch.targets(0, 1023) == (first * 1024 + 1024) % 50257);
+  }
+  const double grown = private_bytes() - before;
+  INFO("private memory grew by " << grown / (1 << 20) << " MiB");
+  CHECK(grown < 8.0 * (1 << 20));  // read_token_shards would hold all 64 MiB
 }

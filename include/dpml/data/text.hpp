@@ -117,18 +117,34 @@ inline TextSplit split_text(std::string_view text, double validation_fraction = 
   return {std::vector<std::uint16_t>(all.begin(), cut), std::vector<std::uint16_t>(cut, all.end())};
 }
 
-// Entropy of the token frequencies, in nats (divide by ln 2 for bits). Tokens < vocab.
-inline double unigram_entropy(std::span<const std::uint16_t> tokens, int vocab = kByteVocab) {
-  std::vector<std::int64_t> count(static_cast<std::size_t>(vocab), 0);
+namespace detail {
+inline void count_tokens(std::span<const std::uint16_t> tokens, std::vector<std::int64_t>& count) {
+  const auto vocab = static_cast<std::int64_t>(count.size());
   for (auto t : tokens) {
     DPML_REQUIRE(t < vocab, "token " << t << " outside the vocabulary of " << vocab);
     ++count[t];
   }
-  double h = 0;
-  const double n = static_cast<double>(tokens.size());
+}
+inline double entropy_of_counts(const std::vector<std::int64_t>& count) {
+  double n = 0, h = 0;
+  for (auto c : count) n += static_cast<double>(c);
   for (auto c : count)
     if (c > 0) h -= (static_cast<double>(c) / n) * std::log(static_cast<double>(c) / n);
   return h;
+}
+}  // namespace detail
+
+// Entropy of the token frequencies, in nats (divide by ln 2 for bits). Tokens < vocab.
+inline double unigram_entropy(std::span<const std::uint16_t> tokens, int vocab = kByteVocab) {
+  std::vector<std::int64_t> count(static_cast<std::size_t>(vocab), 0);
+  detail::count_tokens(tokens, count);
+  return detail::entropy_of_counts(count);
+}
+// The same over a store's pieces (memory-mapped shards: one pass, nothing copied).
+inline double unigram_entropy(const TokenStore& tokens, int vocab = kByteVocab) {
+  std::vector<std::int64_t> count(static_cast<std::size_t>(vocab), 0);
+  tokens.for_each_piece([&](std::span<const std::uint16_t> piece) { detail::count_tokens(piece, count); });
+  return detail::entropy_of_counts(count);
 }
 inline double unigram_entropy_bits(std::span<const std::uint16_t> tokens, int vocab = kByteVocab) {
   return unigram_entropy(tokens, vocab) / std::log(2.0);
