@@ -212,7 +212,8 @@ namespace detail {
 
 // Replays a schedule with blocking waits at the compute action that consumes a message and
 // buffered (never blocking) sends. Fails with the stuck stages when no stage can advance.
-inline Status replay(const Schedule& schedule, const Costs& costs, Simulation* out) {
+// costs: one per stage (stages of unequal work: the first holds the embedding, the last the head).
+inline Status replay(const Schedule& schedule, const std::vector<Costs>& per_stage, Simulation* out) {
   const int p = static_cast<int>(schedule.size());
   constexpr double kNotSent = std::numeric_limits<double>::infinity();
   // Time at which mb's message is usable at its destination, per (source stage, mb).
@@ -234,6 +235,7 @@ inline Status replay(const Schedule& schedule, const Costs& costs, Simulation* o
     progress = false;
     for (int s = 0; s < p; ++s) {
       const auto us = static_cast<std::size_t>(s);
+      const Costs& costs = per_stage[us];
       while (pc[us] < schedule[us].size()) {
         const Action a = schedule[us][pc[us]];
         const auto mb = static_cast<std::size_t>(a.micro_batch);
@@ -294,6 +296,7 @@ inline Status replay(const Schedule& schedule, const Costs& costs, Simulation* o
 // computed; sends and receives between two neighbours come in the same micro-batch order; the
 // first stage receives no activations and the last none of the gradients; and no deadlock.
 inline Status check_schedule(const Schedule& schedule, int stages, int micro_batches) {
+  const std::vector<Costs> unit(schedule.size());
   std::ostringstream err;
   if (static_cast<int>(schedule.size()) != stages) {
     err << "schedule has " << schedule.size() << " stage lists for " << stages << " stages";
@@ -364,15 +367,19 @@ inline Status check_schedule(const Schedule& schedule, int stages, int micro_bat
       return Status::failure(err.str());
     }
   }
-  return detail::replay(schedule, Costs{}, nullptr);
+  return detail::replay(schedule, unit, nullptr);
 }
 
 // Per-stage busy and idle time of a valid schedule on the cost model (blocking receives,
-// buffered sends); throws when the schedule deadlocks.
-inline Simulation simulate(const Schedule& schedule, const Costs& costs) {
+// buffered sends); throws when the schedule deadlocks. Costs per stage, or one for all.
+inline Simulation simulate(const Schedule& schedule, const std::vector<Costs>& per_stage) {
+  DPML_REQUIRE(per_stage.size() == schedule.size(), per_stage.size() << " stage costs for " << schedule.size() << " stages");
   Simulation sim;
-  detail::replay(schedule, costs, &sim).throw_if_error();
+  detail::replay(schedule, per_stage, &sim).throw_if_error();
   return sim;
+}
+inline Simulation simulate(const Schedule& schedule, const Costs& costs) {
+  return simulate(schedule, std::vector<Costs>(schedule.size(), costs));
 }
 
 // The bubble fraction Σ idle / (p · makespan) the theory above predicts (communication free).
