@@ -63,6 +63,7 @@
 
 #include "dpml/optim/adamw.hpp"
 #include "dpml/optim/clip.hpp"
+#include "dpml/optim/loss_scale.hpp"
 #include "dpml/optim/optimizer.hpp"
 #include "dpml/optim/rule.hpp"
 #include "dpml/optim/schedule.hpp"
@@ -120,6 +121,7 @@
 #include "dpml/train/memory_fit.hpp"
 #include "dpml/train/pipeline_trace.hpp"
 #include "dpml/train/profile_steps.hpp"
+#include "dpml/train/scaling_model.hpp"
 #include "dpml/train/progress.hpp"
 #include "dpml/train/step_meter.hpp"
 #include "dpml/train/tensorboard.hpp"
