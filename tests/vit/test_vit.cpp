@@ -65,6 +65,9 @@ TEST_CASE("Vit: global parameter names; both backward halves match finite differ
   CHECK(params[4]->name() == "3.blocks.0.ln_1.weight");
   CHECK(params[params.size() - 3]->name() == "5.ln_f.bias");
   CHECK(params.back()->name() == "6.head.bias");
+  std::int64_t n = 0;
+  for (auto* p : params) n += p->numel();
+  CHECK(n == c.parameter_count());
   layers::initialize_all(params, 3, nullptr);
   auto gen = test::rng(31);
   auto x = test::random_tensor<double>({3, 2, 4, 4}, gen);

@@ -46,6 +46,7 @@
 
 #include <cstdint>
 #include <span>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -62,6 +63,18 @@ inline std::int64_t heads_per_rank(std::int64_t dim, std::int64_t heads, int tp,
                                                         << " heads are not divisible by the tensor-parallel degree --tp "
                                                         << tp);
   return heads / tp;
+}
+// dim, once the space's attention kernels are known to take Mask: refused on every rank before any
+// buffer is made. (An if constexpr, not DPML_REQUIRE: nvcc warns on a check that always fails.)
+template <class Ops, class Mask>
+std::int64_t dim_for_mask(std::int64_t dim, const std::string& name) {
+  if constexpr (!Ops::attention_mask_supported(Mask{})) {
+    std::ostringstream os;
+    os << "no kernel for this space: " << Mask::name << " attention " << name << " (this space's attention kernels are "
+       << Ops::attention_masks << " only)";
+    throw Error(os.str(), Scope::everywhere);
+  }
+  return dim;
 }
 }  // namespace detail
 
@@ -126,13 +139,10 @@ class SelfAttention {
 
   SelfAttention(std::int64_t dim, std::int64_t heads, std::string name = "attn",
                 const parallel::TensorRegion<Comm>& region = {})
-      : C_(dim), H_(detail::heads_per_rank(dim, heads, region.size(), name)), D_(dim / heads),
+      : C_(detail::dim_for_mask<Ops, Mask>(dim, name)), H_(detail::heads_per_rank(dim, heads, region.size(), name)),
+        D_(dim / heads),
         c_attn_(dim, 3 * dim, {.bias = true, .name = name + ".c_attn"}, region),
         c_proj_(dim, dim, {.bias = true, .name = name + ".c_proj"}, region) {
-    DPML_REQUIRE_EVERYWHERE(Ops::attention_mask_supported(Mask{}),
-                            "no kernel for this space: " << Mask::name << " attention " << name
-                                                         << " (this space's attention kernels are "
-                                                         << Ops::attention_masks << " only)");
     DPML_REQUIRE_EVERYWHERE(Ops::attention_head_dim_supported(D_),
                             "attention " << name << ": head dimension " << D_ << " (" << dim << " / " << heads
                                          << " heads) is not one this space's attention kernels take ("

@@ -45,6 +45,12 @@ struct VitConfig {
   std::int64_t classes = 10;
 
   std::int64_t tokens() const noexcept { return (image / patch) * (image / patch); }  // T
+  // All parameters, whole tensors (not a tensor-parallel rank's shards).
+  std::int64_t parameter_count() const noexcept {
+    const std::int64_t C = dim, hidden = mlp_hidden > 0 ? mlp_hidden : 4 * dim;
+    const std::int64_t block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * hidden + hidden) + (hidden * C + C);
+    return (channels * patch * patch * C + C) + C + (1 + tokens()) * C + layers * block + 2 * C + (C * classes + classes);
+  }
 };
 
 template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
