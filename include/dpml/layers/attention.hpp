@@ -133,7 +133,6 @@ class SelfAttention {
  public:
   using value_type = T;
   using space = Space;
-  using mask = Mask;
   using Input = TensorView<const T, Space>;   // (B, T, C), whole on every tensor rank
   using Output = TensorView<const T, Space>;  // (B, T, C), whole on every tensor rank
 
