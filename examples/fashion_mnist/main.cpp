@@ -22,24 +22,20 @@
 // --metrics FILE.jsonl and --tensorboard DIR (a run directory per launch in it): rank 0 records
 // every step (loss, accuracy, img/s, MFU against the GPUs' bf16 peak, memory, GPU power and energy
 // per image where NVML meters them) and each epoch's test accuracy (train/progress.hpp).
+#include "fashion_mnist_epochs.hpp"
+
 #include <dpml/comm/launch.hpp>
 #include <dpml/data/image.hpp>
-#include <dpml/data/loader.hpp>
-#include <dpml/data/sampler.hpp>
 #include <dpml/layers/init.hpp>
 #include <dpml/models/mlp.hpp>
 #include <dpml/models/resnet.hpp>
 #include <dpml/optim/adamw.hpp>
-#include <dpml/optim/schedule.hpp>
 #include <dpml/optim/sgd.hpp>
 #include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/strategy.hpp>
 #include <dpml/train/args.hpp>
 #include <dpml/train/classifier.hpp>
 #include <dpml/train/flops.hpp>
-#include <dpml/train/progress.hpp>
-#include <dpml/train/step_meter.hpp>
-#include <dpml/train/tensorboard.hpp>
 #ifdef DPML_WITH_CUDA
 #include <dpml/comm/cuda_placement.hpp>
 #include <dpml/core/bf16.hpp>
@@ -50,7 +46,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <initializer_list>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -75,7 +70,6 @@ struct Flags {
   std::string gpu_comm = "auto";
 };
 
-// The epochs of training and evaluation, on either space.
 // Model FLOPs of one training image (train/flops.hpp: counted conv by conv, 3 × the forward).
 double training_flops_per_image(const Flags& f) {
   const double forward = f.model == "mlp" ? train::mlp_forward_flops_per_sample({.hidden = f.hidden, .depth = f.depth})
@@ -83,63 +77,14 @@ double training_flops_per_image(const Flags& f) {
   return train::training_flops(forward);
 }
 
-// own_gpus: a GPU per rank (MFU against their peak, their power: train/step_meter.hpp).
+// The epochs of training and evaluation (examples/common/fashion_mnist_epochs.hpp), on either space.
 template <class Trainer>
 int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer, bool own_gpus = false) {
-  const int rank = grid.world_rank(), dp = grid.dp(), dp_rank = grid.coord(Axis::data);
-  const auto train_set = data::fashion_mnist(data::Split::train, f.data_dir);
-  const auto test_set = data::fashion_mnist(data::Split::test, f.data_dir);
-  data::Loader train_loader(train_set, data::DistributedSampler(train_set.size(), {.global_batch = f.global_batch, .seed = f.seed}, dp_rank, dp),
-                            {.mean = data::kFashionMnistMean, .std = data::kFashionMnistStd, .pad = f.augment ? 2 : 0,
-                             .flip = f.augment, .seed = f.seed});
-  data::Loader test_loader(test_set, data::DistributedSampler(test_set.size(), {.global_batch = 1000, .shuffle = false, .drop_last = false}, dp_rank, dp),
-                           {.mean = data::kFashionMnistMean, .std = data::kFashionMnistStd});
-
-  const std::int64_t steps_per_epoch = train_loader.batches_per_epoch(), total = steps_per_epoch * f.epochs;
-  const optim::WarmupCosineLR schedule{.max_lr = f.lr, .min_lr = f.min_lr, .warmup_steps = std::min(f.warmup, total - 1),
-                                       .decay_steps = total};
-  train::Progress progress(total, rank, "img/s");
-  train::MetricsLog metrics(f.metrics, f.tensorboard, rank);
-  const double flops_per_image = training_flops_per_image(f);
-  train::StepMeter<typename std::remove_reference_t<decltype(trainer.model())>::space> meter(grid.world(), own_gpus);  // collective
-  std::int64_t step = 0;
-  double accuracy = 0;
-  for (std::int64_t epoch = 0; epoch < f.epochs; ++epoch) {
-    train_loader.start_epoch(epoch);
-    double loss_sum = 0;
-    std::int64_t seen = 0;
-    while (const data::Batch* batch = train_loader.next()) {
-      ++step;
-      const double lr = schedule(step);
-      const auto r = trainer.train_step(*batch, lr);
-      loss_sum += r.loss;
-      ++seen;
-      const double images = static_cast<double>(batch->global_size), ips = images / r.seconds;
-      const auto hw = meter.lap(flops_per_image * images, r.seconds);  // collective: every rank, every step
-      metrics.write(step, {{"epoch", double(epoch)}, {"loss", r.loss}, {"train_acc", r.accuracy},
-                           {"lr", lr}, {"img_per_s", ips}, {"grad_norm", r.grad_norm}, {"exposed_comm_s", r.exposed_comm_seconds}},
-                    hw.metrics("energy_j_per_image", images));
-      if (step % f.log_interval == 0 || step == 1) {
-        // A named list: nvcc's front end mangles this braced list written in the call.
-        const std::initializer_list<train::Metric> extra = {{"epoch", double(epoch + 1)}, {"train-acc", r.accuracy}, {"lr", lr},
-                                                            {"mfu%", 100 * hw.mfu}, {"mem GiB", hw.peak_memory_gib},
-                                                            {"W", hw.power.watts}};
-        progress.print(step, loss_sum / static_cast<double>(seen), ips, extra);
-      }
-    }
-    accuracy = trainer.evaluate(test_loader);
-    // At the epoch's last step in TensorBoard; its JSON line has never named a step.
-    metrics.write(step, {{"epoch", double(epoch + 1)}, {"test_accuracy", accuracy}, {"elapsed_s", progress.elapsed()}},
-                  train::JsonStep::omitted);
-    if (rank == 0)
-      std::printf("epoch %lld/%lld: train loss %.4f | test accuracy %.2f%% (10000 images) | %s elapsed\n",
-                  static_cast<long long>(epoch + 1), static_cast<long long>(f.epochs), loss_sum / static_cast<double>(seen),
-                  100.0 * accuracy, train::format_duration(progress.elapsed()).c_str());
-  }
-  if (rank == 0)
-    std::printf("final test accuracy %.2f%% after %lld epochs, %s on %d ranks\n", 100.0 * accuracy,
-                static_cast<long long>(f.epochs), train::format_duration(progress.elapsed()).c_str(), grid.world_size());
-  return 0;
+  return examples::train_epochs({.data_dir = f.data_dir, .epochs = f.epochs, .global_batch = f.global_batch,
+                                 .crop_padding = f.augment ? 2 : 0, .flip = f.augment, .lr = f.lr, .min_lr = f.min_lr,
+                                 .warmup = f.warmup, .log_interval = f.log_interval, .seed = f.seed, .metrics = f.metrics,
+                                 .tensorboard = f.tensorboard, .flops_per_image = training_flops_per_image(f)},
+                                grid, trainer, own_gpus);
 }
 
 // body.template operator()<Strategy, Rule>(rule options) for --zero and --optimizer.

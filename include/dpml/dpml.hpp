@@ -44,6 +44,8 @@
 #include "dpml/kernels/host/pool.hpp"
 #include "dpml/kernels/host/softmax.hpp"
 #include "dpml/kernels/host/update.hpp"
+#include "dpml/kernels/host/vision.hpp"
+#include "dpml/kernels/attention_mask.hpp"
 #include "dpml/kernels/image.hpp"
 #include "dpml/kernels/ops.hpp"
 #include "dpml/kernels/update.hpp"
@@ -100,6 +102,7 @@
 #include "dpml/layers/sequential.hpp"
 #include "dpml/layers/stack.hpp"
 #include "dpml/layers/transformer_block.hpp"
+#include "dpml/layers/vision.hpp"
 #include "dpml/layers/vocab_parallel_cross_entropy.hpp"
 
 #include "dpml/models/bottleneck_resnet.hpp"
@@ -107,6 +110,7 @@
 #include "dpml/models/mlp.hpp"
 #include "dpml/models/resnet.hpp"
 #include "dpml/models/resnet_block.hpp"
+#include "dpml/models/vit.hpp"
 
 #include "dpml/train/args.hpp"
 #include "dpml/train/batch.hpp"

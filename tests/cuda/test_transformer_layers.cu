@@ -184,6 +184,16 @@ TEST_CASE("CausalSelfAttention on the GPU refuses a head dimension its kernels l
   CHECK(test::message_of([] { CausalSelfAttention<double> a(64, 4, "attn"); }).empty());  // the host takes any
 }
 
+TEST_CASE("Bidirectional attention and block on the GPU refuse at construction: the flash kernels are causal only",
+          "[cuda][layers][transformer][attention]") {
+  const std::string want = "no kernel for this space: bidirectional attention attn (this space's attention kernels are causal only)";
+  CHECK(test::message_of([] { BidirectionalSelfAttention<bf16, CudaSpace> a(128, 2, "attn"); }) == want);
+  CHECK(test::message_of([] {
+          TransformerBlock<bf16, CudaSpace, parallel::default_comm_t<CudaSpace>, attention::Bidirectional> b({.dim = 128, .heads = 2});
+        }) == want);
+  CHECK(test::message_of([] { BidirectionalSelfAttention<double> a(128, 2, "attn"); }).empty());  // the host has it
+}
+
 TEMPLATE_TEST_CASE("Mlp on the GPU, with and without the GELU recompute, equals the float64 host Mlp",
                    "[cuda][layers][transformer][mlp]", bf16, float) {
   using T = TestType;

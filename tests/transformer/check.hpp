@@ -4,6 +4,8 @@
 #include "test.hpp"
 
 #include <dpml/core/tensor.hpp>
+#include <dpml/layers/attention.hpp>
+#include <dpml/layers/layer.hpp>
 
 #include <cstdint>
 #include <string>
@@ -38,6 +40,22 @@ template <class V>
 std::vector<double> to_vector(const V& v) {
   return std::vector<double>(v.begin(), v.end());
 }
+
+// A bidirectional layer (attention or block) seen as a plain layer whose forward passes `keys`:
+// the form the layout checks (expect_same_as_serial) and gradient checks take.
+template <class L>
+struct Padded {
+  using value_type = typename L::value_type;
+  using space = typename L::space;
+  using Input = typename L::Input;
+  using Output = typename L::Output;
+  L& layer;
+  layers::KeyPadding keys;
+  Output forward(layers::Context<space>& ctx, Input x) { return layer.forward(ctx, x, keys); }
+  Input backward_input(layers::Context<space>& ctx, Output dy) { return layer.backward_input(ctx, dy); }
+  void backward_weight(layers::Context<space>& ctx, Output dy) { layer.backward_weight(ctx, dy); }
+  auto parameters() { return layer.parameters(); }
+};
 
 // test::error_of (test.hpp) gives the message; does it mention `part`?
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

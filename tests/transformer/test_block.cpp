@@ -11,6 +11,7 @@
 #include <dpml/layers/transformer_block.hpp>
 #include <dpml/layers/vocab_parallel_cross_entropy.hpp>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <span>
@@ -50,6 +51,62 @@ TEST_CASE("CausalSelfAttention and Mlp layers: both backward halves match finite
   };
   run(attn);
   run(mlp);
+}
+
+TEST_CASE("Bidirectional attention and block, with and without padded keys: both backward halves match finite "
+          "differences; a padded key's token changes no output; every token sees the last one",
+          "[transformer][attention][block][bidirectional]") {
+  auto gen = test::rng(29);
+  const std::int64_t B = 2, Tn = 4, C = 6;
+  layers::BidirectionalSelfAttention<double> attn(C, 3, "attn");
+  using Block = layers::TransformerBlock<double, HostSpace, parallel::default_comm_t<HostSpace>, attention::Bidirectional>;
+  Block block({.dim = C, .heads = 2}), recomputed({.dim = C, .heads = 2, .recompute = true});
+  layers::initialize_all(attn.parameters(), 5, nullptr);
+  layers::initialize_all(block.parameters(), 5, nullptr);
+  layers::initialize_all(recomputed.parameters(), 5, nullptr);
+  auto x = test::random_tensor<double>({B, Tn, C}, gen);
+  auto r = test::random_tensor<double>({B, Tn, C}, gen);
+  const std::int64_t valid[B] = {2, 4};
+  const bool mask[B * Tn] = {true, false, true, true, /* b = 1 */ false, true, true, true};
+  layers::Context<> ctx;
+  auto check = [&](auto& layer, const layers::KeyPadding& keys) {
+    test::Padded<std::remove_reference_t<decltype(layer)>> padded{layer, keys};
+    for (auto* p : layer.parameters()) std::fill(p->grad().begin(), p->grad().end(), 0.0);
+    padded.forward(ctx, x.cview());
+    const auto dx = test::to_vector(padded.backward_input(ctx, r.cview()));
+    padded.backward_weight(ctx, r.cview());
+    auto loss = [&] { return test::dot(padded.forward(ctx, x.cview()), r); };
+    CHECK(test::rel_error(dx, test::numeric_gradient(loss, x.data(), x.numel())) < 1e-7);
+    check_parameter_gradients(layer, loss);
+    // A padded key's token reaches only its own output (its query); every other output ignores it.
+    const auto before = test::to_vector(padded.forward(ctx, x.cview()));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < Tn; ++t) {
+        if (keys.empty() || keys.data()[b * Tn + t] != 0) continue;
+        for (std::int64_t c = 0; c < C; ++c) x(b, t, c) += 0.5 * static_cast<double>(c % 3);
+        const auto after = test::to_vector(padded.forward(ctx, x.cview()));
+        for (std::int64_t c = 0; c < C; ++c) x(b, t, c) -= 0.5 * static_cast<double>(c % 3);
+        for (std::int64_t i = 0; i < B * Tn * C; ++i) {
+          CAPTURE(b, t, i);
+          if (i / C != b * Tn + t) CHECK(after[i] == test::Approx(before[i]).epsilon(1e-13));
+        }
+      }
+  };
+  for (const auto& keys : {layers::KeyPadding(), layers::KeyPadding::lengths(valid, Tn), layers::KeyPadding::mask(mask, B, Tn)}) {
+    CAPTURE(keys.empty());
+    check(attn, keys);
+    check(block, keys);
+    check(recomputed, keys);
+  }
+  // No padding: the first token's output depends on the last token (a causal block's would not).
+  const auto before = test::to_vector(block.forward(ctx, x.cview()));
+  for (std::int64_t c = 0; c < C; ++c) x(0, Tn - 1, c) += 0.5 * static_cast<double>(c % 3);
+  const auto after = test::to_vector(block.forward(ctx, x.cview()));
+  CHECK(before[0] != after[0]);
+  CHECK(test::message_of([&] { block.forward(ctx, x.cview(), layers::KeyPadding::lengths(valid, Tn + 1)); }) ==
+        "attention: key padding (2, 5) is not the input's (B=2, T=4)");
+  CHECK(test::message_of([&] { layers::KeyPadding::lengths(std::vector<std::int64_t>{0}, Tn); }) ==
+        "key padding: sample 0 has 0 valid keys, not in [1, 4]");
 }
 
 TEST_CASE("TransformerBlock: forward is x + attn(ln_1 x) then + mlp(ln_2 r); both backward halves match finite "
@@ -216,6 +273,7 @@ TEST_CASE("Residual joins: attention and MLP forward(x, res) = res + forward(x);
 
 static_assert(layers::check_layer<layers::TransformerBlock<double>>());
 static_assert(layers::check_layer<layers::CausalSelfAttention<float>>());
+static_assert(layers::check_layer<layers::BidirectionalSelfAttention<float>>());
 static_assert(layers::check_layer<layers::Mlp<float>>());
 static_assert(layers::check_layer<layers::LayerNorm<float>>());
 static_assert(layers::check_layer<layers::Embedding<float>>());

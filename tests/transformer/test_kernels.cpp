@@ -78,9 +78,10 @@ TEST_CASE("LayerNorm: forward matches float64 reference; backward_input and back
 }
 
 namespace {
-// Causal attention written plainly: qkv (B, T, H, 3, D) → (B, T, H, D).
+// Attention written plainly: qkv (B, T, H, 3, D) → (B, T, H, D). Causal, or (keys given)
+// bidirectional over the keys j with keys[b·T + j] = 1.
 std::vector<double> attention_reference(const Tensor<double>& qkv, std::int64_t B, std::int64_t Tn, std::int64_t H,
-                                        std::int64_t D) {
+                                        std::int64_t D, const std::vector<std::uint8_t>* keys = nullptr) {
   std::vector<double> out(static_cast<std::size_t>(B * Tn * H * D), 0.0);
   auto at = [&](std::int64_t b, std::int64_t t, std::int64_t h, int part, std::int64_t d) {
     return qkv[(((b * Tn + t) * H + h) * 3 + part) * D + d];
@@ -88,17 +89,21 @@ std::vector<double> attention_reference(const Tensor<double>& qkv, std::int64_t 
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t i = 0; i < Tn; ++i) {
-        std::vector<double> s(static_cast<std::size_t>(i + 1));
+        auto visible = [&](std::int64_t j) { return keys ? (*keys)[b * Tn + j] != 0 : j <= i; };
+        std::vector<double> s(static_cast<std::size_t>(Tn), 0.0);
         double m = -1e300, z = 0;
-        for (std::int64_t j = 0; j <= i; ++j) {
+        for (std::int64_t j = 0; j < Tn; ++j) {
+          if (!visible(j)) continue;
           double dotp = 0;
           for (std::int64_t d = 0; d < D; ++d) dotp += at(b, i, h, 0, d) * at(b, j, h, 1, d);
           s[j] = dotp / std::sqrt(double(D));
           m = std::max(m, s[j]);
         }
-        for (auto& v : s) z += (v = std::exp(v - m));
-        for (std::int64_t j = 0; j <= i; ++j)
-          for (std::int64_t d = 0; d < D; ++d) out[((b * Tn + i) * H + h) * D + d] += s[j] / z * at(b, j, h, 2, d);
+        for (std::int64_t j = 0; j < Tn; ++j)
+          if (visible(j)) z += (s[j] = std::exp(s[j] - m));
+        for (std::int64_t j = 0; j < Tn; ++j)
+          if (visible(j))
+            for (std::int64_t d = 0; d < D; ++d) out[((b * Tn + i) * H + h) * D + d] += s[j] / z * at(b, j, h, 2, d);
       }
   return out;
 }
@@ -122,6 +127,32 @@ TEST_CASE("attention: forward matches a plain causal reference; backward matches
     return test::dot(out, r);
   };
   CHECK(test::rel_error(dqkv, test::numeric_gradient(loss, qkv.data(), qkv.numel())) < 1e-8);
+}
+
+TEST_CASE("bidirectional attention: forward matches a plain reference with and without padded keys; padded keys "
+          "get probability 0; backward matches finite differences", "[transformer][attention][bidirectional]") {
+  auto gen = test::rng(15);
+  const std::int64_t B = 2, Tn = 5, H = 2, D = 3;
+  auto qkv = test::random_tensor<double>({B, Tn, H, 3, D}, gen, -2, 2);
+  auto r = test::random_tensor<double>({B, Tn, H, D}, gen);
+  const std::vector<std::uint8_t> all(B * Tn, 1), padded = {1, 1, 1, 0, 0, /* b = 1 */ 0, 1, 1, 0, 1};
+  for (const auto* keys : {&all, &padded}) {
+    CAPTURE(keys == &padded);
+    const attention::Bidirectional mask{.keys = keys == &all ? nullptr : keys->data()};
+    Tensor<double> out({B, Tn, H, D}), probs({B, H, Tn, Tn}), dqkv({B, Tn, H, 3, D});
+    kh::attention_forward(qkv.data(), out.data(), probs.data(), B, Tn, H, D, mask);
+    CHECK(test::rel_error(out, attention_reference(qkv, B, Tn, H, D, keys)) < 1e-13);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t i = 0; i < Tn; ++i)
+        for (std::int64_t j = 0; j < Tn; ++j) CHECK((probs(b, 1, i, j) == 0.0) == ((*keys)[b * Tn + j] == 0));
+
+    kh::attention_backward(r.data(), qkv.data(), probs.data(), dqkv.data(), B, Tn, H, D, mask);
+    auto loss = [&] {
+      kh::attention_forward(qkv.data(), out.data(), probs.data(), B, Tn, H, D, mask);
+      return test::dot(out, r);
+    };
+    CHECK(test::rel_error(dqkv, test::numeric_gradient(loss, qkv.data(), qkv.numel())) < 1e-8);
+  }
 }
 
 TEST_CASE("attention: changing a future token leaves earlier outputs unchanged", "[transformer][attention]") {

@@ -151,6 +151,25 @@ TEST_CASE("tensor parallel: attention (heads split), MLP and a whole block equal
   }
 }
 
+TEST_CASE("tensor parallel: bidirectional attention and block, with padded keys, equal tp = 1",
+          "[transformer][tp][bidirectional]") {
+  TensorGrid g;
+  const std::int64_t C = 8, valid[2] = {3, 5};
+  const Shape x{2, 5, C};
+  for (const auto& keys : {layers::KeyPadding(), layers::KeyPadding::lengths(valid, 5)}) {
+    CAPTURE(keys.empty());
+    {
+      layers::BidirectionalSelfAttention<double> s(C, 4, "attn"), p(C, 4, "attn", g.region);
+      test::Padded<decltype(s)> ps{s, keys}, pp{p, keys};
+      expect_same_as_serial(ps, pp, g, x, false, false, 7);
+    }
+    const layers::BlockOptions o{.dim = C, .heads = 4};
+    layers::TransformerBlock<double, HostSpace, comm::Mpi, attention::Bidirectional> s(o), p(o, g.region);
+    test::Padded<decltype(s)> ps{s, keys}, pp{p, keys};
+    expect_same_as_serial(ps, pp, g, x, false, false, 8);
+  }
+}
+
 TEST_CASE("tensor parallel: vocabulary-parallel embedding + tied cross-entropy equal tp = 1, V = 67 padded",
           "[transformer][tp][cross_entropy]") {
   TensorGrid g;

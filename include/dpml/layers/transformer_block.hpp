@@ -3,6 +3,10 @@
 //
 //   r = x + attn(ln_1(x));   y = r + mlp(ln_2(r))          x, r, y (B, T, C)
 //
+// The attention's mask policy is the last template argument (kernels/attention_mask.hpp):
+// attention::Causal (GPT, the default) or attention::Bidirectional (an encoder: ViT), whose
+// forward may take a KeyPadding (layers/attention.hpp), kept per slot for recomputation.
+//
 // It does what the fused GPU GPT (models/cuda/gpt.hpp) does, through its children's options, on
 // any space:
 //   forward    each residual joins inside the row-parallel GEMM that ends its branch (copy, then
@@ -61,6 +65,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace dpml::layers {
@@ -74,8 +79,12 @@ struct BlockOptions {
   std::string name = "";        // prefix of the parameter names; empty: none
 };
 
-template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
+template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>,
+          class Mask = attention::Causal>
 class TransformerBlock {
+  using Attention = SelfAttention<T, Space, Comm, Mask>;
+  static constexpr bool kCausal = std::is_same_v<Mask, attention::Causal>;
+
  public:
   using value_type = T;
   using space = Space;
@@ -90,14 +99,12 @@ class TransformerBlock {
         mlp_(MlpOptions{.dim = o.dim, .hidden = o.mlp_hidden, .name = named(o, "mlp"), .recompute_gelu = o.recompute_gelu},
              region) {}  // (the children refuse sizes tp does not divide, on every rank)
 
-  Output forward(Context<Space>& ctx, Input x) {
-    DPML_REQUIRE(x.rank() == 3 && x.size(2) == C_ && x.is_contiguous(),
-                 "TransformerBlock: input " << x.shape().str() << " is not (B, T, C=" << C_ << ")");
-    Saved& s = saved_.slot(ctx);
-    s.x = x;
-    if (!recompute_) return run_forward(ctx, x, {});
-    Context<Space> inner = children_context(ctx);
-    return run_forward(inner, x, ensure(s.y, x.shape()));  // y outlives the shared slot
+  Output forward(Context<Space>& ctx, Input x) { return forward_keeping(ctx, x, KeyPadding()); }
+  // Bidirectional: with the valid keys of each sample (B, T).
+  Output forward(Context<Space>& ctx, Input x, const KeyPadding& keys)
+    requires(!kCausal)
+  {
+    return forward_keeping(ctx, x, keys);
   }
 
   Input backward_input(Context<Space>& ctx, Output dy) { return backward_input_into(ctx, dy, {}); }
@@ -113,7 +120,7 @@ class TransformerBlock {
                                          << " (micro-batch " << ctx.micro_batch << ")");
     s.weights_pending = ctx.deferred_weight_gradients && !recompute_;
     Context<Space> inner = children_context(ctx);
-    if (recompute_) run_forward(inner, s.x, shared(ctx, "blk.rerun", s.x.shape()));  // output unused
+    if (recompute_) run_forward(inner, s.x, shared(ctx, "blk.rerun", s.x.shape()), s.keys);  // output unused
     DPML_REQUIRE(dx.data() == nullptr || (dx.shape() == s.x.shape() && dx.is_contiguous()),
                  "TransformerBlock: input gradient buffer " << dx.shape().str() << " is not a contiguous " << s.x.shape().str());
     DPML_REQUIRE(dx.data() != dy.data() || !s.weights_pending,
@@ -173,6 +180,7 @@ class TransformerBlock {
   };
   struct Saved {                  // per micro-batch slot
     Input x;                      // (B, T, C), the caller's buffer
+    KeyPadding keys;              // (B, T) the forward's valid keys (bidirectional; empty: all)
     Tensor<T, Space> y;           // (B, T, C) with recompute: the output outlives the children's slot
     bool weights_pending = false; // backward_input left the weight gradients to backward_weight
     Tensor<T, Space> d_pre, d_ln2, d_r, d_qkv, d_ln1, dx;  // deferred weight gradients only (Grads)
@@ -185,10 +193,25 @@ class TransformerBlock {
     return inner;
   }
 
+  Output forward_keeping(Context<Space>& ctx, Input x, const KeyPadding& keys) {
+    DPML_REQUIRE(x.rank() == 3 && x.size(2) == C_ && x.is_contiguous(),
+                 "TransformerBlock: input " << x.shape().str() << " is not (B, T, C=" << C_ << ")");
+    Saved& s = saved_.slot(ctx);
+    s.x = x;
+    if constexpr (!kCausal) s.keys = keys;
+    if (!recompute_) return run_forward(ctx, x, {}, keys);
+    Context<Space> inner = children_context(ctx);
+    return run_forward(inner, x, ensure(s.y, x.shape()), keys);  // y outlives the shared slot
+  }
+
   // r = x + attn(ln_1 x), y = r + mlp(ln_2 r): the residuals join in the branches' last GEMMs.
-  // y: where the output goes (a null view: the MLP's own buffer).
-  Output run_forward(Context<Space>& c, Input x, View y) {
-    const Output r = attn_.forward(c, ln_1_.forward(c, x), x);
+  // y: where the output goes (a null view: the MLP's own buffer); keys: bidirectional only.
+  Output run_forward(Context<Space>& c, Input x, View y, const KeyPadding& keys) {
+    Output r;
+    if constexpr (kCausal)
+      r = attn_.forward(c, ln_1_.forward(c, x), x);
+    else
+      r = attn_.forward(c, ln_1_.forward(c, x), x, {}, keys);
     return mlp_.forward(c, ln_2_.forward(c, r), r, y);
   }
 
@@ -246,7 +269,7 @@ class TransformerBlock {
   bool recompute_;
   std::int64_t C_, Cp_, hidden_;  // C, C/tp, hidden/tp
   LayerNorm<T, Space> ln_1_;
-  CausalSelfAttention<T, Space, Comm> attn_;
+  Attention attn_;
   LayerNorm<T, Space> ln_2_;
   Mlp<T, Space, Comm> mlp_;
   Slots<Saved> saved_;

@@ -23,6 +23,7 @@
 //     of N at GPT-2 124M). 4·L·T·C: per block and token, QKᵀ and AV are T·C multiply-adds each
 //     over all heads. The causal mask makes half of them unnecessary (flash attention skips those
 //     tiles), but the term is NOT halved — PaLM's convention, and the bench's.
+//   - ViT, per image: vit_forward_flops_per_image, its linears and attention token by token.
 //   - CNNs are counted layer by layer as the image's shape flows through them (CnnFlops), one
 //     function per model of models/: each walks the layers its model's make() builds, and a test
 //     holds the walk to the built model's weights. (Free functions over the configurations rather
@@ -45,6 +46,7 @@
 #include "dpml/models/mlp.hpp"
 #include "dpml/models/resnet.hpp"
 #include "dpml/models/resnet_block.hpp"
+#include "dpml/models/vit.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -221,6 +223,17 @@ inline CnnFlops mlp_flops(const models::MlpConfig& c) {
   return f;
 }
 inline double mlp_forward_flops_per_sample(const models::MlpConfig& c) { return mlp_flops(c).forward_flops(); }
+
+// models::Vit (vit.hpp): forward FLOPs per image. L = 1 + T tokens after the class token: the patch
+// embedding 2·T·(Cin·P²)·C; per block and token 2·(3C² + C² + 2·C·hidden) in its linears and
+// 4·L·C in QKᵀ and AV; the head 2·C·classes (on the class token only).
+inline double vit_forward_flops_per_image(const models::VitConfig& c) {
+  const double T = static_cast<double>(c.tokens()), L = 1 + T, C = static_cast<double>(c.dim);
+  const double hidden = static_cast<double>(c.mlp_hidden > 0 ? c.mlp_hidden : 4 * c.dim);
+  const double block = L * (2 * (4 * C * C + 2 * C * hidden) + 4 * L * C);
+  return 2 * T * static_cast<double>(c.channels * c.patch * c.patch) * C + static_cast<double>(c.layers) * block +
+         2 * C * static_cast<double>(c.classes);
+}
 
 // ------------------------------------------------------------------------------- peaks and MFU
 

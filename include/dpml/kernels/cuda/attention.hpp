@@ -28,6 +28,7 @@
 
 #include "dpml/core/cuda_space.hpp"
 #include "dpml/core/tensor.hpp"
+#include "dpml/kernels/attention_mask.hpp"
 #include "dpml/kernels/cuda/attention_mma.hpp"
 #include "dpml/kernels/cuda/attention_simt.hpp"
 #include "dpml/kernels/cuda/common.hpp"
@@ -159,6 +160,11 @@ struct AttentionOps {
   // construction, on every rank, rather than fail in the first forward.
   static constexpr const char* attention_head_dims = "32, 64 or 128";
   static constexpr bool attention_head_dim_supported(std::int64_t D) { return D == 32 || D == 64 || D == 128; }
+  // Causal only: the flash kernels skip the key blocks above the diagonal and know no key mask.
+  // A bidirectional layer refuses at construction (kernels/attention_mask.hpp).
+  static constexpr const char* attention_masks = "causal";
+  static constexpr bool attention_mask_supported(::dpml::attention::Causal) { return true; }
+  static constexpr bool attention_mask_supported(::dpml::attention::Bidirectional) { return false; }
   // What the forward keeps for the backward: the rows' log-sum-exp, sized by the forward (the
   // backward also reads the forward's output, which the layer keeps anyway).
   template <class T>

@@ -15,6 +15,7 @@
 #include "dpml/kernels/host/layer_norm.hpp"
 #include "dpml/kernels/host/pool.hpp"
 #include "dpml/kernels/host/update.hpp"
+#include "dpml/kernels/host/vision.hpp"
 #include "dpml/kernels/image.hpp"
 #include "dpml/kernels/ops.hpp"
 
@@ -35,6 +36,7 @@ struct Ops<HostSpace> : host::ElementwiseOps,
                         host::GradNormOps,
                         host::EmbeddingOps,
                         host::CrossEntropyOps,
-                        host::IdCheckOps {};
+                        host::IdCheckOps,
+                        host::VisionOps {};
 
 }  // namespace dpml::kernels
