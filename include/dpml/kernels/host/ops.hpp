@@ -13,6 +13,7 @@
 #include "dpml/kernels/host/grad_norm.hpp"
 #include "dpml/kernels/host/id_check.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
+#include "dpml/kernels/host/lstm.hpp"
 #include "dpml/kernels/host/pool.hpp"
 #include "dpml/kernels/host/update.hpp"
 #include "dpml/kernels/image.hpp"
@@ -35,6 +36,7 @@ struct Ops<HostSpace> : host::ElementwiseOps,
                         host::GradNormOps,
                         host::EmbeddingOps,
                         host::CrossEntropyOps,
-                        host::IdCheckOps {};
+                        host::IdCheckOps,
+                        host::LstmOps {};
 
 }  // namespace dpml::kernels
