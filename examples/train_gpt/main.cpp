@@ -118,7 +118,7 @@ struct Flags {
   std::int64_t iters = 600, warmup = -1, eval_interval = 100, log_interval = 20;  // warmup -1: iters / 10
   double lr = 3e-3, min_lr = 3e-4, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1234;
-  std::string data = "/usr/share/games/fortunes";
+  std::string data = data::kFortunesPath;
   std::string metrics = "", tensorboard = "";
   std::string profile_steps = "";
   std::string trace_pipeline = "";
@@ -503,25 +503,22 @@ int main(int argc, char** argv) {
 
     // Data: train / validation windows, this data rank's share of each global batch.
     const data::WindowOptions wo{.seq_len = f.seq, .global_batch = f.global_batch, .seed = f.seed};
-    std::vector<std::uint16_t> train_tokens, val_tokens;
+    data::TextSplit split;
     const bool shards = is_token_shards(f.data);
     if (f.vocab == 0) f.vocab = shards ? data::kTokenShardVocab : data::kByteVocab;
     if (shards) {
       auto all = data::read_token_shards({f.data}, f.vocab);  // every id checked, validation part included
       const auto cut = all.size() - all.size() / 20;
-      train_tokens.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(cut));
-      val_tokens.assign(all.begin() + static_cast<std::ptrdiff_t>(cut), all.end());
+      split.train.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(cut));
+      split.validation.assign(all.begin() + static_cast<std::ptrdiff_t>(cut), all.end());
     } else {
       const std::string text = data::read_text(f.data);
       data::require_tokens_below(data::byte_tokens(text), f.vocab, "text '" + f.data + "'");  // --vocab-size below 256
-      auto split = data::split_text(text, 0.05);
-      train_tokens = std::move(split.train);
-      val_tokens = std::move(split.validation);
+      split = data::split_text(text, 0.05);
     }
-    const double unigram = data::unigram_entropy(train_tokens, static_cast<int>(f.vocab));
-    data::TokenWindows train_data(std::move(train_tokens), wo, dp_rank, grid.dp(), f.data);
-    data::TokenWindows val_data(std::move(val_tokens), {.seq_len = f.seq, .global_batch = f.global_batch, .seed = f.seed, .shuffle = false},
-                                dp_rank, grid.dp(), f.data + " (validation)");
+    auto lm = data::lm_windows(std::move(split), static_cast<int>(f.vocab), wo, dp_rank, grid.dp(), f.data);
+    auto& train_data = lm.train;
+    const double unigram = lm.unigram_entropy;
 
     const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
                                    .dim = f.hidden, .recompute = f.recompute};
@@ -548,7 +545,7 @@ int main(int argc, char** argv) {
 #ifdef DPML_WITH_CUDA
     own_gpus = f.device == "cuda" && !staged;
 #endif
-    const Run run{f, faults, world, train_data, val_data, unigram, own_gpus};
+    const Run run{f, faults, world, train_data, lm.validation, unigram, own_gpus};
 #ifdef DPML_WITH_CUDA
     if (f.device == "cuda") {
       if (f.fp16)

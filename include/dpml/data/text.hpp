@@ -10,9 +10,11 @@
 // too), or any file with a NUL byte in its first KiB.
 //
 // split_text keeps the first (1 − f) of the bytes for training and the last f for validation;
-// each side becomes a TokenWindows (data/token_shards.hpp) — the same windowing and data-parallel
-// split as the token shards. unigram_entropy is the entropy of the byte frequencies: the loss of
-// a model that ignores context, the bar a language model must go well below.
+// lm_windows makes each side a TokenWindows (data/token_shards.hpp) — the same windowing and
+// data-parallel split as the token shards, the validation windows in order — and measures the
+// unigram entropy of the training tokens: the loss of a model that ignores context, the bar a
+// language model must go well below. examples/train_gpt and examples/train_lstm read their text
+// so (default: kFortunesPath, the Debian `fortunes` package).
 
 #include "dpml/core/error.hpp"
 #include "dpml/data/token_shards.hpp"
@@ -33,6 +35,7 @@
 namespace dpml::data {
 
 inline constexpr int kByteVocab = 256;
+inline constexpr const char* kFortunesPath = "/usr/share/games/fortunes";
 
 namespace detail {
 inline std::string read_file_bytes(const std::filesystem::path& p) {
@@ -132,6 +135,21 @@ inline double unigram_entropy(std::span<const std::uint16_t> tokens, int vocab =
 }
 inline double unigram_entropy_bits(std::span<const std::uint16_t> tokens, int vocab = kByteVocab) {
   return unigram_entropy(tokens, vocab) / std::log(2.0);
+}
+
+// A language model's data: this data rank's share of the training windows (shuffled by
+// options.seed) and of the validation windows (in order), and the training tokens' unigram entropy
+// in nats. `source` names the data in messages. Tokens < vocab.
+struct LmWindows {
+  TokenWindows train, validation;
+  double unigram_entropy;
+};
+inline LmWindows lm_windows(TextSplit split, int vocab, WindowOptions options, int rank, int ranks, const std::string& source) {
+  const double unigram = unigram_entropy(split.train, vocab);
+  WindowOptions in_order = options;
+  in_order.shuffle = false;
+  return {TokenWindows(std::move(split.train), options, rank, ranks, source),
+          TokenWindows(std::move(split.validation), in_order, rank, ranks, source + " (validation)"), unigram};
 }
 
 }  // namespace dpml::data
