@@ -141,7 +141,6 @@ class Lstm {
   // weight_ih (4H, I), weight_hh (4H, H), bias (4H)
   std::vector<Param<T, Space>*> parameters() { return {&weight_ih_, &weight_hh_, &bias_}; }
 
-  std::int64_t input_size() const noexcept { return I_; }
   std::int64_t hidden_size() const noexcept { return H_; }
 
  private:
