@@ -118,7 +118,7 @@ struct Flags {
   std::int64_t iters = 600, warmup = -1, eval_interval = 100, log_interval = 20;  // warmup -1: iters / 10
   double lr = 3e-3, min_lr = 3e-4, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1234;
-  std::string data = "/usr/share/games/fortunes";
+  std::string data = data::kFortunesPath;
   std::string metrics = "", tensorboard = "";
   std::string profile_steps = "";
   std::string trace_pipeline = "";
@@ -503,25 +503,21 @@ int main(int argc, char** argv) {
 
     // Data: train / validation windows, this data rank's share of each global batch.
     const data::WindowOptions wo{.seq_len = f.seq, .global_batch = f.global_batch, .seed = f.seed};
-    data::TokenStore train_tokens, val_tokens;
+    data::TokenSplit split;
     const bool shards = is_token_shards(f.data);
     if (f.vocab == 0) f.vocab = shards ? data::kTokenShardVocab : data::kByteVocab;
     if (shards) {  // memory-mapped: each rank reads only its windows (every id checked once, validation part included)
       const auto all = data::TokenStore::map_shards({f.data}, f.vocab);
       const auto cut = all.size() - all.size() / 20;
-      train_tokens = all.slice(0, cut);
-      val_tokens = all.slice(cut, all.size());
+      split = {all.slice(0, cut), all.slice(cut, all.size())};
     } else {
       const std::string text = data::read_text(f.data);
       data::require_tokens_below(data::byte_tokens(text), f.vocab, "text '" + f.data + "'");  // --vocab-size below 256
-      auto split = data::split_text(text, 0.05);
-      train_tokens = data::TokenStore::own(std::move(split.train));
-      val_tokens = data::TokenStore::own(std::move(split.validation));
+      split = data::split_text(text, 0.05);
     }
-    const double unigram = data::unigram_entropy(train_tokens, static_cast<int>(f.vocab));
-    data::TokenWindows train_data(std::move(train_tokens), wo, dp_rank, grid.dp(), f.data);
-    data::TokenWindows val_data(std::move(val_tokens), {.seq_len = f.seq, .global_batch = f.global_batch, .seed = f.seed, .shuffle = false},
-                                dp_rank, grid.dp(), f.data + " (validation)");
+    auto lm = data::lm_windows(std::move(split), static_cast<int>(f.vocab), wo, dp_rank, grid.dp(), f.data);
+    auto& train_data = lm.train;
+    const double unigram = lm.unigram_entropy;
 
     const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
                                    .dim = f.hidden, .recompute = f.recompute};
@@ -548,7 +544,7 @@ int main(int argc, char** argv) {
 #ifdef DPML_WITH_CUDA
     own_gpus = f.device == "cuda" && !staged;
 #endif
-    const Run run{f, faults, world, train_data, val_data, unigram, own_gpus};
+    const Run run{f, faults, world, train_data, lm.validation, unigram, own_gpus};
 #ifdef DPML_WITH_CUDA
     if (f.device == "cuda") {
       if (f.fp16)

@@ -262,6 +262,24 @@ TEST_CASE("SoftmaxCrossEntropy: mean over the global batch; dlogits against fini
             .find("label 5 at position 2 is outside the classes [0, 5)") != std::string::npos);
 }
 
+TEST_CASE("SoftmaxCrossEntropy: (B, T, C) logits with (B, T) labels are B·T rows", "[layers]") {
+  auto gen = test::rng(8);
+  Ctx ctx;
+  ctx.global_batch = 6;
+  auto z = test::random_tensor<double>(Shape{2, 3, 5}, gen, -3, 3);
+  Tensor<std::int32_t> labels(Shape{2, 3}), flat(Shape{6});
+  for (int n = 0; n < 6; ++n) labels[n] = flat[n] = (n * 3) % 5;
+  layers::SoftmaxCrossEntropy<double> seq, rows;
+  seq.forward(ctx, z.cview(), labels.cview());
+  rows.forward(ctx, TensorView<const double>(z.data(), Shape{6, 5}), flat.cview());
+  CHECK(seq.take_loss() == rows.take_loss());
+  const auto d = seq.backward(ctx);
+  REQUIRE(d.shape() == Shape{2, 3, 5});
+  CHECK(test::rel_error(d, rows.backward(ctx)) == 0.0);
+  CHECK(test::error_of([&] { seq.forward(ctx, z.cview(), TensorView<const std::int32_t>(flat.data(), Shape{3, 2})); })
+            .find("logits (2, 3, 5) and labels (3, 2) are not (…, C) and (…)") != std::string::npos);
+}
+
 TEST_CASE("SoftmaxCrossEntropy: micro-batches add up; in place; padded classes; evaluation forms no dlogits",
           "[layers]") {
   auto gen = test::rng(7);

@@ -23,6 +23,7 @@ import sys
 # Numeric flags that take any value of their kind, and why.
 UNBOUNDED = {
     "--seed": "any integer seeds the generator",
+    "--forget-bias": "an LSTM's forget-gate bias may start at any finite value (train_lstm; 1 is usual)",
 }
 
 FLAG = re.compile(r"^\s+(--[\w-]+)(?: <(int|number|text)>| \| --no-[\w-]+)\s+(.*)$")

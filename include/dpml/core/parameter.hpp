@@ -30,9 +30,18 @@ struct Init {
   enum class Kind { constant, uniform, normal } kind = Kind::constant;
   double a = 0.0;  // constant: value; uniform: low;  normal: mean
   double b = 0.0;  //                  uniform: high; normal: standard deviation
+  // Elements [fill_begin, fill_end) of the global tensor (row-major flat index) start at `fill`
+  // instead of a draw: an LSTM's forget-gate quarter of its bias. Empty unless with_fill says.
+  std::int64_t fill_begin = 0, fill_end = 0;
+  double fill = 0.0;
   static Init constant(double v) { return {Kind::constant, v, 0.0}; }
   static Init uniform(double lo, double hi) { return {Kind::uniform, lo, hi}; }
   static Init normal(double mean, double std) { return {Kind::normal, mean, std}; }
+  Init with_fill(std::int64_t begin, std::int64_t end, double value) const {
+    Init i = *this;
+    i.fill_begin = begin, i.fill_end = end, i.fill = value;
+    return i;
+  }
 };
 
 // The order of a parameter's elements in memory, as a permutation of its dimensions: memory

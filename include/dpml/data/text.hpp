@@ -10,9 +10,11 @@
 // too), or any file with a NUL byte in its first KiB.
 //
 // split_text keeps the first (1 − f) of the bytes for training and the last f for validation;
-// each side becomes a TokenWindows (data/token_shards.hpp) — the same windowing and data-parallel
-// split as the token shards. unigram_entropy is the entropy of the byte frequencies: the loss of
-// a model that ignores context, the bar a language model must go well below.
+// lm_windows makes each side a TokenWindows (data/token_shards.hpp) — the same windowing and
+// data-parallel split as the token shards, the validation windows in order — and measures the
+// unigram entropy of the training tokens: the loss of a model that ignores context, the bar a
+// language model must go well below. examples/train_gpt and examples/train_lstm read their text
+// so (default: kFortunesPath, the Debian `fortunes` package).
 
 #include "dpml/core/error.hpp"
 #include "dpml/data/token_shards.hpp"
@@ -33,6 +35,7 @@
 namespace dpml::data {
 
 inline constexpr int kByteVocab = 256;
+inline constexpr const char* kFortunesPath = "/usr/share/games/fortunes";
 
 namespace detail {
 inline std::string read_file_bytes(const std::filesystem::path& p) {
@@ -117,6 +120,15 @@ inline TextSplit split_text(std::string_view text, double validation_fraction = 
   return {std::vector<std::uint16_t>(all.begin(), cut), std::vector<std::uint16_t>(cut, all.end())};
 }
 
+// The training and validation tokens of a language model: in memory (a text's split) or slices of
+// memory-mapped token shards.
+struct TokenSplit {
+  TokenStore train, validation;
+  TokenSplit() = default;
+  TokenSplit(TokenStore t, TokenStore v) : train(std::move(t)), validation(std::move(v)) {}
+  TokenSplit(TextSplit s) : train(TokenStore::own(std::move(s.train))), validation(TokenStore::own(std::move(s.validation))) {}
+};
+
 namespace detail {
 inline void count_tokens(std::span<const std::uint16_t> tokens, std::vector<std::int64_t>& count) {
   const auto vocab = static_cast<std::int64_t>(count.size());
@@ -148,6 +160,21 @@ inline double unigram_entropy(const TokenStore& tokens, int vocab = kByteVocab) 
 }
 inline double unigram_entropy_bits(std::span<const std::uint16_t> tokens, int vocab = kByteVocab) {
   return unigram_entropy(tokens, vocab) / std::log(2.0);
+}
+
+// A language model's data: this data rank's share of the training windows (shuffled by
+// options.seed) and of the validation windows (in order), and the training tokens' unigram entropy
+// in nats. `source` names the data in messages. Tokens < vocab.
+struct LmWindows {
+  TokenWindows train, validation;
+  double unigram_entropy;
+};
+inline LmWindows lm_windows(TokenSplit split, int vocab, WindowOptions options, int rank, int ranks, const std::string& source) {
+  const double unigram = unigram_entropy(split.train, vocab);
+  WindowOptions in_order = options;
+  in_order.shuffle = false;
+  return {TokenWindows(std::move(split.train), options, rank, ranks, source),
+          TokenWindows(std::move(split.validation), in_order, rank, ranks, source + " (validation)"), unigram};
 }
 
 }  // namespace dpml::data

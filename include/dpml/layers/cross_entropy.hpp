@@ -1,6 +1,8 @@
 #pragma once
 // Softmax cross-entropy over (N, C) logits and int32 labels (N): the classifier's loss, and the
-// pattern of the loss API every loss layer offers on both spaces (the trainer is generic over it):
+// pattern of the loss API every loss layer offers on both spaces (the trainer is generic over it).
+// Leading dimensions are rows: (B, T, C) logits with (B, T) labels are a language model's
+// next-token loss over B·T rows (examples/train_lstm), each target token one row.
 //
 //   using value_type, space, Input (the logits view), Target (the labels view)
 //   void   forward(ctx, Input logits, Target labels)
@@ -71,18 +73,19 @@ class SoftmaxCrossEntropy {
  public:
   using value_type = T;
   using space = Space;
-  using Input = TensorView<const T, Space>;              // logits (N, C)
-  using Target = TensorView<const std::int32_t, Space>;  // labels (N) in [0, valid)
+  using Input = TensorView<const T, Space>;              // logits (N, C), or (…, C): N rows
+  using Target = TensorView<const std::int32_t, Space>;  // labels (N) or (…) in [0, valid)
 
   explicit SoftmaxCrossEntropy(CrossEntropyOptions o = {})
       : opts_(o), check_(kernels::IdRange{"SoftmaxCrossEntropy", "label", "the classes"}) {}
 
   void forward(Context<Space>& ctx, Input logits, Target labels) {
-    DPML_REQUIRE(logits.rank() == 2 && logits.is_contiguous() && labels.rank() == 1 && labels.is_contiguous() &&
-                     labels.size(0) == logits.size(0),
+    bool rows_match = logits.rank() >= 2 && logits.rank() == labels.rank() + 1;
+    for (int d = 0; rows_match && d < labels.rank(); ++d) rows_match = labels.size(d) == logits.size(d);
+    DPML_REQUIRE(rows_match && logits.is_contiguous() && labels.is_contiguous(),
                  "SoftmaxCrossEntropy: logits " << logits.shape().str() << " and labels " << labels.shape().str()
-                                                << " are not (N, C) and (N)");
-    const std::int64_t N = logits.size(0), C = logits.size(1), valid = opts_.valid > 0 ? opts_.valid : C;
+                                                << " are not (…, C) and (…)");
+    const std::int64_t N = labels.numel(), C = logits.size(logits.rank() - 1), valid = opts_.valid > 0 ? opts_.valid : C;
     DPML_REQUIRE(valid <= C && C > 0, "SoftmaxCrossEntropy: " << valid << " real classes in rows of " << C);
     check_.scan(ctx.dev(), labels.data(), N, valid);
     Saved& s = slots_.slot(ctx);
@@ -94,7 +97,7 @@ class SoftmaxCrossEntropy {
                       ctx.loss_scale);
   }
 
-  // dlogits (N, C) of the same micro-batch's training forward.
+  // dlogits, shaped as the logits, of the same micro-batch's training forward.
   Input backward(Context<Space>& ctx) {
     const Saved& s = slots_.slot(ctx);
     DPML_REQUIRE(s.dlogits.data() != nullptr, "SoftmaxCrossEntropy: backward without a training forward for micro-batch "
@@ -110,8 +113,8 @@ class SoftmaxCrossEntropy {
 
  private:
   struct Saved {
-    Tensor<T, Space> own;  // (N, C): dlogits unless in place
-    Input dlogits;         // (N, C): `own` or the caller's logits; empty after an evaluation forward
+    Tensor<T, Space> own;  // (…, C) as the logits: dlogits unless in place
+    Input dlogits;         // (…, C): `own` or the caller's logits; empty after an evaluation forward
   };
 
   CrossEntropyOptions opts_;

@@ -11,7 +11,9 @@
 // position table wpe is replicated and added after the sum. Padding rows (V ≤ row < V_pad) are
 // initialised like the others but never looked up (the tied head's GEMM forms their logits, then
 // masks them) and never receive a gradient; a token outside [0, V) is an Error. Both tables start from N(0, 0.02²) (GPT-2), drawn by global index
-// (layers/init.hpp), so the real rows are the same whatever V_pad and tp are.
+// (layers/init.hpp), so the real rows are the same whatever V_pad and tp are. A model whose own
+// layers know the order of the tokens (a recurrent one: layers/lstm.hpp) leaves the position
+// table out (EmbeddingOptions::positions = false): y[b, t] = wte[tokens[b, t]], parameters wte only.
 //
 // The token ids get no gradient: backward_input returns an empty view. backward_weight adds
 // the gradients into this rank's rows of wte (deterministic on both spaces: in token order on the
@@ -69,6 +71,7 @@ struct EmbeddingOptions {
   std::string token_name = "wte";
   std::string position_name = "wpe";
   double init_std = 0.02;
+  bool positions = true;          // false: no position table (max_seq unused)
 };
 
 template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
@@ -84,14 +87,15 @@ class Embedding {
   explicit Embedding(const EmbeddingOptions& o, const parallel::TensorRegion<Comm>& region = {})
       : opts_(o), region_(region), part_(VocabPartition::make(o.vocab, region.size(), region.rank(), o.pad_multiple)),
         wte_(o.token_name + ".weight", Shape{part_.local(), o.dim}, Init::normal(0.0, o.init_std), Sharding::split(0)),
-        wpe_(o.position_name + ".weight", Shape{o.max_seq, o.dim}, Init::normal(0.0, o.init_std)),
+        wpe_(o.positions ? Param<T, Space>(o.position_name + ".weight", Shape{o.max_seq, o.dim}, Init::normal(0.0, o.init_std))
+                         : Param<T, Space>()),
         check_(kernels::IdRange{"Embedding " + wte_.name(), "token", "the vocabulary"}) {}
 
   Output forward(Context<Space>& ctx, Input tokens) {
     DPML_REQUIRE(tokens.rank() == 2 && tokens.is_contiguous(),
                  "Embedding " << wte_.name() << ": tokens must be (B, T), got " << tokens.shape().str());
     const std::int64_t B = tokens.size(0), Tn = tokens.size(1), C = opts_.dim;
-    DPML_REQUIRE(Tn <= opts_.max_seq, "Embedding " << wpe_.name() << ": sequence length " << Tn
+    DPML_REQUIRE(!opts_.positions || Tn <= opts_.max_seq, "Embedding " << wpe_.name() << ": sequence length " << Tn
                                                    << " exceeds the position table's " << opts_.max_seq << " rows");
     check_.scan(ctx.dev(), tokens.data(), tokens.numel(), opts_.vocab);
     Saved& s = slots_.slot(ctx);
@@ -100,7 +104,7 @@ class Embedding {
     Ops::embedding_token_forward(ctx.dev(), tokens.data(), wte_.value().data(), y.data(), B * Tn, C, part_.begin,
                                  part_.end);
     region_.reduce_from_forward(y);
-    Ops::embedding_position_forward(ctx.dev(), wpe_.value().data(), y.data(), B, Tn, C);
+    if (opts_.positions) Ops::embedding_position_forward(ctx.dev(), wpe_.value().data(), y.data(), B, Tn, C);
     return y;
   }
 
@@ -116,10 +120,14 @@ class Embedding {
     wte_.take_grad_zero();  // it adds: a tied LM head's GEMM after it must add too (ParamBase)
     Ops::embedding_token_backward(ctx.dev(), s.tokens.data(), dy.data(), wte_.grad().data(), B * Tn, C, part_.begin,
                                   part_.end, opts_.vocab);
-    Ops::embedding_position_backward(ctx.dev(), dy.data(), wpe_.grad().data(), B, Tn, C);
+    if (opts_.positions) Ops::embedding_position_backward(ctx.dev(), dy.data(), wpe_.grad().data(), B, Tn, C);
   }
 
-  std::vector<Param<T, Space>*> parameters() { return {&wte_, &wpe_}; }
+  // wte (V_pad / tp, C), then wpe (max_seq, C) unless positions = false.
+  std::vector<Param<T, Space>*> parameters() {
+    if (opts_.positions) return {&wte_, &wpe_};
+    return {&wte_};
+  }
 
   // Throws if a token of any forward so far lay outside the vocabulary; on a GPU it waits for the
   // last forward's check (the host has checked already).

@@ -72,6 +72,7 @@ void initialize(Param<T, Space>& p, std::uint64_t seed, const parallel::ProcessG
     double v = init.a;
     if (init.kind == Init::Kind::uniform) v = init.a + (init.b - init.a) * rng.uniform(o);
     if (init.kind == Init::Kind::normal) v = init.a + init.b * rng.normal(o);
+    if (gflat >= init.fill_begin && gflat < init.fill_end) v = init.fill;
     value[flat] = static_cast<T>(v);
     for (int d = local.rank() - 1; d >= 0; --d) {  // advance the multi-index
       if (++idx[d] < local[d]) break;

@@ -129,14 +129,8 @@ class GptTrainer : public Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strate
   }
 
   static TrainOptions generic(const GptTrainOptions& o, int dp) {
-    const std::int64_t per_rank = o.micro_batch * dp;
-    DPML_REQUIRE_EVERYWHERE(o.micro_batch >= 1 && o.global_batch >= 1, "--micro-batch " << o.micro_batch << " and --global-batch "
-                                                                                         << o.global_batch << " must be positive");
-    DPML_REQUIRE_EVERYWHERE(o.global_batch % per_rank == 0,
-                            "--global-batch " << o.global_batch << " is not a multiple of --micro-batch " << o.micro_batch
-                                              << " × dp " << dp << ": the micro-batches do not divide the batch");
-    return {.micro_batches = static_cast<int>(o.global_batch / per_rank), .global_batch = o.global_batch, .seed = o.seed,
-            .on_nonfinite = o.on_nonfinite, .loss_scaling = o.loss_scaling};
+    return {.micro_batches = micro_batches_of(o.micro_batch, o.global_batch, dp), .global_batch = o.global_batch,
+            .seed = o.seed, .on_nonfinite = o.on_nonfinite, .loss_scaling = o.loss_scaling};
   }
   void check_length(const data::TokenBatch& batch) {
     DPML_REQUIRE(batch.inputs.size(1) <= this->model().config().max_seq,

@@ -163,6 +163,19 @@ struct TrainOptions {
   optim::LossScaling loss_scaling = {};          // off | fixed S | dynamic (fp16): see the top of the file
 };
 
+// Megatron's --micro-batch (sequences per micro-batch) and --global-batch (sequences per step over
+// all data ranks) as TrainOptions::micro_batches = global / (micro · dp), refused on every rank
+// when that does not divide.
+inline int micro_batches_of(std::int64_t micro_batch, std::int64_t global_batch, int dp) {
+  const std::int64_t per_rank = micro_batch * dp;
+  DPML_REQUIRE_EVERYWHERE(micro_batch >= 1 && global_batch >= 1, "--micro-batch " << micro_batch << " and --global-batch "
+                                                                                   << global_batch << " must be positive");
+  DPML_REQUIRE_EVERYWHERE(global_batch % per_rank == 0,
+                          "--global-batch " << global_batch << " is not a multiple of --micro-batch " << micro_batch
+                                            << " × dp " << dp << ": the micro-batches do not divide the batch");
+  return static_cast<int>(global_batch / per_rank);
+}
+
 struct StepResult {
   double loss = 0.0;                 // mean over the global batch (per target element)
   double grad_norm = 0.0;            // NaN when the step was skipped

@@ -16,6 +16,7 @@
 #include "dpml/kernels/cuda/id_check.hpp"
 #include "dpml/kernels/cuda/layer_norm.hpp"
 #include "dpml/kernels/cuda/linear.hpp"
+#include "dpml/kernels/cuda/lstm.hpp"
 #include "dpml/kernels/cuda/update.hpp"
 #include "dpml/kernels/image.hpp"
 #include "dpml/kernels/ops.hpp"
@@ -37,6 +38,7 @@ struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::GradNormOps,
                         cuda::EmbeddingOps,
                         cuda::CrossEntropyOps,
-                        cuda::IdCheckOps {};
+                        cuda::IdCheckOps,
+                        cuda::LstmOps {};
 
 }  // namespace dpml::kernels

@@ -13,6 +13,7 @@
 #include "dpml/kernels/host/grad_norm.hpp"
 #include "dpml/kernels/host/id_check.hpp"
 #include "dpml/kernels/host/layer_norm.hpp"
+#include "dpml/kernels/host/lstm.hpp"
 #include "dpml/kernels/host/pool.hpp"
 #include "dpml/kernels/host/update.hpp"
 #include "dpml/kernels/host/vision.hpp"
@@ -37,6 +38,7 @@ struct Ops<HostSpace> : host::ElementwiseOps,
                         host::EmbeddingOps,
                         host::CrossEntropyOps,
                         host::IdCheckOps,
-                        host::VisionOps {};
+                        host::VisionOps,
+                        host::LstmOps {};
 
 }  // namespace dpml::kernels
