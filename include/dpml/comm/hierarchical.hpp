@@ -164,11 +164,12 @@ class Hierarchical {
   };
 
   // Collective over `group`. ranks_per_node > 0: consecutive ranks of `group` by that many form a
-  // node (it must divide group.size(); the caller names its flag); 0: the ranks sharing a host.
+  // node (it must divide group.size(); ProcessGrid refuses a data axis it does not divide before
+  // this); 0: the ranks sharing a host.
   static Hierarchical from(const Mpi& group, int ranks_per_node) {
     DPML_REQUIRE_EVERYWHERE(ranks_per_node >= 0 && (ranks_per_node == 0 || group.size() % ranks_per_node == 0),
-                            "hierarchical all-reduce: " << ranks_per_node << " ranks per node do not divide a group of "
-                                                        << group.size() << " ranks");
+                            "--ranks-per-node " << ranks_per_node << " does not divide the " << group.size()
+                                                << " ranks of the hierarchical all-reduce's group");
     Mpi node = ranks_per_node > 0 ? group.split(group.rank() / ranks_per_node, group.rank())
                                   : group.split_by_host(group.rank());
     const int smallest = group.allreduce(node.size(), ReduceOp::min), largest = group.allreduce(node.size(), ReduceOp::max);
