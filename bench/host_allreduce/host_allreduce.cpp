@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
                       path, static_cast<long long>(n), static_cast<long long>(n) * 4, world.size(), hier.ranks_per_node(), s * 1e6);
     }
     if (world.rank() == 0) {
-      std::printf("\n| floats | flat µs | hierarchical µs (%d nodes × %d) | hierarchical / flat |\n|---:|---:|---:|---:|\n",
+      std::printf("\n| floats | flat µs | hierarchical µs (%d node(s) × %d ranks) | hierarchical / flat |\n|---:|---:|---:|---:|\n",
                   hier.nodes(), hier.ranks_per_node());
       for (const Row& r : rows)
         std::printf("| %lld | %.1f | %.1f | %.2f |\n", static_cast<long long>(r.n), r.flat * 1e6, r.hier * 1e6, r.hier / r.flat);

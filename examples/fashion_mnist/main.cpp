@@ -246,8 +246,9 @@ int main(int argc, char** argv) {
 #endif
     auto grid = ProcessGrid::create(world, {.ranks_per_node = f.ranks_per_node});
     if (world.rank() == 0)
-      std::printf("dpml fashion_mnist: %d data-parallel ranks%s | model %s | global batch %lld | %s\n", grid.dp(),
-                  f.device == "cpu" ? "" : " on GPUs (bf16)", f.model.c_str(), static_cast<long long>(f.global_batch),
+      std::printf("dpml fashion_mnist: %d data-parallel ranks%s%s | model %s | global batch %lld | %s\n", grid.dp(),
+                  f.device == "cpu" ? "" : " on GPUs (bf16)", f.dp_allreduce == "hierarchical" ? ", hierarchical all-reduce" : "",
+                  f.model.c_str(), static_cast<long long>(f.global_batch),
                   f.optimizer.c_str());
 #ifdef DPML_WITH_CUDA
     if (gpus) {
