@@ -115,6 +115,11 @@ class StepQueue {
 template <Communicator Comm>
 class Hierarchical {
   static constexpr bool on_stream = requires(const Comm& c) { c.stream(); };
+  // The started forms drive their steps from the host; a stream communicator takes the plain ones.
+  // (Asserted in their bodies, not a requires-clause: nvcc 13's front end then fails to deduce T.)
+  static constexpr void host_only() {
+    static_assert(!on_stream, "dpml: comm::Hierarchical over a stream communicator: call the plain forms (enqueued, ordered by the stream)");
+  }
   using CommRequest = decltype(std::declval<const Comm&>().iallreduce(static_cast<float*>(nullptr), 0, ReduceOp::sum));
 
   struct State {
@@ -221,21 +226,18 @@ class Hierarchical {
 
   // ---- host communicators: the same, started ---------------------------------------------------
   template <class T>
-  Request iallreduce(T* data, std::size_t n, ReduceOp op) const
-    requires(!on_stream)
-  {
+  Request iallreduce(T* data, std::size_t n, ReduceOp op) const {
+    host_only();
     return std::apply([this](auto... s) { return start(s...); }, allreduce_steps(data, n, op));
   }
   template <class T>
-  Request ireduce_scatter(T* data, T* recv, std::size_t n, ReduceOp op) const
-    requires(!on_stream)
-  {
+  Request ireduce_scatter(T* data, T* recv, std::size_t n, ReduceOp op) const {
+    host_only();
     return std::apply([this](auto... s) { return start(s...); }, reduce_scatter_steps(data, recv, n, op));
   }
   template <class T>
-  Request iallgather(const T* send, T* recv, std::size_t n) const
-    requires(!on_stream)
-  {
+  Request iallgather(const T* send, T* recv, std::size_t n) const {
+    host_only();
     return std::apply([this](auto... s) { return start(s...); }, allgather_steps(send, recv, n));
   }
 
