@@ -8,7 +8,8 @@
 // Every rank reads its shard of each global batch; gradients are reduced in buckets while
 // backward runs; the result equals one process training on the same global batches. The trainer
 // is train::ClassifierTrainer (train::Trainer with softmax cross-entropy and accuracy); --zero picks
-// the strategy type DataParallel<Zero1>.
+// the strategy type DataParallel<Zero1>, --dp-allreduce hierarchical DataParallel<…, Hierarchical>
+// (inside each node, across nodes, inside each node; nodes of --ranks-per-node ranks, or hosts).
 //
 // --device cuda (CUDA builds): the same models (models::ResNet, models::Mlp) built on CudaSpace in
 // bf16 — the GPU convolutions are bf16 kernels; the MLP follows for one precision per run — with
@@ -62,6 +63,8 @@ struct Flags {
   double lr = 0.1, min_lr = 0.0, momentum = 0.9, weight_decay = 5e-4, clip = 0.0;
   std::int64_t warmup = 100;
   bool nesterov = true, sync_bn = false, zero = false, augment = true;
+  std::string dp_allreduce = "flat";
+  int ranks_per_node = 0;
   std::string data_dir = data::kFashionMnistDir;
   std::string metrics = "", tensorboard = "";
   std::int64_t log_interval = 50;
@@ -87,10 +90,10 @@ int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer, bool own_gp
                                 grid, trainer, own_gpus);
 }
 
-// body.template operator()<Strategy, Rule>(rule options) for --zero and --optimizer.
+// body.template operator()<Strategy, Rule>(rule options) for --zero, --dp-allreduce and --optimizer.
 template <class Body>
 int with_optimizer(const Flags& f, Body&& body) {
-  return parallel::with_strategy("1f1b", f.zero, [&]<class Strategy>() {
+  return parallel::with_strategy("1f1b", f.zero, f.dp_allreduce, [&]<class Strategy>() {
     if (f.optimizer == "sgd")
       return body.template operator()<Strategy, optim::Sgd>(
           optim::SgdOptions{.momentum = f.momentum, .weight_decay = f.weight_decay, .nesterov = f.nesterov});
@@ -115,10 +118,10 @@ int train_on_host(const Flags& f, const ProcessGrid& grid, Model& model) {
 template <class Comm>
 int train_on_gpu(const Flags& f, const ProcessGrid& grid) {
   kernels::Device<CudaSpace> dev;
-  const parallel::DeviceGrid<Comm> comms(grid, dev);
   const auto run = [&]<class Model>(Model& model) {
     layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to bf16
     return with_optimizer(f, [&]<class Strategy, class Rule>(typename Rule::Options rule) {
+      const parallel::DeviceGrid<Comm, parallel::data_comm_t<Strategy, Comm>> comms(grid, dev);
       train::ClassifierTrainer<Model, Rule, Strategy, Comm> trainer(model, comms, dev, rule, {.clip = f.clip}, options_of(f));
       return train(f, grid, trainer, !std::is_same_v<Comm, comm::Staged>);
     });
@@ -163,6 +166,12 @@ int main(int argc, char** argv) {
         .flag("--clip-grad", f.clip, "global gradient-norm clipping (0: off)", train::at_least(0.0))
         .flag("--sync-bn", f.sync_bn, "batch-norm statistics over the whole data-parallel batch")
         .flag("--zero", f.zero, "ZeRO-1: shard optimizer state over the ranks")
+        .flag("--dp-allreduce", f.dp_allreduce,
+              "gradient reduction: flat (one all-reduce) | hierarchical (inside each node, across nodes, inside each node)",
+              parallel::check_dp_allreduce)
+        .flag("--ranks-per-node", f.ranks_per_node,
+              "ranks per node for --dp-allreduce hierarchical (0: the ranks sharing a host; K: consecutive ranks by K)",
+              train::at_least(0))
         .flag("--augment", f.augment, "random crop (pad 2) and horizontal flip")
         .flag("--data-dir", f.data_dir, "directory of the four Fashion-MNIST IDX files (gzipped or not)")
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
@@ -180,10 +189,11 @@ int main(int argc, char** argv) {
 #else
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this fashion_mnist was built without CUDA (build it with the cuda preset)");
 #endif
-    auto grid = ProcessGrid::create(world, {});
+    auto grid = ProcessGrid::create(world, {.ranks_per_node = f.ranks_per_node});
     if (world.rank() == 0)
-      std::printf("dpml fashion_mnist: %d data-parallel ranks%s | model %s | global batch %lld | %s\n", grid.dp(),
-                  f.device == "cpu" ? "" : " on GPUs (bf16)", f.model.c_str(), static_cast<long long>(f.global_batch),
+      std::printf("dpml fashion_mnist: %d data-parallel ranks%s%s | model %s | global batch %lld | %s\n", grid.dp(),
+                  f.device == "cpu" ? "" : " on GPUs (bf16)", f.dp_allreduce == "hierarchical" ? ", hierarchical all-reduce" : "",
+                  f.model.c_str(), static_cast<long long>(f.global_batch),
                   f.optimizer.c_str());
 #ifdef DPML_WITH_CUDA
     if (gpus) {

@@ -112,6 +112,8 @@ struct Flags {
   int tp = 1, pp = 1;
   std::string schedule = "1f1b";
   bool zero = false;
+  std::string dp_allreduce = "flat";
+  int ranks_per_node = 0;
   std::int64_t micro_batch = 4, global_batch = 32;
   std::int64_t layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0;
   bool recompute = false;
@@ -381,10 +383,10 @@ int train_on_gpu(models::GptConfig config, const parallel::ProcessGrid& grid, co
   config.recompute_gelu = true;                           // one GELU output for all blocks
   config.pad_multiple = std::max<std::int64_t>(1, 128 / f.tp);  // V padded to a multiple of 128 (for tp | 128)
   kernels::Device<CudaSpace> dev;
-  const parallel::DeviceGrid<Comm> comms(grid, dev);
-  models::Gpt<T, CudaSpace, Comm> model(config, comms);
-  layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to T
-  return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
+  return parallel::with_strategy(f.schedule, f.zero, f.dp_allreduce, [&]<class Strategy>() {
+    const parallel::DeviceGrid<Comm, parallel::data_comm_t<Strategy, Comm>> comms(grid, dev);
+    models::Gpt<T, CudaSpace, Comm> model(config, comms);
+    layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to T
     train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, Comm> trainer(model, comms, dev, adamw_of(f), {.clip = f.clip},
                                                                           train_options_of(f));
     return train_and_sample(trainer, run);
@@ -420,6 +422,12 @@ int main(int argc, char** argv) {
         .flag("--pp", f.pp, "pipeline-parallel degree (stages)", train::at_least(1))
         .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
         .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks")
+        .flag("--dp-allreduce", f.dp_allreduce,
+              "data-parallel gradient reduction: flat (one all-reduce) | hierarchical (inside each node, across nodes, inside each node)",
+              parallel::check_dp_allreduce)
+        .flag("--ranks-per-node", f.ranks_per_node,
+              "data-parallel ranks per node for --dp-allreduce hierarchical (0: the ranks sharing a host; K: consecutive data ranks by K)",
+              train::at_least(0))
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
         .flag("--num-layers", f.layers, "transformer blocks", train::at_least(1))
@@ -498,7 +506,7 @@ int main(int argc, char** argv) {
 #else
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset)");
 #endif
-    auto grid = ProcessGrid::create(world, {.tp = f.tp, .pp = f.pp});
+    auto grid = ProcessGrid::create(world, {.tp = f.tp, .pp = f.pp, .ranks_per_node = f.ranks_per_node});
     const int dp_rank = grid.coord(Axis::data);
 
     // Data: train / validation windows, this data rank's share of each global batch.
@@ -537,8 +545,9 @@ int main(int argc, char** argv) {
       if (!gpu) train::require_fits(world, bound.total(), train::host_bytes_per_rank(world), what.str());
     }
     if (world.rank() == 0)
-      std::printf("dpml train_gpt: %s%s | schedule %s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
+      std::printf("dpml train_gpt: %s%s | schedule %s%s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
                   f.device == "cpu" ? "" : f.fp16 ? "GPUs (fp16) " : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
+                  f.dp_allreduce == "hierarchical" ? " | hierarchical all-reduce" : "",
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
     bool own_gpus = false;  // MFU and power need a GPU per rank
 #ifdef DPML_WITH_CUDA
@@ -555,7 +564,7 @@ int main(int argc, char** argv) {
 #endif
     models::Gpt<float> model(config, grid);
     layers::initialize_all(model.parameters(), f.seed, &grid);
-    return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
+    return parallel::with_strategy(f.schedule, f.zero, f.dp_allreduce, [&]<class Strategy>() {
       train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, adamw_of(f), {.clip = f.clip}, train_options_of(f));
       return train_and_sample(trainer, run);
     });

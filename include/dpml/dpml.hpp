@@ -21,6 +21,7 @@
 #include "dpml/core/tensor.hpp"
 
 #include "dpml/comm/communicator.hpp"
+#include "dpml/comm/hierarchical.hpp"
 #include "dpml/comm/launch.hpp"
 #include "dpml/comm/local_rank.hpp"
 #include "dpml/comm/mpi.hpp"

@@ -1,6 +1,7 @@
 // Every layout equals sequential: a tiny GPT trained 5 steps under each (dp, tp, pp) that this
 // launch's world size allows, with every schedule, with and without ZeRO-1 and recomputation,
-// gives the sequential run's losses and final weights.
+// gives the sequential run's losses and final weights; and with the hierarchical data-parallel
+// all-reduce (DataParallel<…, Hierarchical>), the data axis as nodes of 2 ranks.
 //
 // Tolerance: float32 arithmetic summed in different orders (tensor-parallel partial sums, micro-
 // batch accumulation, bucketed reductions): relative error ≤ 1e-4 for each step's loss and for
@@ -60,11 +61,12 @@ struct Trained {
   std::unique_ptr<models::Gpt<float>> model;
 };
 
+template <class AllReduce = parallel::Flat>
 Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool zero, bool recompute, std::int64_t micro_batch) {
   Trained out;
   out.model = std::make_unique<models::Gpt<float>>(tiny(recompute), grid);
   layers::initialize_all(out.model->parameters(), 1234, &grid);
-  parallel::with_strategy(schedule, zero, [&]<class Strategy>() {
+  parallel::with_strategy<AllReduce>(schedule, zero, [&]<class Strategy>() {
     train::GptTrainer<Strategy, optim::AdamW> trainer(*out.model, grid, {.eps = 1e-3, .weight_decay = 0.1},
                                                       {.bucket_bytes = 2048, .clip = 1.0},
                                                       {.micro_batch = micro_batch, .global_batch = kGlobalBatch, .seed = 5});
@@ -143,4 +145,24 @@ TEST_CASE("gpt: every layout of this world equals the sequential run", "[gpt][la
             worst_weight_error(*run.model, grid, *reference.model);
           }
     }
+}
+
+TEST_CASE("gpt: a hierarchical data-parallel all-reduce equals the sequential run", "[gpt][layout]") {
+  const auto world = test::world();
+  const int n = world.size();
+  if (n < 4) return;  // dp 4 as 2 nodes of 2 (4 ranks), or with tp 2 (8 ranks)
+  const auto self_grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  Trained reference = train_tiny(self_grid, "1f1b", false, false, 1);
+  const int tp = n / 4;
+  auto grid = ProcessGrid::create(world, {.tp = tp, .pp = 1, .ranks_per_node = 2});
+  REQUIRE(grid.dp() == 4);
+  for (bool zero : {false, true}) {
+    CAPTURE(tp, zero);
+    Trained run = train_tiny<parallel::Hierarchical>(grid, "1f1b", zero, false, 1);
+    for (int s = 0; s < kSteps; ++s) {
+      CAPTURE(s, run.losses[s], reference.losses[s]);
+      CHECK(std::abs(run.losses[s] - reference.losses[s]) <= kTolerance * std::abs(reference.losses[s]));
+    }
+    worst_weight_error(*run.model, grid, *reference.model);
+  }
 }

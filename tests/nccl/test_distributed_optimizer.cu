@@ -17,10 +17,12 @@
 //              bf16 values equal to the master rounded, bit for bit
 // A gradient overflowing on one rank makes every rank skip the step (StepReport::skipped), the
 // weights bit-identical and the step count unchanged. On two ranks with a GPU each, the data axis
-// once more over comm::CopyEngine (the gradient buffer registered: all-reduces on the copy engines).
+// once more over comm::CopyEngine (the gradient buffer registered: all-reduces on the copy engines);
+// on an even world over comm::Hierarchical<Comm>, nodes of 2 ranks (4 ranks: 2 nodes).
 #include "../cuda/device.hpp"
 #include "nccl_fixture.hpp"
 
+#include <dpml/comm/hierarchical.hpp>
 #include <dpml/comm/nccl_copy_engine.hpp>
 #include <dpml/core/cuda_space.hpp>
 #include <dpml/core/parameter.hpp>
@@ -197,11 +199,11 @@ void check_skip(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<Co
   CHECK(std::memcmp(before.data(), after.data(), static_cast<std::size_t>(before.numel()) * sizeof(T)) == 0);
 }
 
-template <class Comm>
+template <class Comm, class DataComm = Comm>
 void run_layout(parallel::Layout layout) {
   const auto grid = parallel::ProcessGrid::create(test::world(), layout);
   kernels::Device<CudaSpace> dev;
-  const parallel::DeviceGrid<Comm> comms(grid, dev);
+  const parallel::DeviceGrid<Comm, DataComm> comms(grid, dev);
   for (const bool zero : {false, true})
     for (const double clip : {0.0, 0.5}) {
       check_layout<optim::AdamW, bf16>(grid, comms, dev, zero, clip);
@@ -221,6 +223,13 @@ TEST_CASE("device runtime: data parallel, plain and ZeRO-1, equals the host runt
 TEST_CASE("device runtime: tp 2 × dp counts replicas and duplicates once, equals the host runtime", "[gpu][tp]") {
   if (test::world().size() % 2 != 0) return;
   test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) { run_layout<Comm>({.tp = 2}); });
+}
+
+TEST_CASE("device runtime: a hierarchical data axis (nodes of 2 ranks) equals the host runtime", "[gpu][data][zero]") {
+  if (test::world().size() % 2 != 0) return;
+  test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
+    run_layout<Comm, comm::Hierarchical<Comm>>({.ranks_per_node = 2});
+  });
 }
 
 TEST_CASE("device runtime: two GPUs of one host reduce on their copy engines (comm::CopyEngine)", "[gpu][data]") {

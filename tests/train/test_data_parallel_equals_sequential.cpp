@@ -1,7 +1,9 @@
 // Data parallel equals sequential (Step 2): from the same initial weights and the same global
 // batches, K = 1, 2, 3, 4 ranks give the sequential run's loss at every step and its weights after
 // 5 steps. Models: the ResNet-style CNN with synchronised BatchNorm (SGD + Nesterov momentum,
-// weight decay) and the MLP with gradient accumulation (AdamW, clipping), with and without ZeRO-1.
+// weight decay) and the MLP with gradient accumulation (AdamW, clipping), with and without ZeRO-1;
+// the MLP also with the hierarchical all-reduce (DataParallel<…, Hierarchical>), the ranks as nodes
+// of 2 (4 ranks: 2 nodes; 3 ranks: 3 nodes of 1).
 //
 // Tolerance: float32, relative error ≤ 1e-5 for each loss and each parameter tensor (L2 over the
 // tensor): only the order of float sums differs between layouts.
@@ -46,11 +48,11 @@ data::Batch batch_rows(int step, std::int64_t lo, std::int64_t hi) {
   return b;
 }
 
-template <class Model, class Rule>
+template <class Model, class Rule, class AllReduce = parallel::Flat>
 std::vector<double> train_steps(Model& model, const ProcessGrid& grid, typename Rule::Options rule, bool zero, int micro_batches) {
   layers::initialize_all(model.parameters(), 42, &grid);
   std::vector<double> losses;
-  parallel::with_strategy("1f1b", zero, [&]<class Strategy>() {
+  parallel::with_strategy<AllReduce>("1f1b", zero, [&]<class Strategy>() {
     train::ClassifierTrainer<Model, Rule, Strategy> trainer(model, grid, rule, {.bucket_bytes = 512, .clip = 0.5},
                                                             {.micro_batches = micro_batches});
     const int r = grid.coord(Axis::data), k = grid.dp();
@@ -105,6 +107,22 @@ TEST_CASE("data parallel MLP with gradient accumulation equals sequential", "[tr
     const auto ref_losses = train_steps<decltype(reference), optim::AdamW>(reference, self, {.weight_decay = 0.1}, false, 1);
     auto model = models::Mlp<float>::make(cfg);
     const auto losses = train_steps<decltype(model), optim::AdamW>(model, grid, {.weight_decay = 0.1}, zero, 2);
+    compare(model, reference, losses, ref_losses);
+  }
+}
+
+TEST_CASE("data parallel MLP with a hierarchical all-reduce equals sequential", "[train][dp]") {
+  const auto world = test::world();
+  const auto grid = ProcessGrid::create(world, {.ranks_per_node = world.size() % 2 == 0 ? 2 : 1});
+  const auto self = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  const models::MlpConfig cfg{.inputs = 144, .hidden = 32, .depth = 2};
+  auto reference = models::Mlp<float>::make(cfg);
+  const auto ref_losses = train_steps<decltype(reference), optim::AdamW>(reference, self, {.weight_decay = 0.1}, false, 1);
+  for (bool zero : {false, true}) {
+    CAPTURE(zero);
+    auto model = models::Mlp<float>::make(cfg);
+    const auto losses =
+        train_steps<decltype(model), optim::AdamW, parallel::Hierarchical>(model, grid, {.weight_decay = 0.1}, zero, 2);
     compare(model, reference, losses, ref_losses);
   }
 }

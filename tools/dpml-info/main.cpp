@@ -168,8 +168,7 @@ struct Node {
 };
 
 Node describe_node(const comm::Mpi& world) {
-  const comm::detail::NodeComm node_comm(world);
-  const comm::Mpi node = node_comm.view();
+  const comm::Mpi node = world.split_by_host(world.rank());
   Node n{{node.rank(), node.size()}, host_name(), std::vector<int>(static_cast<std::size_t>(node.size()))};
   const int me = world.rank();
   node.allgather(&me, n.world_ranks.data(), 1);

@@ -44,8 +44,7 @@ struct GpuPlacement {
 inline GpuPlacement place_on_gpus(const Mpi& world, const std::string& choice) {
   DPML_REQUIRE_EVERYWHERE(choice == "auto" || choice == "nccl" || choice == "staged",
                           "--gpu-comm " << choice << " is not one of auto, nccl, staged");
-  const detail::NodeComm node_comm(world);
-  const Mpi node = node_comm.view();
+  const Mpi node = world.split_by_host(world.rank());
   const int devices = cuda_device_count();
   DPML_REQUIRE_EVERYWHERE(world.allreduce(devices == 0 ? 1 : 0, ReduceOp::max) == 0,
                           "--device cuda: a rank of this launch sees no CUDA device");

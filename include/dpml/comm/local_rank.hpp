@@ -38,31 +38,9 @@ struct NodeRank {
   int size = 1;
 };
 
-namespace detail {
-// The processes of this node, in world order, as a communicator freed with the object.
-class NodeComm {
- public:
-  explicit NodeComm(const Mpi& world) {
-    DPML_CHECK_MPI(MPI_Comm_split_type(world.native(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &comm_));
-  }
-  NodeComm(const NodeComm&) = delete;
-  NodeComm& operator=(const NodeComm&) = delete;
-  ~NodeComm() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
-  }
-  Mpi view() const { return Mpi(comm_); }
-
- private:
-  MPI_Comm comm_ = MPI_COMM_NULL;
-};
-}  // namespace detail
-
 // Collective over `world`.
 inline NodeRank node_local_rank(const Mpi& world) {
-  const detail::NodeComm node(world);
-  const Mpi local = node.view();
+  const Mpi local = world.split_by_host(world.rank());
   return {local.rank(), local.size()};
 }
 
@@ -102,8 +80,7 @@ inline std::vector<std::string> node_gpu_uuids(const Mpi& node, int device) {
 // Collective over `world`: where the ranks of any node would not each have a GPU of their own,
 // every rank throws the same Error (Scope::everywhere) naming the first such rank's node.
 inline int select_device(const Mpi& world) {
-  const detail::NodeComm node_comm(world);
-  const Mpi node = node_comm.view();
+  const Mpi node = world.split_by_host(world.rank());
   const int count = cuda_device_count();
   const int pick = count > 0 ? node.rank() % count : -1;
   std::set<std::string> distinct;

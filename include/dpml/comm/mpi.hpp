@@ -24,6 +24,7 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <limits>
@@ -157,6 +158,8 @@ class Request {
 
 class Mpi {
  public:
+  using Request = comm::Request;
+
   // A view of an existing communicator (not freed by this object).
   explicit Mpi(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) { query(); }
   Mpi(Mpi&& o) noexcept : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), owned_(std::exchange(o.owned_, false)),
@@ -183,9 +186,13 @@ class Mpi {
   Mpi split(int color, int key) const {
     MPI_Comm out = MPI_COMM_NULL;
     DPML_CHECK_MPI(MPI_Comm_split(comm_, color, key, &out));
-    Mpi m(out);
-    m.owned_ = true;
-    return m;
+    return owning(out);
+  }
+  // The members that share this one's host (MPI_COMM_TYPE_SHARED), ordered by `key`.
+  Mpi split_by_host(int key) const {
+    MPI_Comm out = MPI_COMM_NULL;
+    DPML_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, &out));
+    return owning(out);
   }
   // Rank of this group's member `r` in MPI_COMM_WORLD.
   int world_rank_of(int r) const {
@@ -246,26 +253,30 @@ class Mpi {
     req.then([c, d] {});  // keep the count arrays alive until completion (MPI reads them late)
     return req;
   }
-  // send holds size() blocks of `n`; recv gets this rank's reduced block.
+  // send holds size() blocks of `n`; recv gets this rank's reduced block. In place when
+  // recv == send + rank() · n (the rest of send is then overwritten: MPI leaves the block at its start).
   template <Reducible T>
   Request ireduce_scatter(const T* send, T* recv, std::size_t n, ReduceOp op) const {
+    const std::size_t at = n * static_cast<std::size_t>(rank_);
     MPI_Request r;
-    DPML_CHECK_MPI(MPI_Ireduce_scatter_block(send, recv, detail::to_int_count(n), MpiType<T>::get(),
-                                             detail::mpi_op(op), comm_, &r));
+    DPML_CHECK_MPI(MPI_Ireduce_scatter_block(in_place_send(send, recv, at), in_place_recv(send, recv, at),
+                                             detail::to_int_count(n), MpiType<T>::get(), detail::mpi_op(op), comm_, &r));
     Request req(r, "reduce_scatter", comm_);
-    if (op == ReduceOp::avg) req.then([recv, n, s = size_] { divide(recv, n, s); });
+    finish_reduce_scatter(req, send, recv, at, n, op);
     return req;
   }
+  // Blocks of counts[r] elements in rank order; in place when recv == send + (the blocks before
+  // this rank's), as ireduce_scatter.
   template <Reducible T>
   Request ireduce_scatterv(const T* send, T* recv, std::span<const int> counts, ReduceOp op) const {
     auto c = std::make_shared<std::vector<int>>(counts.begin(), counts.end());
+    const std::size_t at = static_cast<std::size_t>(displacements(counts)[static_cast<std::size_t>(rank_)]);
     MPI_Request r;
-    DPML_CHECK_MPI(MPI_Ireduce_scatter(send, recv, c->data(), MpiType<T>::get(), detail::mpi_op(op), comm_, &r));
+    DPML_CHECK_MPI(MPI_Ireduce_scatter(in_place_send(send, recv, at), in_place_recv(send, recv, at), c->data(),
+                                       MpiType<T>::get(), detail::mpi_op(op), comm_, &r));
     Request req(r, "reduce_scatterv", comm_);
-    const std::size_t mine = static_cast<std::size_t>((*c)[static_cast<std::size_t>(rank_)]);
-    req.then([c, recv, mine, op, s = size_] {
-      if (op == ReduceOp::avg) divide(recv, mine, s);
-    });
+    req.then([c] {});  // keep the count array alive until completion (MPI reads it late)
+    finish_reduce_scatter(req, send, recv, at, static_cast<std::size_t>((*c)[static_cast<std::size_t>(rank_)]), op);
     return req;
   }
   template <class T>
@@ -338,9 +349,30 @@ class Mpi {
   void recv(T* data, std::size_t n, int source, int tag) const { irecv(data, n, source, tag).wait(); }
 
  private:
+  static Mpi owning(MPI_Comm comm) {
+    Mpi m(comm);
+    m.owned_ = true;
+    return m;
+  }
   template <class T>
   static void divide(T* data, std::size_t n, int by) {
     for (std::size_t i = 0; i < n; ++i) data[i] /= static_cast<T>(by);
+  }
+  // A reduce-scatter whose block `recv` sits at element `at` of `send` is MPI_IN_PLACE on the whole
+  // buffer (recv − at: writable, as recv is).
+  template <class T>
+  static const void* in_place_send(const T* send, const T* recv, std::size_t at) {
+    return send + at == recv ? MPI_IN_PLACE : static_cast<const void*>(send);
+  }
+  template <class T>
+  static T* in_place_recv(const T* send, T* recv, std::size_t at) {
+    return send + at == recv ? recv - at : recv;
+  }
+  // After a reduce-scatter: an in-place block moves from the buffer's start to `recv`; an average divides.
+  template <class T>
+  void finish_reduce_scatter(Request& req, const T* send, T* recv, std::size_t at, std::size_t n, ReduceOp op) const {
+    if (send + at == recv && at > 0) req.then([recv, at, n] { std::memmove(recv, recv - at, n * sizeof(T)); });
+    if (op == ReduceOp::avg) req.then([recv, n, s = size_] { divide(recv, n, s); });
   }
   std::vector<int> displacements(std::span<const int> counts) const {
     DPML_REQUIRE(static_cast<int>(counts.size()) == size_, "need one count per rank: got " << counts.size()

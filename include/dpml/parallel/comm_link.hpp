@@ -4,9 +4,10 @@
 // work of a kernels::Device. Written once per kind of communicator, so that the runtime above it
 // is written once for both memory spaces:
 //
-//   host (comm::Mpi)       a collective is a non-blocking MPI call started in program order; its
-//                          Pending is the MPI request (test() lets MPICH progress, wait() ends
-//                          it); join() has nothing to do
+//   host (comm::Mpi, comm::Hierarchical<comm::Mpi>)
+//                          a collective is a non-blocking MPI call started in program order; its
+//                          Pending is the communicator's request (test() lets MPICH progress,
+//                          wait() ends it); join() has nothing to do
 //   device (a communicator with a stream: comm::Nccl, comm::Staged, comm::CopyEngine —
 //           parallel/cuda_comm_link.hpp)
 //                          a collective is enqueued on the communicator's stream after that
@@ -40,7 +41,7 @@ class CommLink {
                 "comm::CopyEngine) and a CUDA translation unit");
 
  public:
-  using Pending = comm::Request;
+  using Pending = typename Comm::Request;
 
   CommLink(kernels::Device<Space>&, const Comm& comm) : comm_(&comm) {}
 
@@ -49,9 +50,10 @@ class CommLink {
   Pending allreduce(T* data, std::size_t n) {
     return comm_->iallreduce(data, n, comm::ReduceOp::sum);
   }
-  // send holds size() blocks of n; recv (n) gets this rank's summed block.
+  // send holds size() blocks of n, and may be overwritten (comm::Hierarchical's scratch); recv (n)
+  // gets this rank's summed block.
   template <class T>
-  Pending reduce_scatter(const T* send, T* recv, std::size_t n) {
+  Pending reduce_scatter(T* send, T* recv, std::size_t n) {
     return comm_->ireduce_scatter(send, recv, n, comm::ReduceOp::sum);
   }
   // recv holds size() blocks of n, rank order; in place when send == recv + rank() · n.

@@ -43,7 +43,7 @@ class CommLink<Comm, CudaSpace> {
     return {};
   }
   template <class T>
-  Pending reduce_scatter(const T* send, T* recv, std::size_t n) {
+  Pending reduce_scatter(T* send, T* recv, std::size_t n) {
     after_compute();
     comm_->reduce_scatter(send, recv, n, comm::ReduceOp::sum);
     return {};

@@ -20,6 +20,10 @@
 //                   `data ranks` equal, aligned parts), in shard_grads(); after the optimizer
 //                   updated the shard's values, all_gather_values() gives every rank the full
 //                   updated values.
+// Over comm::Hierarchical (DataParallel<…, Hierarchical>) each reduction runs in two levels, inside
+// the node and across nodes; the shards then follow that communicator's rank order (node rank
+// major), and a reduce-scatter uses the bucket's gradients as its scratch (ZeRO-1 reads only
+// shard_grads() afterwards).
 // Gradients are *summed*: losses already divide by the global batch (Context::global_batch), so
 // the sum is the gradient of the global mean, equal to the sequential run's (on both spaces: no
 // averaging collective).

@@ -16,7 +16,9 @@
 //                    there after the backward; null on the other stages and at pp = 1
 //
 // Comm is comm::Nccl (a GPU per rank) or comm::Staged (ranks sharing a GPU, through host memory);
-// DataComm may differ for the data axis: comm::CopyEngine for two GPUs of one host. Construction is
+// DataComm may differ for the data axis: comm::CopyEngine for two GPUs of one host, or
+// comm::Hierarchical<Comm> over the grid's data nodes (DataParallel<…, Hierarchical>: node and
+// cross-node communicators sharing one stream; grid.ranks_per_node()). Construction is
 // collective over the world (each axis' communicator over its group, in the same order on every
 // rank). Instantiated only in CUDA translation units (the communicators are CUDA types).
 //
@@ -24,6 +26,7 @@
 //   parallel::DeviceGrid<comm::Nccl> comms(grid, dev);
 //   TensorRegion<comm::Nccl> tp(&comms.tensor());
 
+#include "dpml/comm/hierarchical.hpp"
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/axis.hpp"
 #include "dpml/kernels/device.hpp"
@@ -41,7 +44,7 @@ class DeviceGrid {
   DeviceGrid(const ProcessGrid& grid, kernels::Device<Space>& dev)
       : grid_(&grid),
         tensor_(Comm::from(grid.comm(Axis::tensor), dev.stream())),
-        data_(DataComm::from(grid.comm(Axis::data))),
+        data_(data_axis(grid)),
         pipeline_(Comm::from(grid.comm(Axis::pipeline))),
         world_(Comm::from(grid.world(), dev.stream())) {
     if (grid.pp() == 1) return;
@@ -68,6 +71,11 @@ class DeviceGrid {
   }
 
  private:
+  static DataComm data_axis(const ProcessGrid& grid) {
+    if constexpr (comm::is_hierarchical<DataComm>) return DataComm::from(grid.comm(Axis::data), grid.ranks_per_node());
+    else return DataComm::from(grid.comm(Axis::data));
+  }
+
   const ProcessGrid* grid_;
   Comm tensor_;
   DataComm data_;

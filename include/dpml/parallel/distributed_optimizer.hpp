@@ -29,13 +29,16 @@
 // clip scale carries 1/S), so a power-of-two S leaves every bit of the update as without it. An
 // overflowed (non-finite) norm skips the update like any other non-finite norm.
 //
-// Communicators: on the host the grid's MPI groups; on a GPU a DeviceGrid's (data axis: Comm; the
-// world, any type, for the norm), enqueued on their streams and ordered by events (CommLink).
+// Communicators: on the host the grid's MPI groups (Comm = comm::Hierarchical<comm::Mpi>: the data
+// axis' nodes, built from the grid's data group and kept here); on a GPU a DeviceGrid's (data axis:
+// Comm; the world, any type, for the norm), enqueued on their streams and ordered by events
+// (CommLink).
 //
 //   parallel::DistributedOptimizer<optim::AdamW, float> opt(model.parameters(), &grid, adamw, {.zero = true});
 //   parallel::DistributedOptimizer<optim::AdamW, bf16, CudaSpace, comm::Nccl> dopt(
 //       model.parameters(), &grid, adamw, {.clip = 1.0}, device_grid, dev);
 
+#include "dpml/comm/hierarchical.hpp"
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/axis.hpp"
 #include "dpml/core/error.hpp"
@@ -88,10 +91,11 @@ class DistributedOptimizer {
 
   // Host: the grid's MPI communicators (no grid: one process).
   template <std::ranges::range Params>
-    requires(std::same_as<Space, HostSpace> && std::same_as<Comm, comm::Mpi>)
+    requires(std::same_as<Space, HostSpace> &&
+             (std::same_as<Comm, comm::Mpi> || std::same_as<Comm, comm::Hierarchical<comm::Mpi>>))
   DistributedOptimizer(Params&& params, const ProcessGrid* grid, typename Rule::Options rule,
                        DistributedOptimizerOptions options = {})
-      : DistributedOptimizer(std::forward<Params>(params), grid, rule, options, grid ? &grid->comm(Axis::data) : nullptr,
+      : DistributedOptimizer(std::forward<Params>(params), grid, rule, options, host_data(grid),
                              grid ? &grid->world() : nullptr, kernels::host_device()) {}
 
   // Any space: the data axis' and the world's communicators for device buffers from `comms`
@@ -100,7 +104,7 @@ class DistributedOptimizer {
   DistributedOptimizer(Params&& params, const ProcessGrid* grid, typename Rule::Options rule,
                        DistributedOptimizerOptions options, const DeviceGrid<WorldComm, Comm>& comms,
                        kernels::Device<Space>& dev)
-      : DistributedOptimizer(std::forward<Params>(params), grid, rule, options, &comms.data(), &comms.world(), dev) {
+      : DistributedOptimizer(std::forward<Params>(params), grid, rule, options, borrowed(&comms.data()), &comms.world(), dev) {
     DPML_REQUIRE(grid == &comms.grid(), "DistributedOptimizer: the DeviceGrid was built from another ProcessGrid");
   }
 
@@ -210,13 +214,22 @@ class DistributedOptimizer {
  private:
   template <std::ranges::range Params, class WorldComm>
   DistributedOptimizer(Params&& params, const ProcessGrid* grid, typename Rule::Options rule,
-                       DistributedOptimizerOptions options, const Comm* data, const WorldComm* world,
+                       DistributedOptimizerOptions options, std::shared_ptr<const Comm> data, const WorldComm* world,
                        kernels::Device<Space>& dev)
-      : grid_(grid), options_(options), dev_(&dev),
-        flat_(std::forward<Params>(params), layout(options, data)),
-        buckets_(flat_, data, options.zero ? GradReduction::reduce_scatter : GradReduction::all_reduce, dev),
+      : grid_(grid), options_(options), dev_(&dev), data_(std::move(data)),
+        flat_(std::forward<Params>(params), layout(options, data_.get())),
+        buckets_(flat_, data_.get(), options.zero ? GradReduction::reduce_scatter : GradReduction::all_reduce, dev),
         optimizer_(make_ranges(), rule, dev), world_sum_(sum_over(world, dev)) {
     count_in_norm();
+  }
+
+  // A communicator someone else keeps (the grid's, a DeviceGrid's).
+  static std::shared_ptr<const Comm> borrowed(const Comm* c) { return std::shared_ptr<const Comm>(std::shared_ptr<void>(), c); }
+  // The host data axis: the grid's group, or its nodes (built here, collective over the data axis).
+  static std::shared_ptr<const Comm> host_data(const ProcessGrid* grid) {
+    if (!grid) return nullptr;
+    if constexpr (std::same_as<Comm, comm::Mpi>) return borrowed(&grid->comm(Axis::data));
+    else return std::make_shared<const Comm>(Comm::from(grid->comm(Axis::data), grid->ranks_per_node()));
   }
 
   static FlatLayout layout(const DistributedOptimizerOptions& o, const Comm* data) {
@@ -329,6 +342,7 @@ class DistributedOptimizer {
   const ProcessGrid* grid_;
   DistributedOptimizerOptions options_;
   kernels::Device<Space>* dev_;
+  std::shared_ptr<const Comm> data_;         // the data axis (owned for a host hierarchy, else borrowed)
   std::vector<std::int64_t> range_offsets_;  // per optimizer range: its first flat element
   FlatParameters<T, Space> flat_;
   GradientBuckets<T, Space, Comm> buckets_;

@@ -5,7 +5,9 @@
 //   rank = tp_rank + tp · (dp_rank + dp · pp_rank)        (DESIGN.md, "Rank layout")
 //
 // Tensor-parallel groups are consecutive ranks (one node, NVLink); the data axis is what is left
-// of the world once tp and pp are given. A layout that does not divide the world raises an Error
+// of the world once tp and pp are given. The data axis' nodes, for a hierarchical all-reduce
+// (DataParallel<…, Hierarchical>): the ranks sharing a host, or, to model a cluster on one host,
+// consecutive data ranks by Layout::ranks_per_node (--ranks-per-node), which must divide dp. A layout that does not divide the world raises an Error
 // with Scope::everywhere: every rank detects it alone, dpml::run prints it once and every rank
 // exits 1 — no collective is entered, so nothing can hang.
 //
@@ -30,6 +32,7 @@ struct Layout {
   int tp = 1;
   int pp = 1;
   int dp = 0;
+  int ranks_per_node = 0;  // data ranks per node; 0: the ranks of the data axis sharing a host
 };
 
 struct Coord {
@@ -56,6 +59,10 @@ class ProcessGrid {
     } else if (l.dp != 0 && l.tp * l.pp * l.dp != world_size) {
       os << "layout --tp " << l.tp << " × --pp " << l.pp << " × --dp " << l.dp << " = " << l.tp * l.pp * l.dp
          << " ranks, but this launch has " << world_size;
+    } else if (const int dp = world_size / (l.tp * l.pp); l.ranks_per_node < 0 || (l.ranks_per_node > 0 && dp % l.ranks_per_node != 0)) {
+      os << "--ranks-per-node " << l.ranks_per_node << " does not divide the data axis' " << dp << " ranks (world "
+         << world_size << " = tp " << l.tp << " × dp " << dp << " × pp " << l.pp
+         << "): give a divisor of " << dp << ", or 0 for the hosts of the launch";
     } else {
       return {};
     }
@@ -70,6 +77,8 @@ class ProcessGrid {
   int tp() const noexcept { return size(Axis::tensor); }
   int dp() const noexcept { return size(Axis::data); }
   int pp() const noexcept { return size(Axis::pipeline); }
+  // Data ranks per node as laid out (0: the launch's hosts decide; comm::Hierarchical).
+  int ranks_per_node() const noexcept { return ranks_per_node_; }
 
   // World rank of the process at these coordinates.
   int rank_of(Coord c) const noexcept { return c.tp + tp() * (c.dp + dp() * c.pp); }
@@ -94,7 +103,7 @@ class ProcessGrid {
 
  private:
   ProcessGrid(const comm::Mpi& world, Layout l)
-      : world_(world.native()), world_size_(world.size()), world_rank_(world.rank()) {
+      : world_(world.native()), world_size_(world.size()), world_rank_(world.rank()), ranks_per_node_(l.ranks_per_node) {
     sizes_ = {l.tp, world_size_ / (l.tp * l.pp), l.pp};
     coord_ = coord_of(world_rank_, l.tp, sizes_[1]);
     for (Axis a : kAxes) {
@@ -115,6 +124,7 @@ class ProcessGrid {
 
   comm::Mpi world_;
   int world_size_, world_rank_;
+  int ranks_per_node_;
   std::array<int, 3> sizes_{};
   Coord coord_{};
   std::array<comm::Mpi, 3> axis_comms_;

@@ -4,15 +4,22 @@
 //
 //   using Strategy = dpml::Parallel<dpml::TensorParallel,
 //                                   dpml::PipelineParallel<dpml::ZeroBubbleH1>,
-//                                   dpml::DataParallel<dpml::Zero1>>;
+//                                   dpml::DataParallel<dpml::Zero1, dpml::Hierarchical>>;
 //
 // TensorParallel: Megatron column/row-parallel layers (parallel/tensor.hpp).
 // PipelineParallel<Schedule>: the schedule tag (GPipe, OneFOneB, ZeroBubbleH1) that makes the
 //   table of actions each stage runs (parallel/pipeline/schedule.hpp).
-// DataParallel<Sharding>: gradient buckets all-reduced during backward (Replicated), or ZeRO-1
-//   (Zero1: reduce-scatter, update own shard, all-gather).
-// with_strategy() turns command-line choices (--schedule, --zero) into one of these types.
+// DataParallel<Policies…>: at most one of each, in any order —
+//   sharding   gradient buckets all-reduced during backward (Replicated, the default), or ZeRO-1
+//              (Zero1: reduce-scatter, update own shard, all-gather)
+//   all-reduce one collective over the data axis' communicator (Flat, the default), or two levels
+//              over its nodes (Hierarchical: inside each node, across nodes, inside each node —
+//              comm::Hierarchical; nodes from the launch's hosts or Layout::ranks_per_node). The
+//              data axis' communicator type follows: data_comm_t<Strategy, Comm>.
+// with_strategy() turns command-line choices (--schedule, --zero, --dp-allreduce) into one of
+// these types.
 
+#include "dpml/comm/hierarchical.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/parallel/pipeline/schedule.hpp"
 
@@ -31,9 +38,27 @@ struct PipelineParallel {
 struct Replicated {};  // plain data parallelism: every data rank holds all optimizer state
 struct Zero1 {};       // ZeRO stage 1: optimizer state sharded over the data axis
 
-template <class Sharding = Replicated>
+struct Flat {};          // one all-reduce over the data axis
+struct Hierarchical {};  // inside each node, across nodes, inside each node (comm/hierarchical.hpp)
+
+namespace detail {
+template <class P, class... Of>
+inline constexpr bool is_one_of = (std::is_same_v<P, Of> || ...);
+}  // namespace detail
+
+template <class... Policies>
 struct DataParallel {
-  static constexpr bool zero = std::is_same_v<Sharding, Zero1>;
+  template <class... Of>  // how many of the policies are one of Of
+  static constexpr int count = (0 + ... + static_cast<int>(detail::is_one_of<Policies, Of...>));
+  static_assert(count<Replicated, Zero1, Flat, Hierarchical> == sizeof...(Policies),
+                "dpml: DataParallel takes a sharding (Replicated, Zero1) and an all-reduce (Flat, Hierarchical)");
+  static_assert(count<Replicated, Zero1> <= 1 && count<Flat, Hierarchical> <= 1,
+                "dpml: DataParallel takes at most one sharding (Replicated, Zero1) and one all-reduce (Flat, Hierarchical)");
+  static constexpr bool zero = count<Zero1> == 1;
+  static constexpr bool hierarchical = count<Hierarchical> == 1;
+  // The data axis' communicator over communicators of type Comm.
+  template <class Comm>
+  using comm_t = std::conditional_t<hierarchical, comm::Hierarchical<Comm>, Comm>;
 };
 
 template <class TP, class PP, class DP>
@@ -45,16 +70,21 @@ struct Parallel {
   static constexpr bool zero = DP::zero;
 };
 
+// What the gradient buckets reduce over: Comm, or comm::Hierarchical<Comm> under DataParallel<…, Hierarchical>.
+template <class Strategy, class Comm>
+using data_comm_t = typename Strategy::data::template comm_t<Comm>;
+
 inline const char* schedule_name(pipeline::GPipe) { return "gpipe"; }
 inline const char* schedule_name(pipeline::OneFOneB) { return "1f1b"; }
 inline const char* schedule_name(pipeline::ZeroBubbleH1) { return "zb-h1"; }
 
-// Calls body.template operator()<Strategy>() with the strategy named by `schedule` and `zero`.
-template <class Body>
+// Calls body.template operator()<Strategy>() with the strategy named by `schedule` and `zero`,
+// its data axis all-reducing by AllReduce.
+template <class AllReduce = Flat, class Body>
 decltype(auto) with_strategy(const std::string& schedule, bool zero, Body&& body) {
   auto pick_dp = [&]<class Sched>() -> decltype(auto) {
-    if (zero) return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Zero1>>>();
-    return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Replicated>>>();
+    if (zero) return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Zero1, AllReduce>>>();
+    return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Replicated, AllReduce>>>();
   };
   if (schedule == "gpipe") return pick_dp.template operator()<pipeline::GPipe>();
   if (schedule == "1f1b") return pick_dp.template operator()<pipeline::OneFOneB>();
@@ -62,11 +92,24 @@ decltype(auto) with_strategy(const std::string& schedule, bool zero, Body&& body
                           "--schedule " << schedule << " is not one of gpipe, 1f1b, zb-h1");
   return pick_dp.template operator()<pipeline::ZeroBubbleH1>();
 }
+// --dp-allreduce names the all-reduce: flat | hierarchical (a flag table's check, and with_strategy's).
+inline void check_dp_allreduce(const std::string& name) {
+  DPML_REQUIRE_EVERYWHERE(name == "flat" || name == "hierarchical", "--dp-allreduce " << name << " is not one of flat, hierarchical");
+}
+// The same with the all-reduce named by `dp_allreduce`.
+template <class Body>
+decltype(auto) with_strategy(const std::string& schedule, bool zero, const std::string& dp_allreduce, Body&& body) {
+  check_dp_allreduce(dp_allreduce);
+  if (dp_allreduce == "hierarchical") return with_strategy<Hierarchical>(schedule, zero, std::forward<Body>(body));
+  return with_strategy<Flat>(schedule, zero, std::forward<Body>(body));
+}
 
 }  // namespace dpml::parallel
 
 namespace dpml {
 using parallel::DataParallel;
+using parallel::Flat;
+using parallel::Hierarchical;
 using parallel::Parallel;
 using parallel::PipelineParallel;
 using parallel::Replicated;

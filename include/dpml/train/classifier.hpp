@@ -53,7 +53,8 @@ struct ClassifierStepResult : StepResult {
 using DataParallelOnly = parallel::Parallel<parallel::TensorParallel, parallel::PipelineParallel<>, parallel::DataParallel<>>;
 
 template <layers::Layer Model, optim::UpdateRule Rule, class Strategy = DataParallelOnly,
-          class Comm = parallel::default_comm_t<typename Model::space>, class DataComm = Comm>
+          class Comm = parallel::default_comm_t<typename Model::space>,
+          class DataComm = parallel::data_comm_t<Strategy, Comm>>
 class ClassifierTrainer : public Trainer<Model, layers::SoftmaxCrossEntropy<typename Model::value_type, typename Model::space>,
                                          Strategy, Rule, typename Model::space, Comm, DataComm> {
   using T = typename Model::value_type;

@@ -51,7 +51,7 @@ struct GptTrainOptions {
 };
 
 template <class Strategy, optim::UpdateRule Rule, class T = float, class Space = HostSpace,
-          class Comm = parallel::default_comm_t<Space>, class DataComm = Comm>
+          class Comm = parallel::default_comm_t<Space>, class DataComm = parallel::data_comm_t<Strategy, Comm>>
 class GptTrainer : public Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strategy, Rule, Space, Comm, DataComm> {
   using Base = Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strategy, Rule, Space, Comm, DataComm>;
 

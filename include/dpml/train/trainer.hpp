@@ -12,7 +12,8 @@
 //   Rule      the update rule (optim::Sgd, optim::AdamW, …)
 //   Space     the memory space (the model's)
 //   Comm, DataComm  the device communicators (parallel::DeviceGrid<Comm, DataComm>) on a GPU;
-//             comm::Mpi, the grid's own, on the host
+//             comm::Mpi, the grid's own, on the host. DataComm follows the Strategy:
+//             comm::Hierarchical<Comm> under DataParallel<…, Hierarchical> (the grid's data nodes)
 //
 // One step on this data rank's batch (any TrainBatch: train/batch.hpp):
 //   m micro-batches, rows [n·i/m, n·(i+1)/m) of the batch (TrainOptions::micro_batches), each in
@@ -79,6 +80,7 @@
 //              on_nonfinite says; `stop` then raises the Error, `skip` reports it (a non-finite
 //              loss with finite gradients is found after the update: stop raises, skip reports)
 
+#include "dpml/comm/hierarchical.hpp"
 #include "dpml/comm/mpi.hpp"
 #include "dpml/comm/watchdog.hpp"
 #include "dpml/core/error.hpp"
@@ -384,9 +386,12 @@ class PipelineStep {
 }  // namespace detail
 
 template <class Model, class Loss, class Strategy, optim::UpdateRule Rule, class Space = typename Model::space,
-          class Comm = parallel::default_comm_t<Space>, class DataComm = Comm>
+          class Comm = parallel::default_comm_t<Space>, class DataComm = parallel::data_comm_t<Strategy, Comm>>
 class Trainer {
   static_assert(std::is_same_v<Space, typename Model::space>, "dpml Trainer: Space must be the model's space");
+  static_assert(Strategy::data::hierarchical == comm::is_hierarchical<DataComm>,
+                "dpml Trainer: DataParallel<…, Hierarchical> all-reduces over a comm::Hierarchical data communicator, "
+                "DataParallel<…, Flat> over any other (parallel::data_comm_t<Strategy, Comm>)");
   static constexpr bool on_host = std::is_same_v<Space, HostSpace>;
 
  public:
