@@ -4,6 +4,7 @@
 // losses and weights of one rank (float32, relative error ≤ 1e-5: only the order of float sums
 // differs).
 #include "test.hpp"
+#include "../transformer/check.hpp"  // numeric_gradient
 
 #include <dpml/data/loader.hpp>
 #include <dpml/layers/init.hpp>
@@ -18,26 +19,13 @@
 #include <vector>
 
 using namespace dpml;
+using dpml::test::numeric_gradient;
 
 namespace {
 double dot(TensorView<const double> y, const Tensor<double>& r) {
   double s = 0;
   for (std::int64_t i = 0; i < r.numel(); ++i) s += y.data()[i] * r[i];
   return s;
-}
-template <class Loss>
-std::vector<double> numeric_gradient(Loss&& loss, double* x, std::int64_t n, double eps = 1e-5) {
-  std::vector<double> g(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double keep = x[i];
-    x[i] = keep + eps;
-    const double up = loss();
-    x[i] = keep - eps;
-    const double down = loss();
-    x[i] = keep;
-    g[static_cast<std::size_t>(i)] = (up - down) / (2 * eps);
-  }
-  return g;
 }
 }  // namespace
 
