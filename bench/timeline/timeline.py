@@ -64,13 +64,22 @@ def is_nccl(r):
     return "nccl" in r[5].lower()
 
 
+def compute_stream(records):
+    """The stream with the most non-NCCL kernel time."""
+    busy = collections.Counter()
+    for r in records:
+        if r[0] == "kernel" and not is_nccl(r):
+            busy[r[3]] += r[2] - r[1]
+    return busy.most_common(1)[0][0]
+
+
 def summarise(path, records, top):
     t0 = min(r[1] for r in records)
     span = max(r[2] for r in records) - t0
     streams = collections.defaultdict(list)
     for r in records:
         streams[r[3]].append(r)
-    compute = max(streams, key=lambda s: sum(r[2] - r[1] for r in streams[s] if r[0] == "kernel" and not is_nccl(r)))
+    compute = compute_stream(records)
     print(f"\n## {path}: window {span / 1e6:.3f} ms, {len(records)} records, compute stream {compute}\n")
     print("| stream | records | busy ms | largest (ms) |\n|---|---:|---:|---|")
     for s, rs in sorted(streams.items(), key=lambda kv: -sum(r[2] - r[1] for r in kv[1])):
@@ -124,7 +133,7 @@ def list_gaps(records, min_us):
     window's start): where a step waits, and on what."""
     t0 = min(r[1] for r in records)
     kernels = [r for r in records if r[0] == "kernel"]
-    compute = collections.Counter(r[3] for r in kernels if not is_nccl(r)).most_common(1)[0][0]
+    compute = compute_stream(records)
     mine = sorted((r for r in kernels if r[3] == compute), key=lambda r: r[1])
     events = []
     for before, after in zip(mine, mine[1:]):
@@ -143,7 +152,7 @@ def gap_diff(a, b, top):
     streams' operation sequences aligned (difflib), each pair of neighbours present in both
     compared, the differences summed by (before, after) names."""
     def ops(records):
-        compute = collections.Counter(r[3] for r in records if r[0] == "kernel" and not is_nccl(r)).most_common(1)[0][0]
+        compute = compute_stream(records)
         return sorted((r for r in records if r[3] == compute), key=lambda r: r[1])
     oa, ob = ops(a), ops(b)
     match = difflib.SequenceMatcher(None, [r[5] for r in oa], [r[5] for r in ob], autojunk=False)

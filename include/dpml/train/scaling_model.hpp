@@ -127,9 +127,9 @@ inline Prediction predict(const models::GptConfig& c, std::int64_t seq, const La
   // Stages: balanced blocks (the first ones take the remainder), embedding first, head last.
   std::vector<int> blocks(static_cast<std::size_t>(l.pp), c.layers / l.pp);
   for (int s = 0; s < c.layers % l.pp; ++s) ++blocks[static_cast<std::size_t>(s)];
-  const int stage_gpus = l.tp * l.dp;  // ranks per pipeline stage; a message crosses nodes when stages do
-  const bool pp_inter = stage_gpus < links.gpus_per_node ? false : true;
-  const double p2p_s = act_bytes / ((pp_inter && l.pp > 1 ? links.inter_busbw_gbs : links.intra_busbw_gbs) * 1e9) +
+  // A message between stages crosses nodes when a stage's tp · dp ranks fill a node.
+  const bool pp_inter = l.pp > 1 && l.tp * l.dp >= links.gpus_per_node;
+  const double p2p_s = act_bytes / ((pp_inter ? links.inter_busbw_gbs : links.intra_busbw_gbs) * 1e9) +
                        (pp_inter ? links.inter_latency_us : links.intra_latency_us) * 1e-6;
   std::vector<parallel::pipeline::Costs> costs(static_cast<std::size_t>(l.pp));
   for (int s = 0; s < l.pp; ++s) {
