@@ -204,6 +204,13 @@ void run_layout(parallel::Layout layout) {
   const auto grid = parallel::ProcessGrid::create(test::world(), layout);
   kernels::Device<CudaSpace> dev;
   const parallel::DeviceGrid<Comm, DataComm> comms(grid, dev);
+  if constexpr (std::is_same_v<Comm, comm::Nccl> && std::is_same_v<DataComm, Comm>) {
+    // The world's NCCL communicator is the one of an axis that spans it, else its own.
+    const int n = grid.world().size();
+    const Comm* spanning = grid.dp() == n ? &comms.data() : grid.tp() == n ? &comms.tensor() : nullptr;
+    if (spanning) CHECK(comms.world().native() == spanning->native());
+    else CHECK((comms.world().native() != comms.data().native() && comms.world().native() != comms.tensor().native()));
+  }
   for (const bool zero : {false, true})
     for (const double clip : {0.0, 0.5}) {
       check_layout<optim::AdamW, bf16>(grid, comms, dev, zero, clip);

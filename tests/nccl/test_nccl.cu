@@ -287,6 +287,46 @@ TEST_CASE("Nccl on a stream of its own: barrier and request completion", "[nccl]
   CHECK(mismatches(buf.download(), want) == 0);
 }
 
+// Nccl::on: a handle of the same NCCL communicator on another stream (no new communicator).
+// Calls through the two handles, each on its stream, back to back with no host wait between
+// them, sum correctly; an abort through one ends the communicator for both.
+TEST_CASE("Nccl::on shares the communicator on another stream; an abort through it ends both", "[nccl]") {
+  nccl();  // device chosen
+  auto own = comm::Nccl::from(test::world());
+  cudaStream_t other = nullptr;
+  DPML_CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  {
+    auto view = own.on(other);
+    CHECK(view.native() == own.native());
+    CHECK(view.stream() == other);
+    CHECK(view.rank() == own.rank());
+    CHECK(view.size() == own.size());
+    const std::size_t n = 100003;
+    DeviceVec<float> a(contribution<float>(own.rank(), n));
+    DeviceVec<float> b(contribution<float>(own.rank(), n, 5));
+    DPML_CHECK_CUDA(cudaDeviceSynchronize());  // the uploads ran on the default stream
+    for (int round = 0; round < 3; ++round) {
+      own.allreduce(a.ptr, n, ReduceOp::sum);
+      view.allreduce(b.ptr, n, ReduceOp::sum);
+    }
+    view.request().wait();
+    own.request().wait();
+    std::vector<double> want_a(n), want_b(n);
+    const double ranks = own.size();
+    for (std::size_t i = 0; i < n; ++i)
+      for (int r = 0; r < own.size(); ++r) {
+        want_a[i] += dvalue(r, i) * ranks * ranks;  // three rounds: × size each, after the first sum
+        want_b[i] += dvalue(r, i + 5) * ranks * ranks;
+      }
+    CHECK(mismatches(a.download(), want_a) == 0);
+    CHECK(mismatches(b.download(), want_b) == 0);
+    view.abort();
+    CHECK(own.native() == nullptr);
+    CHECK(view.native() == nullptr);
+  }
+  DPML_CHECK_CUDA(cudaStreamDestroy(other));
+}
+
 // comm::CopyEngine: in-place all-reduces of ranges of a registered buffer (odd sizes and offsets:
 // the halves' split and the kernel's scalar tail) enqueued back to back with no host wait, three
 // rounds on the same buffer (its receive buffer reused, the flags counting on), against float64

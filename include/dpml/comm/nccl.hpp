@@ -111,8 +111,13 @@ inline void apply_nccl_defaults() {
 // peers may be inside a collective or a connection with it), is aborted (ncclCommAbort) instead
 // of destroyed: ncclCommDestroy would wait for peers that never come, and the peers' own calls
 // then fail instead of hanging.
+//
+// Handles on other streams of one NCCL communicator (Nccl::on) each have a state of their own
+// (stream, scratch) whose `owner` is the state holding the communicator: the communicator, its
+// broken flag and its abort live there only, and it outlives every handle.
 struct NcclState {
-  ncclComm_t comm = nullptr;
+  ncclComm_t comm = nullptr;  // null in a handle with an owner: see communicator()
+  std::shared_ptr<NcclState> owner;
   cudaStream_t stream = nullptr;
   bool owns_stream = false;
   int rank = 0, size = 1;
@@ -124,6 +129,9 @@ struct NcclState {
   NcclState() = default;
   NcclState(const NcclState&) = delete;
   NcclState& operator=(const NcclState&) = delete;
+  NcclState& holder() noexcept { return owner ? *owner : *this; }
+  ncclComm_t communicator() noexcept { return holder().comm; }
+  void mark_broken() noexcept { holder().broken = true; }
   ~NcclState() {
     if (comm) (broken || std::uncaught_exceptions() > 0 ? ncclCommAbort(comm) : ncclCommDestroy(comm));
     if (scratch) cudaFree(scratch);
@@ -174,9 +182,9 @@ class NcclRequest {
     if (rc != cudaErrorNotReady)
       fail(std::string("operation failed on the device: ") + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")");
     if (state_->solo) return false;
-    if (!state_->comm) fail("waiting on an aborted communicator");
+    if (!state_->communicator()) fail("waiting on an aborted communicator");
     ncclResult_t async = ncclSuccess;
-    DPML_CHECK_NCCL(ncclCommGetAsyncError(state_->comm, &async));
+    DPML_CHECK_NCCL(ncclCommGetAsyncError(state_->communicator(), &async));
     if (async != ncclSuccess && async != ncclInProgress)
       fail(std::string("asynchronous error: ") + ncclGetErrorString(async) +
            " (a peer rank may have failed; NCCL_DEBUG=WARN says more)");
@@ -200,7 +208,7 @@ class NcclRequest {
  private:
   // Marks the communicator broken (it will be aborted, not destroyed) and throws.
   [[noreturn]] void fail(const std::string& what) {
-    state_->broken = true;
+    state_->mark_broken();
     const std::string who = state_->who();
     release();
     throw Error(who + ": " + what);
@@ -251,6 +259,25 @@ class Nccl {
     return Nccl(group, s, true);
   }
 
+  // This communicator enqueuing on `stream` (which must outlive the handle) instead of its own:
+  // the same NCCL communicator, no new one, no device memory and no collective call. NCCL
+  // serialises the operations of one communicator whatever their streams (it orders them with
+  // events), so the handles' calls must be issued in the same order on every rank, as one
+  // communicator's are. For groups whose operations never overlap anyway, e.g. an axis spanning
+  // the world and the world's gradient-norm sum (parallel/device_grid.hpp).
+  Nccl on(cudaStream_t stream) const {
+    auto view = std::make_shared<detail::NcclState>();
+    view->owner = state_->owner ? state_->owner : state_;
+    view->stream = stream;
+    view->rank = state_->rank;
+    view->size = state_->size;
+    view->timeout_s = state_->timeout_s;
+    view->solo = state_->solo;
+    DPML_CHECK_CUDA(cudaMalloc(&view->scratch, sizeof(int)));
+    DPML_CHECK_CUDA(cudaMemsetAsync(view->scratch, 0, sizeof(int), stream));
+    return Nccl(std::move(view));
+  }
+
   Nccl(Nccl&&) noexcept = default;
   Nccl& operator=(Nccl&&) noexcept = default;
   Nccl(const Nccl&) = delete;
@@ -259,7 +286,7 @@ class Nccl {
   int rank() const noexcept { return state_->rank; }
   int size() const noexcept { return state_->size; }
   cudaStream_t stream() const noexcept { return state_->stream; }
-  ncclComm_t native() const noexcept { return state_->comm; }  // null for a group of one
+  ncclComm_t native() const noexcept { return state_->communicator(); }  // null for a group of one
 
   // Seconds a Request waits before reporting its peers lost (default DPML_NCCL_TIMEOUT_S or 300).
   void set_timeout(double seconds) {
@@ -269,7 +296,7 @@ class Nccl {
   // Ends the communicator now (ncclCommAbort), cancelling what it has in flight: for a rank that
   // knows its peers are lost. Later calls on it fail.
   void abort() noexcept {
-    if (state_ && state_->comm) ncclCommAbort(std::exchange(state_->comm, nullptr));
+    if (state_ && state_->communicator()) ncclCommAbort(std::exchange(state_->holder().comm, nullptr));
   }
 
   [[nodiscard]] Group group() const { return Group(); }
@@ -423,7 +450,9 @@ class Nccl {
                                      << " (two ranks on one GPU? see comm/local_rank.hpp)");
   }
 
-  ncclComm_t comm() const noexcept { return state_->comm; }
+  explicit Nccl(std::shared_ptr<detail::NcclState> state) : state_(std::move(state)) {}
+
+  ncclComm_t comm() const noexcept { return state_->communicator(); }
   bool solo() const noexcept { return state_->solo; }
   // A group of one's collective: recv = send, on the stream.
   template <class T>

@@ -15,6 +15,15 @@
 //                    last stage hold a tied tensor (GPT's token embedding) sums its two gradients
 //                    there after the backward; null on the other stages and at pp = 1
 //
+// Every NCCL communicator costs device memory (~0.25 GiB on an H200 with NCCL's default buffers),
+// so a group that another already spans gets no communicator of its own but a handle of that one
+// on its stream (Nccl::on; NCCL serialises one communicator's operations across streams): the
+// world shares the communicator of an axis that spans it (dp, tp or pp = world size; the world
+// only sums, the gradient norm, after that axis' work of the step), and at pp = 2 the two ends
+// are the whole pipeline axis. Two GPUs then hold one communicator, not two (dp 2, tp 2) or
+// three (pp 2). A communicator without such handles (comm::Staged, or a DataComm unlike Comm)
+// gets its own.
+//
 // Comm is comm::Nccl (a GPU per rank) or comm::Staged (ranks sharing a GPU, through host memory);
 // DataComm may differ for the data axis: comm::CopyEngine for two GPUs of one host, or
 // comm::Hierarchical<Comm> over the grid's data nodes (DataParallel<…, Hierarchical>: node and
@@ -46,8 +55,14 @@ class DeviceGrid {
         tensor_(Comm::from(grid.comm(Axis::tensor), dev.stream())),
         data_(data_axis(grid)),
         pipeline_(Comm::from(grid.comm(Axis::pipeline))),
-        world_(Comm::from(grid.world(), dev.stream())) {
+        world_(world_comm(grid, dev.stream())) {
     if (grid.pp() == 1) return;
+    if constexpr (shares<decltype(dev.stream())>) {
+      if (grid.pp() == 2) {
+        ends_.emplace(pipeline_.on(dev.stream()));
+        return;
+      }
+    }
     const int stage = grid.coord(Axis::pipeline);
     const bool end = stage == 0 || stage == grid.pp() - 1;
     ends_group_ = grid.comm(Axis::pipeline).split(end ? 0 : MPI_UNDEFINED, stage);  // collective over the pipeline axis
@@ -71,6 +86,26 @@ class DeviceGrid {
   }
 
  private:
+  // Comm has handles on other streams (comm::Nccl::on).
+  template <class Stream>
+  static constexpr bool shares = requires(const Comm& c, Stream s) {
+    { c.on(s) } -> std::same_as<Comm>;
+  };
+
+  // The world's communicator: a handle of an axis' that spans the world (members built above;
+  // every rank takes the same branch: the sizes are the grid's), else a new one.
+  template <class Stream>
+  Comm world_comm(const ProcessGrid& grid, Stream stream) const {
+    if constexpr (shares<Stream>) {
+      const int n = grid.world().size();
+      if (grid.tp() == n) return tensor_.on(stream);
+      if (grid.pp() == n) return pipeline_.on(stream);
+      if constexpr (std::same_as<Comm, DataComm>)
+        if (grid.dp() == n) return data_.on(stream);
+    }
+    return Comm::from(grid.world(), stream);
+  }
+
   static DataComm data_axis(const ProcessGrid& grid) {
     if constexpr (comm::is_hierarchical<DataComm>) return DataComm::from(grid.comm(Axis::data), grid.ranks_per_node());
     else return DataComm::from(grid.comm(Axis::data));
