@@ -13,10 +13,11 @@
 #   1. copy the tree to $TMPDIR/ab-base-tree and lay ab-base/ over it; configure both with the
 #      cuda-openmpi preset and build bench_kernels and gpt_train in both (in parallel), and the
 #      --tests targets in the working tree
-#   2. run the tests (default: test_cuda_kernels test_cuda_gpt_step)
+#   2. run the tests (default: test_cuda_kernels test_gpt_composed)
 #   3. N rounds (default 2), base then new in each: bench_kernels --iters 50 (the rows whose kernel
 #      matches --kernels, default all) and gpt_train --batch 16 --seq 1024 --steps 15 --warmup 3
-#      (tokens/s, loss, memory, and the families matching --families, default all)
+#      (tokens/s, loss, memory, and the per-family times matching --families, default all — printed
+#      only by a gpt_train from before Step 8, whose fused model had a family profiler)
 #   4. a table: each kernel's and gpt_train's median over the rounds, base, new and new / base
 #
 # JSON lines, tagged {"ab": "base"|"new"}, land in $RESULTS (default build/cuda-openmpi/ab-bench)
@@ -25,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rounds=2 tests="test_cuda_kernels test_cuda_gpt_step" kernels=. families=.
+rounds=2 tests="test_cuda_kernels test_gpt_composed" kernels=. families=.
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --prepare)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPT-2 124M training on one GPU: dpml against PyTorch and llm.c, in one job (a GPU machine; ~6-9 minutes).
 #
-#   1. configure the cuda-openmpi preset, build gpt_train and test_cuda_gpt_step
-#   2. test_cuda_gpt_step: the GPU GPT against the host GPT (loss, gradients, 50-step curve)
+#   1. configure the cuda-openmpi preset, build gpt_train and test_gpt_composed
+#   2. test_gpt_composed on one rank: the GPU GPT against the host GPT (loss, gradients, a 30-step
+#      curve, micro-batch accumulation, fp16, checkpoint round trip)
 #   3. gpt_train (dpml; again with --recompute-gelu 0; again in fp16), then bench/reference/torch_gpt.py eager and
 #      torch.compile, then llm.c's train_gpt2cu with cuDNN attention (below); same B/T/steps/lr, AdamW
 #   4. a table: tokens/s, ms/step, MFU, memory, and the ratios ours / eager, ours / compile, ours / llm.c
@@ -53,11 +54,11 @@ else
   llmc_pid=$!
 fi
 
-gpu_build "$build" "$results" gpt_train test_cuda_gpt_step
+gpu_build "$build" "$results" gpt_train test_gpt_composed
 
 status=0
-echo "== test_cuda_gpt_step"
-ctest --test-dir "$build" -R '^test_cuda_gpt_step$' --output-on-failure || status=1
+echo "== test_gpt_composed (one rank)"
+ctest --test-dir "$build" -R '^test_gpt_composed_np1$' --output-on-failure || status=1
 
 if [[ -n $llmc_pid ]]; then
   echo "== llm.c build"

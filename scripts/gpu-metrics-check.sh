@@ -48,7 +48,7 @@ train() {  # train RANKS NAME: train_gpt with nvidia-smi sampling beside it
   kill "$smi"; wait "$smi" 2>/dev/null || true
 }
 bench() {  # bench RANKS NAME
-  scripts/launch.sh -n "$1" "$build/bench/gpt_train/gpt_train" --model composed --batch 16 --micro-batch 16 --steps 50 --warmup 5 \
+  scripts/launch.sh -n "$1" "$build/bench/gpt_train/gpt_train" --batch 16 --micro-batch 16 --steps 50 --warmup 5 \
     | tee "$dir/$2-bench.txt"
 }
 

@@ -2,17 +2,15 @@
 # ResNet-50 training on one GPU: dpml against PyTorch eager, in one job (a GPU machine; ~3-4 minutes),
 # and data parallel on two GPUs where nvidia-smi lists at least two (a few minutes more).
 #
-#   1. configure the cuda-openmpi preset, build resnet_train, test_cuda_resnet_step,
-#      test_cuda_resnet_composed, test_resnet_dp
-#   2. test_cuda_resnet_step: the fused GPU ResNet against the host ResNet (loss, gradients, 30-step
-#      curve); test_cuda_resnet_composed: the composed one against the host and the fused ones
-#   3. resnet_train --model fused with --conv cudnn and --conv own (dpml's implicit-GEMM
-#      convolutions), --model composed --conv cudnn, then --check 5 (both models from the same
-#      weights, losses compared), then bench/reference/torch_resnet.py (eager; --compile adds
-#      torch.compile), same B/steps
-#   4. with ≥ 2 GPUs (NCCL_NVLS_ENABLE=0): test_resnet_dp (2 ranks against lone models), then
-#      resnet_train on 2 ranks (scripts/launch.sh -n 2: fused with both --conv, composed with cudnn)
-#      and torch_resnet.py under torchrun --nproc_per_node 2 (DDP), each rank on its own batch of B
+#   1. configure the cuda-openmpi preset, build resnet_train, test_cuda_resnet_composed,
+#      test_resnet_composed_dp
+#   2. test_cuda_resnet_composed: the composed ResNet (models::BottleneckResNet<bf16, CudaSpace>)
+#      against the float64 host ResNet (loss, gradients, an SGD loss curve, refused batches)
+#   3. resnet_train with --conv cudnn and --conv own (dpml's implicit-GEMM convolutions), then
+#      bench/reference/torch_resnet.py (eager; --compile adds torch.compile), same B/steps
+#   4. with ≥ 2 GPUs (NCCL_NVLS_ENABLE=0): test_resnet_composed_dp (2 ranks against one GPU), then
+#      resnet_train on 2 ranks (scripts/launch.sh -n 2, both --conv) and torch_resnet.py under
+#      torchrun --nproc_per_node 2 (DDP), each rank on its own batch of B
 #   5. a table: img/s, ms/step, memory, and the ratios dpml / torch; with 2 GPUs also the scaling
 #      efficiency, 2-GPU img/s / (2 × 1-GPU img/s), and dpml's exposed communication per step
 #
@@ -38,43 +36,33 @@ build=build/cuda-openmpi
 results=${RESULTS:-$build/resnet-bench}
 source scripts/lib/gpu-build.sh
 gpus="$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)"
-targets=(resnet_train test_cuda_resnet_step test_cuda_resnet_composed)
-[[ "$gpus" -ge 2 ]] && targets+=(test_resnet_dp)
+targets=(resnet_train test_cuda_resnet_composed)
+[[ "$gpus" -ge 2 ]] && targets+=(test_resnet_composed_dp)
 gpu_build "$build" "$results" "${targets[@]}"
 
 status=0
-echo "== test_cuda_resnet_step"
-ctest --test-dir "$build" -R '^test_cuda_resnet_step$' --output-on-failure || status=1
 echo "== test_cuda_resnet_composed"
 ctest --test-dir "$build" -R '^test_cuda_resnet_composed$' --output-on-failure || status=1
 
 common=(--batch "$batch" --steps "$steps" --warmup "$warmup")
 for conv in cudnn own; do
-  echo "== dpml resnet_train --model fused --conv $conv"
-  "$build/bench/resnet_train/resnet_train" "${common[@]}" --model fused --conv "$conv" |
-    tee "$results/dpml-$conv.txt" || status=1
+  echo "== dpml resnet_train --conv $conv"
+  "$build/bench/resnet_train/resnet_train" "${common[@]}" --conv "$conv" |
+    tee "$results/dpml-composed-$conv.txt" || status=1
 done
-echo "== dpml resnet_train --model composed --conv cudnn"
-"$build/bench/resnet_train/resnet_train" "${common[@]}" --model composed --conv cudnn |
-  tee "$results/dpml-composed-cudnn.txt" || status=1
-echo "== dpml resnet_train --check 5 (fused and composed from the same weights)"
-"$build/bench/resnet_train/resnet_train" --batch "$batch" --check 5 | tee "$results/dpml-check.txt" || status=1
 echo "== torch"
 python3 bench/reference/torch_resnet.py "${common[@]}" "${compile[@]}" | tee "$results/torch.txt" || status=1
 
 rm -f "$results"/dpml-*-dp2.txt "$results/torch-ddp2.txt"  # a summary of this run only
 if [[ "$gpus" -ge 2 ]]; then
   export NCCL_NVLS_ENABLE=0  # NVLink multicast off
-  echo "== test_resnet_dp (2 ranks)"
-  ctest --test-dir "$build" -R '^test_resnet_dp_np2$' --output-on-failure || status=1
+  echo "== test_resnet_composed_dp (2 ranks)"
+  ctest --test-dir "$build" -R '^test_resnet_composed_dp_np2$' --output-on-failure || status=1
   for conv in cudnn own; do
-    echo "== dpml resnet_train --model fused --conv $conv on 2 GPUs"
-    scripts/launch.sh -n 2 "$build/bench/resnet_train/resnet_train" "${common[@]}" --model fused --conv "$conv" |
-      tee "$results/dpml-$conv-dp2.txt" || status=1
+    echo "== dpml resnet_train --conv $conv on 2 GPUs"
+    scripts/launch.sh -n 2 "$build/bench/resnet_train/resnet_train" "${common[@]}" --conv "$conv" |
+      tee "$results/dpml-composed-$conv-dp2.txt" || status=1
   done
-  echo "== dpml resnet_train --model composed --conv cudnn on 2 GPUs"
-  scripts/launch.sh -n 2 "$build/bench/resnet_train/resnet_train" "${common[@]}" --model composed --conv cudnn |
-    tee "$results/dpml-composed-cudnn-dp2.txt" || status=1
   echo "== torch DDP on 2 GPUs"
   torchrun=(torchrun)
   command -v torchrun >/dev/null || torchrun=(python3 -m torch.distributed.run)
@@ -90,8 +78,8 @@ import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])
 runs, fams = {}, {}
 by_ranks = {}  # (impl on one GPU, ranks) -> (img/s, exposed comm ms or None)
-for f in ("dpml-cudnn.txt", "dpml-own.txt", "dpml-composed-cudnn.txt", "torch.txt", "dpml-cudnn-dp2.txt",
-          "dpml-own-dp2.txt", "dpml-composed-cudnn-dp2.txt", "torch-ddp2.txt"):
+for f in ("dpml-composed-cudnn.txt", "dpml-composed-own.txt", "torch.txt", "dpml-composed-cudnn-dp2.txt",
+          "dpml-composed-own-dp2.txt", "torch-ddp2.txt"):
     p = d / f
     if not p.exists():
         continue
@@ -129,10 +117,7 @@ print()
 print("| ratio (img/s; memory) | value |")
 print("|---|---|")
 for our_suffix, ref_suffix in (("", ""), ("-dp2", "-ddp2")):  # one GPU; two
-    composed, fused = "dpml-composed-cudnn" + our_suffix, "dpml-cudnn" + our_suffix
-    if composed in runs and fused in runs:
-        print(f"| {composed} / {fused} | {runs[composed][0] / runs[fused][0]:.3f}; {runs[composed][2] / runs[fused][2]:.3f} |")
-    for ours in ("dpml-cudnn" + our_suffix, "dpml-own" + our_suffix, composed):
+    for ours in ("dpml-composed-cudnn" + our_suffix, "dpml-composed-own" + our_suffix):
         for ref in ("torch-eager" + ref_suffix, "torch-compile" + ref_suffix):
             if ours in runs and ref in runs:
                 print(f"| {ours} / {ref} | {runs[ours][0] / runs[ref][0]:.3f}; {runs[ours][2] / runs[ref][2]:.3f} |")

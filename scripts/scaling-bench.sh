@@ -2,17 +2,17 @@
 # Data-parallel scaling on one host with 2 GPUs or more: dpml against PyTorch DDP, in one job.
 #
 #   1. configure the cuda-openmpi preset, build gpt_train, bench_allreduce and (unless --no-tests) the NCCL tests
-#   2. ctest -L nccl: communicator collectives (NCCL and comm::Staged), the data-parallel GPT and
-#      ResNet, ZeRO-1, synchronised BatchNorm, tensor and pipeline parallel GPT, each against one GPU
-#   3. GPT-2 124M (B=16 per GPU, T=1024): dpml on 1 GPU and on K (bf16 and fp32 gradient
-#      reduction, the tied wte all-reduced whole instead of gathered: --tied-grad allreduce,
-#      ZeRO-1: --use-distributed-optimizer, and on 2 GPUs the buckets all-reduced on the copy
-#      engines: --dp-comm copy-engine); PyTorch eager on 1 and DDP on K
-#      (torchrun); with --compile also torch.compile
+#   2. ctest -L nccl: communicator collectives (NCCL and comm::Staged), the device parallel
+#      runtime, the composed GPT's layouts (dp, tp, pp, ZeRO-1, fp16) and the composed ResNets'
+#      data parallelism and synchronised BatchNorm, each against one GPU
+#   3. GPT-2 124M (B=16 per GPU, T=1024), composed from the layers and trained by the library's
+#      trainer: dpml on 1 GPU and on K (plain data parallel, and ZeRO-1:
+#      --use-distributed-optimizer); PyTorch eager on 1 and DDP on K (torchrun); with --compile
+#      also torch.compile
 #   4. the control for the scaling figure: K lone 1-GPU runs at once, one per GPU, with no
 #      communication — what sharing the host costs by itself (power, clocks, CPU)
-#   5. bench_allreduce on K ranks: comm::Nccl and GradientSync's buckets (over NCCL; on 2 ranks
-#      also over comm::CopyEngine) against raw NCCL busbw
+#   5. bench_allreduce on K ranks: comm::Nccl and the library's gradient buckets (over NCCL; on 2
+#      ranks also over comm::CopyEngine) against raw NCCL busbw
 #   6. tables: tokens/s, scaling efficiency (K-GPU tokens/s / (K × 1-GPU tokens/s)), exposed
 #      communication, device memory per GPU (ZeRO-1's saving); the lone runs at once against the
 #      lone run, and each dpml K-GPU run against K × the slowest of them (the host's bound: a
@@ -49,8 +49,8 @@ build=build/cuda-openmpi
 results=${RESULTS:-$build/scaling-bench}
 source scripts/lib/gpu-build.sh
 targets=(gpt_train bench_allreduce)
-[[ $tests == 1 ]] && targets+=(nccl_select_device test_nccl test_staged test_gpt_dp test_gpt_zero test_gpt_tp test_gpt_pp
-  test_resnet_dp test_resnet_syncbn)
+[[ $tests == 1 ]] && targets+=(nccl_select_device test_nccl test_staged test_device_runtime test_gpt_composed
+  test_resnet_composed_dp test_cuda_sync_batch_norm test_tp_layers test_fashion_mnist_gpu)
 gpu_build "$build" "$results" "${targets[@]}"
 
 status=0
@@ -93,10 +93,7 @@ done
 for p in "${pids[@]}"; do wait "$p" || status=1; done
 sample_stop
 run gpt-dpml-$ranks scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}"
-run gpt-dpml-$ranks-fp32 scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --grad-reduce fp32
-run gpt-dpml-$ranks-tied-allreduce scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --tied-grad allreduce
 run gpt-dpml-$ranks-zero1 scripts/launch.sh -n "$ranks" "$gpt" "${common[@]}" --use-distributed-optimizer
-[[ $ranks == 2 ]] && run gpt-dpml-2-copy-engine scripts/launch.sh -n 2 "$gpt" "${common[@]}" --dp-comm copy-engine
 modes=(eager)
 [[ $compile == 1 ]] && modes+=(compile)
 for mode in "${modes[@]}"; do
@@ -127,7 +124,7 @@ for name, r in runs.items():
     if name in at_once:
         continue
     ranks = r.get("ranks", 1)
-    base = runs.get(re.sub(r"-\d+(-fp32|-zero1|-tied-allreduce|-copy-engine)?$", "-1", name))  # gpt-dpml-2-zero1 → gpt-dpml-1
+    base = runs.get(re.sub(r"-\d+(-zero1)?$", "-1", name))  # gpt-dpml-2-zero1 → gpt-dpml-1
     eff = f"{r['tokens_per_s'] / (ranks * base['tokens_per_s']):.3f}" if base and ranks > 1 else ""
     exposed = f"{r['exposed_comm_ms']:.2f}" if "exposed_comm_ms" in r and ranks > 1 else ""
     print(f"| {name} | {ranks} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | {exposed} | {r['mem_gib']:.2f} | {eff} |")

@@ -1,17 +1,20 @@
 // All-reduce bus bandwidth of dpml's paths against a raw ncclAllReduce on the same stream, for
 // fp32 and bf16, 1 MB – 1 GB:
 //   dpml      comm::Nccl::allreduce on the whole buffer (the communicator's own overhead)
-//   bucketed  parallel::cuda::GradientSync over the buffer (ncclAvg in --bucket-mb buckets cut from
-//             its end, as a model's gradients are reduced; its own communicator on the same stream):
-//             what bucketing for overlap costs when nothing overlaps
+//   bucketed  the library's data-parallel gradient buckets (parallel::GradientBuckets over
+//             FlatParameters on CudaSpace, what the trainer's DataParallel runs): the buffer as
+//             1 MiB parameters in flat buffers cut into --bucket-mb buckets, each summed on the
+//             communicator's own stream after an event of the compute stream, finish() making the
+//             compute stream wait — what bucketing for overlap costs when nothing overlaps
 //   copy-engine  the same buckets over comm::CopyEngine (2 ranks of one host only: the copy
-//             engines move the data, one kernel sums each half; gpt_train --dp-comm copy-engine)
+//             engines move the data, one kernel sums each half; DeviceGrid's data axis may be one)
 //   nccl      one raw ncclAllReduce (sum)
 //
 // One GPU per rank (comm::select_device); run under mpirun -n <GPUs> (scripts/launch.sh). Each
 // (dtype, size) gets `--warmup` calls of each path, then `--repeats` timed batches of `--iters`
-// back-to-back out-of-place sums per path, the three paths interleaved batch by batch; a batch is
-// timed with CUDA events on the communicator's stream. The time of a call is the median batch
+// back-to-back sums per path (out of place for dpml and nccl, in place on the flat gradients for the
+// buckets), the paths interleaved batch by batch; a batch is timed with CUDA events on the stream
+// the path's work ends on (the communicator's; the compute stream for the buckets). The time of a call is the median batch
 // time / iters, the slowest rank's. algbw = bytes / time; busbw = algbw · 2(n−1)/n (the traffic
 // per link of a ring all-reduce, comparable across rank counts, as in nccl-tests).
 //
@@ -30,7 +33,11 @@
 #include <dpml/comm/nccl_copy_engine.hpp>
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_error.hpp>
-#include <dpml/parallel/cuda/gradient_sync.hpp>
+#include <dpml/core/cuda_space.hpp>
+#include <dpml/core/flat_parameters.hpp>
+#include <dpml/core/parameter.hpp>
+#include <dpml/kernels/cuda/device.hpp>
+#include <dpml/parallel/data.hpp>
 #include <dpml/train/args.hpp>
 
 #include <cuda_runtime.h>
@@ -42,6 +49,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,6 +78,26 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
+// n elements of T as the library holds a model's gradients: parameters of at most 1 MiB each in one
+// flat device buffer, cut into buckets of at least --bucket-mb.
+template <class T>
+struct FlatGradients {
+  std::vector<std::unique_ptr<Param<T, CudaSpace>>> params;
+  std::optional<FlatParameters<T, CudaSpace>> flat;
+  FlatGradients(std::size_t n, const Options& o) {
+    const auto piece = static_cast<std::int64_t>((std::size_t{1} << 20) / sizeof(T));
+    std::vector<Param<T, CudaSpace>*> ptrs;
+    for (std::int64_t at = 0; at < static_cast<std::int64_t>(n); at += piece) {
+      const std::int64_t count = std::min(piece, static_cast<std::int64_t>(n) - at);
+      params.push_back(std::make_unique<Param<T, CudaSpace>>("g" + std::to_string(params.size()), Shape{count}, Init{}));
+      ptrs.push_back(params.back().get());
+    }
+    const auto bucket = static_cast<std::int64_t>(o.bucket_mb * (1 << 20)) / static_cast<std::int64_t>(sizeof(T));
+    flat.emplace(ptrs, FlatLayout{.align = flat_alignment<CudaSpace>, .bucket_elements = std::max<std::int64_t>(1, bucket)});
+    DPML_CHECK_CUDA(cudaMemset(flat->grads().data(), 0, static_cast<std::size_t>(flat->numel()) * sizeof(T)));
+  }
+};
+
 // Microseconds per call of each Path for `n` elements of T, slowest rank.
 template <class T>
 void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, const Options& o, double us[path_count]) {
@@ -77,21 +105,28 @@ void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, c
   DPML_CHECK_CUDA(cudaMalloc(&send, n * sizeof(T)));
   DPML_CHECK_CUDA(cudaMalloc(&recv, n * sizeof(T)));
   DPML_CHECK_CUDA(cudaMemset(send, 0, n * sizeof(T)));
+  kernels::Device<CudaSpace> dev;  // the compute stream the buckets order against
+  FlatGradients<T> grads(n, o);
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
-  parallel::cuda::GradientSync<T> buckets(comm::Nccl::from(world, nccl.stream()), recv, n, nccl.stream(),
-                                          {.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))});
-  std::optional<parallel::cuda::GradientSync<T, T, comm::CopyEngine>> copy_engine;  // two ranks only
-  if (world.size() == 2)
-    copy_engine.emplace(comm::CopyEngine::from(world, nccl.stream()), recv, n, nccl.stream(),
-                        parallel::cuda::GradientSyncOptions{.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))});
+  const comm::Nccl bucket_comm = comm::Nccl::from(world);  // a stream of its own, as DeviceGrid's data axis
+  parallel::GradientBuckets<T, CudaSpace, comm::Nccl> buckets(*grads.flat, &bucket_comm, parallel::GradReduction::all_reduce, dev);
+  std::optional<comm::CopyEngine> ce;  // two ranks only
+  std::optional<parallel::GradientBuckets<T, CudaSpace, comm::CopyEngine>> copy_engine;
+  if (world.size() == 2) {
+    ce.emplace(comm::CopyEngine::from(world));
+    copy_engine.emplace(*grads.flat, &*ce, parallel::GradReduction::all_reduce, dev);
+  }
   auto runs = [&](int path) { return path != copy_engine_path || copy_engine.has_value(); };
   auto call = [&](int path) {
     if (path == dpml_path)
       nccl.allreduce(send, recv, n, comm::ReduceOp::sum);
-    else if (path == bucketed_path)
-      buckets.finish();
-    else if (path == copy_engine_path)
+    else if (path == bucketed_path) {
+      buckets.begin_step(1);
+      buckets.finish();  // every bucket started here, nothing reported by a backward
+    } else if (path == copy_engine_path) {
+      copy_engine->begin_step(1);
       copy_engine->finish();
+    }
     else
       DPML_CHECK_NCCL(ncclAllReduce(send, recv, n, comm::NcclType<T>::value, ncclSum, nccl.native(), nccl.stream()));
   };
@@ -101,13 +136,15 @@ void time_paths(const comm::Mpi& world, const comm::Nccl& nccl, std::size_t n, c
   for (int path = 0; path < path_count; ++path)
     for (int i = 0; runs(path) && i < o.warmup; ++i) call(path);
   nccl.request().wait();
+  dev.synchronize();
   std::vector<double> batches[path_count];
   for (int r = 0; r < o.repeats; ++r)
     for (int path = 0; path < path_count; ++path) {
       if (!runs(path)) continue;
-      DPML_CHECK_CUDA(cudaEventRecord(start, nccl.stream()));
+      const cudaStream_t stream = path == bucketed_path || path == copy_engine_path ? dev.stream() : nccl.stream();
+      DPML_CHECK_CUDA(cudaEventRecord(start, stream));
       for (int i = 0; i < o.iters; ++i) call(path);
-      DPML_CHECK_CUDA(cudaEventRecord(stop, nccl.stream()));
+      DPML_CHECK_CUDA(cudaEventRecord(stop, stream));
       DPML_CHECK_CUDA(cudaEventSynchronize(stop));
       float ms = 0;
       DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
@@ -139,7 +176,7 @@ std::size_t parse_bytes(const char* flag, const std::string& s) {
 bool parse(int argc, char** argv, int rank, Options& o) {
   std::string min_bytes = "1M", max_bytes = "1G";
   train::Args args("bench_allreduce",
-                   "All-reduce busbw of comm::Nccl::allreduce, of GradientSync's buckets (over NCCL, and on 2 ranks over\n"
+                   "All-reduce busbw of comm::Nccl::allreduce, of the library's gradient buckets (over NCCL, and on 2 ranks over\n"
                    "comm::CopyEngine) vs raw ncclAllReduce (fp32, bf16): JSON lines, then a Markdown table. One GPU per\n"
                    "rank: mpirun -n <GPUs> bench_allreduce [flags] (scripts/launch.sh). Sizes go from --min-bytes to\n"
                    "--max-bytes, times --factor each; sizes take B, K(B), M(B), G(B) (powers of 1024).");
@@ -149,7 +186,7 @@ bool parse(int argc, char** argv, int rank, Options& o) {
       .flag("--warmup", o.warmup, "untimed calls of each path per (dtype, size)", train::at_least(0))
       .flag("--iters", o.iters, "back-to-back calls in one timed batch", train::at_least(1))
       .flag("--repeats", o.repeats, "timed batches per path (the median is reported)", train::at_least(1))
-      .flag("--bucket-mb", o.bucket_mb, "MB per GradientSync bucket (bucketed and copy-engine paths)",
+      .flag("--bucket-mb", o.bucket_mb, "MB per gradient bucket, at least (bucketed and copy-engine paths)",
             train::positive<double>());
   if (!args.parse(argc, argv, rank)) return false;
   o.min_bytes = parse_bytes("--min-bytes", min_bytes);

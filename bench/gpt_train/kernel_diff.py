@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Per-kernel GPU time of one training step, two runs side by side (e.g. gpt_train --model fused
-against --model composed), from Nsight Compute's raw CSV of a step that `gpt_train --cuda-profile`
+"""Per-kernel GPU time of one training step, two runs side by side (e.g. gpt_train with the GELU
+recomputed and saved: bench/gpt_train/kernel-diff.sh runs both), from Nsight Compute's raw CSV of a step that `gpt_train --cuda-profile`
 brackets with cudaProfilerStart/Stop:
 
     ncu --profile-from-start off --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum -o fused gpt_train --cuda-profile --model fused ...
-    ncu -i fused.ncu-rep --csv --page raw --metrics gpu__time_duration.sum > fused.csv
-    bench/gpt_train/kernel_diff.py fused.csv composed.csv
+        --metrics gpu__time_duration.sum -o a gpt_train --cuda-profile --recompute-gelu 1 ...
+    ncu -i a.ncu-rep --csv --page raw --metrics gpu__time_duration.sum > a.csv
+    bench/gpt_train/kernel_diff.py a.csv b.csv
 
 Kernels are grouped by name (template arguments and parameter list dropped) and by launch
 geometry (grid × block), so that the same kernel at two shapes (e.g. the LM head's GEMM and a

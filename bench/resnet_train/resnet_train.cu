@@ -1,54 +1,43 @@
-// resnet_train: ResNet-50 training throughput on one GPU, or data parallel on several, for the two
-// GPU ResNets of dpml, in one program so that one job measures both (--model):
+// resnet_train: ResNet-50 training throughput on one GPU, or data parallel on several:
+// models::BottleneckResNet<bf16, CudaSpace>, the library's layers and ResNetBlock (bf16 NHWC),
+// softmax cross-entropy with dlogits in place, SGD through parallel::DistributedOptimizer over a
+// DeviceGrid (flat bf16 parameters and gradients, fp32 master weights and momentum; data parallel
+// over the ranks: buckets reduced while the backward runs) — the minimal training loop of a library
+// user. (Until Step 8 this program also ran the hand-fused GPU ResNet, --model fused; the last
+// measurements of both are in bench/RESULTS.md.)
 //
-//   composed   models::BottleneckResNet<bf16, CudaSpace> (the default): the library's layers and
-//              ResNetBlock (bf16 NHWC), softmax cross-entropy with dlogits in place, SGD through
-//              parallel::DistributedOptimizer over a DeviceGrid (flat bf16 parameters and gradients,
-//              fp32 master weights and momentum; data parallel over the ranks: buckets reduced while
-//              the backward runs) — the minimal training loop of a library user
-//   fused      models/cuda/resnet.hpp: the hand-fused model (bf16 NHWC activations and weights,
-//              fp32 master weights, gradients and momentum, one activation buffer)
-//
-// Both train with SGD (momentum 0.9, weight decay 1e-4) — the setup of bench/reference/torch_resnet.py
-// (PyTorch eager, channels_last, bf16 autocast; DDP under torchrun), so they print comparable JSON
+// SGD (momentum 0.9, weight decay 1e-4) — the setup of bench/reference/torch_resnet.py (PyTorch
+// eager, channels_last, bf16 autocast; DDP under torchrun), so the two print comparable JSON
 // lines. Synthetic data: one batch of random images and labels per rank, uploaded once (NHWC,
 // kernels::to_layout) and reused (as the reference does), so the input pipeline is not measured.
-// The input's channels are padded with zeros to a multiple of 8 in both models (16-byte vector
-// loads in the stem; the stem's weights on those channels see only zeros, so the function is the
-// 3-channel one; the composed model's parameter count includes them).
+// The input's channels are padded with zeros to a multiple of 8 (16-byte vector loads in the stem;
+// the stem's weights on those channels see only zeros, so the function is the 3-channel one; the
+// parameter count includes them).
 //
 //   img/s      K · B · timed steps / wall time of the slowest rank's timed steps (each step ends
 //              with the loss copied to the host, as a training loop that prints it does)
 //   TFLOP/s    3 × forward FLOPs (convolutions and classifier, 2 per multiply-add) × img/s, per GPU
-//   memory     device memory this process took (cudaMemGetInfo before the model and after the run;
-//              composed: after its NCCL communicators, which a one-rank fused run does not have)
-//   buffers    model_buffers_gib: fused, its own allocations (parameters, activations); composed,
-//              the flat parameters, gradients and optimizer state and the Device's scratch and
-//              shared buffers (the layers' activations are in mem_gib only)
+//   memory     device memory this process took (cudaMemGetInfo after the Device and its NCCL
+//              communicators, and after the run)
+//   buffers    model_buffers_gib: the flat parameters, gradients and optimizer state and the
+//              Device's scratch and shared buffers (the layers' activations are in mem_gib only)
 //   phases     resnet_train_memory lines (bench/support/memory_phases.cuh), the GiB taken by the
-//              end of each set-up phase, from the same start as mem_gib except that the composed
-//              model's first phase is its Device and communicators (left out of its mem_gib):
-//              fused "model" (all its buffers, the convolutions' plans and workspace),
-//              "communicators" (several ranks or --sync-bn), "first step"; composed "device and
+//              end of each set-up phase, from the same start as mem_gib except that the first
+//              phase is the Device and communicators (left out of mem_gib): "device and
 //              communicators", "model" (the layers' parameters), "optimizer" (the flat buffers,
 //              master weights and momentum), "batch", "first step" (the layers' activations, the
 //              Device's scratch and shared gradient buffers, the cuDNN workspace)
 //   ranks      K: under scripts/launch.sh -n K (mpirun/srun), one GPU per rank, each on its own
-//              batch of B images (seeded by its rank); fused: gradients averaged by
-//              parallel/cuda/gradient_sync.hpp in fp32 while the backward runs (--bucket-mb),
-//              exposed_comm_ms how long the last timed step's compute stream waited for its
-//              all-reduces; composed: summed by the DistributedOptimizer's buckets (the loss
-//              divides by K · B), exposed_comm_ms its host time waiting for them (the launches on
-//              a GPU). Only rank 0 prints.
+//              batch of B images (seeded by its rank); gradients summed by the
+//              DistributedOptimizer's buckets (--bucket-mb; the loss divides by K · B) while the
+//              backward runs, exposed_comm_ms its host time waiting for them (the launches on a
+//              GPU). Only rank 0 prints.
 //   sync_bn    --sync-bn: BatchNorm statistics synchronised over the ranks (PyTorch's
 //              SyncBatchNorm; the reference's --sync-bn): two all-reduces of 2C floats per
 //              BatchNorm and step on the compute stream. Also on one rank, where it measures the
 //              cost of the split passes (PyTorch falls back to plain BatchNorm there).
-//   families   fused only: one extra step with CUDA events around each kernel family
-//
-// --check N (one rank): both models from the same weights (the host model's initialisation rounded
-// to bf16) on the same batch for N SGD steps; prints both loss curves and fails unless every
-// composed loss is within 15 % + 0.05 of the fused one (tests/cuda/test_resnet_step.cu's bound).
+// (The model's agreement with the float64 host model, one step and an SGD loss curve, is
+// tests/cuda/test_resnet_composed.cu's.)
 #include "../support/memory_phases.cuh"
 #include "../support/train_timing.cuh"
 
@@ -63,9 +52,7 @@
 #include <dpml/layers/cross_entropy.hpp>
 #include <dpml/layers/init.hpp>
 #include <dpml/models/bottleneck_resnet.hpp>
-#include <dpml/models/cuda/resnet.hpp>
 #include <dpml/optim/sgd.hpp>
-#include <dpml/parallel/cuda/gradient_sync.hpp>
 #include <dpml/parallel/device_grid.hpp>
 #include <dpml/parallel/distributed_optimizer.hpp>
 #include <dpml/parallel/grid.hpp>
@@ -99,14 +86,12 @@ using namespace dpml;
 namespace {
 
 struct Options {
-  models::cuda::ResNetCudaConfig model;
+  models::BottleneckResNetConfig model;  // in_channels: the images' (padded on the device)
   std::int64_t batch = 256, image = 224;
   int warmup = 10, steps = 30;
   double lr = 0.1;
   optim::SgdOptions sgd{.momentum = 0.9, .weight_decay = 1e-4};
   std::string conv = DPML_HAS_CUDNN ? "cudnn" : "own";
-  std::string model_kind = "composed";  // composed | fused
-  int check = 0;          // > 0: compare the two models over this many steps instead of timing
   double bucket_mb = 25;  // data parallel: gradient all-reduce bucket (PyTorch DDP's default)
   bool sync_bn = false;   // BatchNorm statistics over all ranks' batches
 };
@@ -116,12 +101,10 @@ struct Options {
 bool parse(int argc, char** argv, Options& o, int rank) {
   std::string blocks = "3,4,6,3";
   train::Args args("resnet_train", "ResNet training throughput on one GPU, or data parallel with one GPU per rank "
-                                   "under scripts/launch.sh -n K (bench/RESULTS.md): the composed model (the library's "
-                                   "layers) or the fused one; prints JSON lines (bench resnet_train, "
-                                   "resnet_train_family, resnet_train_check) and a table.");
-  args.flag("--model", o.model_kind, "composed (models::BottleneckResNet<bf16, CudaSpace>) | fused (models/cuda/resnet.hpp)")
-      .flag("--check", o.check, "N > 0: train both models N steps from the same weights and compare the losses", dpml::train::at_least(0))
-      .flag("--batch", o.batch, "images per step", dpml::train::at_least(1))
+                                   "under scripts/launch.sh -n K (bench/RESULTS.md): models::BottleneckResNet<bf16, "
+                                   "CudaSpace>, the library's layers; prints JSON lines (bench resnet_train, "
+                                   "resnet_train_memory) and a table.");
+  args.flag("--batch", o.batch, "images per step", dpml::train::at_least(1))
       .flag("--image", o.image, "image side in pixels", dpml::train::at_least(1))
       .flag("--classes", o.model.classes, "classifier outputs", dpml::train::at_least(1))
       .flag("--width", o.model.width, "stem channels and stage 1's bottleneck width", dpml::train::at_least(1))
@@ -145,11 +128,8 @@ bool parse(int argc, char** argv, Options& o, int rank) {
     o.model.blocks[static_cast<std::size_t>(k++)] = std::stoll(part);
   }
   DPML_REQUIRE_EVERYWHERE(k == 4, "resnet_train: --blocks " << blocks << " is not four counts like 3,4,6,3");
-  DPML_REQUIRE_EVERYWHERE(o.batch > 1 && o.image > 0 && o.steps > 0 && o.warmup >= 0 && o.check >= 0,
-                          "resnet_train: --batch must be > 1, --image and --steps positive, --warmup and --check "
-                          "non-negative");
-  DPML_REQUIRE_EVERYWHERE(o.model_kind == "composed" || o.model_kind == "fused",
-                          "resnet_train: --model " << o.model_kind << " is not composed or fused");
+  DPML_REQUIRE_EVERYWHERE(o.batch > 1 && o.image > 0 && o.steps > 0 && o.warmup >= 0,
+                          "resnet_train: --batch must be > 1, --image and --steps positive, --warmup non-negative");
   DPML_REQUIRE_EVERYWHERE(o.conv == "own" || (o.conv == "cudnn" && DPML_HAS_CUDNN),
                           "resnet_train: --conv " << o.conv << " is not own"
                                                   << (DPML_HAS_CUDNN ? " or cudnn" : " (built without cuDNN)"));
@@ -176,15 +156,14 @@ HostBatch random_batch(const Options& o, int rank) {
   return b;
 }
 
-// The composed model's configuration: the fused one's, the input channels padded.
+// The model's configuration: the flags', the input channels padded.
 models::BottleneckResNetConfig composed_config(const Options& o) {
   return {.in_channels = padded_channels(o.model.in_channels), .width = o.model.width, .blocks = o.model.blocks,
           .classes = o.model.classes, .sync_batch_norm = o.sync_bn};
 }
 
 // Forward FLOPs of one image through the convolutions and the classifier (2 per multiply-add;
-// train/flops.hpp), the stem at its real input channels: models::cuda::ResNet::forward_flops_per_image's
-// count for the composed model, which has no buffers to ask (--check compares the two).
+// train/flops.hpp), the stem at its real input channels.
 double forward_flops_per_image(const Options& o) {
   return train::bottleneck_resnet_forward_flops_per_image(
       {.in_channels = o.model.in_channels, .width = o.model.width, .blocks = o.model.blocks, .classes = o.model.classes}, o.image);
@@ -282,7 +261,6 @@ struct Result {
   double ms_step = 0, exposed_ms = 0, mem_gib = 0, buffers_gib = 0, flops_per_image = 0;
   std::int64_t params = 0;
   std::vector<double> losses;
-  std::optional<std::array<double, static_cast<int>(models::cuda::CnnFamily::count)>> families;  // fused only
   dpml::bench::MemoryPhases::Phases memory;  // GiB taken by the end of each set-up phase
 };
 
@@ -297,51 +275,8 @@ double time_steps(const Options& o, const comm::Mpi& world, cudaStream_t stream,
 }
 
 std::string impl_name(const Options& o, int ranks) {
-  return "dpml-" + std::string(o.model_kind == "composed" ? "composed-" : "") + o.conv +
+  return "dpml-composed-" + o.conv +
          (ranks > 1 ? "-dp" + std::to_string(ranks) : "") + (o.sync_bn ? "-syncbn" : "");
-}
-
-template <class Conv>
-Result run_fused(const Options& o, const comm::Mpi& world) {
-  dpml::bench::MemoryPhases memory;
-  models::cuda::ResNet<Conv> model(o.model, o.batch, o.image);
-  model.init_random(1337);  // the same on every rank
-  memory.after("model");
-  std::unique_ptr<parallel::cuda::GradientSync<float>> sync;  // data parallel (several ranks)
-  if (world.size() > 1) {
-    const parallel::cuda::GradientSyncOptions opt{.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20))};
-    sync = std::make_unique<parallel::cuda::GradientSync<float>>(
-        comm::Nccl::from(world), model.gradients(), static_cast<std::size_t>(model.flat_size()), model.stream(), opt);
-    model.set_gradient_sync(sync.get());
-  }
-  std::unique_ptr<comm::Nccl> bn_comm;  // --sync-bn: the BatchNorm sums' all-reduces, on the model's stream
-  if (o.sync_bn) {
-    bn_comm = std::make_unique<comm::Nccl>(comm::Nccl::from(world, model.stream()));
-    model.set_batch_norm_sync(bn_comm.get());
-  }
-  if (sync || bn_comm) memory.after("communicators");
-  {
-    const HostBatch b = random_batch(o, world.rank());
-    model.upload_batch(b.images, b.labels);
-  }
-  Result r{.impl = impl_name(o, world.size())};
-  auto step = [&] {
-    model.forward_backward();
-    model.update(o.lr, o.sgd);
-    const double loss = model.loss();  // synchronises: the step is done
-    if (r.losses.empty()) memory.after("first step");
-    return loss;
-  };
-  r.ms_step = time_steps(o, world, model.stream(), r.losses, step);
-  r.exposed_ms = world.allreduce(sync ? sync->exposed_ms() : 0.0, comm::ReduceOp::max);
-  r.families = dpml::bench::family_ms<models::cuda::CnnProfiler>(model, [&] { r.losses.push_back(step()); });
-  DPML_CHECK_CUDA(cudaDeviceSynchronize());
-  r.mem_gib = memory.gib();
-  r.memory = memory.phases();
-  r.buffers_gib = static_cast<double>(model.device_bytes()) / (1 << 30);
-  r.params = model.parameter_count();
-  r.flops_per_image = model.forward_flops_per_image();
-  return r;
 }
 
 template <class Conv>
@@ -386,26 +321,24 @@ int report(const Options& o, const comm::Mpi& world, const Result& r) {
   const double tflops = 3.0 * r.flops_per_image * img_s / ranks / 1e12;  // per GPU
   const char* impl = r.impl.c_str();
   const std::string on = ranks > 1 ? std::to_string(ranks) + " × " + prop.name : std::string(prop.name);
-  std::printf("{\"bench\":\"resnet_train\",\"impl\":\"%s\",\"model\":\"%s\",\"device\":\"%s\",\"batch\":%lld,"
+  std::printf("{\"bench\":\"resnet_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,"
               "\"image\":%lld,\"width\":%lld,\"blocks\":[%lld,%lld,%lld,%lld],\"classes\":%lld,\"params\":%lld,"
               "\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,\"img_per_s\":%.1f,\"model_tflops\":%.2f,"
               "\"mem_gib\":%.3f,\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,"
               "\"ranks\":%d,\"bucket_mb\":%.1f,\"exposed_comm_ms\":%.3f,\"sync_bn\":%s}\n",
-              impl, o.model_kind.c_str(), prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.image),
+              impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.image),
               static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
               static_cast<long long>(o.model.blocks[1]), static_cast<long long>(o.model.blocks[2]),
               static_cast<long long>(o.model.blocks[3]), static_cast<long long>(o.model.classes),
               static_cast<long long>(r.params), o.steps, o.warmup, r.ms_step, img_s, tflops, r.mem_gib, r.buffers_gib,
               r.losses.front(), r.losses.back(), finite ? "true" : "false", ranks, o.bucket_mb, r.exposed_ms,
               o.sync_bn ? "true" : "false");
-  if (r.families) dpml::bench::print_families("resnet_train_family", impl, *r.families, models::cuda::kCnnFamilyNames);
   dpml::bench::print_memory_phases("resnet_train_memory", impl, r.memory);
-  std::printf("\nResNet (width %lld, blocks %lld,%lld,%lld,%lld) B=%lld %lldpx on %s, %s model, bf16 + fp32 master, "
-              "SGD, %s\n",
+  std::printf("\nResNet (width %lld, blocks %lld,%lld,%lld,%lld) B=%lld %lldpx on %s, bf16 + fp32 master, SGD, %s\n",
               static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
               static_cast<long long>(o.model.blocks[1]), static_cast<long long>(o.model.blocks[2]),
               static_cast<long long>(o.model.blocks[3]), static_cast<long long>(o.batch),
-              static_cast<long long>(o.image), on.c_str(), o.model_kind.c_str(), impl);
+              static_cast<long long>(o.image), on.c_str(), impl);
   std::printf("| img/s | ms/step | model TFLOP/s | memory GiB | loss first → last |\n|---|---|---|---|---|\n");
   std::printf("| %.0f | %.2f | %.1f | %.2f | %.3f → %.3f |\n\n", img_s, r.ms_step, tflops, r.mem_gib,
               r.losses.front(), r.losses.back());
@@ -414,7 +347,6 @@ int report(const Options& o, const comm::Mpi& world, const Result& r) {
                 "for its all-reduces; BatchNorm statistics %s; TFLOP/s and memory per GPU, losses rank 0's.\n\n",
                 ranks, static_cast<long long>(o.batch), o.bucket_mb, r.exposed_ms,
                 o.sync_bn ? "synchronised over the ranks" : "per rank");
-  if (r.families) dpml::bench::print_family_table(*r.families, models::cuda::kCnnFamilyNames);
   if (!finite) {
     std::fprintf(stderr, "resnet_train: a loss was not finite\n");
     return 1;
@@ -422,78 +354,9 @@ int report(const Options& o, const comm::Mpi& world, const Result& r) {
   return 0;
 }
 
-// --check: the fused and the composed model from the same weights on the same batch, o.check SGD
-// steps each; rank 0 prints both curves. 0 when every composed loss is within 15 % + 0.05 of the
-// fused one and the FLOP counts agree.
-template <class Conv>
-int check(const Options& o, const comm::Mpi& world) {
-  DPML_REQUIRE_EVERYWHERE(world.size() == 1, "resnet_train --check runs on one rank, not " << world.size());
-  // The host model's initialisation, rounded to bf16: what both models start from.
-  models::BottleneckResNetConfig host_cfg = composed_config(o);
-  host_cfg.in_channels = o.model.in_channels;
-  auto host = models::BottleneckResNet<float>::make(host_cfg);
-  layers::initialize_all(host.parameters(), 1337, nullptr);
-  for (auto* p : host.parameters())
-    for (auto& v : p->value()) v = static_cast<float>(bf16(v));
-  const HostBatch batch = random_batch(o, 0);
-
-  std::vector<double> fused_losses, composed_losses;
-  double fused_flops = 0;
-  {
-    models::cuda::ResNet<Conv> fused(o.model, o.batch, o.image);
-    fused.copy_from(host.parameters());
-    fused.upload_batch(batch.images, batch.labels);
-    for (int s = 0; s < o.check; ++s) {
-      fused.forward_backward();
-      fused.update(o.lr, o.sgd);
-      fused_losses.push_back(fused.loss());
-    }
-    fused_flops = fused.forward_flops_per_image();
-  }
-  {
-    Composed<Conv> composed(o, world);
-    composed.build([&](auto& net) {  // the host's weights, the stem's pad channels zero
-      auto hp = host.parameters();
-      auto dp = net.parameters();
-      DPML_REQUIRE(hp.size() == dp.size(), "resnet_train --check: " << hp.size() << " host tensors, " << dp.size());
-      for (std::size_t i = 0; i < hp.size(); ++i) {
-        const Shape hs = hp[i]->shape(), ds = dp[i]->shape();
-        Tensor<float> logical(ds, 0.f);  // (Cout, Cin_padded, k, k) for the stem, else the host's shape
-        const std::int64_t outer = hs.rank() == 4 ? hs[0] : 1, inner = hs.numel() / outer, dinner = ds.numel() / outer;
-        for (std::int64_t a = 0; a < outer; ++a)
-          std::copy_n(hp[i]->value().data() + a * inner, inner, logical.data() + a * dinner);
-        Tensor<float> stored(ds);
-        to_storage_order(*dp[i], logical.data(), stored.data());
-        Tensor<bf16> values(ds);
-        std::transform(stored.begin(), stored.end(), values.begin(), [](float v) { return bf16(v); });
-        copy(dp[i]->value(), to_space<CudaSpace>(values.cview()).cview());
-      }
-    });
-    composed.upload(batch);
-    for (int s = 0; s < o.check; ++s) composed_losses.push_back(composed.step());
-  }
-  bool ok = std::abs(forward_flops_per_image(o) - fused_flops) <= 1e-9 * fused_flops;
-  double worst = 0;
-  std::string f = "[", c = "[";
-  for (int s = 0; s < o.check; ++s) {
-    const double a = fused_losses[static_cast<std::size_t>(s)], b = composed_losses[static_cast<std::size_t>(s)];
-    ok = ok && std::isfinite(b) && std::abs(b - a) <= 0.15 * a + 0.05;
-    worst = std::max(worst, std::abs(b - a) / a);
-    f += (s ? "," : "") + std::to_string(a);
-    c += (s ? "," : "") + std::to_string(b);
-  }
-  std::printf("{\"bench\":\"resnet_train_check\",\"conv\":\"%s\",\"batch\":%lld,\"image\":%lld,\"steps\":%d,"
-              "\"fused\":%s],\"composed\":%s],\"max_rel_diff\":%.4f,\"ok\":%s}\n",
-              o.conv.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.image), o.check, f.c_str(),
-              c.c_str(), worst, ok ? "true" : "false");
-  if (!ok) std::fprintf(stderr, "resnet_train --check: the composed model's losses or FLOPs differ from the fused one's\n");
-  return ok ? 0 : 1;
-}
-
 template <class Conv>
 int run(const Options& o, const comm::Mpi& world) {
-  if (o.check > 0) return check<Conv>(o, world);
-  return report(o, world, o.model_kind == "fused" ? run_fused<Conv>(o, world) : run_composed<Conv>(o, world));
+  return report(o, world, run_composed<Conv>(o, world));
 }
 
 }  // namespace

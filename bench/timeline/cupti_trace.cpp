@@ -5,7 +5,7 @@
 //
 //   export CUDA_INJECTION64_PATH=build/.../libdpml_cupti_trace.so DPML_TRACE_OUT=dir/run
 //   gpt_train --cuda-profile ...            # one CSV per process: dir/run.r<rank>.csv
-//   bench/timeline/timeline.py dir/fused.r0.csv dir/composed.r0.csv
+//   bench/timeline/timeline.py dir/a.r0.csv dir/b.r0.csv
 //
 // CUDA loads the library at its initialisation and calls InitializeInjection(); CUPTI's activity
 // API then hands over records in buffers, which are kept in memory and written at exit, one line

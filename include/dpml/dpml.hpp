@@ -151,7 +151,6 @@
 #if defined(DPML_WITH_NCCL)
 #include "dpml/comm/nccl_copy_engine.hpp"
 #endif
-#include "dpml/kernels/cuda/adamw.hpp"
 #include "dpml/kernels/cuda/attention.hpp"
 #include "dpml/kernels/cuda/attention_mma.hpp"
 #include "dpml/kernels/cuda/attention_simt.hpp"
@@ -181,15 +180,7 @@
 #include "dpml/kernels/cuda/mma.hpp"
 #include "dpml/kernels/cuda/ops.hpp"
 #include "dpml/kernels/cuda/reduce.hpp"
-#include "dpml/kernels/cuda/sgd.hpp"
 #include "dpml/kernels/cuda/update.hpp"
-#include "dpml/models/cuda/gpt.hpp"
-#include "dpml/models/cuda/gpt_pipeline.hpp"
-#include "dpml/models/cuda/precision.hpp"
-#include "dpml/models/cuda/profiler.hpp"
-#include "dpml/models/cuda/resnet.hpp"
-#include "dpml/parallel/cuda/distributed_optimizer.hpp"
-#include "dpml/parallel/cuda/gradient_sync.hpp"
-#include "dpml/parallel/cuda/pipeline_transport.hpp"
 #include "dpml/parallel/cuda_comm_link.hpp"
+#include "dpml/parallel/pipeline/stream_transport.hpp"
 #endif

@@ -7,7 +7,6 @@
 #include "device.hpp"
 
 #include <dpml/core/cuda_allocator.hpp>
-#include <dpml/kernels/cuda/adamw.hpp>
 #include <dpml/kernels/cuda/cross_entropy.hpp>
 #include <dpml/kernels/cuda/elementwise.hpp>
 #include <dpml/kernels/cuda/embedding.hpp>
@@ -18,7 +17,6 @@
 #include <dpml/kernels/host/embedding.hpp>
 #include <dpml/kernels/host/layer_norm.hpp>
 #include <dpml/kernels/host/softmax.hpp>
-#include <dpml/optim/adamw.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -290,8 +288,8 @@ TEMPLATE_TEST_CASE("cross entropy: fused softmax + loss + gradient against float
 }
 
 // The vocabulary-parallel form on one GPU: the padded vocabulary cut into `shards` column blocks,
-// each block's pass 1 on its own (N, V/shards) logits, the all-reduces done on the host between
-// the steps (max, then sum, over the shards' stats), then each block's pass 2: every shard's
+// each block's pass 1 (partials) on its own (N, V/shards) logits, the all-reduce (sum) of the
+// shards' (shards, 3, N) stats done on the host, then each block's pass 2 (combine, dlogits in place): every shard's
 // losses and its columns of dlogits against the float64 softmax of the whole row. Shards past the
 // real vocabulary (all padding) and targets in every shard are in play.
 TEMPLATE_TEST_CASE("cross entropy: vocabulary-parallel passes against float64", "[cross_entropy][gpu]", float, bf16) {
@@ -318,28 +316,27 @@ TEMPLATE_TEST_CASE("cross entropy: vocabulary-parallel passes against float64", 
       for (std::int64_t r = 0; r < N; ++r)
         std::copy_n(hx.begin() + r * cs.V + k * Vl, Vl, part.begin() + r * Vl);
       x.emplace_back(part);
-      stats.emplace_back(static_cast<std::size_t>(4 * N));
+      stats.emplace_back(static_cast<std::size_t>(3 * cs.shards * N));  // (shards, 3, N)
+      stats.back().poison();
       loss.emplace_back(static_cast<std::size_t>(N));
       loss.back().poison();
-      kc::vocab_parallel_xent_stats(x[k].ptr, tgt.ptr, stats[k].ptr, N, Vl, k * Vl, cs.V_real, nullptr);
+      kc::vocab_parallel_xent_partials(x[k].ptr, tgt.ptr, stats[k].ptr, N, Vl, k * Vl, cs.V_real, cs.shards, k, nullptr);
     }
-    // The all-reduces: max of stats[0], then (after the rescale) sums of stats[1] and stats[2].
-    auto all_reduce = [&](std::int64_t first, std::int64_t count, bool max) {
+    // The all-reduce (sum) of the whole stats buffer over the shards.
+    {
       std::vector<std::vector<float>> h;
       for (auto& st : stats) h.push_back(st.download());
-      for (std::int64_t i = first; i < first + count; ++i) {
-        float v = h[0][static_cast<std::size_t>(i)];
-        for (int k = 1; k < cs.shards; ++k) v = max ? std::max(v, h[k][static_cast<std::size_t>(i)]) : v + h[k][static_cast<std::size_t>(i)];
-        for (auto& hk : h) hk[static_cast<std::size_t>(i)] = v;
+      for (std::size_t i = 0; i < h[0].size(); ++i) {
+        float v = h[0][i];
+        for (int k = 1; k < cs.shards; ++k) v += h[static_cast<std::size_t>(k)][i];
+        for (auto& hk : h) hk[i] = v;
       }
       for (int k = 0; k < cs.shards; ++k)
         DPML_CHECK_CUDA(cudaMemcpy(stats[k].ptr, h[k].data(), h[k].size() * sizeof(float), cudaMemcpyHostToDevice));
-    };
-    all_reduce(0, N, true);
-    for (auto& st : stats) kc::vocab_parallel_xent_rescale(st.ptr, N, nullptr);
-    all_reduce(N, 2 * N, false);
+    }
     for (int k = 0; k < cs.shards; ++k)
-      kc::vocab_parallel_xent_finish(x[k].ptr, tgt.ptr, stats[k].ptr, loss[k].ptr, dloss, N, Vl, k * Vl, cs.V_real, nullptr);
+      kc::vocab_parallel_xent_combine(x[k].ptr, x[k].ptr, tgt.ptr, stats[k].ptr, loss[k].ptr, dloss, N, Vl, k * Vl,
+                                      cs.V_real, cs.shards, nullptr);
 
     std::vector<double> rloss(static_cast<std::size_t>(N)), rdx(hx.size(), 0.0);
     const auto dx = test::to_double(hx);
@@ -367,66 +364,26 @@ TEMPLATE_TEST_CASE("cross entropy: vocabulary-parallel passes against float64", 
   }
 }
 
-TEMPLATE_TEST_CASE("adamw: fused update equals the host rule; 16-bit copy; clip scale; skip on NaN", "[adamw][gpu]",
-                   float, bf16, kc::f16) {
+// GradNormOps (Ops<CudaSpace>'s norm family, what the parallel runtime calls): the squared sum of
+// one whole buffer, then the clipping scale; a non-finite sum gives NaN (the update skips itself);
+// loss-scaled gradients are compared unscaled and the scale divides S out.
+TEMPLATE_TEST_CASE("grad norm: squared sum of a buffer and the clipping scale", "[grad_norm][gpu]", float, bf16, kc::f16) {
   using G = TestType;
-  using P = std::conditional_t<std::is_same_v<G, kc::f16>, kc::f16, bf16>;  // the working copy's type
-  const optim::AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
-  for (std::int64_t n : {1, 1000, 123457}) {
-    CAPTURE(type_name<G>(), n);
-    auto gen = test::rng(static_cast<std::uint64_t>(n) + 5);
-    const auto un = static_cast<std::size_t>(n);
-    auto hp = test::random_vec<float>(un, gen), hm = test::random_vec<float>(un, gen, -0.1, 0.1);
-    auto hv = test::random_vec<float>(un, gen, 0.0, 0.01);
-    auto hg = test::random_vec<G>(un, gen);
-    test::DeviceVec<float> p(hp), m(hm), v(hv), scale(std::vector<float>{0.5f});
-    test::DeviceVec<G> g(hg);
-    test::DeviceVec<P> pb(un);
-    pb.poison();
-    for (std::int64_t step = 1; step <= 3; ++step)
-      kc::adamw_update(p.ptr, pb.ptr, g.ptr, m.ptr, v.ptr, n, o, 3e-3, step, scale.ptr, nullptr);
-
-    std::vector<double> rp(hp.begin(), hp.end()), rm(hm.begin(), hm.end()), rv(hv.begin(), hv.end()), rg(un);
-    for (std::size_t i = 0; i < un; ++i) rg[i] = 0.5 * test::as_double(hg[i]);
-    for (std::int64_t step = 1; step <= 3; ++step)
-      optim::AdamW::update<double>(rp, rg, rm, rv, o, 3e-3, step);
-    const auto gp = p.download();
-    CHECK(test::rel_l2(gp, rp) <= test::kFp32Tol);
-    CHECK(test::rel_l2(m.download(), rm) <= test::kFp32Tol);
-    CHECK(test::rel_l2(v.download(), rv) <= test::kFp32Tol);
-    const auto gpb = pb.download();
-    int copy_mismatch = 0;
-    for (std::size_t i = 0; i < un; ++i) {
-      P want;  // gp[i] rounded to nearest even
-      if constexpr (std::is_same_v<P, bf16>) want = bf16(gp[i]);
-      else want = __float2half_rn(gp[i]);
-      copy_mismatch += std::memcmp(&gpb[i], &want, sizeof(P)) != 0;
-    }
-    CHECK(copy_mismatch == 0);
-
-    // A NaN scale (non-finite norm) leaves everything as it was.
-    scale.upload(std::vector<float>{NAN});
-    kc::adamw_update(p.ptr, pb.ptr, g.ptr, m.ptr, v.ptr, n, o, 3e-3, 4, scale.ptr, nullptr);
-    const auto after = p.download();
-    CHECK(std::memcmp(after.data(), gp.data(), un * sizeof(float)) == 0);
-  }
-}
-
-TEMPLATE_TEST_CASE("grad norm: CUB squared sum and the clipping coefficient", "[grad_norm][gpu]", float, bf16, kc::f16) {
-  using G = TestType;
+  using Ops = kc::GradNormOps;
+  kernels::Device<CudaSpace> dev;
   for (std::int64_t n : {1, 999, 1 << 22}) {
     CAPTURE(type_name<G>(), n);
     auto gen = test::rng(static_cast<std::uint64_t>(n) + 9);
     auto hg = test::random_vec<G>(static_cast<std::size_t>(n), gen);
     test::DeviceVec<G> g(hg);
+    test::DeviceVec<std::int64_t> begin(std::vector<std::int64_t>{0}), before(std::vector<std::int64_t>{0, n});
     test::DeviceVec<double> sq(1);
     test::DeviceVec<float> coef(1);
-    const std::size_t bytes = kc::grad_norm_workspace<G>(n);
-    test::DeviceVec<unsigned char> ws(bytes);
     sq.poison();
     coef.poison();
-    kc::grad_norm_squared(g.ptr, n, sq.ptr, ws.ptr, bytes, nullptr);
-    kc::clip_coefficient(sq.ptr, coef.ptr, 1.0, nullptr);
+    Ops::sum_squares(dev, g.ptr, begin.ptr, before.ptr, 1, n, sq.ptr);
+    Ops::clip_scale(dev, sq.ptr, coef.ptr, 1.0);
+    dev.synchronize();
     double want = 0;
     for (auto x : hg) want += test::as_double(x) * test::as_double(x);
     const double got = sq.download()[0];
@@ -436,14 +393,16 @@ TEMPLATE_TEST_CASE("grad norm: CUB squared sum and the clipping coefficient", "[
   }
   test::DeviceVec<double> inf(std::vector<double>{INFINITY});
   test::DeviceVec<float> coef(1);
-  kc::clip_coefficient(inf.ptr, coef.ptr, 1.0, nullptr);
+  Ops::clip_scale(dev, inf.ptr, coef.ptr, 1.0);
+  dev.synchronize();
   CHECK(std::isnan(coef.download()[0]));
   // Loss-scaled gradients (scale S = 1024): the norm is compared unscaled and the coefficient
   // also divides S out.
   for (const double norm : {0.5, 3.0}) {
     CAPTURE(norm);
     test::DeviceVec<double> sq(std::vector<double>{norm * norm * 1024.0 * 1024.0});
-    kc::clip_coefficient(sq.ptr, coef.ptr, 1.0, nullptr, 1.0 / 1024.0);
+    Ops::clip_scale(dev, sq.ptr, coef.ptr, 1.0, 1.0 / 1024.0);
+    dev.synchronize();
     const double want = std::min(1.0, 1.0 / (norm + 1e-6)) / 1024.0;
     CHECK(std::abs(coef.download()[0] - want) <= 1e-6 * want);
   }

@@ -1,20 +1,22 @@
 // The composed bottleneck ResNet (models/bottleneck_resnet.hpp: layers and ResNetBlock, bf16 NHWC on
-// CudaSpace) against the same model on the host in float64, and against the fused GPU ResNet
-// (models/cuda/resnet.hpp), all from the same weights (the host's initialisation rounded to bf16)
-// and the same batch, on a small configuration with every kind of block: width 8, blocks
-// {1, 1, 1, 1} (a projected block per stage, stride 2 in stages 2–4), 3 input channels, 10
-// classes, 32×32 images, batch 4 (stage 4 at 1×1: BatchNorm over 4 values per channel). Both
-// convolution policies: ImplicitGemmConv, and CudnnConv where dpml was built with cuDNN.
+// CudaSpace) against the same model on the host in float64, both from the same weights (the host's
+// initialisation rounded to bf16) and the same batch, on a small configuration with every kind of
+// block: width 8, blocks {1, 1, 1, 1} (a projected block per stage, stride 2 in stages 2–4), 3
+// input channels, 10 classes, 32×32 images, batch 4 (stage 4 at 1×1: BatchNorm over 4 values per
+// channel). Both convolution policies: ImplicitGemmConv, and CudnnConv where dpml was built with
+// cuDNN.
 //
-//   one step    the loss, the logits and every parameter gradient of the composed model against the
-//               float64 host model, and the loss and gradients against the fused model
+//   one step    the loss, the logits and every parameter gradient against the float64 host model
 //   SGD steps   the composed model trained by optim::Optimizer<Sgd, bf16, CudaSpace> over its flat
-//               parameters follows the fused model's loss curve; no device allocation after step 1
+//               parameters follows the loss curve of the float64 host model trained by the same
+//               rule (optim::Optimizer<Sgd, double>); no device allocation after step 1
+//   refusals    a label outside the classes (found on the device, raised by take_loss), images of
+//               the wrong channel count and labels of the wrong count are refused with dpml::Error
 //
-// Tolerances (as tests/cuda/test_resnet_step.cu, which explains them): the gradients of a freshly
-// initialised BatchNorm ResNet are chaotic in its inputs — moving every weight and input of the host
-// model by a random 2^-8 relative (one bf16 rounding) moves its gradients by tens of percent — so
-// each tensor's bound is measured: within 2·s + 0.05 (relative L2) of the reference, s being the
+// Tolerances: the gradients of a freshly initialised BatchNorm ResNet are chaotic in its inputs —
+// moving every weight and input of the host model by a random 2^-8 relative (one bf16 rounding)
+// moves its gradients by tens of percent (10–70 % per tensor at width 8), so a fixed bound such as
+// GPT's 5 % cannot hold for any bf16 implementation — so each tensor's bound is measured: within 2·s + 0.05 (relative L2) of the reference, s being the
 // host's own change under that perturbation, and, where s < 0.25, better than no gradient at all
 // (error below 1). The logits: 2·s + 0.02; the loss: 2·s + 5e-3 relative. A wiring error (a wrong
 // scratch buffer, a missing shortcut gradient) gives errors near or above 1.
@@ -25,7 +27,6 @@
 #include <dpml/layers/cross_entropy.hpp>
 #include <dpml/layers/init.hpp>
 #include <dpml/models/bottleneck_resnet.hpp>
-#include <dpml/models/cuda/resnet.hpp>
 #include <dpml/optim/optimizer.hpp>
 #include <dpml/optim/sgd.hpp>
 #if DPML_HAS_CUDNN
@@ -48,9 +49,6 @@ constexpr std::uint64_t kSeed = 41;
 constexpr double kPerturbation = 0x1p-8;  // relative, uniform in ±: about one bf16 rounding
 
 models::BottleneckResNetConfig config() {
-  return {.in_channels = kChannels, .width = 8, .blocks = {1, 1, 1, 1}, .classes = kClasses};
-}
-models::cuda::ResNetCudaConfig fused_config() {
   return {.in_channels = kChannels, .width = 8, .blocks = {1, 1, 1, 1}, .classes = kClasses};
 }
 template <class Policy>
@@ -208,23 +206,31 @@ void check_loss(double got, double want, double sensitivity) {
   CHECK(std::isfinite(got));
   CHECK(std::abs(got - want) <= 2 * sensitivity + 5e-3 * want);
 }
-// The bf16-exact host weights as float tensors: what the fused model's copy_from reads.
-models::BottleneckResNet<float>::Network as_float(models::BottleneckResNet<double>::Network& weights) {
-  auto net = models::BottleneckResNet<float>::make(config());
-  auto from = weights.parameters();
-  auto to = net.parameters();
-  for (std::size_t i = 0; i < from.size(); ++i)
-    for (std::int64_t k = 0; k < from[i]->numel(); ++k) to[i]->value()[k] = static_cast<float>(from[i]->value()[k]);
-  return net;
-}
-// The fused model on the same weights and batch.
-template <class Policy>
-void load_fused(models::cuda::ResNet<Policy>& fused, models::BottleneckResNet<double>::Network& weights,
-                const Batch& b) {
-  auto weights32 = as_float(weights);
-  fused.copy_from(weights32.parameters());
-  const std::vector<float> images(b.images.begin(), b.images.end());
-  fused.upload_batch(images, std::span<const std::int32_t>(b.labels.data(), kBatch));
+// The float64 host model trained `steps` SGD updates on the batch from host_model()'s weights: the
+// loss of each step (before its update).
+std::vector<double> host_losses(int steps, double lr, const optim::SgdOptions& sgd) {
+  auto net = host_model();
+  const Batch b = make_batch();
+  layers::Context<HostSpace> ctx;
+  layers::SoftmaxCrossEntropy<double> xent;
+  std::vector<optim::Range<double>> ranges;
+  for (auto* p : net.parameters()) {
+    const auto n = static_cast<std::size_t>(p->numel());
+    ranges.push_back({p->name(), std::span<double>(p->value().data(), n), std::span<const double>(p->grad().data(), n)});
+  }
+  optim::Optimizer<optim::Sgd, double> opt(std::move(ranges), sgd);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    for (auto* p : net.parameters()) layers::zero_grad(*p);
+    const auto logits = net.forward(ctx, b.images.cview());
+    xent.forward(ctx, logits, b.labels.cview());
+    const auto dlogits = xent.backward(ctx);
+    net.backward_input(ctx, dlogits);
+    net.backward_weight(ctx, dlogits);
+    losses.push_back(xent.take_loss());
+    opt.step(lr);
+  }
+  return losses;
 }
 
 template <class Net>
@@ -251,44 +257,14 @@ TEMPLATE_LIST_TEST_CASE("Composed ResNet on the GPU equals the float64 host ResN
   check_grads(device_grads(gpu.net), host.grads, sensitivities(host, shaken), bases(gpu.net));
 }
 
-TEMPLATE_LIST_TEST_CASE("Composed ResNet on the GPU equals the fused GPU ResNet: loss and gradients", "[gpu][resnet]",
-                        ConvPolicies) {
-  const Reference host = host_step(0.0), shaken = host_step(kPerturbation);
-  auto weights = host_model();
-  const Batch b = make_batch();
-  models::cuda::ResNet<TestType> fused(fused_config(), kBatch, kImage);
-  load_fused(fused, weights, b);
-  fused.forward_backward();
-  const double fused_loss = fused.loss();
-  Grads fused_grads;
-  for (std::size_t i = 0; i < fused.slots().size(); ++i) {
-    const auto g = fused.gradient(i);
-    fused_grads.emplace_back(g.begin(), g.end());
-  }
-
-  ComposedRun<TestType> gpu(b);
-  copy_weights(weights, gpu.net);
-  gpu.step();
-  check_loss(gpu.xent.take_loss(), fused_loss, std::abs(shaken.loss - host.loss));
-  check_grads(device_grads(gpu.net), fused_grads, sensitivities(host, shaken), bases(gpu.net));
-}
-
-TEMPLATE_LIST_TEST_CASE("Composed ResNet trained by the library's SGD follows the fused ResNet's loss curve",
+TEMPLATE_LIST_TEST_CASE("Composed ResNet trained by the library's SGD follows the float64 host ResNet's loss curve",
                         "[gpu][resnet]", ConvPolicies) {
   constexpr int kSteps = 20;
   constexpr double kLr = 0.05;
   const optim::SgdOptions sgd{.momentum = 0.9, .weight_decay = 1e-4};
+  const std::vector<double> host = host_losses(kSteps, kLr, sgd);
   auto weights = host_model();
   const Batch b = make_batch();
-
-  models::cuda::ResNet<TestType> fused(fused_config(), kBatch, kImage);
-  load_fused(fused, weights, b);
-  std::vector<double> fused_losses;
-  for (int s = 0; s < kSteps; ++s) {
-    fused.forward_backward();
-    fused.update(kLr, sgd);
-    fused_losses.push_back(fused.loss());
-  }
 
   ComposedRun<TestType> gpu(b);
   copy_weights(weights, gpu.net);
@@ -309,15 +285,37 @@ TEMPLATE_LIST_TEST_CASE("Composed ResNet trained by the library's SGD follows th
   DPML_CHECK_CUDA(cudaMemGetInfo(&free_now, &total));
   CHECK(free_now == free_after_first);  // no allocation inside a step after the first
   // The curves step for step while they can agree: on this fixed batch a rounding difference grows
-  // several-fold per step (H100, 2026-11-27: step 3 at 0.373 composed vs 0.501 fused, both
-  // memorising; resnet_train --check: 0.1 % apart at step 2, 6 % at 4), so steps 1–2 are compared
-  // and the rest must stay finite and end far below the start on both.
+  // several-fold per step once the batch is being memorised (H100, 2026-11-27: the GPU against the
+  // float32 host 0.28 vs 0.45 at step 6; composed vs the former fused GPU model 0.373 vs 0.501 at
+  // step 3), so steps 1–2 are compared and the rest must stay finite and end far below the start
+  // on both.
   for (int s = 0; s < kSteps; ++s) {
-    CAPTURE(s + 1, losses[s], fused_losses[s]);
+    CAPTURE(s + 1, losses[s], host[s]);
     CHECK(std::isfinite(losses[s]));
-    if (s < 2) CHECK(std::abs(losses[s] - fused_losses[s]) <= 0.15 * fused_losses[s] + 0.05);
+    if (s < 2) CHECK(std::abs(losses[s] - host[s]) <= 0.15 * host[s] + 0.05);
   }
-  CAPTURE(losses.front(), losses.back(), fused_losses.front(), fused_losses.back());
+  CAPTURE(losses.front(), losses.back(), host.front(), host.back());
+  CHECK(host.back() < 0.5 * host.front());
   CHECK(losses.back() < 0.5 * losses.front());
-  CHECK(fused_losses.back() < 0.5 * fused_losses.front());
+}
+
+TEST_CASE("Composed ResNet refuses a label outside the classes, images of another channel count and unmatched labels",
+          "[gpu][resnet]") {
+  using Policy = kernels::cuda::ImplicitGemmConv<>;
+  auto weights = host_model();
+  Batch b = make_batch();
+  {
+    b.labels[3] = static_cast<std::int32_t>(kClasses);  // found on the device, raised where the host waits
+    ComposedRun<Policy> gpu(b);
+    copy_weights(weights, gpu.net);
+    gpu.step();
+    CHECK_THROWS_AS(gpu.xent.take_loss(), dpml::Error);
+  }
+  ComposedRun<Policy> gpu(make_batch());
+  copy_weights(weights, gpu.net);
+  const Tensor<bf16, CudaSpace> four(Shape{kBatch, kImage, kImage, kChannels + 1});  // (N, S, S, 4)
+  CHECK_THROWS_AS(gpu.net.forward(gpu.ctx, four.cview()), dpml::Error);
+  const auto logits = gpu.net.forward(gpu.ctx, gpu.images.cview());
+  const Tensor<std::int32_t, CudaSpace> three(Shape{kBatch - 1});
+  CHECK_THROWS_AS(gpu.xent.forward(gpu.ctx, logits, three.cview()), dpml::Error);
 }

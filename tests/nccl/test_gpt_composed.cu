@@ -3,25 +3,35 @@
 //
 //   one GPU     one training micro-batch of the bf16 model against the host model in float64
 //               (models::Gpt<double>) from the same weights (rounded to bf16): the loss within 2e-2
-//               relative, every parameter's gradient within relative L2 5e-2 — the budget of the
-//               fused model's test (tests/cuda/test_gpt_step.cu: a step holds a few dozen bf16
-//               roundings in sequence)
+//               relative, every parameter's gradient within relative L2 5e-2 (a step holds a few
+//               dozen bf16 roundings in sequence)
+//   curve       one GPU trained 30 AdamW steps on one fixed batch by the library's trainer against
+//               the float64 host model trained by the same trainer on the host from the same
+//               (bf16-rounded) weights: each step's loss within 8e-2 relative + 3e-2 (Adam amplifies
+//               rounding noise a little over the run), and both falling
+//   micro       one GPU: the global batch as one micro-batch and as four accumulated ones train
+//               alike (the layouts' criteria below)
 //   layouts     on 2 ranks: dp 2, dp 2 with ZeRO-1, tp 2, pp 2 under GPipe, 1F1B and ZB-H1, pp 2
 //               with ZeRO-1, each trained 3 steps on the same global batches as the one-GPU composed
 //               run (every rank trains that reference on its own, on the whole batch): each step's
 //               loss within 1e-2 relative, and every weight tensor (this rank's shard, at the same
 //               global indices, vocabulary padding left out) within a tenth of the distance the
 //               reference's travelled from their common initial value (the criterion of
-//               test_gpt_pp.cu: bf16 roundings differ between layouts — tensor-parallel partial
+//               the former fused pipeline test: bf16 roundings differ between layouts — tensor-parallel partial
 //               sums, the tied wte's two contributions summed over the stages, bucketed sums — but
-//               stay far below the motion)
+//               stay far below the motion); before training, every tensor equal to the one-GPU
+//               reference's at the same global indices, bit for bit (the initialisation is a
+//               function of the global index); after it, the data-parallel replicas bit-identical
+//               across the data axis (one reduced gradient, one update)
 //   fp16        one GPU: the same model in IEEE fp16 (models::Gpt<f16, CudaSpace>) with dynamic loss
 //               scaling from 2^30, which overflows fp16 gradients (dlogits alone reach 2^30 / 512
 //               tokens = 2^21 > 65504): those steps are skipped, the optimizer's step count
 //               unchanged, the scale halved, and the batch retried until a step succeeds; the
 //               losses and weights after kSteps updates are the bf16 run's within the layouts'
 //               criteria (fp16 rounds finer than bf16: the difference is bf16's). On 2 ranks the same
-//               under dp 2 and tp 2.
+//               under dp 2, dp 2 with ZeRO-1 and tp 2, each skipping exactly the steps one GPU skips
+//               (a rank's overflow skips the step on every rank)
+//   refusals    tp 2 with 3 heads: refused on every rank by the model's constructor
 //
 // Tiny configuration: L = 4 (two blocks per stage), C = 64, H = 2 (head dim 32), V = 67 padded to
 // a multiple of 8 (of 16 under tp 2: the shards' padding rows are not compared), T = 64, a global
@@ -105,7 +115,8 @@ struct Trained {
 // The composed model in T trained kSteps updates on this grid's share of the global batches; a
 // step whose scaled gradients overflowed (dynamic loss scaling) is retried on the same batch.
 template <class T, class Comm>
-Trained train_composed(const ProcessGrid& grid, const std::string& schedule, bool zero, optim::LossScaling scaling = {}) {
+Trained train_composed(const ProcessGrid& grid, const std::string& schedule, bool zero, optim::LossScaling scaling = {},
+                       std::int64_t micro = kMicro) {
   Trained out;
   kernels::Device<CudaSpace> dev;
   const parallel::DeviceGrid<Comm> comms(grid, dev);
@@ -116,7 +127,7 @@ Trained train_composed(const ProcessGrid& grid, const std::string& schedule, boo
   parallel::with_strategy(schedule, zero, [&]<class Strategy>() {
     train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, Comm> trainer(
         model, comms, dev, kAdam, kDist,
-        {.micro_batch = kMicro, .global_batch = kGlobalBatch, .seed = 5, .loss_scaling = scaling});
+        {.micro_batch = micro, .global_batch = kGlobalBatch, .seed = 5, .loss_scaling = scaling});
     for (int s = 0; s < kSteps; ++s) {
       auto r = trainer.train_step(batch(s, first, local), kLr);
       for (int retry = 0; r.overflow && retry < 40; ++retry) {
@@ -175,6 +186,67 @@ void check_weights(const Trained& run, const Trained& reference) {
   }
 }
 
+// Before training, every tensor of this rank equal to the reference's at the same global indices,
+// bit for bit (vocabulary padding rows left out).
+void check_initial(const Trained& run, const Trained& reference) {
+  for (const auto& [name, mine] : run.initial) {
+    CAPTURE(name);
+    const auto it = reference.initial.find(name);
+    REQUIRE(it != reference.initial.end());
+    const Shape& rshape = it->second.local;
+    const Shape rstrides = contiguous_strides(rshape);
+    std::int64_t differ = 0, idx[kMaxRank] = {};
+    for (std::size_t flat = 0; flat < mine.values.size(); ++flat) {
+      bool inside = true;
+      std::int64_t r = 0;
+      for (int d = 0; d < mine.local.rank(); ++d) {
+        const std::int64_t g = idx[d] + (d == mine.global.dim ? mine.global.offset : 0);
+        inside &= g < rshape[d];
+        r += g * rstrides[d];
+      }
+      if (inside && !(name == "wte.weight" && r / rshape[1] >= kVocab))
+        differ += mine.values[flat] != it->second.values[static_cast<std::size_t>(r)];
+      for (int d = mine.local.rank() - 1; d >= 0; --d) {
+        if (++idx[d] < mine.local[d]) break;
+        idx[d] = 0;
+      }
+    }
+    CHECK(differ == 0);
+  }
+}
+
+// The replicas of the data axis hold the same final weights, bit for bit.
+void check_replicas(const Trained& run, const ProcessGrid& grid) {
+  if (grid.dp() == 1) return;
+  std::vector<double> all;
+  for (const auto& [name, w] : run.final) all.insert(all.end(), w.values.begin(), w.values.end());
+  std::vector<double> lo(all), hi(all);
+  grid.comm(Axis::data).allreduce(lo.data(), lo.size(), comm::ReduceOp::min);
+  grid.comm(Axis::data).allreduce(hi.data(), hi.size(), comm::ReduceOp::max);
+  std::int64_t differ = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) differ += lo[i] != hi[i];
+  CHECK(differ == 0);
+}
+
+// The model's weights: the seed's initialisation rounded to bf16, on the host model and the device one.
+template <class Host, class Device>
+void same_bf16_weights(Host& host, Device& gpu) {
+  const auto hp = host.parameters();
+  const auto dp = gpu.parameters();
+  REQUIRE(hp.size() == dp.size());
+  for (std::size_t i = 0; i < hp.size(); ++i) {
+    REQUIRE(hp[i]->name() == dp[i]->name());
+    REQUIRE(hp[i]->shape() == dp[i]->shape());
+    Tensor<double> v(hp[i]->shape());
+    copy(v.view(), hp[i]->value());
+    test::round_to<bf16>(v);
+    copy(hp[i]->value(), v.cview());
+    const auto d = test::upload_as<bf16>(v);
+    copy(dp[i]->value(), d.cview());
+    layers::zero_grad(*dp[i]);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("composed GPT: one GPU in bf16 against the host in float64, loss and every gradient", "[gpu][gpt]") {
@@ -185,20 +257,9 @@ TEST_CASE("composed GPT: one GPU in bf16 against the host in float64, loss and e
     kernels::Device<CudaSpace> dev;
     const parallel::DeviceGrid<Comm> comms(grid, dev);
     models::Gpt<bf16, CudaSpace, Comm> gpu(config(), comms);
+    same_bf16_weights(host, gpu);  // the host's rounded to bf16
     const auto hp = host.parameters();
     const auto dp = gpu.parameters();
-    REQUIRE(hp.size() == dp.size());
-    for (std::size_t i = 0; i < hp.size(); ++i) {  // the same weights: the host's rounded to bf16
-      REQUIRE(hp[i]->name() == dp[i]->name());
-      REQUIRE(hp[i]->shape() == dp[i]->shape());
-      Tensor<double> v(hp[i]->shape());
-      copy(v.view(), hp[i]->value());
-      test::round_to<bf16>(v);
-      copy(hp[i]->value(), v.cview());
-      const auto d = test::upload_as<bf16>(v);
-      copy(dp[i]->value(), d.cview());
-      layers::zero_grad(*dp[i]);
-    }
     const auto b = batch(0, 0, 4);
     layers::Context<HostSpace> hctx;
     hctx.global_batch = b.targets.numel();
@@ -248,8 +309,69 @@ TEST_CASE("composed GPT: dp 2, tp 2, pp 2 (each schedule), ZeRO-1 train as one G
         CAPTURE(s, run.losses[s], reference.losses[s]);
         CHECK(std::abs(run.losses[s] - reference.losses[s]) <= 1e-2 * reference.losses[s]);
       }
+      check_initial(run, reference);
       check_weights(run, reference);
+      check_replicas(run, grid);
     }
+  });
+}
+
+TEST_CASE("composed GPT: one GPU follows the float64 host's loss curve over 30 AdamW steps on a fixed batch",
+          "[gpu][gpt]") {
+  constexpr int kCurve = 30;
+  test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
+    const auto grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+    models::Gpt<double> host(config(), grid);
+    layers::initialize_all(host.parameters(), kSeed, &grid);
+    kernels::Device<CudaSpace> dev;
+    const parallel::DeviceGrid<Comm> comms(grid, dev);
+    models::Gpt<bf16, CudaSpace, Comm> gpu(config(), comms);
+    same_bf16_weights(host, gpu);
+    const train::GptTrainOptions topt{.micro_batch = kMicro, .global_batch = kGlobalBatch, .seed = 5};
+    const auto fixed = batch(0, 0, kGlobalBatch);
+    std::vector<double> host_losses, gpu_losses;
+    parallel::with_strategy("1f1b", false, [&]<class Strategy>() {
+      train::GptTrainer<Strategy, optim::AdamW, double> h(host, grid, kAdam, kDist, topt);
+      train::GptTrainer<Strategy, optim::AdamW, bf16, CudaSpace, Comm> g(gpu, comms, dev, kAdam, kDist, topt);
+      for (int s = 0; s < kCurve; ++s) {
+        host_losses.push_back(h.train_step(fixed, kLr).loss);
+        gpu_losses.push_back(g.train_step(fixed, kLr).loss);
+      }
+    });
+    for (int s = 0; s < kCurve; ++s) {
+      CAPTURE(s + 1, gpu_losses[s], host_losses[s]);
+      CHECK(std::isfinite(gpu_losses[s]));
+      CHECK(std::abs(gpu_losses[s] - host_losses[s]) <= 8e-2 * host_losses[s] + 3e-2);
+    }
+    CAPTURE(host_losses.front(), host_losses.back(), gpu_losses.front(), gpu_losses.back());
+    CHECK(host_losses.back() < 0.5 * host_losses.front());
+    CHECK(gpu_losses.back() < 0.5 * gpu_losses.front());
+  });
+}
+
+TEST_CASE("composed GPT: one micro-batch and four accumulated ones train alike", "[gpu][gpt]") {
+  test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
+    const auto self = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+    const Trained whole = train_composed<bf16, Comm>(self, "1f1b", false, {}, kGlobalBatch);
+    const Trained micro = train_composed<bf16, Comm>(self, "1f1b", false, {}, kMicro);
+    for (int s = 0; s < kSteps; ++s) {
+      CAPTURE(s, micro.losses[s], whole.losses[s]);
+      CHECK(std::abs(micro.losses[s] - whole.losses[s]) <= 1e-2 * whole.losses[s]);
+    }
+    check_weights(micro, whole);
+  });
+}
+
+TEST_CASE("composed GPT: tp 2 with heads it cannot split is refused", "[gpu][gpt][layout]") {
+  if (test::world().size() != 2) return;
+  test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
+    const auto grid = ProcessGrid::create(test::world(), {.tp = 2});
+    kernels::Device<CudaSpace> dev;
+    const parallel::DeviceGrid<Comm> comms(grid, dev);
+    models::GptConfig uneven = config();
+    uneven.heads = 3;
+    uneven.dim = 96;  // head dim 32, as the others; 3 heads over 2 ranks
+    CHECK_THROWS_AS((models::Gpt<bf16, CudaSpace, Comm>(uneven, comms)), dpml::Error);
   });
 }
 
@@ -258,11 +380,14 @@ TEST_CASE("composed GPT: fp16 with dynamic loss scaling skips overflows and trai
     const auto self = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
     const Trained reference = train_composed<bf16, Comm>(self, "1f1b", false);
     const auto dynamic = optim::LossScaling::dynamic_from({.initial = 0x1p30, .window = 1000});
-    auto check = [&](const ProcessGrid& grid) {
-      CAPTURE(grid.tp(), grid.dp());
-      const Trained run = train_composed<kernels::cuda::f16, Comm>(grid, "1f1b", false, dynamic);
+    const Trained alone = train_composed<kernels::cuda::f16, Comm>(self, "1f1b", false, dynamic);
+    auto check = [&](const ProcessGrid& grid, bool zero) {
+      CAPTURE(grid.tp(), grid.dp(), zero);
+      const Trained run = train_composed<kernels::cuda::f16, Comm>(grid, "1f1b", zero, dynamic);
       CAPTURE(run.overflows, run.loss_scale);
       CHECK(run.overflows >= 1);  // 2^30 overflows fp16
+      CHECK(run.overflows == alone.overflows);  // the same steps skipped as one GPU, on every rank
+      CHECK(run.loss_scale == alone.loss_scale);
       CHECK(run.loss_scale < 0x1p30);
       CHECK(run.loss_scale >= 1.0);
       for (int s = 0; s < kSteps; ++s) {
@@ -270,11 +395,13 @@ TEST_CASE("composed GPT: fp16 with dynamic loss scaling skips overflows and trai
         CHECK(std::abs(run.losses[s] - reference.losses[s]) <= 1e-2 * reference.losses[s]);
       }
       check_weights(run, reference);
+      check_replicas(run, grid);
     };
-    check(self);
+    check(self, false);
     if (test::world().size() == 2) {
-      check(ProcessGrid::create(test::world(), {}));           // dp 2
-      check(ProcessGrid::create(test::world(), {.tp = 2}));    // tp 2
+      check(ProcessGrid::create(test::world(), {}), false);         // dp 2
+      check(ProcessGrid::create(test::world(), {}), true);          // dp 2, ZeRO-1
+      check(ProcessGrid::create(test::world(), {.tp = 2}), false);  // tp 2
     }
   });
 }

@@ -16,7 +16,7 @@
 // Tolerances (relative L2): fp32 1e-5 for the linears, 1e-4 for the block (only the summation
 // order of the all-reduces differs); bf16 2e-2 for the linears: each rank rounds its partial sum
 // to bf16 and the sum is rounded again — two or three roundings of ≤ 2^-9 where tp = 1 has one
-// (test_gpt_tp.cu's budget), 3e-2 for the block, through which they compound.
+// (the former fused tensor-parallel GPT test's budget), 3e-2 for the block, through which they compound.
 #include "../cuda/layer_check.hpp"
 #include "nccl_fixture.hpp"
 

@@ -7,7 +7,7 @@
 // attention::Causal (GPT, the default) or attention::Bidirectional (an encoder: ViT), whose
 // forward may take a KeyPadding (layers/attention.hpp), kept per slot for recomputation.
 //
-// It does what the fused GPU GPT (models/cuda/gpt.hpp) does, through its children's options, on
+// It does what the hand-fused GPU GPT of before Step 8 did, through its children's options, on
 // any space:
 //   forward    each residual joins inside the row-parallel GEMM that ends its branch (copy, then
 //              beta = 1: no add pass); the MLP's GELU is c_fc's epilogue. Kept per micro-batch

@@ -4,8 +4,7 @@
 // {3, 4, 23, 3}, ResNet-152 with {3, 8, 36, 3}. One definition for every element type and memory
 // space — BottleneckResNet<float> on the host (NCHW), BottleneckResNet<bf16, CudaSpace> on a GPU
 // (NHWC, cuDNN convolutions by default where DPML_HAS_CUDNN) — built from layers and the
-// models::ResNetBlock (resnet_block.hpp); the fused GPU model (models/cuda/resnet.hpp) has the same
-// parameters in the same order and is tested against this one.
+// models::ResNetBlock (resnet_block.hpp).
 //
 //   (N, 3, S, S) → stem: 7×7/2 conv, BN + ReLU (N, w, S/2, S/2) → 3×3/2 max pool (N, w, S/4, S/4)
 //   → stage k = 1..4 ("layer<k>") of blocks[k] bottlenecks at width w·2^(k−1), output 4·w·2^(k−1)

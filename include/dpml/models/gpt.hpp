@@ -23,7 +23,7 @@
 // place a message may wait in); backward_weight(ctx) forms the weight gradients — separately, for
 // zero-bubble schedules.
 //
-// What the fused GPU model (models/cuda/gpt.hpp) does for speed and memory, this one does through
+// What the hand-fused GPU model (removed in Step 8) did for speed and memory, this one does through
 // its layers, on either space:
 //   head at once   in a training forward the last stage runs the head's whole backward right
 //                  after the loss — dlogits in place over the logits, dh, wte's gradient, ln_f's
@@ -107,7 +107,7 @@ struct GptMemoryTerms {
   double activation_bytes = 4;  // per activation element
   bool attention_probabilities = true;
 
-  // The GPU trainer's (models/cuda/gpt.hpp, Bf16): per parameter a bf16 value and gradient (2 + 2)
+  // The GPU trainer's (CudaSpace, bf16): per parameter a bf16 value and gradient (2 + 2)
   // and an fp32 master copy and AdamW's two moments (4 + 8, split over the `zero_shards` data ranks
   // under ZeRO-1; 1: not sharded); bf16 activations; flash attention keeps no probabilities.
   static constexpr GptMemoryTerms gpu_trainer(int zero_shards = 1) {

@@ -1,6 +1,6 @@
 #pragma once
-// The layers a ResNet is made of beyond the generic ones, on any space, with the fused GPU ResNet's
-// fusions and backward memory (models/cuda/resnet.hpp): ResNetBlock, one residual block, and
+// The layers a ResNet is made of beyond the generic ones, on any space, with the fusions and
+// backward memory of the hand-fused GPU ResNet they replaced (Step 8): ResNetBlock, one residual block, and
 // ResNetStem, the network's first convolution, BatchNorm + ReLU and optional max pool — the parts
 // of both models::ResNet (resnet.hpp) and models::BottleneckResNet (bottleneck_resnet.hpp).
 //

@@ -70,7 +70,7 @@
 // kernels::Device the model's layers run on, and three things change —
 //   batch      uploaded once per step, each tensor one asynchronous copy on the compute stream
 //              from pinned staging (kernels::Ops::upload)
-//   pipeline   parallel::cuda::StreamTransport over the device grid's pipeline communicator, its
+//   pipeline   parallel::pipeline::StreamTransport over the device grid's pipeline communicator, its
 //              groups matched on both sides (pipeline::peer_batches); the message shapes still
 //              travel over MPI during the probe
 //   step end   the DistributedOptimizer's device form (data axis on DataComm, norm over the world):
@@ -100,8 +100,8 @@
 #include "dpml/train/layer_stage.hpp"
 #if defined(__CUDACC__)
 #include "dpml/core/cuda_space.hpp"
-#include "dpml/parallel/cuda/pipeline_transport.hpp"
 #include "dpml/parallel/pipeline/peer_batches.hpp"
+#include "dpml/parallel/pipeline/stream_transport.hpp"
 #endif
 
 #include <algorithm>
@@ -226,11 +226,11 @@ struct TransportFor<HostSpace, T, comm::Mpi> {
 #if defined(__CUDACC__)
 template <class T, class Comm>
 struct TransportFor<CudaSpace, T, Comm> {
-  using type = parallel::cuda::StreamTransport<T, Comm>;
+  using type = parallel::pipeline::StreamTransport<T, Comm>;
   template <class Comms>
   static type make(const parallel::ProcessGrid& grid, const Comms* comms, kernels::Device<CudaSpace>& dev,
                    const parallel::pipeline::Schedule& schedule) {
-    return type(parallel::cuda::StreamLauncher<T, Comm>(comms->pipeline(), dev.stream()),
+    return type(parallel::pipeline::StreamLauncher<T, Comm>(comms->pipeline(), dev.stream()),
                 parallel::pipeline::peer_batches(schedule, grid.coord(Axis::pipeline)));
   }
 };

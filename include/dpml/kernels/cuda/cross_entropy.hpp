@@ -36,15 +36,6 @@
 //   all-reduce (sum) stats        (tp·3·N floats: 384 KiB at tp = 2, N = 16384)
 //   vocab_parallel_xent_combine   pass 2: M = max_k m_k, S = Σ_k s_k · exp(m_k − M), the loss (the
 //                                 same on every rank) and dlogits
-// The fused model (models/cuda/gpt.hpp, until it is removed) uses the form with a max all-reduce
-// and then a sum all-reduce of a (4, N) fp32 workspace `stats` (4·N floats, not logits: 256 KiB at
-// N = 16384):
-//   vocab_parallel_xent_stats     pass 1: stats[0] = stats[3] = this shard's max m, stats[1] =
-//                                 Σ exp(x − m), stats[2] = the target's logit if the shard holds it
-//   all-reduce (max) stats[0]     the row's max M over the vocabulary
-//   vocab_parallel_xent_rescale   stats[1] ·= exp(m − M)
-//   all-reduce (sum) stats[1..2]  Σ exp(x − M) over the vocabulary, and the target's logit
-//   vocab_parallel_xent_finish    pass 2: the loss (the same on every rank) and dlogits in place
 //
 // count_correct adds a classifier's correct predictions (rows whose first largest real logit is at
 // the target: the host's rule) to a running device double, as the losses are summed: one thread
@@ -252,40 +243,6 @@ __host__ __device__ inline std::int64_t real_in_shard(std::int64_t begin, std::i
   return V_real <= begin ? 0 : (V_real - begin < V ? V_real - begin : V);
 }
 
-template <class T>
-__global__ void __launch_bounds__(kThreads)
-    vocab_parallel_stats_kernel(const T* logits, const std::int32_t* __restrict__ targets, float* __restrict__ stats,
-                                std::int64_t N, std::int64_t V, std::int64_t begin, std::int64_t V_real) {
-  const T* x = logits + static_cast<std::int64_t>(blockIdx.x) * V;
-  const float2 ms = row_max_sum(x, real_in_shard(begin, V, V_real), V);
-  if (threadIdx.x == 0) {
-    const std::int64_t t = targets[blockIdx.x] - begin;
-    stats[blockIdx.x] = stats[3 * N + blockIdx.x] = ms.x;
-    stats[N + blockIdx.x] = ms.y;
-    stats[2 * N + blockIdx.x] = t >= 0 && t < V ? load_f(x[t]) : 0.f;
-  }
-}
-
-__global__ void vocab_parallel_rescale_kernel(float* stats, std::int64_t N) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= N) return;
-  const float m = stats[3 * N + i], M = stats[i];
-  stats[N + i] = m == -INFINITY ? 0.f : stats[N + i] * __expf(m - M);
-}
-
-template <class T>
-__global__ void __launch_bounds__(kThreads)
-    vocab_parallel_finish_kernel(T* logits, const std::int32_t* __restrict__ targets, const float* __restrict__ stats,
-                                 float* __restrict__ losses, float dloss, std::int64_t N, std::int64_t V,
-                                 std::int64_t begin, std::int64_t V_real) {
-  T* x = logits + static_cast<std::int64_t>(blockIdx.x) * V;
-  const std::int32_t target = targets[blockIdx.x];
-  const float lse = stats[blockIdx.x] + logf(stats[N + blockIdx.x]);
-  const bool ignored = target < 0;
-  if (threadIdx.x == 0) losses[blockIdx.x] = ignored ? 0.f : lse - stats[2 * N + blockIdx.x];
-  write_dlogits(x, x, V, real_in_shard(begin, V, V_real), lse, target - begin, ignored ? 0.f : dloss);
-}
-
 // The layers' vocabulary-parallel form (header comment), pass 1: one block per row.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
@@ -432,40 +389,6 @@ void count_correct(const T* logits, const std::int32_t* targets, double* correct
   if (N == 0) return;
   const auto blocks = static_cast<unsigned>(ceil_div(N, detail::xent::kThreads));
   detail::xent::count_correct_kernel<<<blocks, detail::xent::kThreads, 0, stream>>>(logits, targets, correct, N, V, V_real);
-  DPML_CHECK_LAUNCH();
-}
-
-// Vocabulary-parallel cross-entropy (header comment): logits (N, V), this rank's columns
-// [begin, begin + V) of the padded vocabulary; targets (N) global ids in [0, V_real) or negative;
-// stats (4, N) fp32. Pass 1:
-template <class T>
-void vocab_parallel_xent_stats(const T* logits, const std::int32_t* targets, float* stats, std::int64_t N,
-                               std::int64_t V, std::int64_t begin, std::int64_t V_real, cudaStream_t stream) {
-  static_assert(detail::is_storage_v<T>);
-  DPML_REQUIRE(begin >= 0 && V > 0 && V_real > 0, "vocab-parallel cross entropy: shard [" << begin << ", " << begin + V
-                                                     << ") of " << V_real << " real columns");
-  if (N == 0) return;
-  DPML_REQUIRE(N < (std::int64_t{1} << 31), "vocab-parallel cross entropy: " << N << " rows is too many for one grid");
-  detail::xent::vocab_parallel_stats_kernel<<<static_cast<unsigned>(N), detail::xent::kThreads, 0, stream>>>(
-      logits, targets, stats, N, V, begin, V_real);
-  DPML_CHECK_LAUNCH();
-}
-// After the all-reduce (max) of stats[0]:
-inline void vocab_parallel_xent_rescale(float* stats, std::int64_t N, cudaStream_t stream) {
-  if (N == 0) return;
-  detail::xent::vocab_parallel_rescale_kernel<<<grid_for(N, 256), 256, 0, stream>>>(stats, N);
-  DPML_CHECK_LAUNCH();
-}
-// After the all-reduce (sum) of stats[1..2]: losses (N) and dlogits over the logits, as
-// softmax_cross_entropy's.
-template <class T>
-void vocab_parallel_xent_finish(T* logits, const std::int32_t* targets, const float* stats, float* losses, float dloss,
-                                std::int64_t N, std::int64_t V, std::int64_t begin, std::int64_t V_real,
-                                cudaStream_t stream) {
-  static_assert(detail::is_storage_v<T>);
-  if (N == 0) return;
-  detail::xent::vocab_parallel_finish_kernel<<<static_cast<unsigned>(N), detail::xent::kThreads, 0, stream>>>(
-      logits, targets, stats, losses, dloss, N, V, begin, V_real);
   DPML_CHECK_LAUNCH();
 }
 

@@ -1,17 +1,16 @@
 #pragma once
-// Global gradient norm on the device: Σ g² over a flat buffer with CUB's DeviceReduce
-// (TransformReduce: square on load, sum in a tree, in double as the host path does), then the
-// clipping coefficient of optim/clip.hpp computed on the device
+// Global gradient norm on the device: Σ g² (in double, as the host path does) over ranges of a flat
+// buffer, then the clipping coefficient of optim/clip.hpp computed on the device
 //
 //   coef = min(1, max_norm / (√total + 1e-6)),      NaN when the total is not finite
 //
-// so that the optimizer can read it (adamw.hpp's grad_scale) without a host synchronisation; a
-// NaN coefficient makes the fused AdamW skip the step. Under tensor or pipeline parallelism the
+// so that the optimizer can read it (update.hpp's scale) without a host synchronisation; a NaN
+// coefficient makes the update kernel skip the step. Under tensor or pipeline parallelism the
 // caller all-reduces the squared sum (a device double) between the two calls.
 //
-// grad_norm_squared_ranges sums over some ranges of a flat buffer only (the library's optimizer:
-// every parameter's range; a tensor-parallel rank counts its shards but not the tensors that
-// other ranks hold too): the ranges are seen as one concatenation cut into tiles of kRangeTile
+// grad_norm_squared_ranges sums over some ranges of a flat buffer (the library's optimizer: every
+// parameter's range; a tensor-parallel rank counts its shards but not the tensors that other
+// ranks hold too): the ranges are seen as one concatenation cut into tiles of kRangeTile
 // elements, one block per tile; a block finds the range its tile starts in by one binary search
 // of the running lengths, walks the ranges it covers with 16-byte loads (scalar at a range's
 // unaligned head and tail), and writes its partial sum (double); one more block adds the partials
@@ -27,13 +26,11 @@
 #include "dpml/kernels/cuda/device.hpp"
 
 #include <cub/block/block_reduce.cuh>
-#include <cub/device/device_reduce.cuh>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 namespace dpml::kernels::cuda {
 
@@ -45,9 +42,6 @@ struct Square {
     const double x = load_f(g);
     return x * x;
   }
-};
-struct Plus {
-  __device__ double operator()(double a, double b) const { return a + b; }
 };
 constexpr int kRangeThreads = 256;
 constexpr std::int64_t kRangeTile = 32768;  // elements of the concatenated ranges per block
@@ -119,53 +113,6 @@ __global__ void clip_kernel(const double* __restrict__ squared_sum, S* __restric
 }
 }  // namespace detail::gnorm
 
-// Bytes of workspace grad_norm_squared needs for n elements of G.
-template <class G>
-std::size_t grad_norm_workspace(std::int64_t n) {
-  std::size_t bytes = 0;
-  DPML_CHECK_CUDA(cub::DeviceReduce::TransformReduce(nullptr, bytes, static_cast<const G*>(nullptr),
-                                                     static_cast<double*>(nullptr), n, detail::gnorm::Plus{},
-                                                     detail::gnorm::Square{}, 0.0));
-  return bytes;
-}
-
-// *squared_sum (device double) = Σ grad[i]², grad (n) fp32, bf16 or fp16.
-template <class G>
-void grad_norm_squared(const G* grad, std::int64_t n, double* squared_sum, void* workspace, std::size_t workspace_bytes,
-                       cudaStream_t stream) {
-  static_assert(detail::is_storage_v<G>);
-  DPML_REQUIRE(workspace_bytes >= grad_norm_workspace<G>(n),
-               "grad_norm_squared: workspace of " << workspace_bytes << " bytes, needs " << grad_norm_workspace<G>(n));
-  DPML_CHECK_CUDA(cub::DeviceReduce::TransformReduce(workspace, workspace_bytes, grad, squared_sum, n,
-                                                     detail::gnorm::Plus{}, detail::gnorm::Square{}, 0.0, stream));
-}
-
-// The ranges grad_norm_squared_ranges sums over, as it takes them: each range's first element
-// (begin) and the running lengths (before: before[r] = the lengths of ranges 0..r−1, before[0] = 0,
-// before.back() = the total). Built on the host, copied to device arrays of the same sizes.
-struct NormRanges {
-  std::vector<std::int64_t> begin, before{0};
-  void add(std::int64_t first, std::int64_t count) {
-    begin.push_back(first);
-    before.push_back(before.back() + count);
-  }
-  int count() const noexcept { return static_cast<int>(begin.size()); }
-  std::int64_t total() const noexcept { return before.back(); }
-  std::int64_t length(int r) const { return before[static_cast<std::size_t>(r) + 1] - before[static_cast<std::size_t>(r)]; }
-};
-
-// The elements in both a and b (each a list of disjoint ranges, in any order), in a's order.
-inline NormRanges intersect(const NormRanges& a, const NormRanges& b) {
-  NormRanges out;
-  for (int i = 0; i < a.count(); ++i)
-    for (int j = 0; j < b.count(); ++j) {
-      const std::int64_t lo = std::max(a.begin[static_cast<std::size_t>(i)], b.begin[static_cast<std::size_t>(j)]);
-      const std::int64_t hi = std::min(a.begin[static_cast<std::size_t>(i)] + a.length(i), b.begin[static_cast<std::size_t>(j)] + b.length(j));
-      if (lo < hi) out.add(lo, hi - lo);
-    }
-  return out;
-}
-
 // Bytes of workspace grad_norm_squared_ranges needs for ranges of `total` elements in all (a
 // double per tile).
 template <class G>
@@ -196,17 +143,6 @@ void grad_norm_squared_ranges(const G* grad, const std::int64_t* begin, const st
   DPML_CHECK_LAUNCH();
 }
 
-// *coef (device float) = the clipping coefficient for max_norm > 0, NaN for a non-finite norm.
-// Gradients scaled by a loss scale S (fp16): inv_scale = 1/S; the norm compared with max_norm is
-// the unscaled one, and *coef also unscales: the true clipped gradient is *coef · grad.
-inline void clip_coefficient(const double* squared_sum, float* coef, double max_norm, cudaStream_t stream,
-                             double inv_scale = 1.0) {
-  DPML_REQUIRE(max_norm > 0.0, "clip_coefficient: max_norm " << max_norm << " must be positive");
-  DPML_REQUIRE(inv_scale > 0.0, "clip_coefficient: inv_scale " << inv_scale << " must be positive");
-  detail::gnorm::clip_kernel<float><<<1, 1, 0, stream>>>(squared_sum, coef, max_norm, inv_scale);
-  DPML_CHECK_LAUNCH();
-}
-
 // Ops<CudaSpace>'s gradient-norm family (kernels/host/grad_norm.hpp is the host one); the CUB
 // workspace comes from the Device's per-op scratch.
 struct GradNormOps {
@@ -229,7 +165,8 @@ struct GradNormOps {
 
   // *scale (device) = inv_scale · min(1, max_norm / (√*squared · inv_scale + 1e-6)) (max_norm = ∞:
   // inv_scale), NaN when the norm is not finite (the update kernel then skips the step); inv_scale
-  // = 1/S for gradients carrying a loss scale S (clip_coefficient's rule, the host's too).
+  // = 1/S for gradients carrying a loss scale S (the host's rule too): the norm compared with
+  // max_norm is the unscaled one, and *scale also unscales.
   template <class S>
   static void clip_scale(Dev& dev, const double* squared, S* scale, double max_norm, double inv_scale = 1.0) {
     DPML_REQUIRE(max_norm > 0.0, "clip_scale: max_norm " << max_norm << " must be positive");

@@ -1,13 +1,14 @@
 #pragma once
 // The pipeline executor: runs one stage's action list (schedule.hpp) for one training step.
 //
-// The model side is a `Stage` — any type with the members below (the host GPT stage adapter, the
-// GPU one in models/cuda/gpt_pipeline.hpp, the toy stages of the tests and the bubble benchmark).
+// The model side is a `Stage` — any type with the members below (train::Trainer's stage over any
+// model on either space, the toy stages of the tests and the bubble benchmark).
 // The executor owns no tensors and does no arithmetic: it calls the stage's compute members in
 // table order and moves the stage's buffers between neighbours through a transport
 // (transport.hpp): MpiTransport for host buffers (run_stage(actions, stage, pipe) with the
 // pipeline-axis comm::Mpi, ProcessGrid::comm(Axis::pipeline); stage s is rank s there, its
-// neighbours ranks s ± 1), cuda::StreamTransport for device buffers, stream-ordered.
+// neighbours ranks s ± 1), StreamTransport (stream_transport.hpp) for device buffers,
+// stream-ordered.
 //
 //   using value_type = float;                          // element type of the messages
 //   void forward(int mb);              // F: stage 0 reads mb's data itself; other stages find mb's

@@ -21,9 +21,9 @@
 //   BatchedTransport<T, L>     for communicators whose point-to-point calls rendezvous (NCCL: a
 //                              send waits for its receive; comm::Staged: the call returns once
 //                              done): messages go out in batches (P2pBatcher below) that a
-//                              launcher L runs — cuda::StreamLauncher (parallel/cuda/
-//                              pipeline_transport.hpp) on a communication stream ordered against
-//                              the compute stream by CUDA events, the recording launcher of
+//                              launcher L runs — StreamLauncher (stream_transport.hpp) on
+//                              a communication stream ordered against the compute stream
+//                              by CUDA events, the recording launcher of
 //                              tests/pipeline/test_transport.cpp on paper.
 //
 // P2pBatcher: why and how. A rendezvous transport that posts each message alone, in table order,

@@ -574,7 +574,7 @@ void conv2d_backward_weight(const bf16* dy, const bf16* x, float* dw, float beta
   }
 }
 
-// The three passes as a convolution policy for the models (models/cuda/resnet.hpp): the same
+// The three passes as a convolution policy for the Conv2d layer (layers/conv2d.hpp): the same
 // member functions as CudnnConv (conv/cudnn.hpp), with the split-K scratch of backward_weight
 // owned here. prepare(shape) grows the scratch for a shape — call it for every shape at model
 // construction, so that no step allocates.

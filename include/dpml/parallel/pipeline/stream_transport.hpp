@@ -1,6 +1,6 @@
 #pragma once
-// parallel::cuda::StreamTransport: the pipeline executor's transport (pipeline/transport.hpp) for
-// device buffers, stream-ordered. Sends and receives run on the communicator's own stream (the
+// parallel::pipeline::StreamTransport: the pipeline executor's transport (transport.hpp) for
+// device buffers, stream-ordered (CUDA translation units only). Sends and receives run on the communicator's own stream (the
 // communication stream), ordered against the stage's compute stream by CUDA events only — the
 // host never waits inside a step, so the transfers overlap the compute the streams allow:
 //
@@ -23,12 +23,12 @@
 // communication stream and must not be the compute stream.
 //
 //   auto pipe = comm::Nccl::from(grid.comm(Axis::pipeline));     // a stream of its own
-//   StreamTransport<bf16> transport(StreamLauncher<bf16>(pipe, model.stream()),
-//                                   pipeline::peer_batches(schedule, pipe.rank()));   // groups alike
-//   pipeline::run_stage(actions, stage, transport);
+//   StreamTransport<bf16> transport(StreamLauncher<bf16>(pipe, dev.stream()),
+//                                   peer_batches(schedule, pipe.rank()));   // groups alike
+//   run_stage(actions, stage, transport);   // train::Trainer does this on CudaSpace
 
 #include "dpml/comm/nccl.hpp"
-#include "dpml/core/cuda_error.hpp"
+#include "dpml/core/cuda_stream.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/parallel/pipeline/transport.hpp"
 
@@ -41,34 +41,25 @@
 #include <utility>
 #include <vector>
 
-namespace dpml::parallel::cuda {
+namespace dpml::parallel::pipeline {
 
 namespace detail {
-// Events recorded again every step: index i is the i-th taken since the last reset().
+// Events recorded again every step (core/cuda_stream.hpp's): index i is the i-th taken since the
+// last reset().
 class EventPool {
  public:
-  EventPool() = default;
-  EventPool(const EventPool&) = delete;
-  EventPool& operator=(const EventPool&) = delete;
-  ~EventPool() {
-    for (cudaEvent_t e : events_) cudaEventDestroy(e);
-  }
   // A fresh index, its event recorded on `stream`.
   int record(cudaStream_t stream) {
-    if (next_ == events_.size()) {
-      cudaEvent_t e = nullptr;
-      DPML_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      events_.push_back(e);
-    }
-    DPML_CHECK_CUDA(cudaEventRecord(events_[next_], stream));
+    if (next_ == events_.size()) events_.emplace_back();
+    events_[next_].record(stream);
     return static_cast<int>(next_++);
   }
-  cudaEvent_t operator[](int i) const { return events_[static_cast<std::size_t>(i)]; }
+  const Event& operator[](int i) const { return events_[static_cast<std::size_t>(i)]; }
   // Indices start over; re-recording an event a stream was told to wait for does not change that wait.
   void reset() noexcept { next_ = 0; }
 
  private:
-  std::vector<cudaEvent_t> events_;
+  std::vector<Event> events_;  // a vector of movable events: references are taken only between records
   std::size_t next_ = 0;
 };
 }  // namespace detail
@@ -93,23 +84,24 @@ class StreamLauncher {
   void launch(const Batch& batch) {
     Mark latest = batch.front().payload.mark;
     for (const auto& e : batch) latest = std::max(latest, e.payload.mark);  // one stream: the latest covers the rest
-    DPML_CHECK_CUDA(cudaStreamWaitEvent(comm_->stream(), (*events_)[latest], 0));
+    Stream::borrow(comm_->stream()).wait((*events_)[latest]);
     {
       const auto group = comm_->group();
       for (const auto& e : batch) {
-        const pipeline::Message& m = e.message;
-        const int peer = pipeline::peer_of(m.flow, m.send, rank()), tag = pipeline::tag_of(m.flow, m.micro_batch);
+        const Message& m = e.message;
+        const int peer = peer_of(m.flow, m.send, rank()), tag = tag_of(m.flow, m.micro_batch);
         if (m.send) comm_->send(e.payload.send, e.payload.n, peer, tag);
         else comm_->recv(e.payload.recv, e.payload.n, peer, tag);
       }
     }
     const int done = events_->record(comm_->stream());
-    for (const auto& e : batch) done_[pipeline::key_of(e.message)] = done;
+    for (const auto& e : batch) done_[key_of(e.message)] = done;
   }
-  bool launched(pipeline::Message m) const { return done_.contains(pipeline::key_of(m)); }
-  void wait(pipeline::Message m) { DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, (*events_)[done_.at(pipeline::key_of(m))], 0)); }
+  bool launched(Message m) const { return done_.contains(key_of(m)); }
+  void wait(Message m) { Stream::borrow(compute_).wait((*events_)[done_.at(key_of(m))]); }
   void wait_all() {
-    DPML_CHECK_CUDA(cudaStreamWaitEvent(compute_, (*events_)[events_->record(comm_->stream())], 0));
+    const int done = events_->record(comm_->stream());
+    Stream::borrow(compute_).wait((*events_)[done]);
     done_.clear();
     events_->reset();
   }
@@ -118,10 +110,10 @@ class StreamLauncher {
   const Comm* comm_;
   cudaStream_t compute_;
   std::unique_ptr<detail::EventPool> events_;  // movable launcher
-  std::map<pipeline::MessageKey, int> done_;  // message → the done event of the group that carried it
+  std::map<MessageKey, int> done_;  // message → the done event of the group that carried it
 };
 
 template <class T, class Comm = comm::Nccl>
-using StreamTransport = pipeline::BatchedTransport<T, StreamLauncher<T, Comm>>;
+using StreamTransport = BatchedTransport<T, StreamLauncher<T, Comm>>;
 
-}  // namespace dpml::parallel::cuda
+}  // namespace dpml::parallel::pipeline
