@@ -288,8 +288,12 @@ TEST_CASE("composed GPT: one GPU in bf16 against the host in float64, loss and e
   });
 }
 
-TEST_CASE("composed GPT: dp 2, tp 2, pp 2 (each schedule), ZeRO-1 train as one GPU does", "[gpu][gpt][layout]") {
-  if (test::world().size() != 2) return;
+// Two ranks: every axis alone (dp 2 also with ZeRO-1, pp 2 under each schedule). Four ranks: two
+// axes at a time (tp 2 × pp 2 under 1F1B and ZB-H1, dp 2 × pp 2 with ZeRO-1, dp 2 × tp 2 with
+// ZeRO-1) — over NCCL where the node has four GPUs, else comm::Staged on one.
+TEST_CASE("composed GPT: dp, tp, pp (each schedule), ZeRO-1 and their pairs train as one GPU does", "[gpu][gpt][layout]") {
+  const int ranks = test::world().size();
+  if (ranks != 2 && ranks != 4) return;
   test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
     const Trained reference = train_composed<bf16, Comm>(ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {}), "1f1b", false);
     REQUIRE(reference.losses.back() < reference.losses.front());  // it trains
@@ -298,10 +302,14 @@ TEST_CASE("composed GPT: dp 2, tp 2, pp 2 (each schedule), ZeRO-1 train as one G
       const char* schedule;
       bool zero;
     };
-    const Layout layouts[] = {{{}, "1f1b", false},        {{}, "1f1b", true},         {{.tp = 2}, "1f1b", false},
-                              {{.pp = 2}, "gpipe", false}, {{.pp = 2}, "1f1b", false}, {{.pp = 2}, "zb-h1", false},
-                              {{.pp = 2}, "1f1b", true}};
-    for (const auto& l : layouts) {
+    const std::vector<Layout> pairs = {{{.tp = 2, .pp = 2}, "1f1b", false},
+                                       {{.tp = 2, .pp = 2}, "zb-h1", false},
+                                       {{.pp = 2}, "1f1b", true},
+                                       {{.tp = 2}, "1f1b", true}};
+    const std::vector<Layout> singles = {{{}, "1f1b", false},        {{}, "1f1b", true},         {{.tp = 2}, "1f1b", false},
+                                         {{.pp = 2}, "gpipe", false}, {{.pp = 2}, "1f1b", false}, {{.pp = 2}, "zb-h1", false},
+                                         {{.pp = 2}, "1f1b", true}};
+    for (const auto& l : ranks == 4 ? pairs : singles) {
       const auto grid = ProcessGrid::create(test::world(), l.layout);
       CAPTURE(grid.tp(), grid.pp(), grid.dp(), l.schedule, l.zero);
       const Trained run = train_composed<bf16, Comm>(grid, l.schedule, l.zero);
