@@ -6,6 +6,7 @@
 // writes data/fortunes_val_000000.bin (the last --validation-fraction of the text) and
 // data/fortunes_train_000000.bin, …_000001.bin, … of at most --shard-tokens tokens each, and
 // prints one line per shard and the unigram entropy of the text (the loss to beat).
+#include <dpml/comm/launch.hpp>
 #include <dpml/data/text.hpp>
 #include <dpml/data/token_shards.hpp>
 #include <dpml/train/args.hpp>
@@ -63,12 +64,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const dpml::Error& e) {
-    std::fprintf(stderr, "make_token_shards: %s\n", e.message().c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "make_token_shards: %s\n", e.what());
-  }
-  return 1;
+  return dpml::run_local("make_token_shards", [&] { return run(argc, argv); });
 }

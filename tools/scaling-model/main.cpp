@@ -10,6 +10,7 @@
 // and --vocab-size override it one by one. Without --tokens-per-s (0) one GPU's speed is
 // --peak-tflops × --mfu over the model's FLOPs per token.
 
+#include <dpml/comm/launch.hpp>
 #include <dpml/core/error.hpp>
 #include <dpml/train/args.hpp>
 #include <dpml/train/scaling_model.hpp>
@@ -101,12 +102,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const dpml::Error& e) {
-    std::fprintf(stderr, "dpml-scaling-model: %s\n", e.message().c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dpml-scaling-model: %s\n", e.what());
-  }
-  return 1;
+  return dpml::run_local("dpml-scaling-model", [&] { return run(argc, argv); });
 }

@@ -14,6 +14,9 @@
 //   int main(int argc, char** argv) {
 //     return dpml::run(argc, argv, [&](const dpml::comm::Mpi& world) { ...; return 0; });
 //   }
+//
+// dpml::run_local(program, body) is the same for a program that opens no MPI session (a converter,
+// a planning tool): an escaping error is printed as "program: message" and main returns 1.
 
 #include "dpml/comm/local_rank.hpp"
 #include "dpml/comm/mpi.hpp"
@@ -65,6 +68,18 @@ int run(int argc, char** argv, Body&& body) {
   std::fflush(stderr);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   MPI_Abort(MPI_COMM_WORLD, 1);
+  return 1;
+}
+
+template <class Body>
+int run_local(const char* program, Body&& body) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.message().c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+  }
   return 1;
 }
 

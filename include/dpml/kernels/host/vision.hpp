@@ -19,29 +19,29 @@
 
 namespace dpml::kernels::host {
 
-// x (N, Cin, H, W) → y (N, (H/P)·(W/P), Cin·P·P); H and W multiples of P.
-template <class T>
-void patchify(const T* x, T* y, std::int64_t N, std::int64_t Cin, std::int64_t H, std::int64_t W, std::int64_t P) {
-  const std::int64_t h = H / P, w = W / P, K = Cin * P * P;
+// The permutation both directions walk: f(image index, patch-token index) for every element of
+// x (N, Cin, H, W), with the token side (N, (H/P)·(W/P), Cin·P·P); H and W multiples of P.
+template <class F>
+void for_each_patch_element(std::int64_t N, std::int64_t Cin, std::int64_t H, std::int64_t W, std::int64_t P, F&& f) {
+  const std::int64_t w = W / P, tokens = (H / P) * w, K = Cin * P * P;
   for (std::int64_t n = 0; n < N; ++n)
     for (std::int64_t c = 0; c < Cin; ++c)
       for (std::int64_t i = 0; i < H; ++i)
         for (std::int64_t j = 0; j < W; ++j) {
           const std::int64_t t = (i / P) * w + j / P, k = (c * P + i % P) * P + j % P;
-          y[(n * h * w + t) * K + k] = x[((n * Cin + c) * H + i) * W + j];
+          f(((n * Cin + c) * H + i) * W + j, (n * tokens + t) * K + k);
         }
+}
+
+// x (N, Cin, H, W) → y (N, (H/P)·(W/P), Cin·P·P).
+template <class T>
+void patchify(const T* x, T* y, std::int64_t N, std::int64_t Cin, std::int64_t H, std::int64_t W, std::int64_t P) {
+  for_each_patch_element(N, Cin, H, W, P, [&](std::int64_t image, std::int64_t token) { y[token] = x[image]; });
 }
 // dy (N, (H/P)·(W/P), Cin·P·P) → dx (N, Cin, H, W), overwritten.
 template <class T>
 void unpatchify(const T* dy, T* dx, std::int64_t N, std::int64_t Cin, std::int64_t H, std::int64_t W, std::int64_t P) {
-  const std::int64_t h = H / P, w = W / P, K = Cin * P * P;
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t c = 0; c < Cin; ++c)
-      for (std::int64_t i = 0; i < H; ++i)
-        for (std::int64_t j = 0; j < W; ++j) {
-          const std::int64_t t = (i / P) * w + j / P, k = (c * P + i % P) * P + j % P;
-          dx[((n * Cin + c) * H + i) * W + j] = dy[(n * h * w + t) * K + k];
-        }
+  for_each_patch_element(N, Cin, H, W, P, [&](std::int64_t image, std::int64_t token) { dx[image] = dy[token]; });
 }
 
 // x (N, T, C), cls (C), pos (1 + T, C) → y (N, 1 + T, C).
