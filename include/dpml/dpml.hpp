@@ -76,6 +76,7 @@
 #include "dpml/data/idx.hpp"
 #include "dpml/data/image.hpp"
 #include "dpml/data/loader.hpp"
+#include "dpml/data/masked_lm.hpp"
 #include "dpml/data/sampler.hpp"
 #include "dpml/data/text.hpp"
 #include "dpml/data/token_shards.hpp"
@@ -108,6 +109,7 @@
 #include "dpml/layers/vision.hpp"
 #include "dpml/layers/vocab_parallel_cross_entropy.hpp"
 
+#include "dpml/models/bert.hpp"
 #include "dpml/models/bottleneck_resnet.hpp"
 #include "dpml/models/gpt.hpp"
 #include "dpml/models/lstm_lm.hpp"

@@ -13,6 +13,7 @@
 // float32; AdamW's m/√v turns any such noise into a full-size step whose sign is noise, which no
 // tolerance can compare. A larger eps keeps those steps at noise size and leaves the real ones.
 #include "test.hpp"
+#include "layouts.hpp"  // worst_weight_error
 
 #include <dpml/data/token_shards.hpp>
 #include <dpml/layers/init.hpp>
@@ -21,7 +22,6 @@
 #include <dpml/parallel/strategy.hpp>
 #include <dpml/train/gpt_trainer.hpp>
 
-#include <map>
 #include <string>
 #include <vector>
 
@@ -76,44 +76,6 @@ Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool ze
   return out;
 }
 
-// Relative L2 error of this rank's shard of every parameter against the sequential model,
-// element by element at the same global index (padding rows of the vocabulary skipped).
-double worst_weight_error(models::Gpt<float>& model, const ProcessGrid& grid, models::Gpt<float>& reference) {
-  std::map<std::string, layers::Param<float>*> ref;
-  for (auto* p : reference.parameters()) ref[p->name()] = p;
-  double worst = 0;
-  for (auto* p : model.parameters()) {
-    auto it = ref.find(p->name());
-    REQUIRE(it != ref.end());
-    const auto g = layers::global_slice(*p, &grid);
-    const Shape rshape = it->second->shape(), rstrides = contiguous_strides(rshape), lshape = p->shape();
-    double num = 0, den = 0;
-    std::int64_t idx[kMaxRank] = {};
-    for (std::int64_t flat = 0; flat < p->numel(); ++flat) {
-      bool inside = true;
-      std::int64_t r = 0;
-      for (int d = 0; d < lshape.rank(); ++d) {
-        const std::int64_t gi = idx[d] + (d == g.dim ? g.offset : 0);
-        inside &= gi < rshape[d];
-        r += gi * rstrides[d];
-      }
-      if (inside) {
-        const double a = p->value()[flat], b = it->second->value()[r];
-        num += (a - b) * (a - b);
-        den += b * b;
-      }
-      for (int d = lshape.rank() - 1; d >= 0; --d) {
-        if (++idx[d] < lshape[d]) break;
-        idx[d] = 0;
-      }
-    }
-    const double e = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-    if (e > worst) worst = e;
-    CAPTURE(p->name(), e);
-    CHECK(e <= kTolerance);
-  }
-  return worst;
-}
 }  // namespace
 
 TEST_CASE("gpt: every layout of this world equals the sequential run", "[gpt][layout]") {
@@ -142,7 +104,7 @@ TEST_CASE("gpt: every layout of this world equals the sequential run", "[gpt][la
               CAPTURE(s, run.losses[s], reference.losses[s]);
               CHECK(std::abs(run.losses[s] - reference.losses[s]) <= kTolerance * std::abs(reference.losses[s]));
             }
-            worst_weight_error(*run.model, grid, *reference.model);
+            test::worst_weight_error(*run.model, grid, *reference.model, kTolerance);
           }
     }
 }
@@ -163,6 +125,6 @@ TEST_CASE("gpt: a hierarchical data-parallel all-reduce equals the sequential ru
       CAPTURE(s, run.losses[s], reference.losses[s]);
       CHECK(std::abs(run.losses[s] - reference.losses[s]) <= kTolerance * std::abs(reference.losses[s]));
     }
-    worst_weight_error(*run.model, grid, *reference.model);
+    test::worst_weight_error(*run.model, grid, *reference.model, kTolerance);
   }
 }

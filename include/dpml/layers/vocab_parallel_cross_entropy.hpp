@@ -35,6 +35,13 @@
 //   take_loss()               the running sum; the same on every tensor rank (count it once)
 // Memory per slot: the (N, V_pad/tp) logits (then dlogits) and, with backward(), dh (N, C).
 //
+// Masked LM (VocabHeadOptions, models/bert.hpp): with ignore_negative a target < 0 marks a
+// position that counts nothing — zero loss, zero dlogits — so only the masked positions train
+// (ctx.global_batch then counts the step's masked tokens: train/batch.hpp); with count_hits an
+// evaluation forward also adds to take_hits() the rows whose target has the row's largest logit
+// over the whole vocabulary (the masked-token accuracy's numerator), from the same all-reduced
+// stats as the loss (with tp = 1 too: the stats path instead of the fused pass, in evaluation only).
+//
 // next_token_logits(ctx, h_row) gives one row's logits over the whole vocabulary on the host, for
 // sampling; logits(ctx) the slot's shard of logits (evaluation) or dlogits (training). Any space, through kernels::Ops<Space>; Comm is the tensor axis' communicator.
 
@@ -51,6 +58,11 @@
 
 namespace dpml::layers {
 
+struct VocabHeadOptions {
+  bool ignore_negative = false;  // targets < 0 are ignored rows (a masked LM's unmasked positions)
+  bool count_hits = false;       // evaluation forwards count the targets predicted right (take_hits)
+};
+
 template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
 class VocabParallelCrossEntropy {
   using Ops = kernels::Ops<Space>;
@@ -64,15 +76,15 @@ class VocabParallelCrossEntropy {
 
   // weight: this rank's (V_pad/tp, C) rows of the tied token table, described by `part`.
   VocabParallelCrossEntropy(Param<T, Space>& weight, VocabPartition part,
-                            const parallel::TensorRegion<Comm>& region = {})
-      : weight_(&weight), part_(part), region_(region),
-        check_(kernels::IdRange{"VocabParallelCrossEntropy", "target", "the vocabulary"}) {
+                            const parallel::TensorRegion<Comm>& region = {}, VocabHeadOptions opts = {})
+      : weight_(&weight), part_(part), region_(region), opts_(opts),
+        check_(kernels::IdRange{"VocabParallelCrossEntropy", "target", "the vocabulary", opts.ignore_negative}) {
     DPML_REQUIRE(weight.shape().rank() == 2 && weight.shape()[0] == part.local(),
                  "VocabParallelCrossEntropy: weight " << weight.name() << " " << weight.shape().str()
                                                       << " does not hold the shard's " << part.local() << " rows");
   }
-  explicit VocabParallelCrossEntropy(Embedding<T, Space, Comm>& tied)
-      : VocabParallelCrossEntropy(tied.token_weight(), tied.partition(), tied.region()) {}
+  explicit VocabParallelCrossEntropy(Embedding<T, Space, Comm>& tied, VocabHeadOptions opts = {})
+      : VocabParallelCrossEntropy(tied.token_weight(), tied.partition(), tied.region(), opts) {}
 
   // h (..., C), targets (...): the loss summed over tokens / ctx.global_batch, added to the running sum.
   void forward(Context<Space>& ctx, Input h, Target targets) {
@@ -92,14 +104,16 @@ class VocabParallelCrossEntropy {
     T* d = s.trained ? z.data() : nullptr;
     const double divisor = ctx.global_batch > 0 ? static_cast<double>(ctx.global_batch) : static_cast<double>(N);
     double* sum = sum_.running(ctx);
-    if (region_.size() == 1) {
+    const bool count = opts_.count_hits && !s.trained;
+    if (region_.size() == 1 && !count) {
       Ops::softmax_xent(ctx.dev(), z.data(), targets.data(), d, sum, N, Vl, part_.valid(), 1.0 / divisor, ctx.loss_scale);
       return;
     }
     auto stats = ensure(stats_, Shape{region_.size(), 3, N});  // (tp, 3, N)
     Ops::vocab_xent_partials(ctx.dev(), z.data(), targets.data(), stats.data(), N, Vl, part_.begin, part_.vocab,
                              region_.size(), region_.rank());
-    region_.all_reduce(stats);
+    if (region_.size() > 1) region_.all_reduce(stats);
+    if (count) Ops::vocab_xent_count_hits(ctx.dev(), targets.data(), stats.data(), hits_.running(ctx), N, part_.vocab, region_.size());
     Ops::vocab_xent_finish(ctx.dev(), z.data(), targets.data(), stats.data(), d, sum, N, Vl, part_.begin, part_.vocab,
                            region_.size(), 1.0 / divisor, ctx.loss_scale);
   }
@@ -133,6 +147,9 @@ class VocabParallelCrossEntropy {
     check_.raise_if_bad();
     return loss;
   }
+  // The rows predicted right by the evaluation forwards since the last take (count_hits), then
+  // zeroed; the same on every tensor rank (count it once).
+  double take_hits() { return hits_.take(); }
 
   // Logits (V) of one row h_row (C) over the whole vocabulary, on the host (for sampling): this
   // rank's shard in a zeroed row of V_pad, summed over the tensor axis (a gather: the other ranks
@@ -178,8 +195,9 @@ class VocabParallelCrossEntropy {
   Param<T, Space>* weight_;
   VocabPartition part_;
   parallel::TensorRegion<Comm> region_;
+  VocabHeadOptions opts_;
   typename Ops::IdCheck check_;
-  LossSum<Space> sum_;
+  LossSum<Space> sum_, hits_;  // hits_: count_hits
   Tensor<Stat, Space> stats_;  // (tp, 3, N), between the two passes only
   Tensor<T, Space> row_;       // (V_pad): next_token_logits
   Slots<Saved> slots_;

@@ -37,6 +37,12 @@
 //   parameters     the trainer's DistributedOptimizer lays them out in one flat buffer (bf16
 //                  values and gradients, fp32 master and state on a GPU)
 //
+// The attention's mask policy is the last template argument (kernels/attention_mask.hpp):
+// attention::Causal, GPT's, by default; with attention::Bidirectional the same stages — token and
+// position embeddings, pre-LN blocks, ln_f, the tied vocabulary-parallel head, over any (dp, tp, pp)
+// — are a BERT-style encoder trained as a masked LM (models/bert.hpp: GptConfig::masked_targets
+// ignores the targets < 0, count_hits counts the masked tokens predicted right in evaluation).
+//
 // Communicators: the tensor axis' (TensorRegion<Comm>: the layers' conjugate operations) and, with
 // pp > 1, the pair of the first and last stage (the tied gradient's sum). On the host both come
 // from the ProcessGrid's MPI groups; on a GPU from a parallel::DeviceGrid (tensor() and
@@ -49,6 +55,7 @@
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
+#include "dpml/kernels/attention_mask.hpp"
 #include "dpml/layers/embedding.hpp"
 #include "dpml/layers/layer.hpp"
 #include "dpml/layers/layer_norm.hpp"
@@ -82,6 +89,8 @@ struct GptConfig {
   bool recompute = false;          // activation recomputation per block
   bool recompute_gelu = false;     // the MLP's GELU output shared by all blocks, recomputed in the
                                    // backward (GPU: −1.2 GiB at GPT-2 124M, B=16, T=1024)
+  bool masked_targets = false;     // targets < 0 count nothing (a masked LM's unmasked positions)
+  bool count_hits = false;         // evaluation forwards count the targets predicted right (take_hits)
 
   // Parameters of the whole (unsharded, unpadded) model.
   std::int64_t parameter_count() const {
@@ -127,7 +136,8 @@ inline GptMemoryBound gpt_memory_lower_bound(const GptConfig& c, int tp, int pp,
 // Blocks [first, first + count) of a pipeline stage (shared with the GPU model).
 using parallel::pipeline::StageBlocks;
 
-template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>>
+template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>,
+          class Mask = attention::Causal>
 class Gpt {
  public:
   using value_type = T;
@@ -138,7 +148,7 @@ class Gpt {
   using Tokens = TensorView<const std::int32_t, Space>;
   using Input = Tokens;   // a pipeline stage's micro-batch (train::StagedModel)
   using Target = Tokens;
-  using Block = layers::TransformerBlock<T, Space, Comm>;
+  using Block = layers::TransformerBlock<T, Space, Comm, Mask>;
 
   // Host: the grid's MPI groups (collective over the pipeline axis when pp > 1).
   Gpt(const GptConfig& c, const parallel::ProcessGrid& grid)
@@ -195,6 +205,9 @@ class Gpt {
     const std::int64_t len = h.size(1), C = h.size(2);
     return head_->next_token_logits(head_context(ctx), View(h.data() + (b * len + len - 1) * C, Shape{C}));
   }
+  // Last stage, after an evaluation forward with targets: this tensor rank's (B·T, V_pad/tp) logits
+  // (ln_f and the head keep one slot; after a training forward the slot holds the dlogits).
+  View head_logits(const layers::Context<Space>& ctx) { return head_->logits(head_context(ctx)); }
   // The losses of the last stage's forwards since the last take (summed over their tokens /
   // ctx.global_batch), then zeroed; 0 on other stages. The first stage's token check surfaces here
   // too. On a GPU it waits for the work queued so far.
@@ -202,6 +215,9 @@ class Gpt {
     if (first_) embedding_->check_tokens();
     return last_ ? head_->take_loss() : 0.0;
   }
+  // With GptConfig::count_hits: the targets the last stage's evaluation forwards since the last
+  // take predicted right (their logit the row's largest), then zeroed; 0 on other stages.
+  double take_hits() { return last_ ? head_->take_hits() : 0.0; }
 
   // One micro-batch backward_input. Last stage: from the head's gradient its forward kept; others:
   // `received` (B, T, C). Returns the gradient to send to the previous stage (empty on the first
@@ -295,13 +311,13 @@ class Gpt {
     if (last_) {
       ln_f_.emplace(c.dim, "ln_f");
       if (first_) {
-        head_.emplace(*embedding_);
+        head_.emplace(*embedding_, head_options(c));
       } else {
         const auto part = layers::VocabPartition::make(c.vocab, region_.size(), region_.rank(), c.pad_multiple);
         tied_copy_ = std::make_unique<ParamT>("wte.weight", Shape{part.local(), c.dim}, Init::normal(0.0, 0.02),
                                               Sharding::split(0));
         tied_copy_->mark_duplicate();
-        head_.emplace(*tied_copy_, part, region_);
+        head_.emplace(*tied_copy_, part, region_, head_options(c));
       }
     }
   }
@@ -318,6 +334,9 @@ class Gpt {
                                              << c.dim / c.heads << ": the attention kernels of this device take "
                                              << Attention::attention_head_dims);
     return c;
+  }
+  static layers::VocabHeadOptions head_options(const GptConfig& c) {
+    return {.ignore_negative = c.masked_targets, .count_hits = c.count_hits};
   }
   // ln_f and the head consume what they compute within one forward: one buffer slot for all
   // micro-batches.

@@ -9,7 +9,9 @@
 // The trainer cuts a batch into micro-batches along the first dimension (rows [n·i/m, n·(i+1)/m)
 // of both views), so the only assumption is that dimension 0 counts samples. The loss divides by
 // the step's target elements, global_rows × (elements of targets per row): samples for labels,
-// tokens for sequences, so every layout sums to the same mean.
+// tokens for sequences, so every layout sums to the same mean — or, where only some target
+// elements count (a masked LM: the others are −1), by the optional
+//   loss_elements(b) the target elements that count over the whole step (all data ranks)
 //
 // Images in another element type or layout than the loader's float NCHW (a GPU model's bf16 NHWC)
 // are an ImageBatch<T>: the loader's batch converted on the host, which the trainer then uploads
@@ -21,6 +23,7 @@
 #include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
 #include "dpml/data/loader.hpp"
+#include "dpml/data/masked_lm.hpp"
 #include "dpml/data/token_shards.hpp"
 #include "dpml/kernels/image.hpp"
 
@@ -83,6 +86,16 @@ struct BatchTraits<data::TokenBatch> {
   static TensorView<const std::int32_t> inputs(const data::TokenBatch& b) { return b.inputs.cview(); }    // (n, T)
   static TensorView<const std::int32_t> targets(const data::TokenBatch& b) { return b.targets.cview(); }  // (n, T)
   static std::int64_t global_rows(const data::TokenBatch&) { return 0; }
+};
+
+// Masked token windows (data::MaskedLmWindows): the batch carries the step's global size and its
+// masked positions over all data ranks, the loss's divisor.
+template <>
+struct BatchTraits<data::MaskedLmBatch> {
+  static TensorView<const std::int32_t> inputs(const data::MaskedLmBatch& b) { return b.inputs.cview(); }    // (n, T)
+  static TensorView<const std::int32_t> targets(const data::MaskedLmBatch& b) { return b.targets.cview(); }  // (n, T)
+  static std::int64_t global_rows(const data::MaskedLmBatch& b) { return b.global_rows; }
+  static std::int64_t loss_elements(const data::MaskedLmBatch& b) { return b.global_masked; }
 };
 
 template <class B>

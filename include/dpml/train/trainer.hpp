@@ -29,7 +29,8 @@
 //   first and last stage) held back from their bucket until summed
 //   non-finite check (TrainOptions::on_nonfinite), DistributedOptimizer: global norm, clip,
 //   update, ZeRO-1 all-gather (DataParallel<Zero1>)
-// The loss divides by the target elements of the whole step (Context::global_batch), so the
+// The loss divides by the target elements of the whole step (Context::global_batch; a batch whose
+// BatchTraits has loss_elements says how many count: a masked LM's masked positions), so the
 // summed gradients are the sequential run's on the same global batch whatever the layout; the
 // step's loss is reported on every rank. ctx.deferred_weight_gradients is set from the schedule:
 // true iff on this stage some W does not follow its B (ZB-H1 on stages > 0).
@@ -637,6 +638,8 @@ class Trainer {
                                                                 << " samples, fewer than the " << options_.micro_batches
                                                                 << " micro-batches");
     ctx_.global_batch = n > 0 ? global * (targets.numel() / n) : global;  // target elements of the step
+    if constexpr (requires { Traits::loss_elements(batch); })  // only these count (at least 1: a divisor)
+      ctx_.global_batch = std::max<std::int64_t>(Traits::loss_elements(batch), 1);
     step_.set_batch(in_space(inputs, inputs_), in_space(targets, targets_), options_.micro_batches, first);
     if (!step_.knows_shapes()) probe_shapes();
   }

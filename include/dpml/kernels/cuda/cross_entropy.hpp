@@ -39,7 +39,8 @@
 //
 // count_correct adds a classifier's correct predictions (rows whose first largest real logit is at
 // the target: the host's rule) to a running device double, as the losses are summed: one thread
-// per row, one atomic add per warp — nothing read back in the step.
+// per row, one atomic add per warp — nothing read back in the step. vocab_xent_count_hits counts
+// the same way from the all-reduced stats of the vocabulary-parallel form (a masked LM's accuracy).
 //
 // CrossEntropyOps at the end is Ops<CudaSpace>'s cross-entropy family (the host twin:
 // kernels/host/cross_entropy.hpp); its row losses live in Device::scratch.
@@ -324,6 +325,25 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x % 32 == 0 && hits != 0) atomicAdd(correct, static_cast<double>(__popc(hits)));
 }
 
+// *hits += the rows n < N with a real target whose logit is the row's max over the all-reduced
+// stats (tp, 3, N) (the host's vocab_parallel_count_hits): a thread per row, counted as above.
+__global__ void __launch_bounds__(kThreads)
+    vocab_parallel_count_hits_kernel(const std::int32_t* __restrict__ targets, const float* __restrict__ stats,
+                                     double* __restrict__ hits, std::int64_t N, std::int64_t V_real, int tp) {
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  bool hit = false;
+  if (n < N && targets[n] >= 0 && targets[n] < V_real) {
+    float M = -INFINITY, z = 0.f;
+    for (int k = 0; k < tp; ++k) {
+      M = fmaxf(M, stats[3 * k * N + n]);
+      z += stats[(3 * k + 2) * N + n];
+    }
+    hit = z >= M;
+  }
+  const unsigned count = __ballot_sync(0xffffffffu, hit);
+  if (threadIdx.x % 32 == 0 && count != 0) atomicAdd(hits, static_cast<double>(__popc(count)));
+}
+
 // The most dynamic shared memory a block of the current device may have (the opt-in limit, less
 // the block reduction's static array): the longest row the shared-memory form takes.
 inline std::size_t max_resident_bytes() {
@@ -457,6 +477,15 @@ struct CrossEntropyOps {
   static void count_correct(Dev& dev, const T* logits, const std::int32_t* targets, double* correct, std::int64_t N,
                             std::int64_t V, std::int64_t V_real) {
     cuda::count_correct(logits, targets, correct, N, V, V_real, dev.stream());
+  }
+  // After pass 1's all-reduce: *hits += the rows whose real target has the row's largest logit
+  static void vocab_xent_count_hits(Dev& dev, const std::int32_t* targets, const float* stats, double* hits,
+                                    std::int64_t N, std::int64_t V_real, int tp) {
+    if (N == 0) return;
+    const auto blocks = static_cast<unsigned>(ceil_div(N, detail::xent::kThreads));
+    detail::xent::vocab_parallel_count_hits_kernel<<<blocks, detail::xent::kThreads, 0, dev.stream()>>>(targets, stats, hits,
+                                                                                                   N, V_real, tp);
+    DPML_CHECK_LAUNCH();
   }
   // The running sum (1, device), then zeroed: one small copy, and the host waits for the stream.
   static double take_loss(Dev& dev, double* loss_sum) {

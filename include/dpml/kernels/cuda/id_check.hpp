@@ -26,12 +26,12 @@ namespace detail::ids {
 
 inline constexpr unsigned long long kNone = ~0ull;
 
-__global__ void scan_kernel(const std::int32_t* __restrict__ ids, std::int64_t n, std::int64_t limit,
+__global__ void scan_kernel(const std::int32_t* __restrict__ ids, std::int64_t n, std::int32_t lowest, std::int64_t limit,
                             unsigned long long* first_bad) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int32_t id = ids[i];
-    if (id < 0 || id >= limit)
+    if (id < lowest || id >= limit)
       atomicMin(first_bad, (static_cast<unsigned long long>(i) << 32) | static_cast<std::uint32_t>(id));
   }
 }
@@ -51,7 +51,7 @@ class IdCheck {
     raise_if_arrived();
     state_->limit = limit;
     if (n > 0) {
-      detail::ids::scan_kernel<<<grid_for(n, 256), 256, 0, dev.stream()>>>(ids, n, limit, state_->word);
+      detail::ids::scan_kernel<<<grid_for(n, 256), 256, 0, dev.stream()>>>(ids, n, what_.lowest(), limit, state_->word);
       DPML_CHECK_LAUNCH();
     }
     DPML_CHECK_CUDA(cudaMemcpyAsync(state_->seen, state_->word, sizeof(unsigned long long), cudaMemcpyDeviceToHost,

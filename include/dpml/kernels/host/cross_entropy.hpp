@@ -28,6 +28,10 @@
 //
 // count_correct adds a classifier's correct predictions to a running double (a layers::LossSum,
 // as the loss): the rows whose largest real logit — the first of equal ones — is the target's.
+// vocab_parallel_count_hits does the same from the all-reduced stats of the vocabulary-parallel
+// form (any tp, 1 included): the rows with a real target whose logit is the row's largest (M: a
+// tie counts as a hit) — a masked LM's masked-token accuracy, the same count on every layout
+// (the stats hold exact copies of the logits' values); rows with an ignored target count nothing.
 //
 // CrossEntropyOps at the end is Ops<HostSpace>'s family; take_loss reads the running sum and
 // zeroes it.
@@ -147,6 +151,24 @@ void vocab_parallel_xent_finish(const T* logits, const std::int32_t* targets, co
   *loss_sum += total * scale;
 }
 
+// After the all-reduce (sum) of stats (tp, 3, N): *hits += the rows with a target in [0, V_real)
+// whose logit (the sum of the slots' third fields: one shard holds it) is the row's max M.
+template <class S>
+void vocab_parallel_count_hits(const std::int32_t* targets, const S* stats, double* hits, std::int64_t N,
+                               std::int64_t V_real, int tp) {
+  std::int64_t count = 0;
+  for (std::int64_t n = 0; n < N; ++n) {
+    if (targets[n] < 0 || targets[n] >= V_real) continue;
+    double M = -std::numeric_limits<double>::infinity(), z = 0;
+    for (int k = 0; k < tp; ++k) {
+      M = std::max(M, static_cast<double>(stats[k * 3 * N + n]));
+      z += static_cast<double>(stats[(k * 3 + 2) * N + n]);
+    }
+    count += z >= M;
+  }
+  *hits += static_cast<double>(count);
+}
+
 // Ops<HostSpace>'s cross-entropy family (the CUDA twin: kernels/cuda/cross_entropy.hpp).
 struct CrossEntropyOps {
   using Dev = Device<HostSpace>;
@@ -175,6 +197,12 @@ struct CrossEntropyOps {
   static void count_correct(Dev&, const T* logits, const std::int32_t* targets, double* correct, std::int64_t N,
                             std::int64_t V, std::int64_t V_real) {
     host::count_correct(logits, targets, correct, N, V, V_real);
+  }
+  // After pass 1's all-reduce: *hits += the rows whose real target has the row's largest logit
+  template <class S>
+  static void vocab_xent_count_hits(Dev&, const std::int32_t* targets, const S* stats, double* hits, std::int64_t N,
+                                    std::int64_t V_real, int tp) {
+    host::vocab_parallel_count_hits(targets, stats, hits, N, V_real, tp);
   }
   // The running sum (1), then zeroed.
   static double take_loss(Dev&, double* loss_sum) {

@@ -11,12 +11,14 @@
 //                                      synchronises anyway)
 //
 // So on a GPU a bad id stops training at the latest at the step's loss read, with the same message
-// as on the host.
+// as on the host. IdRange::negative_ignored lets negative ids through: a loss whose targets mark
+// positions to ignore so (a masked LM's unmasked positions) checks only the upper bound.
 
 #include "dpml/core/error.hpp"
 #include "dpml/kernels/device.hpp"
 
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -28,6 +30,9 @@ struct IdRange {
   std::string who;    // "Embedding wte"
   std::string noun;   // "token"
   std::string range;  // "the vocabulary"
+  bool negative_ignored = false;  // ids < 0 are ignored rows, not errors
+
+  std::int32_t lowest() const noexcept { return negative_ignored ? std::numeric_limits<std::int32_t>::min() : 0; }
 
   std::string message(std::int64_t id, std::int64_t position, std::int64_t limit) const {
     std::ostringstream os;
@@ -49,7 +54,7 @@ class IdCheck {
   // ids (n) in [0, limit), or an Error now.
   void scan(Device<HostSpace>&, const std::int32_t* ids, std::int64_t n, std::int64_t limit) const {
     for (std::int64_t i = 0; i < n; ++i)
-      if (ids[i] < 0 || ids[i] >= limit) throw Error(what_.message(ids[i], i, limit));
+      if (ids[i] < what_.lowest() || ids[i] >= limit) throw Error(what_.message(ids[i], i, limit));
   }
   // Nothing is pending on the host: scan() has already thrown.
   void raise_if_bad() const {}
