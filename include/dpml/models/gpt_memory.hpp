@@ -56,11 +56,12 @@
 
 namespace dpml::models {
 
-// The launch: degrees, the micro-batch (sequences) and micro-batches per step per data rank, the
+// The launch: degrees, the micro-batch (sequences of seq tokens) and micro-batches per step per data rank, the
 // pipeline schedule's name (gpipe | 1f1b | zb-h1), ZeRO-1.
 struct GptLayout {
   int tp = 1, pp = 1, dp = 1;
   std::int64_t micro_batch = 1;
+  std::int64_t seq = 0;  // tokens per sequence T (0: the config's max_seq)
   int micro_batches = 1;
   std::string schedule = "1f1b";
   bool zero = false;
@@ -159,7 +160,7 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
                                                              << " pipeline stages of --pp " << l.pp);
   namespace pl = parallel::pipeline;
   const double tp = l.tp, C = static_cast<double>(c.dim), H = static_cast<double>(c.heads);
-  const double B = static_cast<double>(l.micro_batch), T = static_cast<double>(c.max_seq);
+  const double B = static_cast<double>(l.micro_batch), T = static_cast<double>(l.seq > 0 ? l.seq : c.max_seq);
   const double BT = B * T, BTC = BT * C, a = t.value_bytes;
   const std::int64_t unit = c.pad_multiple * l.tp;
   const std::int64_t v_local = (c.vocab + unit - 1) / unit * unit / l.tp;  // VocabPartition::local()
