@@ -34,6 +34,9 @@
 //              (gpipe, 1f1b, zb-h1); memory is the largest rank's
 //   tensor     --tp N: groups of N consecutive ranks (tensor axis fastest) split each block's heads
 //              and MLP and the vocabulary, and see the same tokens; MFU is per GPU
+//   sizes      --model-size 124m|350m|1.3b|2.7b|6.7b (models/gpt.hpp); --dry-run prints the memory
+//              estimate per rank kind (models/gpt_memory.hpp) and exits; every run prints it beside
+//              the measured phases (gpt_train_memory "after":"estimate": the largest rank's)
 //   profile    --cuda-profile: one more step between cudaProfilerStart and cudaProfilerStop, for
 //              ncu --profile-from-start off (bench/gpt_train/kernel-diff.sh compares two such runs)
 #include "../support/memory_phases.cuh"
@@ -50,6 +53,7 @@
 #include <dpml/kernels/cuda/gemm/dispatch.hpp>
 #include <dpml/layers/init.hpp>
 #include <dpml/models/gpt.hpp>
+#include <dpml/models/gpt_memory.hpp>
 #include <dpml/optim/adamw.hpp>
 #include <dpml/optim/loss_scale.hpp>
 #include <dpml/parallel/device_grid.hpp>
@@ -94,6 +98,8 @@ struct Options {
   std::int64_t micro_batch = 0;       // sequences per micro-batch (0: --batch, one micro-batch)
   std::string schedule = "1f1b";      // pipeline schedule
   bool cuda_profile = false;          // one more step between cudaProfilerStart/Stop (ncu --profile-from-start off)
+  std::string model_size;             // a named shape (models::kGptPresets); --layers/--dim/--heads/--seq override it
+  bool dry_run = false;               // print the memory estimate and exit before any CUDA call
   int micro_batches() const { return static_cast<int>(batch / micro_batch); }
 };
 
@@ -119,6 +125,9 @@ bool parse(int argc, char** argv, int rank, Options& o) {
       .flag("--tensor-model-parallel-size", o.tp, "Megatron's name for --tp", train::at_least(1))
       .flag("--pipeline-schedule", o.schedule, "the micro-batches' order on the stages: gpipe | 1f1b | zb-h1")
       .flag("--seq", o.seq, "tokens per sequence", train::at_least(1))
+      .flag("--model-size", o.model_size, "a named shape: 124m | 350m | 1.3b | 2.7b | 6.7b (models/gpt.hpp); --layers, --dim, "
+            "--heads, --seq beside it override its values", [](const std::string& v) { (void)models::gpt_preset(v); })
+      .flag("--dry-run", o.dry_run, "print each rank kind's estimated memory (models/gpt_memory.hpp) and exit, no GPU needed")
       .flag("--layers", o.model.layers, "transformer blocks (GPT-2 124M: 12)", train::at_least(1))
       .flag("--heads", o.model.heads, "attention heads (GPT-2 124M: 12)", train::at_least(1))
       .flag("--dim", o.model.dim, "model width (GPT-2 124M: 768)", train::at_least(1))
@@ -138,6 +147,9 @@ bool parse(int argc, char** argv, int rank, Options& o) {
             "after the timed steps, one more step between cudaProfilerStart and cudaProfilerStop, for ncu "
             "--profile-from-start off (bench/gpt_train/kernel-diff.sh: per-kernel time of two runs)");
   if (!args.parse(argc, argv, rank)) return false;
+  const char* shape_flags[] = {"--layers", "--dim", "--heads", "--seq"};
+  models::apply_gpt_preset(o.model_size, [&](int i) { return args.given(shape_flags[i]); }, o.model.layers, o.model.dim,
+                           o.model.heads, o.seq);
   o.model.recompute_gelu = recompute_gelu != 0;
   DPML_REQUIRE_EVERYWHERE(o.schedule == "gpipe" || o.schedule == "1f1b" || o.schedule == "zb-h1" || o.schedule == "zbh1",
                           "gpt_train: --pipeline-schedule " << o.schedule << " is not gpipe, 1f1b or zb-h1");
@@ -149,6 +161,17 @@ bool parse(int argc, char** argv, int rank, Options& o) {
                                                                          << " stages (every stage needs a block)");
   o.model.max_seq = std::max(o.model.max_seq, o.seq);
   return true;
+}
+
+// The estimate of models/gpt_memory.hpp for this launch (every rank kind), GPU terms.
+models::GptMemoryEstimate estimate(const Options& o, int ranks) {
+  const int dp = ranks / (o.tp * o.pp);
+  models::GptConfig c = o.model;
+  c.pad_multiple = std::max(1, 128 / o.tp);
+  return models::estimate_gpt_memory(c, {.tp = o.tp, .pp = o.pp, .dp = std::max(dp, 1), .micro_batch = o.micro_batch, .seq = o.seq,
+                                         .micro_batches = o.micro_batches(), .schedule = o.schedule == "zbh1" ? "zb-h1" : o.schedule,
+                                         .zero = o.distributed_optimizer},
+                                     models::GptMemoryTerms::gpu());
 }
 
 // bf16 GEMM peak: TFLOP/s of a square cuBLASLt GEMM of side n.
@@ -364,6 +387,8 @@ int run(const Options& o, const comm::Mpi& world) {
               o.distributed_optimizer ? "true" : "false",
               r.exposed_ms, r.ms_min, r.ms_median, r.launch_median);
   dpml::bench::print_memory_phases("gpt_train_memory", impl, r.mem_parts);  // rank 0's
+  std::printf("{\"bench\":\"gpt_train_memory\",\"impl\":\"%s\",\"after\":\"estimate\",\"gib\":%.3f}\n", impl,
+              estimate(o, ranks).largest().total() / (1 << 30));  // models/gpt_memory.hpp's, beside mem_gib (the largest rank's)
 
   std::printf("\nGPT-2 (L=%lld d=%lld H=%lld V=%lld) B=%lld (%d × %lld) T=%lld on %d × %s (tp %d × dp %d × pp %d), %s + fp32 master, AdamW, clip 1.0\n",
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
@@ -385,6 +410,10 @@ int main(int argc, char** argv) {
   return dpml::run(argc, argv, [&](const comm::Mpi& world) {
     Options o;
     if (!parse(argc, argv, world.rank(), o)) return 0;  // --help: printed, before any CUDA call
+    if (o.dry_run) {
+      if (world.rank() == 0) std::fputs(models::memory_table(estimate(o, world.size()), 0, "GPU").c_str(), stdout);
+      return 0;
+    }
     DPML_REQUIRE_EVERYWHERE(cuda_device_count() > 0, "gpt_train: no CUDA device");
     comm::select_device(world);
     return o.precision == "fp16" ? run<kc::f16>(o, world) : run<bf16>(o, world);

@@ -30,8 +30,15 @@
 // master weights and moments in the CPU's format — or starts fresh with a message when DIR has
 // none. Corrupt checkpoints are skipped (named); when all are, the run stops unless
 // --resume-fresh-if-corrupt. A failed save is reported and retried at the next interval;
-// --save-max-failures K in a row stop the run. A model that cannot fit in a rank's host memory
-// is refused with the estimate before anything is allocated. A resume refuses a --seed or data (--data-path, its token count) other than the
+// --save-max-failures K in a row stop the run.
+//
+// Sizes: --model-size 124m|350m|1.3b|2.7b|6.7b names a shape (models/gpt.hpp: kGptPresets); the
+// shape flags given beside it override its values. Memory (models/gpt_memory.hpp): --dry-run
+// prints each rank kind's estimate — parameters, gradients, optimizer state (sharded by --zero),
+// activations per micro-batch in flight, buffers, workspace and NCCL — against the memory a rank
+// has (--gpu-memory-gib G plans a GPU run on any machine) and exits 0 without allocating or reading
+// the data; without it a layout whose estimate exceeds that memory is refused before anything is
+// allocated, naming the flags and the estimate. A resume refuses a --seed or data (--data-path, its token count) other than the
 // checkpoint's, which would change the data order, unless --override-resume-config. --export
 // FILE.safetensors writes the model with GPT-2's names at the end; --export DIR/ (a path ending
 // in '/', or an existing directory) writes a Hugging Face directory instead — model.safetensors
@@ -63,6 +70,7 @@
 #include <dpml/data/token_shards.hpp>
 #include <dpml/layers/init.hpp>
 #include <dpml/models/gpt.hpp>
+#include <dpml/models/gpt_memory.hpp>
 #include <dpml/optim/adamw.hpp>
 #include <dpml/optim/loss_scale.hpp>
 #include <dpml/optim/schedule.hpp>
@@ -116,6 +124,9 @@ struct Flags {
   int ranks_per_node = 0;
   std::int64_t micro_batch = 4, global_batch = 32;
   std::int64_t layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0;
+  std::string model_size;        // a named shape (models::kGptPresets); explicit shape flags override it
+  bool dry_run = false;          // print the memory estimate per rank kind and exit
+  double gpu_memory_gib = 0;     // plan against this much per GPU instead of the device's (0: the device's)
   bool recompute = false;
   std::int64_t iters = 600, warmup = -1, eval_interval = 100, log_interval = 20;  // warmup -1: iters / 10
   double lr = 3e-3, min_lr = 3e-4, weight_decay = 0.1, clip = 1.0;
@@ -197,6 +208,14 @@ std::function<void(std::int64_t)> failing_save(std::int64_t from_step, const std
     throw std::system_error(ENOSPC, std::generic_category(), "cannot write '" + path + "' (--inject-fault save-fail:" +
                                                                  std::to_string(from_step) + ")");
   };
+}
+
+// The model as --device cuda builds it: one GELU output for all blocks, recomputed in the backward;
+// V padded to a multiple of 128 (for tp | 128). The memory estimate sees the same.
+models::GptConfig on_gpu(models::GptConfig c, int tp) {
+  c.recompute_gelu = true;
+  c.pad_multiple = std::max<std::int64_t>(1, 128 / tp);
+  return c;
 }
 
 // Token shards: a glob, a *.bin path or a file that starts with the llm.c magic; text otherwise.
@@ -380,8 +399,7 @@ train::GptTrainOptions train_options_of(const Flags& f) {
 template <class T, class Comm>
 int train_on_gpu(models::GptConfig config, const parallel::ProcessGrid& grid, const Run& run) {
   const Flags& f = run.f;
-  config.recompute_gelu = true;                           // one GELU output for all blocks
-  config.pad_multiple = std::max<std::int64_t>(1, 128 / f.tp);  // V padded to a multiple of 128 (for tp | 128)
+  config = on_gpu(config, f.tp);
   kernels::Device<CudaSpace> dev;
   return parallel::with_strategy(f.schedule, f.zero, f.dp_allreduce, [&]<class Strategy>() {
     const parallel::DeviceGrid<Comm, parallel::data_comm_t<Strategy, Comm>> comms(grid, dev);
@@ -430,6 +448,16 @@ int main(int argc, char** argv) {
               train::at_least(0))
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
+        .flag("--model-size", f.model_size,
+              "a named shape: 124m | 350m (GPT-2, T 1024) | 1.3b | 2.7b | 6.7b (GPT-3, T 2048); --num-layers, --hidden-size, "
+              "--num-attention-heads, --seq-length given beside it override its values",
+              [](const std::string& v) { (void)models::gpt_preset(v); })
+        .flag("--dry-run", f.dry_run,
+              "print each rank kind's estimated memory (parameters, gradients, optimizer state, activations, buffers, "
+              "workspace) against the memory a rank has, then exit 0 without allocating or reading the data")
+        .flag("--gpu-memory-gib", f.gpu_memory_gib,
+              "--device cuda: plan against this many GiB per GPU instead of the device's free memory (0: the device's; "
+              "with --dry-run no GPU is needed)", train::at_least(0.0))
         .flag("--num-layers", f.layers, "transformer blocks", train::at_least(1))
         .flag("--hidden-size", f.hidden, "model width C", train::at_least(1))
         .flag("--num-attention-heads", f.heads, "attention heads", train::at_least(1))
@@ -475,6 +503,8 @@ int main(int argc, char** argv) {
         .flag("--loss-log", f.loss_log, "rank 0 writes 'step loss(hex) loss' per step to this file")
         .flag("--inject-fault", f.faults, "tests only: kill:R:S, kill-after:R:N, hang:R:N, nan:N, slow-save:MS, save-fail:N");
     if (!args.parse(argc, argv, world.rank())) return 0;
+    const char* shape_flags[] = {"--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"};
+    models::apply_gpt_preset(f.model_size, [&](int i) { return args.given(shape_flags[i]); }, f.layers, f.hidden, f.heads, f.seq);
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
     DPML_REQUIRE_EVERYWHERE(!f.fp16 || f.device == "cuda", "--fp16 trains IEEE fp16 on GPUs (--device cuda); CPU ranks train fp32 "
@@ -500,11 +530,14 @@ int main(int argc, char** argv) {
         std::raise(SIGKILL);
       }).detach();
 #ifdef DPML_WITH_CUDA
-    std::optional<comm::GpuPlacement> gpus;  // --device cuda
-    if (f.device == "cuda") gpus = place_ranks_on_gpus(world, f.gpu_comm);  // before any CUDA allocation
+    std::optional<comm::GpuPlacement> gpus;  // --device cuda (not for a dry run against --gpu-memory-gib: no GPU needed)
+    if (f.device == "cuda" && !(f.dry_run && f.gpu_memory_gib > 0))
+      gpus = place_ranks_on_gpus(world, f.gpu_comm);  // before any CUDA allocation
     const bool staged = gpus && gpus->comm == comm::GpuComm::staged;
 #else
-    DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset)");
+    DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || (f.dry_run && f.gpu_memory_gib > 0),
+                            "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset; "
+                            "--dry-run --gpu-memory-gib G plans a GPU run without one)");
 #endif
     auto grid = ProcessGrid::create(world, {.tp = f.tp, .pp = f.pp, .ranks_per_node = f.ranks_per_node});
     const int dp_rank = grid.coord(Axis::data);
@@ -514,6 +547,38 @@ int main(int argc, char** argv) {
     data::TokenSplit split;
     const bool shards = is_token_shards(f.data);
     if (f.vocab == 0) f.vocab = shards ? data::kTokenShardVocab : data::kByteVocab;
+    const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
+                                   .dim = f.hidden, .recompute = f.recompute};
+    {  // the estimate per rank kind: printed (--dry-run), or a size that cannot fit refused now, not by
+       // std::bad_alloc or cudaErrorMemoryAllocation later
+      const bool gpu = f.device == "cuda";
+      const models::GptLayout layout{.tp = f.tp, .pp = f.pp, .dp = grid.dp(), .micro_batch = f.micro_batch,
+                                     .micro_batches = static_cast<int>(std::max<std::int64_t>(1, f.global_batch / (f.micro_batch * grid.dp()))),
+                                     .schedule = f.schedule, .zero = f.zero};
+      const auto estimate = models::estimate_gpt_memory(gpu ? on_gpu(config, f.tp) : config, layout,
+                                                        gpu ? models::GptMemoryTerms::gpu() : models::GptMemoryTerms::host());
+      double have = gpu ? f.gpu_memory_gib * (1 << 30) : train::host_bytes_per_rank(world);
+      const char* memory = gpu ? train::kPlannedMemory : train::kHostMemory;
+#ifdef DPML_WITH_CUDA
+      if (gpu && f.gpu_memory_gib == 0) have = train::device_bytes_per_rank(world, *gpus), memory = train::kDeviceMemory;
+#endif
+      if (f.dry_run) {
+        if (world.rank() == 0) std::fputs(models::memory_table(estimate, have, gpu ? "GPU" : "host").c_str(), stdout);
+        return 0;
+      }
+      const models::GptStageMemory& big = estimate.largest();
+      std::ostringstream what;
+      what.precision(3);
+      constexpr double GiB = 1 << 30;
+      what << "the GPT of --num-layers " << f.layers << ", --hidden-size " << f.hidden << ", --num-attention-heads " << f.heads
+           << ", --vocab-size " << f.vocab << ", --seq-length " << f.seq << ", --micro-batch " << f.micro_batch << " on --tp "
+           << f.tp << " --pp " << f.pp << " (dp " << grid.dp() << ", --schedule " << f.schedule << (f.zero ? ", --zero" : "")
+           << ") — on pipeline stage " << big.stage << ": parameters " << big.parameters / GiB << ", gradients " << big.gradients / GiB
+           << ", optimizer state " << big.optimizer / GiB << ", activations " << big.activations / GiB << " (micro-batches in flight: "
+           << big.in_flight << "), buffers " << big.buffers / GiB << ", workspace " << big.workspace / GiB
+           << " GiB, --dry-run shows every rank kind —";
+      train::require_fits(world, big.total(), have, what.str(), memory);
+    }
     if (shards) {  // memory-mapped: each rank reads only its windows (every id checked once, validation part included)
       const auto all = data::TokenStore::map_shards({f.data}, f.vocab);
       const auto cut = all.size() - all.size() / 20;
@@ -527,23 +592,6 @@ int main(int argc, char** argv) {
     auto& train_data = lm.train;
     const double unigram = lm.unigram_entropy;
 
-    const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
-                                   .dim = f.hidden, .recompute = f.recompute};
-    {  // a size that cannot fit is refused now, not by std::bad_alloc or cudaErrorMemoryAllocation later
-      const bool gpu = f.device == "cuda";
-      const auto terms = gpu ? models::GptMemoryTerms::gpu_trainer(f.zero ? grid.dp() : 1) : models::GptMemoryTerms{};
-      const auto bound = models::gpt_memory_lower_bound(config, f.tp, f.pp, f.micro_batch, terms);
-      std::ostringstream what;
-      what.precision(3);
-      what << "the GPT's parameters with their gradients and AdamW state (" << bound.state / (1 << 30)
-           << " GiB: --num-layers " << f.layers << ", --hidden-size " << f.hidden << ", --vocab-size " << f.vocab
-           << ") and one micro-batch's logits and attention (" << bound.activations / (1 << 30) << " GiB: --micro-batch "
-           << f.micro_batch << ", --seq-length " << f.seq << ", --num-attention-heads " << f.heads << ")";
-#ifdef DPML_WITH_CUDA
-      if (gpu) train::require_fits(world, bound.total(), train::device_bytes_per_rank(world, *gpus), what.str(), train::kDeviceMemory);
-#endif
-      if (!gpu) train::require_fits(world, bound.total(), train::host_bytes_per_rank(world), what.str());
-    }
     if (world.rank() == 0)
       std::printf("dpml train_gpt: %s%s | schedule %s%s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
                   f.device == "cpu" ? "" : f.fp16 ? "GPUs (fp16) " : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",

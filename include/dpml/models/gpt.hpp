@@ -99,38 +99,41 @@ struct GptConfig {
   }
 };
 
-// A lower bound of the bytes the largest rank of a (tp, pp) layout holds for this GPT, in double
-// (the sizes it is for overflow 64-bit counts): `state` — the parameters of its blocks (L/(tp·pp)
-// of them) and its share of the token embedding (V·C/tp: the first stage's, and the last stage's
-// tied copy), each with `state_bytes` of value, gradient and optimizer state; `activations` — one
-// micro-batch's logits (B·T·V/tp) and, with `attention_probabilities` (the host's attention keeps
-// them), its probabilities (B·H/tp·T² per block of a stage), `activation_bytes` each.
-// train::require_fits refuses a layout whose bound does not fit (train/memory_fit.hpp).
-struct GptMemoryBound {
-  double state = 0, activations = 0;
-  double total() const noexcept { return state + activations; }
+// Named sizes (--model-size): GPT-2's 124M and 350M (T = 1024) and GPT-3's 1.3B, 2.7B and 6.7B
+// (Brown et al. 2020, table 2.1; T = 2048). Layers, width, heads and sequence only: the
+// vocabulary is the data's. Heads are chosen so that the head dimension is one the GPU's attention
+// kernels take (32, 64, 128): 1.3B has 16 heads of 128 (GPT-3's table says 24 heads of 128, which
+// does not multiply to 2048; 16 keeps its head dimension), 2.7B 20 heads of 128 (GPT-3: 32 heads
+// of 80, a head dimension those kernels do not take; --num-attention-heads 32 still asks for it on
+// CPU ranks).
+struct GptPreset {
+  const char* name;
+  std::int64_t layers, dim, heads, seq;
 };
-// The defaults are the host trainer's (fp32 throughout; its attention keeps the probabilities).
-struct GptMemoryTerms {
-  double state_bytes = 16;      // per parameter: fp32 value, gradient, AdamW's two moments
-  double activation_bytes = 4;  // per activation element
-  bool attention_probabilities = true;
+inline constexpr GptPreset kGptPresets[] = {
+    {"124m", 12, 768, 12, 1024},  {"350m", 24, 1024, 16, 1024}, {"1.3b", 24, 2048, 16, 2048},
+    {"2.7b", 32, 2560, 20, 2048}, {"6.7b", 32, 4096, 32, 2048},
+};
+// The preset called `name`, refused on every rank with the list when there is none.
+inline const GptPreset& gpt_preset(const std::string& name) {
+  for (const GptPreset& p : kGptPresets)
+    if (name == p.name) return p;
+  DPML_REQUIRE_EVERYWHERE(false, "--model-size " << name << " is not one of 124m, 350m, 1.3b, 2.7b, 6.7b");
+  return kGptPresets[0];
+}
 
-  // The GPU trainer's (CudaSpace, bf16): per parameter a bf16 value and gradient (2 + 2)
-  // and an fp32 master copy and AdamW's two moments (4 + 8, split over the `zero_shards` data ranks
-  // under ZeRO-1; 1: not sharded); bf16 activations; flash attention keeps no probabilities.
-  static constexpr GptMemoryTerms gpu_trainer(int zero_shards = 1) {
-    return {.state_bytes = 4.0 + 12.0 / zero_shards, .activation_bytes = 2.0, .attention_probabilities = false};
-  }
-};
-inline GptMemoryBound gpt_memory_lower_bound(const GptConfig& c, int tp, int pp, std::int64_t micro_batch, GptMemoryTerms t = {}) {
-  const double C = static_cast<double>(c.dim), L = static_cast<double>(c.layers), V = static_cast<double>(c.vocab);
-  const double T = static_cast<double>(c.max_seq), H = static_cast<double>(c.heads), B = static_cast<double>(micro_batch);
-  const double stage_blocks = std::floor(L / pp);
-  GptMemoryBound m;
-  m.state = t.state_bytes * (stage_blocks * (12 * C * C + 13 * C) / tp + V * C / tp);
-  m.activations = t.activation_bytes * (B * T * V / tp + (t.attention_probabilities ? stage_blocks * B * (H / tp) * T * T : 0.0));
-  return m;
+// A program's shape flags filled from preset `name` ("": none) where the command line did not
+// name them: given(i) for i = 0 layers, 1 width, 2 heads, 3 sequence length (train::Args::given
+// of the program's own flag names), so that explicit flags override the preset.
+template <class Given>
+void apply_gpt_preset(const std::string& name, Given&& given, std::int64_t& layers, std::int64_t& dim, std::int64_t& heads,
+                      std::int64_t& seq) {
+  if (name.empty()) return;
+  const GptPreset& p = gpt_preset(name);
+  std::int64_t* fields[] = {&layers, &dim, &heads, &seq};
+  const std::int64_t values[] = {p.layers, p.dim, p.heads, p.seq};
+  for (int i = 0; i < 4; ++i)
+    if (!given(i)) *fields[i] = values[i];
 }
 
 // Blocks [first, first + count) of a pipeline stage (shared with the GPU model).

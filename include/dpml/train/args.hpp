@@ -8,7 +8,8 @@
 // and every rank exits 1, before any MPI work of the program's own. --help shows each flag's kind
 // (<int>, <number>, <text>; switches take none); --check-flags checks every flag's value and
 // exits, doing nothing (the program's checks across flags — a layout that does not divide — come
-// later): tests/train/flag_corpus.py drives every program's flags through it.
+// later): tests/train/flag_corpus.py drives every program's flags through it. given(name) tells
+// whether the command line named a flag (a preset such as --model-size fills only the others).
 //
 // Output paths a flag names are checked the same way, before any work is done, on every rank
 // alike: a file (require_writable_output) or a directory the program makes
@@ -128,10 +129,12 @@ class Args {
       if (!f && a.starts_with("--no-")) {
         if (Flag* b = find("--" + std::string(a.substr(5))); b && b->is_bool) {
           b->set("false");
+          given_.push_back(b->name);
           continue;
         }
       }
       DPML_REQUIRE_EVERYWHERE(f != nullptr, "unknown flag '" << a << "' (see " << program_ << " --help)");
+      given_.push_back(f->name);
       if (f->is_bool && !has_value) {
         f->set("true");
         continue;
@@ -144,6 +147,13 @@ class Args {
     }
     if (check_only && rank == 0) std::printf("%s: flags accepted\n", program_.c_str());
     return !check_only;
+  }
+
+  // Whether the last parse saw `name` (or its --no- form) on the command line.
+  bool given(std::string_view name) const {
+    for (const auto& g : given_)
+      if (g == name) return true;
+    return false;
   }
 
   std::string help() const {
@@ -216,6 +226,7 @@ class Args {
 
   std::string program_, description_;
   std::vector<Flag> flags_;
+  std::vector<std::string> given_;  // the flags named by the last parse
 };
 
 // An output file a flag names ("" : none) must be creatable before any work is done, so that a

@@ -1,15 +1,15 @@
 #pragma once
-// Refusing a size that cannot fit, before anything is allocated: a program estimates a lower
-// bound of the bytes its largest rank will hold (models::Gpt: gpt_memory_lower_bound) and
-// require_fits compares it with the memory a rank of this launch has — on the host, the node's
-// MemAvailable (/proc/meminfo; else the free physical pages) shared by the node's ranks; on a GPU
-// (CUDA translation units), its free device memory shared by the node's ranks on that GPU
-// (comm::GpuPlacement::gpu_ranks) — the smallest over the world. Too large is one Error on every
-// rank alike, naming the estimate, what drives it (the flags) and what is there, instead of a
-// std::bad_alloc naming nothing after minutes of set-up. The bound is low on purpose: a run it refuses cannot fit; one it accepts
-// may still not (buffers, more micro-batches in flight, the allocator's slack).
+// Refusing a size that cannot fit, before anything is allocated: a program estimates the bytes its
+// largest rank will hold (models::Gpt: models::estimate_gpt_memory, models/gpt_memory.hpp — what
+// the layers, trainer and optimizer really allocate) and require_fits compares it with the memory
+// a rank of this launch has — on the host, the node's MemAvailable (/proc/meminfo; else the free
+// physical pages) shared by the node's ranks; on a GPU (CUDA translation units), its free device
+// memory shared by the node's ranks on that GPU (comm::GpuPlacement::gpu_ranks) — the smallest
+// over the world. Too large is one Error on every rank alike, naming the estimate, what drives it
+// (the flags) and what is there, instead of a std::bad_alloc naming nothing after minutes of
+// set-up. An estimate is not a bound: a run within a few percent of the memory may still fail.
 //
-//   const double need = models::gpt_memory_lower_bound(cfg, tp, pp, micro_batch, {...}).total();
+//   const double need = models::estimate_gpt_memory(cfg, layout, terms).largest().total();
 //   train::require_fits(world, need, train::host_bytes_per_rank(world), "the GPT of --num-layers …");
 //   train::require_fits(world, need_on_gpu, train::device_bytes_per_rank(world, gpus), "…", train::kDeviceMemory);
 
@@ -68,8 +68,9 @@ inline double device_bytes_per_rank(const comm::Mpi& world, const comm::GpuPlace
 // What `have` of require_fits is, for its message.
 inline constexpr const char* kHostMemory = "the node's available memory over its ranks";
 inline constexpr const char* kDeviceMemory = "the GPU's free memory over the ranks on it";
+inline constexpr const char* kPlannedMemory = "--gpu-memory-gib";
 
-// Refuses, on every rank alike, a run whose lower bound `need` (bytes, this rank's; the largest
+// Refuses, on every rank alike, a run whose estimate `need` (bytes, this rank's; the largest
 // over the world is compared) exceeds `have` (bytes a rank has, the same on every rank).
 // `what`: the estimate's parts and the flags that drive them, for the message; `memory`: what
 // `have` is (kHostMemory, kDeviceMemory). Collective.
@@ -78,7 +79,7 @@ inline void require_fits(const comm::Mpi& world, double need, double have, const
   need = world.allreduce(need, comm::ReduceOp::max);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   char sizes[160];
-  std::snprintf(sizes, sizeof sizes, "at least %.3g GiB on a rank, more than the %.3g GiB a rank has", need / kGiB,
+  std::snprintf(sizes, sizeof sizes, "an estimated %.3g GiB on a rank, more than the %.3g GiB a rank has", need / kGiB,
                 have / kGiB);
   DPML_REQUIRE_EVERYWHERE(need <= have, what << " need " << sizes
                                              << " (" << memory << "): make them smaller or "

@@ -1,0 +1,146 @@
+// models::estimate_gpt_memory (models/gpt_memory.hpp) against what a host models::Gpt really holds:
+//
+//   parameters   the estimate's count per stage equals the elements of the tensors a Gpt<float>
+//                built on this world's (tp, pp) layouts holds (counted off parameters(), not off
+//                the estimator's formula), vocabulary padding and uneven stages included
+//   activations  the bytes a forward and backward leave allocated (activations kept per
+//                micro-batch, the head, the Device's shared scratch) equal the estimate's
+//                activations + buffers, for one and two micro-batches in flight, with and without
+//                GELU recompute and full recomputation. Measured by counting the bytes of the
+//                64-byte-aligned operator new that HostSpace (and nothing else here) allocates with
+//   ZeRO-1       divides the master weights and moments by dp (and adds the gradient shard)
+//
+// The refusal message of train_gpt (naming the flags) and its --dry-run are tests/gpt/CMakeLists'
+// gpt_refuses_too_large and gpt_dry_run_*.
+#include "test.hpp"
+
+#include <dpml/layers/init.hpp>
+#include <dpml/models/gpt.hpp>
+#include <dpml/models/gpt_memory.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+namespace {
+// Bytes held through the aligned operator new (HostSpace::allocate: alignment 64). Each block
+// carries its size in a 64-byte header, so that the unsized delete knows it.
+std::atomic<std::int64_t> g_aligned_bytes{0};
+constexpr std::size_t kHeader = 64;
+}  // namespace
+
+void* operator new(std::size_t n, std::align_val_t al) {
+  const auto a = std::max<std::size_t>(static_cast<std::size_t>(al), kHeader);
+  void* raw = std::aligned_alloc(a, (n + kHeader + a - 1) / a * a + a);
+  if (!raw) throw std::bad_alloc();
+  auto* p = static_cast<unsigned char*>(raw) + a;
+  reinterpret_cast<std::size_t*>(p - kHeader)[0] = n;
+  reinterpret_cast<std::size_t*>(p - kHeader)[1] = a;
+  g_aligned_bytes += static_cast<std::int64_t>(n);
+  return p;
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  if (!p) return;
+  auto* q = static_cast<unsigned char*>(p);
+  const std::size_t n = reinterpret_cast<std::size_t*>(q - kHeader)[0], a = reinterpret_cast<std::size_t*>(q - kHeader)[1];
+  g_aligned_bytes -= static_cast<std::int64_t>(n);
+  std::free(q - a);
+}
+void operator delete(void* p, std::size_t, std::align_val_t al) noexcept { operator delete(p, al); }
+void* operator new[](std::size_t n, std::align_val_t al) { return operator new(n, al); }
+void operator delete[](void* p, std::align_val_t al) noexcept { operator delete(p, al); }
+void operator delete[](void* p, std::size_t, std::align_val_t al) noexcept { operator delete(p, al); }
+
+using namespace dpml;
+
+namespace {
+// 67 tokens: padded on every tp; 3 layers: uneven stages at pp 2.
+models::GptConfig small(std::int64_t pad = 1) {
+  return {.vocab = 67, .max_seq = 8, .layers = 3, .heads = 4, .dim = 16, .pad_multiple = pad};
+}
+}  // namespace
+
+TEST_CASE("estimate_gpt_memory: each stage's parameters are the elements a Gpt of that layout holds", "[gpt][memory]") {
+  const auto world = test::world();
+  for (int tp : {1, 2, 4})
+    for (int pp : {1, 2})
+      for (std::int64_t pad : {1, 8}) {
+        if (world.size() % (tp * pp) != 0) continue;
+        const auto grid = ProcessGrid::create(world, {.tp = tp, .pp = pp});
+        const models::GptConfig c = small(pad);
+        models::Gpt<float> model(c, grid);
+        std::int64_t held = 0;
+        for (const auto* p : model.parameters()) held += p->numel();
+        const auto e = models::estimate_gpt_memory(c, {.tp = tp, .pp = pp, .dp = grid.dp()}, models::GptMemoryTerms::host());
+        const auto& stage = e.stages.at(static_cast<std::size_t>(grid.coord(Axis::pipeline)));
+        CAPTURE(tp, pp, pad, grid.coord(Axis::pipeline));
+        CHECK(stage.parameter_elements == held);
+        CHECK(stage.parameters == 4.0 * static_cast<double>(held));
+        CHECK(stage.gradients == 4.0 * static_cast<double>(held));
+        CHECK(stage.optimizer == 8.0 * static_cast<double>(held));  // float: two moments, no master copy
+      }
+}
+
+TEST_CASE("estimate_gpt_memory: activations and buffers are the bytes a host forward and backward keep", "[gpt][memory]") {
+  const auto grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  constexpr std::int64_t B = 2;
+  struct Case {
+    bool recompute_gelu, recompute;
+    int in_flight;  // micro-batches forwarded before the first backward (GPipe's order)
+  };
+  for (const Case k : {Case{false, false, 1}, Case{true, false, 1}, Case{false, false, 2}, Case{true, false, 2},
+                       Case{false, true, 2}}) {
+    models::GptConfig c = small();
+    c.recompute_gelu = k.recompute_gelu;
+    c.recompute = k.recompute;
+    CAPTURE(k.recompute_gelu, k.recompute, k.in_flight);
+    models::Gpt<float> model(c, grid);
+    layers::initialize_all(model.parameters(), 7, &grid);
+    Tensor<std::int32_t> tokens(Shape{B, c.max_seq}), targets(Shape{B, c.max_seq});
+    for (std::int64_t i = 0; i < tokens.numel(); ++i) tokens.data()[i] = static_cast<std::int32_t>(i % c.vocab), targets.data()[i] = static_cast<std::int32_t>((3 * i) % c.vocab);
+    kernels::Device<HostSpace> dev;  // shared scratch of its own: nothing allocated before
+    layers::Context<HostSpace> ctx;
+    ctx.device = &dev;
+    ctx.global_batch = B * k.in_flight;
+
+    const std::int64_t before = g_aligned_bytes.load();
+    for (int mb = 0; mb < k.in_flight; ++mb) {
+      ctx.micro_batch = mb;
+      model.forward(ctx, tokens.cview(), {}, targets.cview());
+    }
+    for (int mb = 0; mb < k.in_flight; ++mb) {
+      ctx.micro_batch = mb;
+      model.backward_input(ctx, {});
+      model.backward_weight(ctx);
+    }
+    (void)model.take_loss();
+    const double kept = static_cast<double>(g_aligned_bytes.load() - before);
+
+    const auto e = models::estimate_gpt_memory(
+        c, {.micro_batch = B, .micro_batches = k.in_flight, .schedule = "gpipe"}, models::GptMemoryTerms::host());
+    const auto& s = e.stages.at(0);
+    CHECK(s.in_flight == k.in_flight);
+    const double tokens_of_trainer = 2.0 * k.in_flight * B * c.max_seq * 4;  // the trainer's copy of the batch: not made here
+    CHECK(kept == s.activations + s.buffers - tokens_of_trainer);
+  }
+}
+
+TEST_CASE("estimate_gpt_memory: ZeRO-1 divides the optimizer state over the data ranks", "[gpt][memory]") {
+  const models::GptConfig c{.vocab = 50257, .max_seq = 1024, .layers = 12, .heads = 12, .dim = 768, .pad_multiple = 128,
+                            .recompute_gelu = true};
+  const auto terms = models::GptMemoryTerms::gpu();
+  const auto plain = models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4}, terms).stages.at(0);
+  const auto zero = models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true}, terms).stages.at(0);
+  const double n = static_cast<double>(plain.parameter_elements);
+  CHECK(plain.optimizer == 12.0 * n);                // fp32 master and two moments
+  CHECK(zero.optimizer == 12.0 * n / 4 + 2.0 * n / 4);  // their shard, and the bf16 gradient shard
+  CHECK(zero.parameters == plain.parameters);
+  CHECK(zero.gradients == plain.gradients);
+  CHECK(zero.activations == plain.activations);
+  // 124M on one GPU, 16 sequences of 1024: what bench/gpt_train measured, 7.10 GiB (within 10 %).
+  const auto one = models::estimate_gpt_memory(c, {.micro_batch = 16}, terms).largest().total() / (1 << 30);
+  CHECK(one > 7.10 * 0.9);
+  CHECK(one < 7.10 * 1.1);
+}
