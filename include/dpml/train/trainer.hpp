@@ -20,7 +20,9 @@
 //   an activation slot (Context::micro_batch) reused once its micro-batch's W is done —
 //   pipeline::plan_buffers: the schedule's peak in flight (GPipe m, 1F1B p − s, ZB-H1 p), so the
 //   layers keep that many micro-batches' activations, not m
-//   the schedule's actions for this stage (GPipe | 1F1B | ZB-H1) through the pipeline executor:
+//   the schedule's actions for this stage (GPipe | 1F1B | ZB-H1 | interleaved 1F1B, whose v chunks
+//   per rank — TrainOptions::virtual_stages — are a LayerStage each, virtual stage c·pp + rank,
+//   every action naming its chunk) through the pipeline executor:
 //     F  forward of micro-batch i (first stage: the batch's inputs; others: the activation
 //        received); the last stage adds the loss
 //     B  backward_input (last stage: from the loss; others: the gradient received)
