@@ -1,5 +1,6 @@
-// pipeline_bubble: the idle fraction of each pipeline stage for GPipe, 1F1B and ZB-H1, beside the
-// theory of parallel/pipeline/schedule.hpp.
+// pipeline_bubble: the idle fraction of each pipeline stage for GPipe, 1F1B and ZB-H1 (and, on the
+// cost model, interleaved 1F1B with v = 2 and 4 chunks per rank, each chunk 1/v of a stage's
+// F, B and W), beside the theory of parallel/pipeline/schedule.hpp.
 //
 //   pipeline_bubble --simulate                 # cost model, pp = 2 and 4, m = 4 and 8
 //   mpiexec -n 2 pipeline_bubble               # measured: pp = world size, m = 4 and 8
@@ -53,10 +54,13 @@ struct Row {
   std::vector<double> per_stage;
 };
 
+// `c`: a stage's costs; under interleaving each chunk's are c / v.
 template <class Tag>
-Row simulate_row(const char* name, int p, int m, const pl::Costs& c) {
-  const auto sim = pl::simulate(pl::make_schedule(Tag{}, p, m), c);
-  Row r{name, p, m, pl::theory_bubble(Tag{}, p, m, c), sim.bubble_fraction(), -1, {}};
+Row simulate_row(const char* name, int p, int m, const pl::Costs& stage_costs, Tag tag = {}) {
+  const double v = pl::chunks_of(tag);
+  const pl::Costs c{stage_costs.forward / v, stage_costs.backward_input / v, stage_costs.backward_weight / v, stage_costs.comm};
+  const auto sim = pl::simulate(pl::make_schedule(tag, p, m), c);
+  Row r{name, p, m, pl::theory_bubble(tag, p, m, c), sim.bubble_fraction(), -1, {}};
   for (const auto& s : sim.stages) r.per_stage.push_back(s.idle / sim.makespan);
   return r;
 }
@@ -118,7 +122,8 @@ int main(int argc, char** argv) {
     double f_ms = 4, b_ms = 4, w_ms = 4;
     int width = 4096, steps = 3;
     dpml::train::Args args("pipeline_bubble",
-                           "Pipeline bubble (idle fraction per stage) of GPipe, 1F1B and ZB-H1 beside the theory.\n"
+                           "Pipeline bubble (idle fraction per stage) of GPipe, 1F1B, ZB-H1 and (--simulate) interleaved\n"
+                           "1F1B with 2 and 4 chunks per rank beside the theory.\n"
                            "Measured mode: pp = number of ranks (mpiexec -n 2 or 4), m = 4 and 8.");
     args.flag("--simulate", simulate_only, "cost model only, pp = 2 and 4 (any number of ranks; rank 0 prints)")
         .flag("--f-ms", f_ms, "forward time per micro-batch and stage, ms", dpml::train::at_least(0.0))
@@ -137,6 +142,8 @@ int main(int argc, char** argv) {
           rows.push_back(simulate_row<pl::GPipe>("gpipe", p, m, c));
           rows.push_back(simulate_row<pl::OneFOneB>("1f1b", p, m, c));
           rows.push_back(simulate_row<pl::ZeroBubbleH1>("zb-h1", p, m, c));
+          rows.push_back(simulate_row("ilv-v2", p, m, c, pl::Interleaved1F1B{2}));
+          rows.push_back(simulate_row("ilv-v4", p, m, c, pl::Interleaved1F1B{4}));
         } else {
           rows.push_back(measure_row<pl::GPipe>("gpipe", world, m, c, width, steps));
           rows.push_back(measure_row<pl::OneFOneB>("1f1b", world, m, c, width, steps));

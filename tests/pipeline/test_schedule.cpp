@@ -173,3 +173,119 @@ TEST_CASE("schedules: bad sizes are refused", "[pipeline]") {
   CHECK_THROWS_AS(pl::make_schedule(pl::OneFOneB{}, 0, 4), dpml::Error);
   CHECK_THROWS_AS(pl::make_schedule(pl::GPipe{}, 2, 0), dpml::Error);
 }
+
+TEST_CASE("interleaved 1F1B: every table for p 2-8, v 2-4 and m a multiple of p passes the validator", "[pipeline][interleaved]") {
+  for (int p : {2, 3, 4, 8})
+    for (int v : {2, 3, 4})
+      for (int m : {p, 2 * p, 3 * p}) {
+        CAPTURE(p, v, m);
+        const pl::Schedule s = pl::make_schedule(pl::Interleaved1F1B{v}, p, m);
+        const dpml::Status st = pl::check_schedule(s, p, m, v);
+        INFO(st.message() << '\n' << pl::to_string(s, true));
+        CHECK(st.ok());
+        CHECK(pl::chunks_in(s) == v);
+        // One F, B and W per (chunk, micro-batch) on each rank: 3·m·v compute actions.
+        for (const auto& l : s) CHECK(std::count_if(l.begin(), l.end(), [](const Action& a) { return pl::is_compute(a.op); }) == 3 * m * v);
+        // The same table read as one of fewer chunks is refused: it names chunks outside the range.
+        CHECK_FALSE(pl::check_schedule(s, p, m, v - 1).ok());
+      }
+  // One chunk per rank is the 1F1B table.
+  CHECK(pl::make_schedule(pl::Interleaved1F1B{1}, 4, 6) == pl::make_schedule(pl::OneFOneB{}, 4, 6));
+}
+
+TEST_CASE("interleaved 1F1B: Megatron's order — warm-up, chunks in groups of p, backward last chunk first", "[pipeline][interleaved]") {
+  // p = 2, v = 2, m = 4: rank 0 warms up with (p−0−1)·2 + (v−1)·p = 4 forwards, rank 1 with 2.
+  CHECK(pl::to_string(pl::make_schedule(pl::Interleaved1F1B{2}, 2, 4)) ==
+        "stage 0: F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 W0.1 F3.0 B1.1 W1.1 F2.1 B0.0 W0.0 F3.1 B1.0 W1.0 B2.1 W2.1 B3.1 W3.1 B2.0 W2.0 B3.0 W3.0\n"
+        "stage 1: F0.0 F1.0 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 F2.0 B0.0 W0.0 F3.0 B1.0 W1.0 F2.1 B2.1 W2.1 F3.1 B3.1 W3.1 B2.0 W2.0 B3.0 W3.0\n");
+  const auto s = pl::make_schedule(pl::Interleaved1F1B{2}, 2, 4);
+  // Rank 1 chunk 0 (virtual stage 1) sends to rank 0 chunk 1 (virtual stage 2); rank 0 chunk 1
+  // sends its gradient back there. The last virtual stage (rank 1, chunk 1) sends no activation.
+  CHECK(find(s, 1, {Op::SendForward, 0, 0}) < s[1].size());
+  CHECK(find(s, 0, {Op::RecvForward, 0, 1}) < find(s, 0, {Op::Forward, 0, 1}));
+  CHECK(find(s, 0, {Op::SendBackward, 0, 1}) == find(s, 0, {Op::BackwardWeight, 0, 1}) + 1);
+  CHECK(find(s, 1, {Op::SendForward, 0, 1}) == s[1].size());
+  CHECK(find(s, 0, {Op::RecvForward, 0, 0}) == s[0].size());
+}
+
+TEST_CASE("interleaved 1F1B: the bubble is (p-1)/(v·m+p-1) of the step, v times less compute than 1F1B's", "[pipeline][interleaved]") {
+  // Costs per chunk: a chunk does 1/v of a stage's work. Theory (schedule.hpp; Narayanan et al.
+  // 2021 §2.2.2): idle per rank (p−1)(F+B+W) in chunk costs, bubble/compute (p−1)/(v·m).
+  for (const pl::Costs c : {pl::Costs{1, 1, 1, 0}, pl::Costs{1, 2, 1, 0}, pl::Costs{2, 1.5, 1, 0}})
+    for (int p : {2, 3, 4})
+      for (int v : {2, 3})
+        for (int m : {p, 2 * p, 4 * p}) {
+          CAPTURE(c.forward, c.backward_input, c.backward_weight, p, v, m);
+          const double unit = c.forward + c.backward_input + c.backward_weight;
+          const auto sim = pl::simulate(pl::make_schedule(pl::Interleaved1F1B{v}, p, m), c);
+          CHECK(sim.makespan == dpml::test::Approx((m * v + p - 1) * unit));
+          for (const auto& st : sim.stages) CHECK(st.idle == dpml::test::Approx((p - 1) * unit));
+          CHECK(sim.bubble_fraction() == dpml::test::Approx(pl::theory_bubble(pl::Interleaved1F1B{v}, p, m, c)));
+          // The same model as 1F1B, each chunk 1/v of a stage: a smaller bubble, the same work.
+          pl::Costs stage = c;
+          stage.forward *= v, stage.backward_input *= v, stage.backward_weight *= v;
+          const auto one = pl::simulate(pl::make_schedule(pl::OneFOneB{}, p, m), stage);
+          CHECK(sim.bubble_fraction() < one.bubble_fraction());
+          CHECK(sim.stages[0].idle == dpml::test::Approx(one.stages[0].idle / v));
+          CHECK(sim.stages[0].busy == dpml::test::Approx(one.stages[0].busy));
+        }
+}
+
+TEST_CASE("interleaved 1F1B: broken tables and bad sizes are refused", "[pipeline][interleaved]") {
+  const int p = 2, v = 2, m = 4;
+  const auto good = pl::make_schedule(pl::Interleaved1F1B{v}, p, m);
+  REQUIRE(pl::check_schedule(good, p, m, v).ok());
+  auto msg = [&](const pl::Schedule& s) { return pl::check_schedule(s, p, m, v).message(); };
+  auto contains = [](const std::string& text, const std::string& part) {
+    INFO(text);
+    CHECK(text.find(part) != std::string::npos);
+  };
+  {  // a chunk's W dropped
+    auto s = good;
+    s[1].erase(s[1].begin() + static_cast<long>(find(s, 1, {Op::BackwardWeight, 2, 1})));
+    contains(msg(s), "stage 1 lacks BackwardWeight(2, chunk 1)");
+  }
+  {  // a chunk's F and B swapped
+    auto s = good;
+    std::swap(s[0][find(s, 0, {Op::Forward, 0, 1})], s[0][find(s, 0, {Op::BackwardInput, 0, 1})]);
+    contains(msg(s), "stage 0: BackwardInput(0, chunk 1)");
+  }
+  {  // rank 0 posts the receives of two activations from rank 1 in another order than rank 1 sends them
+    auto s = good;
+    std::swap(s[0][find(s, 0, {Op::RecvForward, 0, 1})].micro_batch, s[0][find(s, 0, {Op::RecvForward, 1, 1})].micro_batch);
+    contains(msg(s), "stage 1 sends to stage 0 in another order than stage 0 receives");
+  }
+  {  // the two chunks' messages between the same ranks swapped: a transport matching in posting
+     // order would hand chunk 1's activation to chunk 0 (p = 2: rank 0 → 1 carries both flows)
+    auto s = good;
+    auto& l = s[0];
+    const auto i = find(s, 0, {Op::SendForward, 0, 0}), j = find(s, 0, {Op::SendForward, 0, 1});
+    std::swap(l[i], l[j]);
+    CHECK_FALSE(msg(s).empty());
+  }
+  {  // a chunk outside the table's range, and the last virtual stage sending on
+    auto s = good;
+    s[0].back().chunk = 2;
+    contains(msg(s), "names chunk 2, outside [0, 2)");
+    auto t = good;
+    t[1].push_back({Op::SendForward, 0, 1});
+    contains(msg(t), "has no neighbour on that side");
+  }
+  {  // rank 0 runs chunk 1's first forward before chunk 0's: it waits for an activation that
+     // needs its own; on two ranks every reordering also changes the order between the pair
+    auto s = good;
+    auto& l = s[0];
+    for (const Action a : {Action{Op::SendForward, 0, 1}, Action{Op::Forward, 0, 1}, Action{Op::RecvForward, 0, 1}}) {
+      l.erase(l.begin() + static_cast<long>(find(s, 0, a)));
+      l.insert(l.begin(), a);
+    }
+    const std::string text = msg(s);
+    CHECK((text.find("deadlocks") != std::string::npos || text.find("in another order") != std::string::npos));
+    CHECK_THROWS_AS(pl::simulate(s, pl::Costs{}), dpml::Error);
+  }
+  // m not a multiple of p (Megatron's condition), v < 1, one rank: refused naming the flags.
+  contains(dpml::test::error_of([] { pl::make_schedule(pl::Interleaved1F1B{2}, 4, 6); }), "--global-batch / (--micro-batch × dp)");
+  contains(dpml::test::error_of([] { pl::make_schedule(pl::Interleaved1F1B{2}, 4, 6); }), "multiple of --pp 4");
+  contains(dpml::test::error_of([] { pl::make_schedule(pl::Interleaved1F1B{0}, 2, 4); }), "--num-virtual-stages-per-pipeline-rank 0 must be at least 1");
+  contains(dpml::test::error_of([] { pl::make_schedule(pl::Interleaved1F1B{2}, 1, 4); }), "needs --pp 2 or more");
+}

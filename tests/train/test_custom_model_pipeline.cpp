@@ -144,14 +144,16 @@ struct Run {
 
 // kSteps steps of `model` on `grid` (initialised from seed 7 by name), then the evaluation loss
 // on step kSteps's batch. `body(trainer)` runs after (e.g. a checkpoint).
+// `virtual_stages`: the model chunks per rank of the interleaved schedule.
 template <class Model, class Body = void (*)(void*)>
 Run run_steps(Model& model, const ProcessGrid& grid, const std::string& schedule, bool zero, int micro_batches,
-          parallel::pipeline::Partition partition, Body&& after = nullptr) {
+          parallel::pipeline::Partition partition, Body&& after = nullptr, int virtual_stages = 1) {
   layers::initialize_all(model.parameters(), 7, &grid);
   Run out;
   parallel::with_strategy(schedule, zero, [&]<class Strategy>() {
-    train::Trainer<Model, Loss, Strategy, optim::Sgd> trainer(model, grid, kSgd, {.bucket_bytes = 256, .clip = 2.0},
-                                                             {.micro_batches = micro_batches, .partition = partition});
+    train::Trainer<Model, Loss, Strategy, optim::Sgd> trainer(
+        model, grid, kSgd, {.bucket_bytes = 256, .clip = 2.0},
+        {.micro_batches = micro_batches, .partition = partition, .virtual_stages = virtual_stages});
     for (int s = 0; s < kSteps; ++s) {
       const auto r = trainer.train_step(local_batch(s, grid), kLr);
       REQUIRE(!r.skipped);
@@ -359,6 +361,59 @@ TEST_CASE("custom model: a Stack cut into pipeline stages equals the sequential 
       compare_weights(mine, grid, reference.parameters());
     }
   }
+}
+
+TEST_CASE("custom model: interleaved 1F1B (pp 2 × v 2 chunks, × dp) equals the sequential run and resumes under 1F1B",
+          "[train][pipeline][interleaved]") {
+  using parallel::pipeline::Partition;
+  const auto world = test::world();
+  if (world.size() % 2 != 0) return;
+  constexpr int kInterleavedMicroBatches = 4;  // a multiple of pp (Megatron's condition)
+  const auto self = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  Net reference = make_net({});
+  const Run ref = run_steps(reference, self, "1f1b", false, kInterleavedMicroBatches, {});
+  const auto grid = ProcessGrid::create(world, {.pp = 2});
+  const std::string dir = temp_dir(world);
+  // The 6 links as 4 virtual stages: rank 0 holds virtual stages 0 and 2, rank 1 stages 1 and 3.
+  for (const auto& split : {Partition::balanced(), Partition::at({1, 2, 4})}) {
+    CAPTURE(grid.dp(), split.starts);
+    Net net = make_net({});
+    std::vector<Param<float>*> trained;
+    std::vector<std::int64_t> firsts;
+    const Run run = run_steps(
+        net, grid, "interleaved", false, kInterleavedMicroBatches, split,
+        [&](auto& trainer) {
+          trained = trainer.parameters();
+          for (int c = 0; c < trainer.chunks(); ++c) firsts.push_back(trainer.chunk(c).links().first);
+          train::Checkpointer ckpt(trainer, dir, {.keep_last = 1});
+          ckpt.save_async({.step = kSteps});
+          ckpt.wait();
+        },
+        2);
+    compare_losses(run, ref);
+    compare_weights(trained, grid, reference.parameters());
+    REQUIRE(firsts.size() == 2);
+    if (!split.starts.empty())  // chunk c of rank r: virtual stage 2c + r
+      CHECK(firsts == (grid.coord(Axis::pipeline) == 0 ? std::vector<std::int64_t>{0, 2} : std::vector<std::int64_t>{1, 4}));
+  }
+  // The last checkpoint (global names) resumes under plain 1F1B on the same ranks.
+  Net resumed = make_net({});
+  parallel::with_strategy("1f1b", false, [&]<class Strategy>() {
+    train::Trainer<Net, Loss, Strategy, optim::Sgd> trainer(resumed, grid, kSgd, {}, {.micro_batches = kInterleavedMicroBatches});
+    CHECK(train::load_checkpoint(trainer, dir + "/step-" + std::to_string(kSteps)).step == kSteps);
+    compare_weights(trainer.parameters(), grid, reference.parameters());
+  });
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  // Bad input refused on every rank, naming the flag: chunks without the interleaved schedule,
+  // micro-batches not a multiple of pp, more virtual stages than layers.
+  auto refusal = [&](const std::string& schedule, int micro_batches, int v) {
+    Net net = make_net({});
+    return test::error_of([&] { (void)run_steps(net, grid, schedule, false, micro_batches, {}, [](auto&) {}, v); });
+  };
+  CHECK(refusal("1f1b", 4, 2).find("--num-virtual-stages-per-pipeline-rank 2 needs --schedule interleaved") != std::string::npos);
+  CHECK(refusal("interleaved", 3, 2).find("multiple of --pp 2") != std::string::npos);
+  CHECK(refusal("interleaved", 4, 4).find("4 × --pp 2 = 8 virtual stages, but the model has 6 layers") != std::string::npos);
 }
 
 TEST_CASE("custom model: a checkpoint of the largest layout loads into the sequential model", "[train][pipeline]") {

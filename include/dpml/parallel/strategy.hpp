@@ -7,8 +7,9 @@
 //                                   dpml::DataParallel<dpml::Zero1, dpml::Hierarchical>>;
 //
 // TensorParallel: Megatron column/row-parallel layers (parallel/tensor.hpp).
-// PipelineParallel<Schedule>: the schedule tag (GPipe, OneFOneB, ZeroBubbleH1) that makes the
-//   table of actions each stage runs (parallel/pipeline/schedule.hpp).
+// PipelineParallel<Schedule>: the schedule tag (GPipe, OneFOneB, ZeroBubbleH1, Interleaved1F1B —
+//   its v chunks from the launch: TrainOptions::virtual_stages) that makes the table of actions
+//   each stage runs (parallel/pipeline/schedule.hpp).
 // DataParallel<Policies…>: at most one of each, in any order —
 //   sharding   gradient buckets all-reduced during backward (Replicated, the default), or ZeRO-1
 //              (Zero1: reduce-scatter, update own shard, all-gather)
@@ -77,6 +78,7 @@ using data_comm_t = typename Strategy::data::template comm_t<Comm>;
 inline const char* schedule_name(pipeline::GPipe) { return "gpipe"; }
 inline const char* schedule_name(pipeline::OneFOneB) { return "1f1b"; }
 inline const char* schedule_name(pipeline::ZeroBubbleH1) { return "zb-h1"; }
+inline const char* schedule_name(pipeline::Interleaved1F1B) { return "interleaved"; }
 
 // Calls body.template operator()<Strategy>() with the strategy named by `schedule` and `zero`,
 // its data axis all-reducing by AllReduce.
@@ -88,8 +90,9 @@ decltype(auto) with_strategy(const std::string& schedule, bool zero, Body&& body
   };
   if (schedule == "gpipe") return pick_dp.template operator()<pipeline::GPipe>();
   if (schedule == "1f1b") return pick_dp.template operator()<pipeline::OneFOneB>();
+  if (schedule == "interleaved") return pick_dp.template operator()<pipeline::Interleaved1F1B>();
   DPML_REQUIRE_EVERYWHERE(schedule == "zb-h1" || schedule == "zbh1",
-                          "--schedule " << schedule << " is not one of gpipe, 1f1b, zb-h1");
+                          "--schedule " << schedule << " is not one of gpipe, 1f1b, zb-h1, interleaved");
   return pick_dp.template operator()<pipeline::ZeroBubbleH1>();
 }
 // --dp-allreduce names the all-reduce: flat | hierarchical (a flag table's check, and with_strategy's).
@@ -116,6 +119,7 @@ using parallel::Replicated;
 using parallel::TensorParallel;
 using parallel::Zero1;
 using parallel::pipeline::GPipe;
+using parallel::pipeline::Interleaved1F1B;
 using parallel::pipeline::OneFOneB;
 using parallel::pipeline::ZeroBubbleH1;
 }  // namespace dpml

@@ -4,7 +4,8 @@
 // The model is a chain of links: the children of a Sequential<L1, …, Ln> (types fixed at compile
 // time), the children of a Stack<L> (a run-time count of one type), or — any other Layer — the
 // model itself, one link that is never cut. pipeline::partition cuts the chain into pp contiguous
-// stages (balanced by parameter count, or at the user's split points, TrainOptions::partition);
+// stages (v·pp under the interleaved schedule, a LayerStage per chunk: chunk c of rank r is
+// virtual stage c·pp + r) (balanced by parameter count, or at the user's split points, TrainOptions::partition);
 // the stage runs only its links, last link first in backward as Sequential does, and reports
 // each link's parameters to ctx.grad_ready after its backward_weight. The last stage ends with
 // the loss: forward(logits, targets), then backward() gives the gradient its links start from.
@@ -314,16 +315,23 @@ class LayerStage {
   static_assert(std::is_convertible_v<Output, typename Loss::Input> && std::is_convertible_v<typename Loss::Input, Output>,
                 "dpml LayerStage: the model's Output must be the loss's Input (logits) and back (dlogits)");
 
-  // Stage grid.coord(pipeline) of grid.pp() stages of `model`, cut by `partition`.
-  LayerStage(Model& model, Loss loss, const parallel::ProcessGrid& grid, const parallel::pipeline::Partition& partition)
+  // Stage grid.coord(pipeline) of grid.pp() stages of `model`, cut by `partition`; under the
+  // interleaved schedule chunk `chunk` of `chunks` (v): virtual stage chunk·pp + rank of v·pp
+  // (`partition` then names the v·pp − 1 split points).
+  LayerStage(Model& model, Loss loss, const parallel::ProcessGrid& grid, const parallel::pipeline::Partition& partition,
+             int chunk = 0, int chunks = 1)
       : chain_(model), loss_(std::move(loss)) {
-    const int p = grid.pp(), s = grid.coord(Axis::pipeline);
-    DPML_REQUIRE_EVERYWHERE(p == 1 || chain_.size() > 1,
+    const int p = grid.pp(), stages = p * chunks, k = parallel::pipeline::virtual_stage(grid.coord(Axis::pipeline), chunk, p);
+    DPML_REQUIRE_EVERYWHERE(stages == 1 || chain_.size() > 1,
                             "--pp " << p << ": this model is one layer; the library cuts a Sequential or a Stack into "
                                        "pipeline stages (or give the model pipeline-stage members of its own)");
-    range_ = parallel::pipeline::partition(chain_.weights(grid), chain_.cuttable(), p, partition)[static_cast<std::size_t>(s)];
-    first_ = s == 0;
-    last_ = s == p - 1;
+    DPML_REQUIRE_EVERYWHERE(chunks == 1 || chain_.size() >= stages,
+                            "--num-virtual-stages-per-pipeline-rank " << chunks << " × --pp " << p << " = " << stages
+                                                                      << " virtual stages, but the model has " << chain_.size()
+                                                                      << " layers to cut (one at least per virtual stage)");
+    range_ = parallel::pipeline::partition(chain_.weights(grid), chain_.cuttable(), stages, partition)[static_cast<std::size_t>(k)];
+    first_ = k == 0;
+    last_ = k == stages - 1;
   }
 
   bool is_first_stage() const noexcept { return first_; }

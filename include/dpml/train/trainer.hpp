@@ -20,7 +20,9 @@
 //   an activation slot (Context::micro_batch) reused once its micro-batch's W is done —
 //   pipeline::plan_buffers: the schedule's peak in flight (GPipe m, 1F1B p − s, ZB-H1 p), so the
 //   layers keep that many micro-batches' activations, not m
-//   the schedule's actions for this stage (GPipe | 1F1B | ZB-H1) through the pipeline executor:
+//   the schedule's actions for this stage (GPipe | 1F1B | ZB-H1 | interleaved 1F1B, whose v chunks
+//   per rank — TrainOptions::virtual_stages — are a LayerStage each, virtual stage c·pp + rank,
+//   every action naming its chunk) through the pipeline executor:
 //     F  forward of micro-batch i (first stage: the batch's inputs; others: the activation
 //        received); the last stage adds the loss
 //     B  backward_input (last stage: from the loss; others: the gradient received)
@@ -112,6 +114,7 @@
 #include <concepts>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -163,6 +166,10 @@ struct TrainOptions {
   std::uint64_t seed = 0;              // dropout and other in-model randomness
   NonFinite on_nonfinite = NonFinite::stop;
   parallel::pipeline::Partition partition = {};  // where a Sequential/Stack is cut (pp > 1): balanced by default
+  // Model chunks per pipeline rank under the interleaved schedule (--num-virtual-stages-per-
+  // pipeline-rank v): a Sequential/Stack is cut into v·pp virtual stages, chunk c of rank r being
+  // virtual stage c·pp + r (LayerStage); 1 for every other schedule.
+  int virtual_stages = 1;
   optim::LossScaling loss_scaling = {};          // off | fixed S | dynamic (fp16): see the top of the file
 };
 
@@ -220,8 +227,8 @@ template <class T>
 struct TransportFor<HostSpace, T, comm::Mpi> {
   using type = parallel::pipeline::MpiTransport<T>;
   template <class Comms>
-  static type make(const parallel::ProcessGrid& grid, const Comms*, kernels::Device<HostSpace>&, const parallel::pipeline::Schedule&) {
-    return type(grid.comm(Axis::pipeline));
+  static type make(const parallel::ProcessGrid& grid, const Comms*, kernels::Device<HostSpace>&, const parallel::pipeline::Schedule& schedule) {
+    return type(grid.comm(Axis::pipeline), parallel::pipeline::chunks_in(schedule));
   }
 };
 #if defined(__CUDACC__)
@@ -232,14 +239,15 @@ struct TransportFor<CudaSpace, T, Comm> {
   static type make(const parallel::ProcessGrid& grid, const Comms* comms, kernels::Device<CudaSpace>& dev,
                    const parallel::pipeline::Schedule& schedule) {
     return type(parallel::pipeline::StreamLauncher<T, Comm>(comms->pipeline(), dev.stream()),
-                parallel::pipeline::peer_batches(schedule, grid.coord(Axis::pipeline)));
+                parallel::pipeline::peer_batches(schedule, grid.coord(Axis::pipeline)), parallel::pipeline::chunks_in(schedule));
   }
 };
 #endif
 
-// pipeline::Stage over one step of a StagedModel: the micro-batches' views, their activation
-// slots, the message buffers, and the shapes of the messages (learnt by the probe; see the top of
-// the file).
+// pipeline::ChunkedStage over one step of a StagedModel's chunks (one, or v under the interleaved
+// schedule: chunk c is virtual stage c·p + rank): the micro-batches' views, each chunk's
+// activation slots, message buffers and message shapes (learnt by the probe; see the top of the
+// file).
 template <class Stage>
 class PipelineStep {
  public:
@@ -250,9 +258,13 @@ class PipelineStep {
   using Message = TensorView<const value_type, Space>;
   using Buffer = TensorView<value_type, Space>;
 
-  // `slots`: the activation slot of each micro-batch in training (pipeline::plan_buffers).
-  PipelineStep(Stage& stage, layers::Context<Space>& ctx, const comm::Mpi& pipe, parallel::pipeline::BufferPlan slots)
-      : stage_(stage), ctx_(ctx), pipe_(pipe), slots_(std::move(slots)) {}
+  // `chunks`: this rank's stages, chunk order; `slots`: the activation slot of each micro-batch in
+  // training, per chunk (pipeline::plan_buffers over the chunk's actions).
+  PipelineStep(std::vector<Stage*> chunks, layers::Context<Space>& ctx, const comm::Mpi& pipe,
+               std::vector<parallel::pipeline::BufferPlan> slots)
+      : ctx_(ctx), pipe_(pipe) {
+    for (std::size_t c = 0; c < chunks.size(); ++c) chunks_.push_back({chunks[c], std::move(slots[c])});
+  }
 
   // inputs (n, …), targets (n, …) of this data rank; `first_sample`: the global index of row 0.
   void set_batch(const Input& inputs, const Target& targets, int m, std::int64_t first_sample) {
@@ -265,9 +277,11 @@ class PipelineStep {
       offsets_.push_back(first_sample + lo);
     }
     const auto count = static_cast<std::size_t>(m);
-    if (recv_fwd_.size() < count) recv_fwd_.resize(count), recv_bwd_.resize(count), kept_fwd_.resize(count), kept_bwd_.resize(count);
-    sent_fwd_.assign(count, Message());
-    sent_bwd_.assign(count, Message());
+    for (Chunk& ch : chunks_) {
+      if (ch.recv_fwd.size() < count) ch.recv_fwd.resize(count), ch.recv_bwd.resize(count), ch.kept_fwd.resize(count), ch.kept_bwd.resize(count);
+      ch.sent_fwd.assign(count, Message());
+      ch.sent_bwd.assign(count, Message());
+    }
   }
 
   // Whether the message shapes for inputs shaped like this step's are known (pp = 1: none needed).
@@ -278,59 +292,75 @@ class PipelineStep {
     if (!on) probed_ = true, key_ = key(inputs_.at(0));
   }
 
-  void forward(int mb) {
-    const auto i = at(mb);
-    if (probing_ && stage_.is_last_stage()) return;  // nothing to learn: it sends nothing
-    const Message out = stage_.forward(ctx_, inputs_[i], recv_fwd_[i].cview(), targets_[i]);
-    if (stage_.is_last_stage()) return;
-    if (probing_) out_shape_ = out.shape();
-    check(out, out_shape_, mb, "sends on");
-    sent_fwd_[i] = ctx_.training() ? out : kept(kept_fwd_[i], out);  // evaluation: all in slot 0
+  void forward(int c, int mb) {
+    Chunk& ch = chunk(c);
+    const auto i = at(ch, mb);
+    if (probing_ && ch.stage->is_last_stage()) return;  // nothing to learn: it sends nothing
+    const Message out = ch.stage->forward(ctx_, inputs_[i], ch.recv_fwd[i].cview(), targets_[i]);
+    if (ch.stage->is_last_stage()) return;
+    if (probing_) ch.out_shape = out.shape();
+    check(out, ch.out_shape, mb, "sends on");
+    ch.sent_fwd[i] = ctx_.training() ? out : kept(ch.kept_fwd[i], out);  // evaluation: all in slot 0
   }
-  void backward_input(int mb) {
-    const auto i = at(mb);
-    const Message received = recv_bwd_[i].cview();
-    if (stage_.is_first_stage()) {
-      stage_.backward_input(ctx_, received);
+  void backward_input(int c, int mb) {
+    Chunk& ch = chunk(c);
+    Stage& stage = *ch.stage;
+    const auto i = at(ch, mb);
+    const Message received = ch.recv_bwd[i].cview();
+    if (stage.is_first_stage()) {
+      stage.backward_input(ctx_, received);
       return;
     }
-    const Shape shape = with_rows(in_shape_, inputs_[i].size(0));
-    if constexpr (requires(Buffer into) { stage_.backward_input(ctx_, received, into); }) {
-      sent_bwd_[i] = stage_.backward_input(ctx_, received, layers::ensure(kept_bwd_[i], shape));
-      check(sent_bwd_[i], in_shape_, mb, "sends back");
+    const Shape shape = with_rows(ch.in_shape, inputs_[i].size(0));
+    if constexpr (requires(Buffer into) { stage.backward_input(ctx_, received, into); }) {
+      ch.sent_bwd[i] = stage.backward_input(ctx_, received, layers::ensure(ch.kept_bwd[i], shape));
+      check(ch.sent_bwd[i], ch.in_shape, mb, "sends back");
     } else {  // the stage's own buffer belongs to the slot, which a later micro-batch may reuse before the send ends
-      const Message dx = stage_.backward_input(ctx_, received);
-      check(dx, in_shape_, mb, "sends back");
-      sent_bwd_[i] = kept(kept_bwd_[i], dx);
+      const Message dx = stage.backward_input(ctx_, received);
+      check(dx, ch.in_shape, mb, "sends back");
+      ch.sent_bwd[i] = kept(ch.kept_bwd[i], dx);
     }
   }
-  void backward_weight(int mb) {
-    at(mb);
-    stage_.backward_weight(ctx_);
+  void backward_weight(int c, int mb) {
+    Chunk& ch = chunk(c);
+    at(ch, mb);
+    ch.stage->backward_weight(ctx_);
   }
-  Buffer recv_forward_buffer(int mb) {
+  Buffer recv_forward_buffer(int c, int mb) {
+    Chunk& ch = chunk(c);
     const auto i = static_cast<std::size_t>(mb);
-    if (probing_) in_shape_ = receive_shape();
-    return layers::ensure(recv_fwd_[i], with_rows(in_shape_, inputs_[i].size(0)));
+    if (probing_) ch.in_shape = receive_shape();
+    return layers::ensure(ch.recv_fwd[i], with_rows(ch.in_shape, inputs_[i].size(0)));
   }
-  Buffer recv_backward_buffer(int mb) {
+  Buffer recv_backward_buffer(int c, int mb) {
+    Chunk& ch = chunk(c);
     const auto i = static_cast<std::size_t>(mb);
-    return layers::ensure(recv_bwd_[i], with_rows(out_shape_, inputs_[i].size(0)));
+    return layers::ensure(ch.recv_bwd[i], with_rows(ch.out_shape, inputs_[i].size(0)));
   }
-  Message send_forward_buffer(int mb) {
-    const auto i = static_cast<std::size_t>(mb);
-    if (probing_) send_shape(out_shape_);
-    return sent_fwd_[i];
+  Message send_forward_buffer(int c, int mb) {
+    Chunk& ch = chunk(c);
+    if (probing_) send_shape(ch.out_shape);
+    return ch.sent_fwd[static_cast<std::size_t>(mb)];
   }
-  Message send_backward_buffer(int mb) { return sent_bwd_[static_cast<std::size_t>(mb)]; }
+  Message send_backward_buffer(int c, int mb) { return chunk(c).sent_bwd[static_cast<std::size_t>(mb)]; }
 
  private:
-  static constexpr int kShapeTag = 32767;  // MPI's least tag bound; the transport's tags are 2·mb + flow
+  static constexpr int kShapeTag = 32767;  // MPI's least tag bound; the transport's tags are 2·(mb·v + chunk) + flow
 
-  // Selects micro-batch mb: its slot (training) or slot 0 (evaluation, the probe), its first sample.
-  std::size_t at(int mb) {
+  struct Chunk {
+    Stage* stage;
+    parallel::pipeline::BufferPlan slots;
+    std::vector<Tensor<value_type, Space>> recv_fwd, recv_bwd;  // (micro-batches): what arrives
+    std::vector<Tensor<value_type, Space>> kept_fwd, kept_bwd;  // (micro-batches): what is sent from buffers of ours
+    std::vector<Message> sent_fwd = {}, sent_bwd = {};
+    Shape in_shape = {}, out_shape = {};  // dimension 0 is set per micro-batch
+  };
+  Chunk& chunk(int c) { return chunks_.at(static_cast<std::size_t>(c)); }
+
+  // Selects micro-batch mb of a chunk: its slot (training) or slot 0 (evaluation, the probe), its first sample.
+  std::size_t at(const Chunk& ch, int mb) {
     const auto i = static_cast<std::size_t>(mb);
-    ctx_.micro_batch = ctx_.training() ? slots_.index.at(i) : 0;
+    ctx_.micro_batch = ctx_.training() ? ch.slots.index.at(i) : 0;
     ctx_.sample_offset = offsets_[i];
     return i;
   }
@@ -349,16 +379,17 @@ class PipelineStep {
     s[0] = rows;
     return s;
   }
-  // The probe's header, (rank, dims…): to the next stage, from the previous one.
+  // The probe's header, (rank, dims…): to the next virtual stage, from the previous one (ranks
+  // ± 1 mod p: under interleaving the last rank sends to the first).
   using Header = std::array<std::int64_t, kMaxRank + 1>;
   void send_shape(const Shape& shape) const {
     Header header{shape.rank()};
     std::copy(shape.begin(), shape.end(), header.begin() + 1);
-    pipe_.send(header.data(), header.size(), pipe_.rank() + 1, kShapeTag);
+    pipe_.send(header.data(), header.size(), (pipe_.rank() + 1) % pipe_.size(), kShapeTag);
   }
   Shape receive_shape() const {
     Header header{};
-    pipe_.recv(header.data(), header.size(), pipe_.rank() - 1, kShapeTag);
+    pipe_.recv(header.data(), header.size(), (pipe_.rank() + pipe_.size() - 1) % pipe_.size(), kShapeTag);
     return Shape::from_range(header.begin() + 1, header.begin() + 1 + header[0]);
   }
   // What crosses the boundary must be `learnt` with the micro-batch's samples first, contiguous.
@@ -370,17 +401,13 @@ class PipelineStep {
                                    << ": a tensor crossing stages must be contiguous, with the samples as its first dimension");
   }
 
-  Stage& stage_;
   layers::Context<Space>& ctx_;
   const comm::Mpi& pipe_;
-  parallel::pipeline::BufferPlan slots_;
+  std::vector<Chunk> chunks_;
   std::vector<Input> inputs_;
   std::vector<Target> targets_;
   std::vector<std::int64_t> offsets_;
-  std::vector<Tensor<value_type, Space>> recv_fwd_, recv_bwd_;  // (micro-batches): what arrives
-  std::vector<Tensor<value_type, Space>> kept_fwd_, kept_bwd_;  // (micro-batches): what is sent from buffers of ours
-  std::vector<Message> sent_fwd_, sent_bwd_;
-  Shape in_shape_, out_shape_, key_;  // dimension 0 is set per micro-batch
+  Shape key_;
   bool probing_ = false, probed_ = false;
 };
 
@@ -488,14 +515,19 @@ class Trainer {
   }
 
   Model& model() noexcept { return model_; }
-  // This rank's pipeline stage: a LayerStage of the model, or the model itself.
-  Stage& stage() noexcept {
+  // This rank's pipeline stage: a LayerStage of the model, or the model itself. Under the
+  // interleaved schedule its last chunk (the one that holds the loss on the last rank).
+  Stage& stage() noexcept { return chunk(chunks() - 1); }
+  const Stage& stage() const noexcept { return chunk(chunks() - 1); }
+  // This rank's model chunks: v under the interleaved schedule (chunk c: virtual stage c·pp + rank), else 1.
+  int chunks() const noexcept { return options_.virtual_stages; }
+  Stage& chunk(int c) noexcept {
     if constexpr (StagedModel<Model>) return model_;
-    else return stage_;
+    else return stage_[static_cast<std::size_t>(c)];
   }
-  const Stage& stage() const noexcept {
+  const Stage& chunk(int c) const noexcept {
     if constexpr (StagedModel<Model>) return model_;
-    else return stage_;
+    else return stage_[static_cast<std::size_t>(c)];
   }
   // The parameters this rank trains (its stage's).
   const std::vector<ParamT*>& parameters() noexcept { return optimizer_.flat().params(); }
@@ -522,9 +554,10 @@ class Trainer {
   }
 
  private:
-  // A LayerStage of the model, or nothing (the model is its own stage); stage() either way.
+  // LayerStages of the model (one per chunk; a deque: they stay put), or nothing (the model is its
+  // own stage); stage() and chunk() either way.
   struct NoStage {};
-  using StageStorage = std::conditional_t<StagedModel<Model>, NoStage, Stage>;
+  using StageStorage = std::conditional_t<StagedModel<Model>, NoStage, std::deque<Stage>>;
   using Transport = detail::TransportFor<Space, value_type, Comm>;
 
   // comms, dev: null on the host (the grid's MPI groups, a Device of the trainer's own).
@@ -532,13 +565,10 @@ class Trainer {
           typename Rule::Options rule, parallel::DistributedOptimizerOptions dist, TrainOptions options, Loss loss)
       : model_(model), grid_(grid), options_(checked(options, dist)),
         own_device_(dev ? nullptr : std::make_unique<kernels::Device<Space>>()), dev_(dev ? dev : own_device_.get()),
-        stage_(make_stage(model, std::move(loss), grid, options.partition)),
-        optimizer_(make_optimizer(stage().parameters(), grid, comms, *dev_, rule, dist)),
-        schedule_(parallel::pipeline::make_schedule(Schedule{}, grid.pp(), options.micro_batches)),
-        step_(stage(), ctx_, grid.comm(Axis::pipeline),
-              parallel::pipeline::plan_buffers(actions(), options.micro_batches,
-                                               {parallel::pipeline::Op::Forward, parallel::pipeline::Op::BackwardInput,
-                                                parallel::pipeline::Op::BackwardWeight})),
+        stage_(make_stage(model, std::move(loss), grid, options_)),
+        optimizer_(make_optimizer(chunk_parameters(), grid, comms, *dev_, rule, dist)),
+        schedule_(parallel::pipeline::make_schedule(schedule_tag(options_), grid.pp(), options.micro_batches)),
+        step_(chunk_list(), ctx_, grid.comm(Axis::pipeline), chunk_slots()),
         transport_(Transport::make(grid, comms, *dev_, schedule_)) {
     if (options_.loss_scaling.mode == optim::LossScaling::Mode::dynamic) scaler_.emplace(options_.loss_scaling.dynamic);
     ctx_.grid = &grid;
@@ -564,22 +594,64 @@ class Trainer {
                             "--loss-scale " << o.loss_scaling.scale << " must be finite and positive");
     DPML_REQUIRE_EVERYWHERE(!dist.zero || Strategy::zero,
                             "ZeRO-1 is chosen by the Strategy type (DataParallel<Zero1>), not by DistributedOptimizerOptions::zero");
+    DPML_REQUIRE_EVERYWHERE(o.virtual_stages >= 1, "--num-virtual-stages-per-pipeline-rank " << o.virtual_stages << " must be at least 1");
+    // Each condition reads the run-time v, so that no check is a constant (nvcc warns on those).
+    const bool one = o.virtual_stages == 1;
+    DPML_REQUIRE_EVERYWHERE((one || std::is_same_v<Schedule, parallel::pipeline::Interleaved1F1B>),
+                            "--num-virtual-stages-per-pipeline-rank " << o.virtual_stages << " needs --schedule interleaved");
+    DPML_REQUIRE_EVERYWHERE(one || !StagedModel<Model>, "--num-virtual-stages-per-pipeline-rank "
+                                                            << o.virtual_stages
+                                                            << ": this model's pipeline stages are its own (models::Gpt); the "
+                                                               "library interleaves the chunks it cuts out of a Sequential or a Stack");
+    // The rendezvous transport's batches are not yet deadlock-free for the interleaved table
+    // (tests/pipeline/test_transport.cpp): GPUs keep to the other schedules for now.
+    DPML_REQUIRE_EVERYWHERE(one || on_host, "--num-virtual-stages-per-pipeline-rank "
+                                                << o.virtual_stages << ": the interleaved schedule runs on CPU ranks only for now (--device cpu)");
     return o;
+  }
+  // The schedule's tag: the interleaved one carries its chunks.
+  static Schedule schedule_tag(const TrainOptions& o) {
+    if constexpr (std::is_same_v<Schedule, parallel::pipeline::Interleaved1F1B>) return Schedule{o.virtual_stages};
+    else return Schedule{};
   }
   static parallel::DistributedOptimizerOptions with_zero(parallel::DistributedOptimizerOptions d) {
     d.zero = Strategy::zero;
     return d;
   }
-  static StageStorage make_stage(Model& model, Loss loss, const parallel::ProcessGrid& grid,
-                                 const parallel::pipeline::Partition& partition) {
+  static StageStorage make_stage(Model& model, Loss loss, const parallel::ProcessGrid& grid, const TrainOptions& options) {
     if constexpr (StagedModel<Model>) {
       DPML_REQUIRE_EVERYWHERE(model.is_first_stage() == (grid.coord(Axis::pipeline) == 0) &&
                                   model.is_last_stage() == (grid.coord(Axis::pipeline) == grid.pp() - 1),
                               "dpml Trainer: the model was built for another pipeline layout than this grid's");
       return {};
     } else {
-      return Stage(model, std::move(loss), grid, partition);
+      StageStorage chunks;
+      const int v = options.virtual_stages;
+      for (int c = 0; c < v; ++c)  // only the last chunk can hold the last virtual stage: the loss is its
+        chunks.emplace_back(model, c + 1 == v ? std::move(loss) : Loss(), grid, options.partition, c, v);
+      return chunks;
     }
+  }
+  // Every chunk's parameters, chunk order (what the optimizer updates and the buckets reduce).
+  std::vector<ParamT*> chunk_parameters() {
+    std::vector<ParamT*> out;
+    for (int c = 0; c < chunks(); ++c)
+      for (auto* p : chunk(c).parameters()) out.push_back(p);
+    return out;
+  }
+  std::vector<Stage*> chunk_list() {
+    std::vector<Stage*> out;
+    for (int c = 0; c < chunks(); ++c) out.push_back(&chunk(c));
+    return out;
+  }
+  // Each chunk's activation slots over its own actions (a chunk's layers hold only its micro-batches).
+  std::vector<parallel::pipeline::BufferPlan> chunk_slots() const {
+    using parallel::pipeline::Op;
+    std::vector<parallel::pipeline::BufferPlan> out;
+    for (int c = 0; c < chunks(); ++c)
+      out.push_back(parallel::pipeline::plan_buffers(parallel::pipeline::of_chunk(actions(), c), options_.micro_batches,
+                                                     {Op::Forward, Op::BackwardInput, Op::BackwardWeight}));
+    return out;
   }
   // The host form over the grid's MPI groups, or the device form over `comms` (returned as a
   // prvalue: the optimizer is neither copied nor moved).
@@ -648,11 +720,14 @@ class Trainer {
   void probe_shapes() {
     using parallel::pipeline::Action;
     using parallel::pipeline::Op;
-    const int s = grid_.coord(Axis::pipeline);
-    std::vector<Action> probe;
-    if (s > 0) probe.push_back({Op::RecvForward, 0});
-    probe.push_back({Op::Forward, 0});
-    if (s < grid_.pp() - 1) probe.push_back({Op::SendForward, 0});
+    const int s = grid_.coord(Axis::pipeline), p = grid_.pp();
+    std::vector<Action> probe;  // micro-batch 0 through each chunk: virtual stage c·p + s
+    for (int c = 0; c < chunks(); ++c) {
+      const int k = parallel::pipeline::virtual_stage(s, c, p);
+      if (k > 0) probe.push_back({Op::RecvForward, 0, c});
+      probe.push_back({Op::Forward, 0, c});
+      if (k < p * chunks() - 1) probe.push_back({Op::SendForward, 0, c});
+    }
     const auto mode = ctx_.mode;
     ctx_.mode = layers::Mode::eval;
     step_.set_probing(true);

@@ -25,6 +25,11 @@
 //   send_backward_buffer(mb)           // (gradient of mb's input) after B  stages > 0
 //   — each a contiguous view (TensorView of any memory space) of value_type elements.
 //
+// A rank of several model chunks (the interleaved schedule) is a `ChunkedStage`: the same members
+// with the chunk first — forward(c, mb), …, recv_forward_buffer(c, mb), … — where chunk c is
+// virtual stage c·p + s; "stage 0" and "the last stage" above mean virtual stage 0 and c·p + s =
+// v·p − 1. A plain Stage runs tables of chunk 0 only.
+//
 // Buffer lifetimes: a recv buffer is asked for when its RecvForward/RecvBackward action posts the
 // receive and must stay put until the consuming F/B has run. A send buffer is asked for right
 // after the F/B that filled it and must stay unmodified until the transport has completed the
@@ -72,6 +77,21 @@ concept Stage = requires(S& s, int mb) {
   { s.send_backward_buffer(mb) } -> MessageBuffer<const typename S::value_type>;
 };
 
+template <class S>
+concept ChunkedStage = requires(S& s, int c, int mb) {
+  typename S::value_type;
+  s.forward(c, mb);
+  s.backward_input(c, mb);
+  s.backward_weight(c, mb);
+  { s.recv_forward_buffer(c, mb) } -> MessageBuffer<typename S::value_type>;
+  { s.send_forward_buffer(c, mb) } -> MessageBuffer<const typename S::value_type>;
+  { s.recv_backward_buffer(c, mb) } -> MessageBuffer<typename S::value_type>;
+  { s.send_backward_buffer(c, mb) } -> MessageBuffer<const typename S::value_type>;
+};
+
+template <class S>
+concept AnyStage = Stage<S> || ChunkedStage<S>;
+
 // One timed stretch of a stage's step (StepTimings::spans): F, B or W of a micro-batch, or a wait
 // ('w': for the message micro-batch `micro_batch` needs, or, with micro_batch −1, for the sends at
 // the end). Times in seconds on the host's steady clock (CLOCK_MONOTONIC: one time base for all
@@ -99,6 +119,18 @@ struct StepTimings {
 
 namespace detail {
 using Clock = std::chrono::steady_clock;
+
+// member(stage, chunk, mb) on a ChunkedStage, member(stage, mb) on a Stage (whose tables name
+// chunk 0 only): `member` is a generic lambda forwarding its indices to one member function.
+template <AnyStage S, class Member>
+decltype(auto) on_chunk(S& stage, const Action& a, Member&& member) {
+  if constexpr (ChunkedStage<S>) {
+    return member(stage, a.chunk, a.micro_batch);
+  } else {
+    DPML_REQUIRE(a.chunk == 0, "pipeline: " << describe(a) << " for a stage of one chunk (an interleaved table needs a ChunkedStage)");
+    return member(stage, a.micro_batch);
+  }
+}
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 inline double clock_seconds(Clock::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
 }  // namespace detail
@@ -106,10 +138,11 @@ inline double clock_seconds(Clock::time_point t) { return std::chrono::duration<
 // Runs `actions` (this stage's list of a checked schedule) on `stage`, moving its messages through
 // `transport` (whose rank is the stage index). Returns this stage's timings; with `trace`, also
 // each F/B/W and wait as a Span (a Gantt chart of the step: train_gpt --trace-pipeline).
-template <Stage S, class Transport>
+template <AnyStage S, class Transport>
 StepTimings run_stage(const std::vector<Action>& actions, S& stage, Transport& transport, bool trace = false) {
   using detail::Clock;
-  const int s = transport.rank(), p = transport.size();
+  using detail::on_chunk;
+  const int s = transport.rank(), p = transport.size(), last_stage = p * transport.chunks() - 1;
   StepTimings t;
   const auto step_start = Clock::now();
   // f's wall time into `slot` (and a span of `kind` for micro-batch mb), inside an NVTX range.
@@ -124,38 +157,46 @@ StepTimings run_stage(const std::vector<Action>& actions, S& stage, Transport& t
     if (trace) t.spans.push_back({kind, mb, detail::clock_seconds(t0), detail::clock_seconds(t1)});
   };
   auto numel = [](const auto& buf) { return static_cast<std::size_t>(buf.numel()); };
+  // The stage members, each as a lambda over (stage, indices…) for on_chunk.
+  auto forward = [](auto& st, auto... i) { st.forward(i...); };
+  auto backward_input = [](auto& st, auto... i) { st.backward_input(i...); };
+  auto backward_weight = [](auto& st, auto... i) { st.backward_weight(i...); };
+  auto recv_forward = [](auto& st, auto... i) { return st.recv_forward_buffer(i...); };
+  auto recv_backward = [](auto& st, auto... i) { return st.recv_backward_buffer(i...); };
+  auto send_forward = [](auto& st, auto... i) { return st.send_forward_buffer(i...); };
+  auto send_backward = [](auto& st, auto... i) { return st.send_backward_buffer(i...); };
   try {
     for (const Action& a : actions) {
-      const int mb = a.micro_batch;
+      const int mb = a.micro_batch, c = a.chunk, k = virtual_stage(s, c, p);
       switch (a.op) {
         case Op::RecvForward: {
-          auto buf = stage.recv_forward_buffer(mb);
-          transport.post_recv(Flow::forward, buf.data(), numel(buf), mb);
+          auto buf = on_chunk(stage, a, recv_forward);
+          transport.post_recv(Flow::forward, buf.data(), numel(buf), mb, c);
           break;
         }
         case Op::RecvBackward: {
-          auto buf = stage.recv_backward_buffer(mb);
-          transport.post_recv(Flow::backward, buf.data(), numel(buf), mb);
+          auto buf = on_chunk(stage, a, recv_backward);
+          transport.post_recv(Flow::backward, buf.data(), numel(buf), mb, c);
           break;
         }
         case Op::Forward:
-          if (s > 0) timed(t.wait, 'w', mb, [&] { transport.wait_recv(Flow::forward, mb); });
-          timed(t.forward, 'F', mb, [&] { stage.forward(mb); });
+          if (k > 0) timed(t.wait, 'w', mb, [&] { transport.wait_recv(Flow::forward, mb, c); });
+          timed(t.forward, 'F', mb, [&] { on_chunk(stage, a, forward); });
           break;
         case Op::BackwardInput:
-          if (s < p - 1) timed(t.wait, 'w', mb, [&] { transport.wait_recv(Flow::backward, mb); });
-          timed(t.wait, 'w', mb, [&] { transport.wait_send(Flow::forward, mb); });  // F's output reusable after
-          timed(t.backward_input, 'B', mb, [&] { stage.backward_input(mb); });
+          if (k < last_stage) timed(t.wait, 'w', mb, [&] { transport.wait_recv(Flow::backward, mb, c); });
+          timed(t.wait, 'w', mb, [&] { transport.wait_send(Flow::forward, mb, c); });  // F's output reusable after
+          timed(t.backward_input, 'B', mb, [&] { on_chunk(stage, a, backward_input); });
           break;
-        case Op::BackwardWeight: timed(t.backward_weight, 'W', mb, [&] { stage.backward_weight(mb); }); break;
+        case Op::BackwardWeight: timed(t.backward_weight, 'W', mb, [&] { on_chunk(stage, a, backward_weight); }); break;
         case Op::SendForward: {
-          auto buf = stage.send_forward_buffer(mb);
-          transport.post_send(Flow::forward, buf.data(), numel(buf), mb);
+          auto buf = on_chunk(stage, a, send_forward);
+          transport.post_send(Flow::forward, buf.data(), numel(buf), mb, c);
           break;
         }
         case Op::SendBackward: {
-          auto buf = stage.send_backward_buffer(mb);
-          transport.post_send(Flow::backward, buf.data(), numel(buf), mb);
+          auto buf = on_chunk(stage, a, send_backward);
+          transport.post_send(Flow::backward, buf.data(), numel(buf), mb, c);
           break;
         }
       }
@@ -172,9 +213,10 @@ StepTimings run_stage(const std::vector<Action>& actions, S& stage, Transport& t
 }
 
 // The host form: messages over the pipeline-axis communicator `pipe` (MpiTransport).
-template <Stage S>
-StepTimings run_stage(const std::vector<Action>& actions, S& stage, const comm::Mpi& pipe, bool trace = false) {
-  MpiTransport<typename S::value_type> transport(pipe);
+// `chunks`: the model chunks per rank of the table (chunks_in(schedule); 1 unless interleaved).
+template <AnyStage S>
+StepTimings run_stage(const std::vector<Action>& actions, S& stage, const comm::Mpi& pipe, bool trace = false, int chunks = 1) {
+  MpiTransport<typename S::value_type> transport(pipe, chunks);
   return run_stage(actions, stage, transport, trace);
 }
 

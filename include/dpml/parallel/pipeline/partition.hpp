@@ -18,6 +18,8 @@
 //                              the schedule's peak of micro-batches in flight — GPipe m, 1F1B
 //                              min(p − s, m), ZB-H1 min(p, m) on every stage — so a model that
 //                              sizes its activation memory from it keeps exactly what the table needs.
+//   of_chunk(actions, c)       the actions of model chunk c (interleaved schedules): a chunk's layers
+//                              plan their buffers over its own micro-batches
 //   weight_follows_input(actions)
 //                              every W comes right after its own B among the compute actions
 //                              (GPipe, 1F1B; ZB-H1 on stage 0): the stage may then form the weight
@@ -30,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -143,12 +146,18 @@ inline BufferPlan plan_buffers(const std::vector<Action>& actions, int micro_bat
   return plan;
 }
 
+inline std::vector<Action> of_chunk(const std::vector<Action>& actions, int chunk) {
+  std::vector<Action> out;
+  std::copy_if(actions.begin(), actions.end(), std::back_inserter(out), [&](const Action& a) { return a.chunk == chunk; });
+  return out;
+}
+
 inline bool weight_follows_input(const std::vector<Action>& actions) {
   const Action* previous = nullptr;
   for (const Action& a : actions) {
     if (!is_compute(a.op)) continue;
     if (a.op == Op::BackwardWeight &&
-        !(previous && previous->op == Op::BackwardInput && previous->micro_batch == a.micro_batch))
+        !(previous && previous->op == Op::BackwardInput && previous->micro_batch == a.micro_batch && previous->chunk == a.chunk))
       return false;
     previous = &a;
   }

@@ -31,17 +31,17 @@ namespace dpml::parallel::pipeline {
 using Batches = std::vector<std::vector<Message>>;  // one stage's groups, in launch order
 
 namespace detail {
-// A stage that computes nothing; every buffer is one element.
+// A stage of any number of chunks that computes nothing; every buffer is one element.
 struct NullStage {
   using value_type = char;
   char cell = 0;
-  void forward(int) {}
-  void backward_input(int) {}
-  void backward_weight(int) {}
-  TensorView<char> recv_forward_buffer(int) { return {&cell, Shape{1}}; }
-  TensorView<const char> send_forward_buffer(int) { return {&cell, Shape{1}}; }
-  TensorView<char> recv_backward_buffer(int) { return {&cell, Shape{1}}; }
-  TensorView<const char> send_backward_buffer(int) { return {&cell, Shape{1}}; }
+  void forward(int, int) {}
+  void backward_input(int, int) {}
+  void backward_weight(int, int) {}
+  TensorView<char> recv_forward_buffer(int, int) { return {&cell, Shape{1}}; }
+  TensorView<const char> send_forward_buffer(int, int) { return {&cell, Shape{1}}; }
+  TensorView<char> recv_backward_buffer(int, int) { return {&cell, Shape{1}}; }
+  TensorView<const char> send_backward_buffer(int, int) { return {&cell, Shape{1}}; }
 };
 
 // A BatchedTransport launcher that records what it is given; marks are the posting order.
@@ -76,30 +76,37 @@ inline Batches batches_of(const Schedule& schedule, int stage, PeerBatches peer_
   Batches out;
   detail::NullStage null;
   BatchedTransport<char, detail::RecordingLauncher> transport(
-      detail::RecordingLauncher{stage, static_cast<int>(schedule.size()), &out, {}}, std::move(peer_batches));
+      detail::RecordingLauncher{stage, static_cast<int>(schedule.size()), &out, {}}, std::move(peer_batches), chunks_in(schedule));
   run_stage(schedule[static_cast<std::size_t>(stage)], null, transport);
   return out;
 }
 
+// The neighbours: ranks stage ± 1 (mod p under interleaving, where the last rank sends to the
+// first; one rank for both sides when p = 2).
 inline PeerBatches peer_batches(const Schedule& schedule, int stage) {
-  const int p = static_cast<int>(schedule.size());
+  const int p = static_cast<int>(schedule.size()), v = chunks_in(schedule);
   const Batches mine = batches_of(schedule, stage);
+  auto far = [&](const Message& m, int at) { return route(m.flow, m.send, at, m.chunk, m.micro_batch, p, v); };
+  std::set<int> peers;
+  for (const int peer : {stage - 1, stage + 1})
+    if (v > 1 || (peer >= 0 && peer < p)) peers.insert((peer + p) % p);
+  peers.erase(stage);
   PeerBatches out;
-  for (const int peer : {stage - 1, stage + 1}) {
-    if (peer < 0 || peer >= p) continue;
+  for (const int peer : peers) {
     const Batches theirs = batches_of(schedule, peer);
     for (std::size_t i = 0; i < theirs.size(); ++i)
       for (const Message& m : theirs[i])
-        if (peer_of(m.flow, m.send, peer) == stage) out[key_of({m.flow, m.micro_batch, !m.send})] = static_cast<int>(i);
+        if (const Route r = far(m, peer); r.peer == stage)
+          out[key_of({m.flow, m.micro_batch, !m.send, r.peer_chunk})] = static_cast<int>(i);
     int highest = -1;  // of the neighbour's batch indices met so far along this stage's batches
     for (const auto& batch : mine) {
       int lowest_here = -1, highest_here = -1;
       for (const Message& m : batch) {
-        if (peer_of(m.flow, m.send, stage) != peer) continue;
+        if (far(m, stage).peer != peer) continue;
         const auto at = out.find(key_of(m));
         DPML_REQUIRE(at != out.end(), "pipeline stage " << stage << ": stage " << peer << " never launches the match of the "
-                                                        << flow_name(m.flow) << " of micro-batch " << m.micro_batch
-                                                        << " (schedule not checked?)");
+                                                        << flow_name(m.flow) << " of micro-batch " << m.micro_batch << " (chunk "
+                                                        << m.chunk << "; schedule not checked?)");
         lowest_here = lowest_here < 0 ? at->second : std::min(lowest_here, at->second);
         highest_here = std::max(highest_here, at->second);
       }

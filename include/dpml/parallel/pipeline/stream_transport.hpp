@@ -24,7 +24,8 @@
 //
 //   auto pipe = comm::Nccl::from(grid.comm(Axis::pipeline));     // a stream of its own
 //   StreamTransport<bf16> transport(StreamLauncher<bf16>(pipe, dev.stream()),
-//                                   peer_batches(schedule, pipe.rank()));   // groups alike
+//                                   peer_batches(schedule, pipe.rank()),    // groups alike
+//                                   chunks_in(schedule));                   // interleaved: v
 //   run_stage(actions, stage, transport);   // train::Trainer does this on CudaSpace
 
 #include "dpml/comm/nccl.hpp"
@@ -88,10 +89,9 @@ class StreamLauncher {
     {
       const auto group = comm_->group();
       for (const auto& e : batch) {
-        const Message& m = e.message;
-        const int peer = peer_of(m.flow, m.send, rank()), tag = tag_of(m.flow, m.micro_batch);
-        if (m.send) comm_->send(e.payload.send, e.payload.n, peer, tag);
-        else comm_->recv(e.payload.recv, e.payload.n, peer, tag);
+        const Route& r = e.payload.route;  // BatchedTransport's: the peer rank and the tag
+        if (e.message.send) comm_->send(e.payload.send, e.payload.n, r.peer, r.tag);
+        else comm_->recv(e.payload.recv, e.payload.n, r.peer, r.tag);
       }
     }
     const int done = events_->record(comm_->stream());

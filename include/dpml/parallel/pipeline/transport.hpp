@@ -2,16 +2,18 @@
 // How the pipeline executor (executor.hpp) moves a stage's messages: a transport policy. The
 // executor walks the table and calls
 //
-//   post_recv(flow, data, n, mb)   RecvForward / RecvBackward: mb's message will land in data (n)
-//   post_send(flow, data, n, mb)   SendForward / SendBackward: data (n) holds mb's message
-//   wait_recv(flow, mb)            before the F / B that reads the message
-//   wait_send(flow, mb)            before the stage may write a sent buffer again (F's output, at B)
+//   post_recv(flow, data, n, mb, c)  RecvForward / RecvBackward: mb's message will land in data (n)
+//   post_send(flow, data, n, mb, c)  SendForward / SendBackward: data (n) holds mb's message
+//   wait_recv(flow, mb, c)         before the F / B that reads the message
+//   wait_send(flow, mb, c)         before the stage may write a sent buffer again (F's output, at B)
 //   finish()                       the step's end: every send complete
 //   abandon()                      a stage threw: let go of what is pending without waiting
 //   pending_receives()             receives posted and not yet waited for
+//   rank(), size(), chunks()       this rank, the pipeline's ranks p, the model chunks v per rank
 //
-// Flow::forward carries activations from stage s to s + 1, Flow::backward their gradients from
-// s + 1 to s. Two transports:
+// c is the action's chunk (0 unless interleaved). Flow::forward carries activations from virtual
+// stage k = c·p + rank to k + 1, Flow::backward their gradients from k + 1 to k: between ranks
+// r and r ± 1 mod p (route() below; without interleaving stage s and s ± 1). Two transports:
 //
 //   MpiTransport<T>            host buffers over comm::Mpi: isend / irecv when posted, waits on
 //                              the host. Every message travels at once, so the transfers overlap
@@ -69,39 +71,59 @@ namespace dpml::parallel::pipeline {
 enum class Flow { forward, backward };
 
 inline const char* flow_name(Flow f) { return f == Flow::forward ? "activation" : "gradient"; }
-// The stage a message of `flow` goes to (sending) or comes from (receiving), seen from `stage`.
+// The stage a message of `flow` goes to (sending) or comes from (receiving), seen from `stage`
+// (one chunk per rank; route() for any).
 inline int peer_of(Flow flow, bool sending, int stage) { return stage + ((flow == Flow::forward) == sending ? 1 : -1); }
 // Tags keep messages of different micro-batches apart where the transport has tags (MPI).
 inline int tag_of(Flow flow, int mb) { return 2 * mb + (flow == Flow::backward ? 1 : 0); }
+
+// Where a message of chunk `chunk` on rank `rank` goes (sending) or comes from (receiving), on
+// `ranks` ranks of `chunks` chunks (virtual stage k = chunk·ranks + rank talks to k ± 1): the
+// rank and chunk at the other end, and a tag both ends compute alike — from the flow, the
+// micro-batch and the boundary crossed (between virtual stages low and low + 1; two boundaries
+// between the same ranks differ in low / ranks). With one chunk: peer_of and tag_of.
+struct Route {
+  int peer, peer_chunk, tag;
+};
+inline Route route(Flow flow, bool sending, int rank, int chunk, int mb, int ranks, int chunks) {
+  const bool up = (flow == Flow::forward) == sending;  // towards virtual stage k + 1
+  const int k = chunk * ranks + rank, far = up ? k + 1 : k - 1, low = std::min(k, far);
+  const int wrapped = (far % ranks + ranks) % ranks;  // a far end outside the pipeline: a table not checked
+  return {wrapped, (far - wrapped) / ranks, tag_of(flow, mb * chunks + low / ranks)};
+}
 
 // ---- host transport ----------------------------------------------------------------------------
 
 template <class T>
 class MpiTransport {
  public:
-  // `pipe`: the pipeline-axis communicator; its rank is the stage index.
-  explicit MpiTransport(const comm::Mpi& pipe) : pipe_(pipe) {}
+  // `pipe`: the pipeline-axis communicator; its rank is the stage index. `chunks`: model chunks per
+  // rank (the interleaved schedule's v).
+  explicit MpiTransport(const comm::Mpi& pipe, int chunks = 1) : pipe_(pipe), chunks_(chunks) {}
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
 
   int rank() const noexcept { return pipe_.rank(); }
   int size() const noexcept { return pipe_.size(); }
+  int chunks() const noexcept { return chunks_; }
 
-  void post_recv(Flow f, T* data, std::size_t n, int mb) {
-    recvs_.emplace(Key{f, mb}, pipe_.irecv(data, n, peer_of(f, false, rank()), tag_of(f, mb)));
+  void post_recv(Flow f, T* data, std::size_t n, int mb, int chunk = 0) {
+    const Route r = route(f, false, rank(), chunk, mb, size(), chunks_);
+    recvs_.emplace(Key{f, chunk, mb}, pipe_.irecv(data, n, r.peer, r.tag));
   }
-  void post_send(Flow f, const T* data, std::size_t n, int mb) {
-    sends_.emplace(Key{f, mb}, pipe_.isend(data, n, peer_of(f, true, rank()), tag_of(f, mb)));
+  void post_send(Flow f, const T* data, std::size_t n, int mb, int chunk = 0) {
+    const Route r = route(f, true, rank(), chunk, mb, size(), chunks_);
+    sends_.emplace(Key{f, chunk, mb}, pipe_.isend(data, n, r.peer, r.tag));
   }
-  void wait_recv(Flow f, int mb) {
-    auto it = recvs_.find({f, mb});
-    DPML_REQUIRE(it != recvs_.end(), "pipeline stage " << rank() << ": the " << flow_name(f) << " of micro-batch " << mb
-                                                      << " needed before its receive was posted (schedule not checked?)");
+  void wait_recv(Flow f, int mb, int chunk = 0) {
+    auto it = recvs_.find({f, chunk, mb});
+    DPML_REQUIRE(it != recvs_.end(), "pipeline stage " << rank() << ": the " << flow_name(f) << " of micro-batch " << mb << " (chunk "
+                                                      << chunk << ") needed before its receive was posted (schedule not checked?)");
     it->second.wait();
     recvs_.erase(it);
   }
-  void wait_send(Flow f, int mb) {
-    if (auto it = sends_.find({f, mb}); it != sends_.end()) {
+  void wait_send(Flow f, int mb, int chunk = 0) {
+    if (auto it = sends_.find({f, chunk, mb}); it != sends_.end()) {
       it->second.wait();
       sends_.erase(it);
     }
@@ -123,8 +145,9 @@ class MpiTransport {
   std::size_t pending_receives() const noexcept { return recvs_.size(); }
 
  private:
-  using Key = std::pair<Flow, int>;
+  using Key = std::tuple<Flow, int, int>;  // (flow, chunk, micro-batch)
   const comm::Mpi& pipe_;
+  int chunks_;
   std::map<Key, comm::Request> recvs_, sends_;
 };
 
@@ -135,11 +158,12 @@ struct Message {
   Flow flow;
   int micro_batch;
   bool send;
+  int chunk = 0;  // the posting rank's chunk
   friend bool operator==(const Message&, const Message&) = default;
 };
 
-using MessageKey = std::tuple<int, int, bool>;  // (flow, micro-batch, send)
-inline MessageKey key_of(Message m) { return {static_cast<int>(m.flow), m.micro_batch, m.send}; }
+using MessageKey = std::tuple<int, int, int, bool>;  // (flow, chunk, micro-batch, send)
+inline MessageKey key_of(Message m) { return {static_cast<int>(m.flow), m.chunk, m.micro_batch, m.send}; }
 
 // For each message of a stage: the index (launch order, from 0) of the neighbour's batch that
 // carries its match — the receive of a send, the send of a receive.
@@ -208,27 +232,35 @@ class BatchedTransport {
     T* recv;        // (n) for a receive
     std::size_t n;
     typename Launcher::Mark mark;
+    Route route;    // the peer and the tag
   };
   using Batch = typename P2pBatcher<Payload>::Batch;
 
   // Without PeerBatches each batch is one group (a launcher that records batches, on paper).
-  explicit BatchedTransport(Launcher launcher, PeerBatches peer_batches = {})
-      : launcher_(std::move(launcher)), peer_batches_(std::move(peer_batches)) {}
+  // `chunks`: model chunks per rank (the interleaved schedule's v).
+  explicit BatchedTransport(Launcher launcher, PeerBatches peer_batches = {}, int chunks = 1)
+      : launcher_(std::move(launcher)), peer_batches_(std::move(peer_batches)), chunks_(chunks) {}
 
   int rank() const noexcept { return launcher_.rank(); }
   int size() const noexcept { return launcher_.size(); }
+  int chunks() const noexcept { return chunks_; }
 
-  void post_recv(Flow f, T* data, std::size_t n, int mb) { batcher_.post({f, mb, false}, {nullptr, data, n, launcher_.mark()}); }
-  void post_send(Flow f, const T* data, std::size_t n, int mb) { batcher_.post({f, mb, true}, {data, nullptr, n, launcher_.mark()}); }
-  void wait_recv(Flow f, int mb) {
-    const Message m{f, mb, false};
+  void post_recv(Flow f, T* data, std::size_t n, int mb, int chunk = 0) {
+    batcher_.post({f, mb, false, chunk}, {nullptr, data, n, launcher_.mark(), route(f, false, rank(), chunk, mb, size(), chunks_)});
+  }
+  void post_send(Flow f, const T* data, std::size_t n, int mb, int chunk = 0) {
+    batcher_.post({f, mb, true, chunk}, {data, nullptr, n, launcher_.mark(), route(f, true, rank(), chunk, mb, size(), chunks_)});
+  }
+  void wait_recv(Flow f, int mb, int chunk = 0) {
+    const Message m{f, mb, false, chunk};
     DPML_REQUIRE(batcher_.held(m) || launcher_.launched(m), "pipeline stage " << rank() << ": the " << flow_name(f) << " of micro-batch " << mb
-                                                                              << " needed before its receive was posted (schedule not checked?)");
+                                                                              << " (chunk " << chunk
+                                                                              << ") needed before its receive was posted (schedule not checked?)");
     launch(batcher_.for_receive(m));
     launcher_.wait(m);
   }
-  void wait_send(Flow f, int mb) {
-    const Message m{f, mb, true};
+  void wait_send(Flow f, int mb, int chunk = 0) {
+    const Message m{f, mb, true, chunk};
     if (batcher_.held(m)) launch(batcher_.take_sends());
     if (launcher_.launched(m)) launcher_.wait(m);
   }
@@ -241,31 +273,35 @@ class BatchedTransport {
   const Launcher& launcher() const noexcept { return launcher_; }
 
  private:
-  // The batch in rounds (see the header comment): entries keyed by (side, the neighbour's batch),
-  // side 0 the previous stage, 1 the next; round k takes the k-th key of each side.
+  // The batch in rounds (see the header comment): entries keyed by (neighbour, the neighbour's
+  // batch) — the ranks r ± 1 mod p, one rank for both sides when p = 2 —; round k takes the k-th
+  // key of each neighbour, the lower rank first.
   void launch(Batch b) {
     if (b.empty()) return;
     if (peer_batches_.empty()) return launcher_.launch(b);
-    std::map<int, Batch> sides[2];
+    std::map<int, std::map<int, Batch>> sides;
     for (auto& e : b) {
       const auto at = peer_batches_.find(key_of(e.message));
       DPML_REQUIRE(at != peer_batches_.end(), "pipeline stage " << rank() << ": no neighbour's batch carries the match of the "
                                                                 << flow_name(e.message.flow) << " of micro-batch " << e.message.micro_batch);
-      sides[peer_of(e.message.flow, e.message.send, rank()) > rank() ? 1 : 0][at->second].push_back(std::move(e));
+      sides[e.payload.route.peer][at->second].push_back(std::move(e));
     }
-    typename std::map<int, Batch>::iterator next[2] = {sides[0].begin(), sides[1].begin()};
-    while (next[0] != sides[0].end() || next[1] != sides[1].end()) {
+    std::vector<std::pair<typename std::map<int, Batch>::iterator, typename std::map<int, Batch>::iterator>> next;
+    for (auto& [peer, batches] : sides) next.emplace_back(batches.begin(), batches.end());
+    for (bool more = true; more;) {
       Batch round;
-      for (const int side : {0, 1})
-        if (next[side] != sides[side].end()) {
-          for (auto& e : next[side]->second) round.push_back(std::move(e));
-          ++next[side];
+      more = false;
+      for (auto& [it, end] : next)
+        if (it != end) {
+          for (auto& e : it->second) round.push_back(std::move(e));
+          more = ++it != end || more;
         }
       launcher_.launch(round);
     }
   }
   Launcher launcher_;
   PeerBatches peer_batches_;
+  int chunks_;
   P2pBatcher<Payload> batcher_;
 };
 
