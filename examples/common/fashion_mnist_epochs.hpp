@@ -70,13 +70,16 @@ int train_epochs(const EpochOptions& o, const ProcessGrid& grid, Trainer& traine
       const double images = static_cast<double>(batch->global_size), ips = images / r.seconds;
       const auto hw = meter.lap(o.flops_per_image * images, r.seconds);  // collective: every rank, every step
       metrics.write(step, {{"epoch", double(epoch)}, {"loss", r.loss}, {"train_acc", r.accuracy},
-                           {"lr", lr}, {"img_per_s", ips}, {"grad_norm", r.grad_norm}, {"exposed_comm_s", r.exposed_comm_seconds}},
+                           {"lr", lr}, {"img_per_s", ips}, {"grad_norm", r.grad_norm}, {"exposed_comm_s", r.exposed_comm_seconds},
+                           {"wire_bytes", double(r.wire_bytes)}, {"dense_bytes", double(r.dense_bytes)}},
                     hw.metrics("energy_j_per_image", images));
       if (step % o.log_interval == 0 || step == 1) {
         // A named list: nvcc's front end mangles this braced list written in the call.
+        // Gradient megabytes this rank sent (NaN, not shown, on one data rank).
+        const double wire_mb = r.dense_bytes > 0 ? double(r.wire_bytes) / 1e6 : std::nan("");
         const std::initializer_list<train::Metric> extra = {{"epoch", double(epoch + 1)}, {"train-acc", r.accuracy}, {"lr", lr},
                                                             {"mfu%", 100 * hw.mfu}, {"mem GiB", hw.peak_memory_gib},
-                                                            {"W", hw.power.watts}};
+                                                            {"W", hw.power.watts}, {"wire MB", wire_mb}};
         progress.print(step, loss_sum / static_cast<double>(seen), ips, extra);
       }
     }

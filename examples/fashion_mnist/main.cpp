@@ -9,7 +9,10 @@
 // backward runs; the result equals one process training on the same global batches. The trainer
 // is train::ClassifierTrainer (train::Trainer with softmax cross-entropy and accuracy); --zero picks
 // the strategy type DataParallel<Zero1>, --dp-allreduce hierarchical DataParallel<…, Hierarchical>
-// (inside each node, across nodes, inside each node; nodes of --ranks-per-node ranks, or hosts).
+// (inside each node, across nodes, inside each node; nodes of --ranks-per-node ranks, or hosts);
+// --grad-compression bf16 | fp16 | powersgd | topk the buckets' compression (DataParallel<…,
+// WirePrecision<bf16>>, …: parallel/compression/policy.hpp; CPU ranks only), --powersgd-rank and
+// --topk-ratio its sizes; the progress line shows the gradient megabytes each rank sent per step.
 //
 // --device cuda (CUDA builds): the same models (models::ResNet, models::Mlp) built on CudaSpace in
 // bf16 — the GPU convolutions are bf16 kernels; the MLP follows for one precision per run — with
@@ -65,6 +68,9 @@ struct Flags {
   bool nesterov = true, sync_bn = false, zero = false, augment = true;
   std::string dp_allreduce = "flat";
   int ranks_per_node = 0;
+  std::string grad_compression = "none";
+  int powersgd_rank = 4;
+  double topk_ratio = 0.01;
   std::string data_dir = data::kFashionMnistDir;
   std::string metrics = "", tensorboard = "";
   std::int64_t log_interval = 50;
@@ -90,24 +96,31 @@ int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer, bool own_gp
                                 grid, trainer, own_gpus);
 }
 
-// body.template operator()<Strategy, Rule>(rule options) for --zero, --dp-allreduce and --optimizer.
-template <class Body>
+// body.template operator()<Strategy, Rule>(rule options) for --zero, --dp-allreduce, --optimizer
+// and (host buckets only: Compressed) --grad-compression.
+template <bool Compressed = false, class Body>
 int with_optimizer(const Flags& f, Body&& body) {
-  return parallel::with_strategy("1f1b", f.zero, f.dp_allreduce, [&]<class Strategy>() {
+  const auto pick = [&]<class Strategy>() {
     if (f.optimizer == "sgd")
       return body.template operator()<Strategy, optim::Sgd>(
           optim::SgdOptions{.momentum = f.momentum, .weight_decay = f.weight_decay, .nesterov = f.nesterov});
     DPML_REQUIRE_EVERYWHERE(f.optimizer == "adamw", "--optimizer " << f.optimizer << " is not one of sgd, adamw");
     return body.template operator()<Strategy, optim::AdamW>(optim::AdamWOptions{.weight_decay = f.weight_decay});
-  });
+  };
+  if constexpr (Compressed) return parallel::with_strategy("1f1b", f.zero, f.dp_allreduce, f.grad_compression, pick);
+  else return parallel::with_strategy("1f1b", f.zero, f.dp_allreduce, pick);
+}
+
+parallel::DistributedOptimizerOptions dist_of(const Flags& f) {
+  return {.clip = f.clip, .compression = {.powersgd_rank = f.powersgd_rank, .topk_ratio = f.topk_ratio, .seed = f.seed}};
 }
 
 train::ClassifierOptions options_of(const Flags& f) { return {.micro_batches = f.micro_batches, .seed = f.seed}; }
 
 template <class Model>
 int train_on_host(const Flags& f, const ProcessGrid& grid, Model& model) {
-  return with_optimizer(f, [&]<class Strategy, class Rule>(typename Rule::Options rule) {
-    train::ClassifierTrainer<Model, Rule, Strategy> trainer(model, grid, rule, {.clip = f.clip}, options_of(f));
+  return with_optimizer<true>(f, [&]<class Strategy, class Rule>(typename Rule::Options rule) {
+    train::ClassifierTrainer<Model, Rule, Strategy> trainer(model, grid, rule, dist_of(f), options_of(f));
     return train(f, grid, trainer);
   });
 }
@@ -172,6 +185,13 @@ int main(int argc, char** argv) {
         .flag("--ranks-per-node", f.ranks_per_node,
               "ranks per node for --dp-allreduce hierarchical (0: the ranks sharing a host; K: consecutive ranks by K)",
               train::at_least(0))
+        .flag("--grad-compression", f.grad_compression,
+              "gradients on the wire (CPU ranks, flat all-reduce): none | bf16 | fp16 (16-bit values, fp32 sums) | "
+              "powersgd (rank --powersgd-rank, error feedback) | topk (--topk-ratio of each bucket, error feedback)",
+              parallel::check_grad_compression)
+        .flag("--powersgd-rank", f.powersgd_rank, "--grad-compression powersgd: columns of P and Q", train::between(1, 1024))
+        .flag("--topk-ratio", f.topk_ratio, "--grad-compression topk: the fraction of each bucket's entries each rank sends",
+              train::Range<double>(0.0, 1.0, true))
         .flag("--augment", f.augment, "random crop (pad 2) and horizontal flip")
         .flag("--data-dir", f.data_dir, "directory of the four Fashion-MNIST IDX files (gzipped or not)")
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
@@ -183,6 +203,9 @@ int main(int argc, char** argv) {
     train::require_writable_directory("--tensorboard", f.tensorboard);
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
     DPML_REQUIRE_EVERYWHERE(f.model == "resnet" || f.model == "mlp", "--model " << f.model << " is not one of resnet, mlp");
+    DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.grad_compression == "none",
+                            "--grad-compression " << f.grad_compression << " runs on CPU ranks only (--device cpu): the GPU "
+                                                  "buckets have no compression kernels yet");
 #ifdef DPML_WITH_CUDA
     std::optional<comm::GpuPlacement> gpus;
     if (f.device == "cuda") gpus = comm::place_on_gpus(world, f.gpu_comm);  // before any CUDA allocation
@@ -192,7 +215,10 @@ int main(int argc, char** argv) {
     auto grid = ProcessGrid::create(world, {.ranks_per_node = f.ranks_per_node});
     if (world.rank() == 0)
       std::printf("dpml fashion_mnist: %d data-parallel ranks%s%s | model %s | global batch %lld | %s\n", grid.dp(),
-                  f.device == "cpu" ? "" : " on GPUs (bf16)", f.dp_allreduce == "hierarchical" ? ", hierarchical all-reduce" : "",
+                  f.device == "cpu" ? "" : " on GPUs (bf16)",
+                  f.dp_allreduce == "hierarchical"   ? ", hierarchical all-reduce"
+                  : f.grad_compression != "none" ? (", --grad-compression " + f.grad_compression).c_str()
+                                                 : "",
                   f.model.c_str(), static_cast<long long>(f.global_batch),
                   f.optimizer.c_str());
 #ifdef DPML_WITH_CUDA

@@ -12,6 +12,9 @@
 // robin and talk through comm::Staged (device buffers staged through the host over MPI: for tests
 // and small machines). --tp, --pp, --schedule, --zero as on the CPU; the GELU output is recomputed
 // in the backward and the vocabulary padded to 128 rows per tensor rank. Head dim 32, 64 or 128.
+// --grad-compression bf16 | fp16 | powersgd | topk (CPU ranks, flat all-reduce; --powersgd-rank,
+// --topk-ratio) compresses the data axis' gradient buckets (parallel/compression/policy.hpp); the
+// progress line shows the megabytes each rank sent per step.
 // --fp16 trains in IEEE fp16 instead (fp32 master weights and state) with dynamic loss scaling
 // (optim/loss_scale.hpp; Megatron's --initial-loss-scale, --loss-scale-window, --min-loss-scale):
 // an overflowed step is skipped and the scale halved, rank 0 saying so. --loss-scale S is a static
@@ -122,6 +125,9 @@ struct Flags {
   bool zero = false;
   std::string dp_allreduce = "flat";
   int ranks_per_node = 0;
+  std::string grad_compression = "none";
+  int powersgd_rank = 4;
+  double topk_ratio = 0.01;
   std::int64_t micro_batch = 4, global_batch = 32;
   std::int64_t layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0;
   std::string model_size;        // a named shape (models::kGptPresets); explicit shape flags override it
@@ -325,6 +331,7 @@ int train_and_sample(Trainer& trainer, const Run& run) {
     metrics.write(step, {{"loss", r.loss}, {"val_loss", val}, {"lr", rate},
                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
                          {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
+                         {"wire_bytes", double(r.wire_bytes)}, {"dense_bytes", double(r.dense_bytes)},
                          {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}},
                   hw.metrics("energy_j_per_token", tokens_per_step));
     if (step % f.log_interval == 0 || step == 1 || step == f.iters) {
@@ -333,7 +340,8 @@ int train_and_sample(Trainer& trainer, const Run& run) {
       const std::initializer_list<train::Metric> extra = {{"val", val}, {"lr", rate}, {"gnorm", r.grad_norm},
                                                           {"loss scale", scaled ? trainer.loss_scale() : NAN},
                                                           {"mfu%", 100 * hw.mfu}, {"mem GiB", hw.peak_memory_gib},
-                                                          {"W", hw.power.watts}};
+                                                          {"W", hw.power.watts},
+                                                          {"wire MB", r.dense_bytes > 0 ? double(r.wire_bytes) / 1e6 : NAN}};
       progress.print(step, r.loss, tokens_per_step / r.seconds, extra);
     }
     if (f.exit_interval > 0 && step % f.exit_interval == 0 && step < f.iters) {
@@ -446,6 +454,13 @@ int main(int argc, char** argv) {
         .flag("--ranks-per-node", f.ranks_per_node,
               "data-parallel ranks per node for --dp-allreduce hierarchical (0: the ranks sharing a host; K: consecutive data ranks by K)",
               train::at_least(0))
+        .flag("--grad-compression", f.grad_compression,
+              "data-parallel gradients on the wire (CPU ranks, flat all-reduce): none | bf16 | fp16 (16-bit values, fp32 sums) | "
+              "powersgd (rank --powersgd-rank, error feedback) | topk (--topk-ratio of each bucket, error feedback)",
+              parallel::check_grad_compression)
+        .flag("--powersgd-rank", f.powersgd_rank, "--grad-compression powersgd: columns of P and Q", train::between(1, 1024))
+        .flag("--topk-ratio", f.topk_ratio, "--grad-compression topk: the fraction of each bucket's entries each rank sends",
+              train::Range<double>(0.0, 1.0, true))
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
         .flag("--model-size", f.model_size,
@@ -507,6 +522,9 @@ int main(int argc, char** argv) {
     models::apply_gpt_preset(f.model_size, [&](int i) { return args.given(shape_flags[i]); }, f.layers, f.hidden, f.heads, f.seq);
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
+    DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.grad_compression == "none",
+                            "--grad-compression " << f.grad_compression << " runs on CPU ranks only (--device cpu): the GPU "
+                                                  "buckets have no compression kernels yet");
     DPML_REQUIRE_EVERYWHERE(!f.fp16 || f.device == "cuda", "--fp16 trains IEEE fp16 on GPUs (--device cuda); CPU ranks train fp32 "
                                                            "(--loss-scale S still scales their gradients)");
     DPML_REQUIRE_EVERYWHERE(f.initial_loss_scale >= f.min_loss_scale, "--initial-loss-scale " << f.initial_loss_scale
@@ -595,7 +613,9 @@ int main(int argc, char** argv) {
     if (world.rank() == 0)
       std::printf("dpml train_gpt: %s%s | schedule %s%s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
                   f.device == "cpu" ? "" : f.fp16 ? "GPUs (fp16) " : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
-                  f.dp_allreduce == "hierarchical" ? " | hierarchical all-reduce" : "",
+                  f.dp_allreduce == "hierarchical"   ? " | hierarchical all-reduce"
+                  : f.grad_compression != "none" ? (" | --grad-compression " + f.grad_compression).c_str()
+                                                 : "",
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
     bool own_gpus = false;  // MFU and power need a GPU per rank
 #ifdef DPML_WITH_CUDA
@@ -612,8 +632,10 @@ int main(int argc, char** argv) {
 #endif
     models::Gpt<float> model(config, grid);
     layers::initialize_all(model.parameters(), f.seed, &grid);
-    return parallel::with_strategy(f.schedule, f.zero, f.dp_allreduce, [&]<class Strategy>() {
-      train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, adamw_of(f), {.clip = f.clip}, train_options_of(f));
+    const parallel::DistributedOptimizerOptions dist{
+        .clip = f.clip, .compression = {.powersgd_rank = f.powersgd_rank, .topk_ratio = f.topk_ratio, .seed = f.seed}};
+    return parallel::with_strategy(f.schedule, f.zero, f.dp_allreduce, f.grad_compression, [&]<class Strategy>() {
+      train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, adamw_of(f), dist, train_options_of(f));
       return train_and_sample(trainer, run);
     });
   });

@@ -53,6 +53,7 @@
 #include "dpml/kernels/update.hpp"
 
 #include "dpml/parallel/comm_link.hpp"
+#include "dpml/parallel/compression.hpp"
 #include "dpml/parallel/data.hpp"
 #include "dpml/parallel/device_grid.hpp"
 #include "dpml/parallel/distributed_optimizer.hpp"

@@ -279,6 +279,21 @@ class Mpi {
     finish_reduce_scatter(req, send, recv, at, static_cast<std::size_t>((*c)[static_cast<std::size_t>(rank_)]), op);
     return req;
   }
+  // Block r of send (send_counts[r] elements, rank order) goes to rank r; recv gets block rank()
+  // of every rank, in rank order (recv_counts[r] from rank r). Moves elements, reduces nothing.
+  template <class T>
+  Request ialltoallv(const T* send, std::span<const int> send_counts, T* recv, std::span<const int> recv_counts) const {
+    auto sc = std::make_shared<std::vector<int>>(send_counts.begin(), send_counts.end());
+    auto rc = std::make_shared<std::vector<int>>(recv_counts.begin(), recv_counts.end());
+    auto sd = std::make_shared<std::vector<int>>(displacements(send_counts));
+    auto rd = std::make_shared<std::vector<int>>(displacements(recv_counts));
+    MPI_Request r;
+    DPML_CHECK_MPI(MPI_Ialltoallv(send, sc->data(), sd->data(), MpiType<T>::get(), recv, rc->data(), rd->data(),
+                                  MpiType<T>::get(), comm_, &r));
+    Request req(r, "alltoallv", comm_);
+    req.then([sc, rc, sd, rd] {});  // keep the count arrays alive until completion (MPI reads them late)
+    return req;
+  }
   template <class T>
   Request isend(const T* data, std::size_t n, int dest, int tag) const {
     MPI_Request r;
@@ -342,6 +357,10 @@ class Mpi {
   template <Reducible T>
   void reduce_scatterv(const T* send, T* recv, std::span<const int> counts, ReduceOp op) const {
     ireduce_scatterv(send, recv, counts, op).wait();
+  }
+  template <class T>
+  void alltoallv(const T* send, std::span<const int> send_counts, T* recv, std::span<const int> recv_counts) const {
+    ialltoallv(send, send_counts, recv, recv_counts).wait();
   }
   template <class T>
   void send(const T* data, std::size_t n, int dest, int tag) const { isend(data, n, dest, tag).wait(); }

@@ -27,6 +27,12 @@
 // Gradients are *summed*: losses already divide by the global batch (Context::global_batch), so
 // the sum is the gradient of the global mean, equal to the sequential run's (on both spaces: no
 // averaging collective).
+//
+// Compression (the fourth parameter, a policy of parallel/compression/policy.hpp: WirePrecision<W>,
+// PowerSgd, TopK; DataParallel<…, Policy>): a ready bucket goes to BucketCompressor<Policy, …>,
+// which reduces it to completion there and then (host buckets over comm::Mpi only; the primary
+// template refuses any other space or communicator at compile time). wire_bytes() counts what this
+// rank sent for the step's gradients, dense_bytes() what the same reductions send uncompressed.
 
 #include "dpml/comm/communicator.hpp"
 #include "dpml/core/error.hpp"
@@ -36,6 +42,7 @@
 #include "dpml/core/tensor.hpp"
 #include "dpml/kernels/device.hpp"
 #include "dpml/parallel/comm_link.hpp"
+#include "dpml/parallel/compression.hpp"
 #include "dpml/parallel/tensor.hpp"  // default_comm_t
 
 #include <algorithm>
@@ -45,15 +52,20 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace dpml::parallel {
 
 enum class GradReduction { all_reduce, reduce_scatter };
 
-template <class T, class Space = HostSpace, class Comm = default_comm_t<Space>>
+template <class T, class Space = HostSpace, class Comm = default_comm_t<Space>, class Compression = NoCompression>
 class GradientBuckets {
   using Link = CommLink<Comm, Space>;
+  static_assert(is_compression<Compression>, "dpml: GradientBuckets' fourth parameter is a compression policy (parallel/compression/policy.hpp)");
+  static constexpr bool compressed = !std::same_as<Compression, NoCompression>;
+  struct NoCompressor {};
+  using Compressor = std::conditional_t<compressed, BucketCompressor<Compression, T, Space, Comm>, NoCompressor>;
 
  public:
   // A contiguous range of the flat buffer this rank updates: its shard of a bucket under ZeRO-1,
@@ -65,18 +77,22 @@ class GradientBuckets {
   };
 
   // Host buckets over an MPI communicator of the data axis (nullptr or one rank: nothing to reduce).
-  GradientBuckets(FlatParameters<T, Space>& flat, const Comm* data_comm, GradReduction mode = GradReduction::all_reduce)
+  GradientBuckets(FlatParameters<T, Space>& flat, const Comm* data_comm, GradReduction mode = GradReduction::all_reduce,
+                  CompressionOptions compression = {})
     requires std::same_as<Space, HostSpace>
-      : GradientBuckets(flat, data_comm, mode, kernels::host_device()) {}
+      : GradientBuckets(flat, data_comm, mode, kernels::host_device(), compression) {}
   // Any space: collectives on `data_comm`, ordered after the work of `dev` (its stream on a GPU).
-  GradientBuckets(FlatParameters<T, Space>& flat, const Comm* data_comm, GradReduction mode, kernels::Device<Space>& dev)
+  GradientBuckets(FlatParameters<T, Space>& flat, const Comm* data_comm, GradReduction mode, kernels::Device<Space>& dev,
+                  CompressionOptions compression = {})
       : flat_(flat), comm_(data_comm && data_comm->size() > 1 ? data_comm : nullptr), mode_(mode) {
     if (comm_) link_.emplace(dev, *comm_);
+    if constexpr (compressed)
+      if (comm_) compressor_.emplace(flat, *comm_, mode == GradReduction::reduce_scatter, compression);
     // A communicator that moves registered buffers itself (comm::CopyEngine: two GPUs of one host
     // all-reducing on their copy engines) is handed the gradients it reduces: one set of buckets
     // per such communicator. (The registration changes the communicator's shared state, not what
     // the caller sees of it: hence the cast.)
-    if constexpr (requires(Comm& c, void* p, std::size_t n) { c.register_buffer(p, n); })
+    if constexpr (!compressed && requires(Comm& c, void* p, std::size_t n) { c.register_buffer(p, n); })
       if (comm_ && mode == GradReduction::all_reduce)
         const_cast<Comm&>(*comm_).register_buffer(flat.grads().data(), static_cast<std::size_t>(flat.numel()) * sizeof(T));
     DPML_REQUIRE(mode != GradReduction::reduce_scatter || flat.layout().shards == data_size(),
@@ -108,6 +124,7 @@ class GradientBuckets {
       state_[b].started = false;
     }
     exposed_seconds_ = 0;
+    wire_bytes_ = dense_bytes_ = 0;
   }
 
   // The Context::grad_ready hook: these parameters have one more micro-batch of gradient.
@@ -158,6 +175,12 @@ class GradientBuckets {
   }
 
   double exposed_seconds() const noexcept { return exposed_seconds_; }
+  // Bytes this rank sent for the gradients of this step (ring algorithms: compression/policy.hpp),
+  // and what the same reductions send uncompressed; both 0 on one data rank.
+  std::int64_t wire_bytes() const noexcept { return wire_bytes_; }
+  std::int64_t dense_bytes() const noexcept { return dense_bytes_; }
+  // The compressor (compressed buckets over several data ranks; tests read its residuals).
+  const Compressor* compressor() const noexcept { return compressor_ ? &*compressor_ : nullptr; }
 
  private:
   struct State {
@@ -190,6 +213,14 @@ class GradientBuckets {
     const NvtxRange range('R', static_cast<long long>(b));  // the reduction of bucket b
     const FlatBucket& bucket = flat_.buckets()[b];
     T* grads = flat_.grads().data() + bucket.offset;
+    const int p = comm_->size();
+    dense_bytes_ += mode_ == GradReduction::all_reduce ? wire_bytes::allreduce(bucket.count, sizeof(T), p)
+                                                       : wire_bytes::reduce_scatter(bucket.count, sizeof(T), p);
+    if constexpr (compressed) {
+      wire_bytes_ += compressor_->reduce(b, grads, sharded_ ? shard_grads_.data() + segments_[b].shard_offset : nullptr);
+      return;
+    }
+    wire_bytes_ = dense_bytes_;
     if (mode_ == GradReduction::all_reduce)
       state_[b].pending = link_->allreduce(grads, static_cast<std::size_t>(bucket.count));
     else
@@ -218,6 +249,8 @@ class GradientBuckets {
   std::int64_t shard_numel_ = 0;
   Tensor<T, Space> shard_grads_;   // (shard_numel) when sharded
   double exposed_seconds_ = 0;
+  std::int64_t wire_bytes_ = 0, dense_bytes_ = 0;
+  std::optional<Compressor> compressor_;  // compressed, over several data ranks
 };
 
 }  // namespace dpml::parallel

@@ -21,6 +21,10 @@
 // on every rank alike); the host reads the norm once, at the end (one synchronisation per step),
 // and a skipped update does not count as a step (StepReport::skipped).
 //
+// Compression (a policy of the data axis, parallel/compression/policy.hpp; sizes in
+// DistributedOptimizerOptions::compression) changes only how the buckets reduce; StepReport
+// carries the bytes they sent.
+//
 // Precision: T is the parameters' and gradients' type; with 16-bit T the rule keeps fp32 master
 // weights and state and rounds the master into the values (optim/rule.hpp). Gradients are summed
 // over the data axis (losses divide by the global batch). Loss scaling (fp16, optim/loss_scale.hpp):
@@ -49,6 +53,7 @@
 #include "dpml/kernels/ops.hpp"
 #include "dpml/optim/optimizer.hpp"
 #include "dpml/parallel/comm_link.hpp"
+#include "dpml/parallel/compression/policy.hpp"
 #include "dpml/parallel/data.hpp"
 #include "dpml/parallel/device_grid.hpp"
 #include "dpml/parallel/grid.hpp"
@@ -72,15 +77,19 @@ struct DistributedOptimizerOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's default
   bool zero = false;                                  // ZeRO-1: shard optimizer state over the data axis
   double clip = 0.0;                                  // max global gradient norm; 0 = off
+  CompressionOptions compression{};                   // sizes of the Compression policy (if any)
 };
 
 struct StepReport {
   double grad_norm = 0.0;          // before clipping, without the loss scale
   double exposed_comm_seconds = 0.0;  // host time waiting for collectives (GPU streams: the launches only)
   bool skipped = false;            // a non-finite norm: no update, the step count unchanged
+  std::int64_t wire_bytes = 0;     // gradient bytes this rank sent (GradientBuckets::wire_bytes)
+  std::int64_t dense_bytes = 0;    // … and would have sent uncompressed
 };
 
-template <optim::UpdateRule Rule, class T = float, class Space = HostSpace, class Comm = default_comm_t<Space>>
+template <optim::UpdateRule Rule, class T = float, class Space = HostSpace, class Comm = default_comm_t<Space>,
+          class Compression = NoCompression>
 class DistributedOptimizer {
   using Ops = kernels::Ops<Space>;
 
@@ -145,11 +154,13 @@ class DistributedOptimizer {
       report.skipped = true;
     }
     report.exposed_comm_seconds = buckets_.exposed_seconds();
+    report.wire_bytes = buckets_.wire_bytes();
+    report.dense_bytes = buckets_.dense_bytes();
     return report;
   }
 
   FlatParameters<T, Space>& flat() noexcept { return flat_; }
-  GradientBuckets<T, Space, Comm>& buckets() noexcept { return buckets_; }
+  GradientBuckets<T, Space, Comm, Compression>& buckets() noexcept { return buckets_; }
   Optimizer& optimizer() noexcept { return optimizer_; }
   const DistributedOptimizerOptions& options() const noexcept { return options_; }
 
@@ -218,7 +229,8 @@ class DistributedOptimizer {
                        kernels::Device<Space>& dev)
       : grid_(grid), options_(options), dev_(&dev), data_(std::move(data)),
         flat_(std::forward<Params>(params), layout(options, data_.get())),
-        buckets_(flat_, data_.get(), options.zero ? GradReduction::reduce_scatter : GradReduction::all_reduce, dev),
+        buckets_(flat_, data_.get(), options.zero ? GradReduction::reduce_scatter : GradReduction::all_reduce, dev,
+                 options.compression),
         optimizer_(make_ranges(), rule, dev), world_sum_(sum_over(world, dev)) {
     count_in_norm();
   }
@@ -345,7 +357,7 @@ class DistributedOptimizer {
   std::shared_ptr<const Comm> data_;         // the data axis (owned for a host hierarchy, else borrowed)
   std::vector<std::int64_t> range_offsets_;  // per optimizer range: its first flat element
   FlatParameters<T, Space> flat_;
-  GradientBuckets<T, Space, Comm> buckets_;
+  GradientBuckets<T, Space, Comm, Compression> buckets_;
   Optimizer optimizer_;
   std::function<void(double*)> world_sum_;
   Tensor<std::int64_t, Space> counted_begin_, counted_before_;  // the norm's ranges of shard_grads()

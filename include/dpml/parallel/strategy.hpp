@@ -17,11 +17,16 @@
 //              over its nodes (Hierarchical: inside each node, across nodes, inside each node —
 //              comm::Hierarchical; nodes from the launch's hosts or Layout::ranks_per_node). The
 //              data axis' communicator type follows: data_comm_t<Strategy, Comm>.
-// with_strategy() turns command-line choices (--schedule, --zero, --dp-allreduce) into one of
-// these types.
+//   compression what a gradient bucket puts on the wire (parallel/compression/policy.hpp):
+//              NoCompression (the default), WirePrecision<bf16 | Fp16>, PowerSgd, TopK — over a
+//              Flat all-reduce on host buckets; PowerSgd and TopK keep whole buckets (error
+//              feedback), so not with Zero1. Their sizes: DistributedOptimizerOptions::compression.
+// with_strategy() turns command-line choices (--schedule, --zero, --dp-allreduce,
+// --grad-compression) into one of these types.
 
 #include "dpml/comm/hierarchical.hpp"
 #include "dpml/core/error.hpp"
+#include "dpml/parallel/compression/policy.hpp"
 #include "dpml/parallel/pipeline/schedule.hpp"
 
 #include <string>
@@ -45,18 +50,35 @@ struct Hierarchical {};  // inside each node, across nodes, inside each node (co
 namespace detail {
 template <class P, class... Of>
 inline constexpr bool is_one_of = (std::is_same_v<P, Of> || ...);
+template <class... Ps>
+struct FirstCompression {
+  using type = NoCompression;
+};
+template <class P, class... Ps>
+struct FirstCompression<P, Ps...> {
+  using type = std::conditional_t<is_compression<P>, P, typename FirstCompression<Ps...>::type>;
+};
 }  // namespace detail
 
 template <class... Policies>
 struct DataParallel {
   template <class... Of>  // how many of the policies are one of Of
   static constexpr int count = (0 + ... + static_cast<int>(detail::is_one_of<Policies, Of...>));
-  static_assert(count<Replicated, Zero1, Flat, Hierarchical> == sizeof...(Policies),
-                "dpml: DataParallel takes a sharding (Replicated, Zero1) and an all-reduce (Flat, Hierarchical)");
-  static_assert(count<Replicated, Zero1> <= 1 && count<Flat, Hierarchical> <= 1,
-                "dpml: DataParallel takes at most one sharding (Replicated, Zero1) and one all-reduce (Flat, Hierarchical)");
+  static constexpr int compressions = (0 + ... + static_cast<int>(is_compression<Policies>));
+  static_assert(count<Replicated, Zero1, Flat, Hierarchical> + compressions == sizeof...(Policies),
+                "dpml: DataParallel takes a sharding (Replicated, Zero1), an all-reduce (Flat, Hierarchical) and a "
+                "compression (NoCompression, WirePrecision<bf16 | Fp16>, PowerSgd, TopK)");
+  static_assert(count<Replicated, Zero1> <= 1 && count<Flat, Hierarchical> <= 1 && compressions <= 1,
+                "dpml: DataParallel takes at most one sharding (Replicated, Zero1), one all-reduce (Flat, Hierarchical) "
+                "and one compression");
   static constexpr bool zero = count<Zero1> == 1;
   static constexpr bool hierarchical = count<Hierarchical> == 1;
+  using compression = typename detail::FirstCompression<Policies...>::type;
+  static constexpr bool compressed = !std::is_same_v<compression, NoCompression>;
+  static_assert(!(compressed && hierarchical),
+                "dpml: gradient compression runs over one flat data communicator: DataParallel<…, Flat, Compression>");
+  static_assert(!(approximates<compression> && zero),
+                "dpml: PowerSgd and TopK keep whole buckets on every rank (error feedback): not with Zero1");
   // The data axis' communicator over communicators of type Comm.
   template <class Comm>
   using comm_t = std::conditional_t<hierarchical, comm::Hierarchical<Comm>, Comm>;
@@ -79,14 +101,28 @@ inline const char* schedule_name(pipeline::GPipe) { return "gpipe"; }
 inline const char* schedule_name(pipeline::OneFOneB) { return "1f1b"; }
 inline const char* schedule_name(pipeline::ZeroBubbleH1) { return "zb-h1"; }
 inline const char* schedule_name(pipeline::Interleaved1F1B) { return "interleaved"; }
+inline const char* compression_name(NoCompression) { return "none"; }
+inline const char* compression_name(WirePrecision<bf16>) { return "bf16"; }
+inline const char* compression_name(WirePrecision<Fp16>) { return "fp16"; }
+inline const char* compression_name(PowerSgd) { return "powersgd"; }
+inline const char* compression_name(TopK) { return "topk"; }
 
 // Calls body.template operator()<Strategy>() with the strategy named by `schedule` and `zero`,
-// its data axis all-reducing by AllReduce.
-template <class AllReduce = Flat, class Body>
+// its data axis all-reducing by AllReduce, its buckets compressed by Compression (NoCompression,
+// WirePrecision<W>: either sharding; PowerSgd, TopK: Replicated only — with `zero` every rank
+// refuses, naming the flags).
+template <class AllReduce = Flat, class Compression = NoCompression, class Body>
 decltype(auto) with_strategy(const std::string& schedule, bool zero, Body&& body) {
   auto pick_dp = [&]<class Sched>() -> decltype(auto) {
-    if (zero) return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Zero1, AllReduce>>>();
-    return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Replicated, AllReduce>>>();
+    if constexpr (approximates<Compression>) {
+      DPML_REQUIRE_EVERYWHERE(!zero, "--grad-compression " << compression_name(Compression{})
+                                                           << " keeps whole buckets on every rank (error feedback): not with --zero");
+      return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Replicated, AllReduce, Compression>>>();
+    } else {
+      if (zero)
+        return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Zero1, AllReduce, Compression>>>();
+      return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Replicated, AllReduce, Compression>>>();
+    }
   };
   if (schedule == "gpipe") return pick_dp.template operator()<pipeline::GPipe>();
   if (schedule == "1f1b") return pick_dp.template operator()<pipeline::OneFOneB>();
@@ -105,6 +141,28 @@ decltype(auto) with_strategy(const std::string& schedule, bool zero, const std::
   check_dp_allreduce(dp_allreduce);
   if (dp_allreduce == "hierarchical") return with_strategy<Hierarchical>(schedule, zero, std::forward<Body>(body));
   return with_strategy<Flat>(schedule, zero, std::forward<Body>(body));
+}
+// --grad-compression names the compression: none | bf16 | fp16 | powersgd | topk.
+inline void check_grad_compression(const std::string& name) {
+  DPML_REQUIRE_EVERYWHERE(name == "none" || name == "bf16" || name == "fp16" || name == "powersgd" || name == "topk",
+                          "--grad-compression " << name << " is not one of none, bf16, fp16, powersgd, topk");
+}
+// The same with the buckets' compression named by `compression` (host buckets: a GPU program
+// refuses anything but none before calling this, as no device compressor exists). Compression
+// needs the flat all-reduce: with --dp-allreduce hierarchical every rank refuses.
+template <class Body>
+decltype(auto) with_strategy(const std::string& schedule, bool zero, const std::string& dp_allreduce,
+                             const std::string& compression, Body&& body) {
+  check_grad_compression(compression);
+  if (compression == "none") return with_strategy(schedule, zero, dp_allreduce, std::forward<Body>(body));
+  check_dp_allreduce(dp_allreduce);
+  DPML_REQUIRE_EVERYWHERE(dp_allreduce == "flat", "--grad-compression " << compression
+                                                                        << " runs over one flat all-reduce: not with --dp-allreduce "
+                                                                        << dp_allreduce);
+  if (compression == "bf16") return with_strategy<Flat, WirePrecision<bf16>>(schedule, zero, std::forward<Body>(body));
+  if (compression == "fp16") return with_strategy<Flat, WirePrecision<Fp16>>(schedule, zero, std::forward<Body>(body));
+  if (compression == "powersgd") return with_strategy<Flat, PowerSgd>(schedule, zero, std::forward<Body>(body));
+  return with_strategy<Flat, TopK>(schedule, zero, std::forward<Body>(body));
 }
 
 }  // namespace dpml::parallel

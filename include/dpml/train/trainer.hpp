@@ -194,6 +194,8 @@ struct StepResult {
   double loss_scale = 1.0;           // S the step's gradients carried (1: no loss scaling)
   double seconds = 0.0;
   double exposed_comm_seconds = 0.0; // waiting for data-parallel reductions after backward
+  std::int64_t wire_bytes = 0;       // gradient bytes this rank sent over the data axis (compressed or not)
+  std::int64_t dense_bytes = 0;      // … and would have sent uncompressed (parallel/compression/policy.hpp)
   parallel::pipeline::StepTimings pipeline;  // this stage: busy per op kind, waits, total
 };
 
@@ -425,7 +427,7 @@ class Trainer {
  public:
   using value_type = typename Model::value_type;
   using Stage = typename detail::StageFor<Model, Loss>::type;  // LayerStage<Model, Loss>, or the model itself
-  using Optimizer = parallel::DistributedOptimizer<Rule, value_type, Space, DataComm>;
+  using Optimizer = parallel::DistributedOptimizer<Rule, value_type, Space, DataComm, typename Strategy::data::compression>;
   using ParamT = Param<value_type, Space>;
   using Schedule = typename Strategy::schedule;
   using Comms = parallel::DeviceGrid<Comm, DataComm>;  // a GPU's communicators
@@ -675,6 +677,8 @@ class Trainer {
     r.grad_norm = report.grad_norm;
     r.skipped = report.skipped;
     r.exposed_comm_seconds = report.exposed_comm_seconds;
+    r.wire_bytes = report.wire_bytes;
+    r.dense_bytes = report.dense_bytes;
   }
 
   // A host view in this space: itself on the host; on a GPU uploaded into `buffer` (on the stream).
