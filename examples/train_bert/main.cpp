@@ -138,13 +138,8 @@ int main(int argc, char** argv) {
         .flag("--vocab-size", f.vocab, "tokens of the data (0: 256 bytes for text, 65536 for token shards); [MASK] is one more",
               train::at_least(0))
         .flag("--mask-prob", f.mask_prob, "share of positions chosen for the masked-LM loss (then 80 % [MASK], 10 % random, 10 % kept)",
-              train::Range<double>(0.0, 1.0, true))
-        .flag("--train-iters", f.iters, "optimizer steps", train::at_least(1))
-        .flag("--lr", f.lr, "peak learning rate (AdamW)", train::at_least(0.0))
-        .flag("--min-lr", f.min_lr, "learning rate at the end of the cosine decay", train::at_least(0.0))
-        .flag("--lr-warmup-iters", f.warmup, "linear warm-up steps (-1: a tenth of --train-iters)", train::at_least(-1))
-        .flag("--weight-decay", f.weight_decay, "AdamW decoupled weight decay", train::at_least(0.0))
-        .flag("--clip-grad", f.clip, "global gradient-norm clipping (0: off)", train::at_least(0.0))
+              train::Range<double>(0.0, 1.0, true));
+    train::lm_schedule_flags(args, f.iters, f.lr, f.min_lr, f.warmup, f.weight_decay, f.clip)
         .flag("--seed", f.seed, "seed of initialisation, data order and masking")
         .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs, llm.c header)")
         .flag("--eval-interval", f.eval_interval, "steps between validations", train::at_least(1))
@@ -157,8 +152,7 @@ int main(int argc, char** argv) {
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: bidirectional attention has no GPU kernel yet (the flash kernels "
                                                "are causal only); train_bert runs on CPU ranks (--device cpu)");
-    if (f.warmup == -1) f.warmup = f.iters / 10;
-    DPML_REQUIRE_EVERYWHERE(f.warmup < f.iters, "--lr-warmup-iters " << f.warmup << " must be below --train-iters " << f.iters);
+    train::resolve_lr_warmup(f.warmup, f.iters);
     train::require_writable_output("--metrics", f.metrics);
     train::require_writable_directory("--tensorboard", f.tensorboard);
     auto grid = ProcessGrid::create(world, {.tp = f.tp, .pp = f.pp});

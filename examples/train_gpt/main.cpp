@@ -478,13 +478,8 @@ int main(int argc, char** argv) {
         .flag("--num-attention-heads", f.heads, "attention heads", train::at_least(1))
         .flag("--seq-length", f.seq, "tokens per sequence T", train::at_least(1))
         .flag("--vocab-size", f.vocab, "vocabulary (0: 256 bytes for text, 65536 for token shards)", train::at_least(0))
-        .flag("--recompute-activations", f.recompute, "recompute each block's activations in backward")
-        .flag("--train-iters", f.iters, "optimizer steps", train::at_least(1))
-        .flag("--lr", f.lr, "peak learning rate (AdamW)", train::at_least(0.0))
-        .flag("--min-lr", f.min_lr, "learning rate at the end of the cosine decay", train::at_least(0.0))
-        .flag("--lr-warmup-iters", f.warmup, "linear warm-up steps (-1: a tenth of --train-iters)", train::at_least(-1))
-        .flag("--weight-decay", f.weight_decay, "AdamW decoupled weight decay", train::at_least(0.0))
-        .flag("--clip-grad", f.clip, "global gradient-norm clipping (0: off)", train::at_least(0.0))
+        .flag("--recompute-activations", f.recompute, "recompute each block's activations in backward");
+    train::lm_schedule_flags(args, f.iters, f.lr, f.min_lr, f.warmup, f.weight_decay, f.clip)
         .flag("--seed", f.seed, "seed of initialisation, data order and sampling")
         .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs, llm.c header)")
         .flag("--eval-interval", f.eval_interval, "steps between validation losses", train::at_least(1))
@@ -531,14 +526,12 @@ int main(int argc, char** argv) {
                                                                       << " is below --min-loss-scale " << f.min_loss_scale);
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
                             "--inject-fault nan:N poisons a host weight: --device cpu only");
-    if (f.warmup == -1) f.warmup = f.iters / 10;  // the default follows the run's length
     train::require_writable_output("--metrics", f.metrics);
     train::require_writable_directory("--tensorboard", f.tensorboard);
     train::require_writable_output("--loss-log", f.loss_log);
     train::require_writable_export("--export", f.export_path);
     train::require_writable_output("--trace-pipeline", f.trace_pipeline);
-    DPML_REQUIRE_EVERYWHERE(f.warmup >= 0 && f.warmup < f.iters, "--lr-warmup-iters " << f.warmup
-                                                                 << " must be below --train-iters " << f.iters);
+    train::resolve_lr_warmup(f.warmup, f.iters);
     const Faults faults = Faults::parse(f.faults);
     (void)train::parse_nonfinite(f.on_nonfinite);  // refused on every rank before anything is built
     comm::watchdog::set_timeout(f.collective_timeout);

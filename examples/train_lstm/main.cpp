@@ -105,13 +105,8 @@ int main(int argc, char** argv) {
         .flag("--num-layers", f.layers, "LSTM layers", train::at_least(1))
         .flag("--hidden-size", f.hidden, "LSTM width H (and the embedding's)", train::at_least(1))
         .flag("--seq-length", f.seq, "bytes per sequence T (backpropagation through time over T steps)", train::at_least(1))
-        .flag("--forget-bias", f.forget_bias, "each LSTM's forget-gate bias at the start")
-        .flag("--train-iters", f.iters, "optimizer steps", train::at_least(1))
-        .flag("--lr", f.lr, "peak learning rate (AdamW)", train::at_least(0.0))
-        .flag("--min-lr", f.min_lr, "learning rate at the end of the cosine decay", train::at_least(0.0))
-        .flag("--lr-warmup-iters", f.warmup, "linear warm-up steps (-1: a tenth of --train-iters)", train::at_least(-1))
-        .flag("--weight-decay", f.weight_decay, "AdamW decoupled weight decay", train::at_least(0.0))
-        .flag("--clip-grad", f.clip, "global gradient-norm clipping (0: off)", train::at_least(0.0))
+        .flag("--forget-bias", f.forget_bias, "each LSTM's forget-gate bias at the start");
+    train::lm_schedule_flags(args, f.iters, f.lr, f.min_lr, f.warmup, f.weight_decay, f.clip)
         .flag("--seed", f.seed, "seed of initialisation and data order")
         .flag("--data-path", f.data, "text file or directory (its bytes are the tokens)")
         .flag("--eval-interval", f.eval_interval, "steps between validation losses", train::at_least(1))
@@ -124,8 +119,7 @@ int main(int argc, char** argv) {
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: the LSTM cell has no GPU kernels yet (kernels/cuda/lstm.hpp); "
                                                "train on CPU ranks (--device cpu)");
-    if (f.warmup == -1) f.warmup = f.iters / 10;  // the default follows the run's length
-    DPML_REQUIRE_EVERYWHERE(f.warmup < f.iters, "--lr-warmup-iters " << f.warmup << " must be below --train-iters " << f.iters);
+    train::resolve_lr_warmup(f.warmup, f.iters);
     train::require_writable_output("--metrics", f.metrics);
     train::require_writable_directory("--tensorboard", f.tensorboard);
     auto grid = ProcessGrid::create(world, {.pp = f.pp});

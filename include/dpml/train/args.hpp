@@ -277,4 +277,22 @@ inline void require_writable_directory(std::string_view flag, const std::string&
                                                                    << "' is not writable");
 }
 
+// The AdamW schedule flags of the language-model examples (train_gpt, train_lstm, train_bert):
+// one definition of their names, ranges and help, bound to the caller's fields (each program keeps
+// its defaults). After parse(), resolve_lr_warmup turns --lr-warmup-iters -1 into a tenth of the
+// run and refuses a warm-up as long as the run, on every rank.
+inline Args& lm_schedule_flags(Args& args, std::int64_t& iters, double& lr, double& min_lr, std::int64_t& warmup,
+                               double& weight_decay, double& clip) {
+  return args.flag("--train-iters", iters, "optimizer steps", at_least<std::int64_t>(1))
+      .flag("--lr", lr, "peak learning rate (AdamW)", at_least(0.0))
+      .flag("--min-lr", min_lr, "learning rate at the end of the cosine decay", at_least(0.0))
+      .flag("--lr-warmup-iters", warmup, "linear warm-up steps (-1: a tenth of --train-iters)", at_least<std::int64_t>(-1))
+      .flag("--weight-decay", weight_decay, "AdamW decoupled weight decay", at_least(0.0))
+      .flag("--clip-grad", clip, "global gradient-norm clipping (0: off)", at_least(0.0));
+}
+inline void resolve_lr_warmup(std::int64_t& warmup, std::int64_t iters) {
+  if (warmup == -1) warmup = iters / 10;  // the default follows the run's length
+  DPML_REQUIRE_EVERYWHERE(warmup >= 0 && warmup < iters, "--lr-warmup-iters " << warmup << " must be below --train-iters " << iters);
+}
+
 }  // namespace dpml::train
