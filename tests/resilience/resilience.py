@@ -579,7 +579,7 @@ def test_gpu(r):
     # A model larger than the GPU is refused with the estimate before anything is allocated: 1.2e12
     # parameters (hidden 320000, 2 blocks) need > 4.8 TB of state at 4 bytes each alone.
     rc, out = r.run(1, GPU_MODEL + ["--hidden-size", "320000", "--num-attention-heads", "2"], ok=False)
-    if rc == 0 or not re.search(r"need at least [0-9.e+]+ GiB on a rank, more than the [0-9.e+]+ GiB a rank has "
+    if rc == 0 or not re.search(r"need an estimated [0-9.e+]+ GiB on a rank, more than the [0-9.e+]+ GiB a rank has "
                                 r"\(the GPU's free memory over the ranks on it\)", out):
         fail(f"a model larger than the GPU: exit {rc}, expected the memory refusal:\n{out}")
     print("gpu: a model larger than the GPU is refused before allocating, naming the GPU's free memory")
