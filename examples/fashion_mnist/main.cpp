@@ -38,6 +38,7 @@
 #include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/strategy.hpp>
 #include <dpml/train/args.hpp>
+#include <dpml/train/data_axis_flags.hpp>
 #include <dpml/train/classifier.hpp>
 #include <dpml/train/flops.hpp>
 #ifdef DPML_WITH_CUDA
@@ -66,11 +67,7 @@ struct Flags {
   double lr = 0.1, min_lr = 0.0, momentum = 0.9, weight_decay = 5e-4, clip = 0.0;
   std::int64_t warmup = 100;
   bool nesterov = true, sync_bn = false, zero = false, augment = true;
-  std::string dp_allreduce = "flat";
-  int ranks_per_node = 0;
-  std::string grad_compression = "none";
-  int powersgd_rank = 4;
-  double topk_ratio = 0.01;
+  train::DataAxisFlags axis;  // --dp-allreduce, --ranks-per-node, --grad-compression and its sizes
   std::string data_dir = data::kFashionMnistDir;
   std::string metrics = "", tensorboard = "";
   std::int64_t log_interval = 50;
@@ -107,12 +104,12 @@ int with_optimizer(const Flags& f, Body&& body) {
     DPML_REQUIRE_EVERYWHERE(f.optimizer == "adamw", "--optimizer " << f.optimizer << " is not one of sgd, adamw");
     return body.template operator()<Strategy, optim::AdamW>(optim::AdamWOptions{.weight_decay = f.weight_decay});
   };
-  if constexpr (Compressed) return parallel::with_strategy("1f1b", f.zero, f.dp_allreduce, f.grad_compression, pick);
-  else return parallel::with_strategy("1f1b", f.zero, f.dp_allreduce, pick);
+  if constexpr (Compressed) return parallel::with_strategy("1f1b", f.zero, f.axis.dp_allreduce, f.axis.grad_compression, pick);
+  else return parallel::with_strategy("1f1b", f.zero, f.axis.dp_allreduce, pick);
 }
 
 parallel::DistributedOptimizerOptions dist_of(const Flags& f) {
-  return {.clip = f.clip, .compression = {.powersgd_rank = f.powersgd_rank, .topk_ratio = f.topk_ratio, .seed = f.seed}};
+  return {.clip = f.clip, .compression = f.axis.compression(f.seed)};
 }
 
 train::ClassifierOptions options_of(const Flags& f) { return {.micro_batches = f.micro_batches, .seed = f.seed}; }
@@ -179,46 +176,30 @@ int main(int argc, char** argv) {
         .flag("--clip-grad", f.clip, "global gradient-norm clipping (0: off)", train::at_least(0.0))
         .flag("--sync-bn", f.sync_bn, "batch-norm statistics over the whole data-parallel batch")
         .flag("--zero", f.zero, "ZeRO-1: shard optimizer state over the ranks")
-        .flag("--dp-allreduce", f.dp_allreduce,
-              "gradient reduction: flat (one all-reduce) | hierarchical (inside each node, across nodes, inside each node)",
-              parallel::check_dp_allreduce)
-        .flag("--ranks-per-node", f.ranks_per_node,
-              "ranks per node for --dp-allreduce hierarchical (0: the ranks sharing a host; K: consecutive ranks by K)",
-              train::at_least(0))
-        .flag("--grad-compression", f.grad_compression,
-              "gradients on the wire (CPU ranks, flat all-reduce): none | bf16 | fp16 (16-bit values, fp32 sums) | "
-              "powersgd (rank --powersgd-rank, error feedback) | topk (--topk-ratio of each bucket, error feedback)",
-              parallel::check_grad_compression)
-        .flag("--powersgd-rank", f.powersgd_rank, "--grad-compression powersgd: columns of P and Q", train::between(1, 1024))
-        .flag("--topk-ratio", f.topk_ratio, "--grad-compression topk: the fraction of each bucket's entries each rank sends",
-              train::Range<double>(0.0, 1.0, true))
         .flag("--augment", f.augment, "random crop (pad 2) and horizontal flip")
         .flag("--data-dir", f.data_dir, "directory of the four Fashion-MNIST IDX files (gzipped or not)")
         .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
         .flag("--tensorboard", f.tensorboard, "TensorBoard log directory: rank 0 writes this launch's scalars to a run directory in it")
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--seed", f.seed, "seed of initialisation, data order and augmentation");
+    train::data_axis_flags(args, f.axis);
     if (!args.parse(argc, argv, world.rank())) return 0;
     train::require_writable_output("--metrics", f.metrics);
     train::require_writable_directory("--tensorboard", f.tensorboard);
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
     DPML_REQUIRE_EVERYWHERE(f.model == "resnet" || f.model == "mlp", "--model " << f.model << " is not one of resnet, mlp");
-    DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.grad_compression == "none",
-                            "--grad-compression " << f.grad_compression << " runs on CPU ranks only (--device cpu): the GPU "
-                                                  "buckets have no compression kernels yet");
+    f.axis.require_device(f.device);
 #ifdef DPML_WITH_CUDA
     std::optional<comm::GpuPlacement> gpus;
     if (f.device == "cuda") gpus = comm::place_on_gpus(world, f.gpu_comm);  // before any CUDA allocation
 #else
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this fashion_mnist was built without CUDA (build it with the cuda preset)");
 #endif
-    auto grid = ProcessGrid::create(world, {.ranks_per_node = f.ranks_per_node});
+    auto grid = ProcessGrid::create(world, {.ranks_per_node = f.axis.ranks_per_node});
     if (world.rank() == 0)
       std::printf("dpml fashion_mnist: %d data-parallel ranks%s%s | model %s | global batch %lld | %s\n", grid.dp(),
                   f.device == "cpu" ? "" : " on GPUs (bf16)",
-                  f.dp_allreduce == "hierarchical"   ? ", hierarchical all-reduce"
-                  : f.grad_compression != "none" ? (", --grad-compression " + f.grad_compression).c_str()
-                                                 : "",
+                  f.axis.describe(", ").c_str(),
                   f.model.c_str(), static_cast<long long>(f.global_batch),
                   f.optimizer.c_str());
 #ifdef DPML_WITH_CUDA

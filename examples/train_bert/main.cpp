@@ -141,12 +141,9 @@ int main(int argc, char** argv) {
               train::Range<double>(0.0, 1.0, true));
     train::lm_schedule_flags(args, f.iters, f.lr, f.min_lr, f.warmup, f.weight_decay, f.clip)
         .flag("--seed", f.seed, "seed of initialisation, data order and masking")
-        .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs, llm.c header)")
-        .flag("--eval-interval", f.eval_interval, "steps between validations", train::at_least(1))
-        .flag("--eval-iters", f.eval_iters, "global batches of validation windows per validation", train::at_least(1))
-        .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
-        .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
-        .flag("--tensorboard", f.tensorboard, "TensorBoard log directory: rank 0 writes this launch's scalars to a run directory in it");
+        .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs, llm.c header)");
+    train::lm_reporting_flags(args, f.eval_interval, f.log_interval, f.metrics, f.tensorboard)
+        .flag("--eval-iters", f.eval_iters, "global batches of validation windows per validation", train::at_least(1));
     if (!args.parse(argc, argv, world.rank())) return 0;
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");

@@ -80,6 +80,7 @@
 #include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/strategy.hpp>
 #include <dpml/train/args.hpp>
+#include <dpml/train/data_axis_flags.hpp>
 #include <dpml/train/checkpointing.hpp>
 #include <dpml/train/gpt_trainer.hpp>
 #include <dpml/train/flops.hpp>
@@ -123,11 +124,7 @@ struct Flags {
   int tp = 1, pp = 1;
   std::string schedule = "1f1b";
   bool zero = false;
-  std::string dp_allreduce = "flat";
-  int ranks_per_node = 0;
-  std::string grad_compression = "none";
-  int powersgd_rank = 4;
-  double topk_ratio = 0.01;
+  train::DataAxisFlags axis;  // --dp-allreduce, --ranks-per-node, --grad-compression and its sizes
   std::int64_t micro_batch = 4, global_batch = 32;
   std::int64_t layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0;
   std::string model_size;        // a named shape (models::kGptPresets); explicit shape flags override it
@@ -409,7 +406,7 @@ int train_on_gpu(models::GptConfig config, const parallel::ProcessGrid& grid, co
   const Flags& f = run.f;
   config = on_gpu(config, f.tp);
   kernels::Device<CudaSpace> dev;
-  return parallel::with_strategy(f.schedule, f.zero, f.dp_allreduce, [&]<class Strategy>() {
+  return parallel::with_strategy(f.schedule, f.zero, f.axis.dp_allreduce, [&]<class Strategy>() {
     const parallel::DeviceGrid<Comm, parallel::data_comm_t<Strategy, Comm>> comms(grid, dev);
     models::Gpt<T, CudaSpace, Comm> model(config, comms);
     layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to T
@@ -448,19 +445,6 @@ int main(int argc, char** argv) {
         .flag("--pp", f.pp, "pipeline-parallel degree (stages)", train::at_least(1))
         .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
         .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks")
-        .flag("--dp-allreduce", f.dp_allreduce,
-              "data-parallel gradient reduction: flat (one all-reduce) | hierarchical (inside each node, across nodes, inside each node)",
-              parallel::check_dp_allreduce)
-        .flag("--ranks-per-node", f.ranks_per_node,
-              "data-parallel ranks per node for --dp-allreduce hierarchical (0: the ranks sharing a host; K: consecutive data ranks by K)",
-              train::at_least(0))
-        .flag("--grad-compression", f.grad_compression,
-              "data-parallel gradients on the wire (CPU ranks, flat all-reduce): none | bf16 | fp16 (16-bit values, fp32 sums) | "
-              "powersgd (rank --powersgd-rank, error feedback) | topk (--topk-ratio of each bucket, error feedback)",
-              parallel::check_grad_compression)
-        .flag("--powersgd-rank", f.powersgd_rank, "--grad-compression powersgd: columns of P and Q", train::between(1, 1024))
-        .flag("--topk-ratio", f.topk_ratio, "--grad-compression topk: the fraction of each bucket's entries each rank sends",
-              train::Range<double>(0.0, 1.0, true))
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
         .flag("--model-size", f.model_size,
@@ -481,11 +465,8 @@ int main(int argc, char** argv) {
         .flag("--recompute-activations", f.recompute, "recompute each block's activations in backward");
     train::lm_schedule_flags(args, f.iters, f.lr, f.min_lr, f.warmup, f.weight_decay, f.clip)
         .flag("--seed", f.seed, "seed of initialisation, data order and sampling")
-        .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs, llm.c header)")
-        .flag("--eval-interval", f.eval_interval, "steps between validation losses", train::at_least(1))
-        .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
-        .flag("--metrics", f.metrics, "JSON-lines metrics file (rank 0)")
-        .flag("--tensorboard", f.tensorboard, "TensorBoard log directory: rank 0 writes this launch's scalars to a run directory in it")
+        .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs, llm.c header)");
+    train::lm_reporting_flags(args, f.eval_interval, f.log_interval, f.metrics, f.tensorboard)
         .flag("--trace-pipeline", f.trace_pipeline, "JSON of every rank's F/B/W and waits in the last step (scripts/plot-metrics.py --trace)")
         .flag("--profile-steps", f.profile_steps, "A:B: a profiler records steps A to B (cudaProfilerStart/Stop; nsys --capture-range=cudaProfilerApi)",
               [](const std::string& v) { (void)train::ProfileSteps::parse("--profile-steps", v); })
@@ -512,14 +493,13 @@ int main(int argc, char** argv) {
         .flag("--collective-timeout", f.collective_timeout, "seconds a collective may wait before the job is ended (0: off)", train::at_least(0.0))
         .flag("--loss-log", f.loss_log, "rank 0 writes 'step loss(hex) loss' per step to this file")
         .flag("--inject-fault", f.faults, "tests only: kill:R:S, kill-after:R:N, hang:R:N, nan:N, slow-save:MS, save-fail:N");
+    train::data_axis_flags(args, f.axis);
     if (!args.parse(argc, argv, world.rank())) return 0;
     const char* shape_flags[] = {"--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"};
     models::apply_gpt_preset(f.model_size, [&](int i) { return args.given(shape_flags[i]); }, f.layers, f.hidden, f.heads, f.seq);
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
-    DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.grad_compression == "none",
-                            "--grad-compression " << f.grad_compression << " runs on CPU ranks only (--device cpu): the GPU "
-                                                  "buckets have no compression kernels yet");
+    f.axis.require_device(f.device);
     DPML_REQUIRE_EVERYWHERE(!f.fp16 || f.device == "cuda", "--fp16 trains IEEE fp16 on GPUs (--device cuda); CPU ranks train fp32 "
                                                            "(--loss-scale S still scales their gradients)");
     DPML_REQUIRE_EVERYWHERE(f.initial_loss_scale >= f.min_loss_scale, "--initial-loss-scale " << f.initial_loss_scale
@@ -550,7 +530,7 @@ int main(int argc, char** argv) {
                             "--device cuda: this train_gpt was built without CUDA (build it with the cuda preset; "
                             "--dry-run --gpu-memory-gib G plans a GPU run without one)");
 #endif
-    auto grid = ProcessGrid::create(world, {.tp = f.tp, .pp = f.pp, .ranks_per_node = f.ranks_per_node});
+    auto grid = ProcessGrid::create(world, {.tp = f.tp, .pp = f.pp, .ranks_per_node = f.axis.ranks_per_node});
     const int dp_rank = grid.coord(Axis::data);
 
     // Data: train / validation windows, this data rank's share of each global batch.
@@ -606,9 +586,7 @@ int main(int argc, char** argv) {
     if (world.rank() == 0)
       std::printf("dpml train_gpt: %s%s | schedule %s%s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
                   f.device == "cpu" ? "" : f.fp16 ? "GPUs (fp16) " : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
-                  f.dp_allreduce == "hierarchical"   ? " | hierarchical all-reduce"
-                  : f.grad_compression != "none" ? (" | --grad-compression " + f.grad_compression).c_str()
-                                                 : "",
+                  f.axis.describe(" | ").c_str(),
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
     bool own_gpus = false;  // MFU and power need a GPU per rank
 #ifdef DPML_WITH_CUDA
@@ -626,8 +604,8 @@ int main(int argc, char** argv) {
     models::Gpt<float> model(config, grid);
     layers::initialize_all(model.parameters(), f.seed, &grid);
     const parallel::DistributedOptimizerOptions dist{
-        .clip = f.clip, .compression = {.powersgd_rank = f.powersgd_rank, .topk_ratio = f.topk_ratio, .seed = f.seed}};
-    return parallel::with_strategy(f.schedule, f.zero, f.dp_allreduce, f.grad_compression, [&]<class Strategy>() {
+        .clip = f.clip, .compression = f.axis.compression(f.seed)};
+    return parallel::with_strategy(f.schedule, f.zero, f.axis.dp_allreduce, f.axis.grad_compression, [&]<class Strategy>() {
       train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, adamw_of(f), dist, train_options_of(f));
       return train_and_sample(trainer, run);
     });

@@ -146,40 +146,48 @@ Trained train_composed(const ProcessGrid& grid, const std::string& schedule, boo
   return out;
 }
 
+// Calls f(flat, at) for each element of this rank's tensor `mine` (flat: its index there) that the
+// reference, holding the whole tensor of shape `whole`, has at `at` — the vocabulary's padding
+// rows of wte left out (not the model's).
+template <class F>
+void for_each_in_reference(const std::string& name, const Values& mine, const Shape& whole, F&& f) {
+  const Shape strides = contiguous_strides(whole);
+  std::int64_t idx[kMaxRank] = {};
+  for (std::size_t flat = 0; flat < mine.values.size(); ++flat) {
+    bool inside = true;
+    std::int64_t r = 0;
+    for (int d = 0; d < mine.local.rank(); ++d) {
+      const std::int64_t g = idx[d] + (d == mine.global.dim ? mine.global.offset : 0);
+      inside &= g < whole[d];
+      r += g * strides[d];
+    }
+    if (inside && !(name == "wte.weight" && r / whole[1] >= kVocab)) f(flat, static_cast<std::size_t>(r));
+    for (int d = mine.local.rank() - 1; d >= 0; --d) {
+      if (++idx[d] < mine.local[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
 // ‖this rank's shard − the reference at the same global indices‖ ≤ ‖reference's motion‖ / 10
 // there, for every tensor this rank holds, each element's difference first less one bf16 ulp of the
 // reference: fp32 master weights a hair apart may round to neighbouring bf16 values (a LayerNorm
 // weight just below 1 moves in steps of 2^-8, more than three small steps move it).
 void check_weights(const Trained& run, const Trained& reference) {
-  for (const auto& [name, mine] : run.final) {
+  for (const auto& entry : run.final) {  // not a structured binding: the lambda below captures it
+    const std::string& name = entry.first;
+    const Values& mine = entry.second;
     CAPTURE(name);
     const auto it = reference.final.find(name);
     REQUIRE(it != reference.final.end());
     const Values& ref = it->second;
     const Values& ref0 = reference.initial.at(name);
-    const Shape& rshape = ref.local;  // the reference holds whole tensors
-    const Shape rstrides = contiguous_strides(rshape);
     double diff = 0, moved = 0;
-    std::int64_t idx[kMaxRank] = {};
-    for (std::size_t flat = 0; flat < mine.values.size(); ++flat) {
-      bool inside = true;
-      std::int64_t r = 0;
-      for (int d = 0; d < mine.local.rank(); ++d) {
-        const std::int64_t g = idx[d] + (d == mine.global.dim ? mine.global.offset : 0);
-        inside &= g < rshape[d];
-        r += g * rstrides[d];
-      }
-      if (inside && !(name == "wte.weight" && r / rshape[1] >= kVocab)) {  // padding rows: not the model's
-        const auto at = static_cast<std::size_t>(r);
-        const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(ref.values[at]), 1e-30)) - 7);  // bf16: 8 bits
-        diff += std::pow(std::max(0.0, std::abs(mine.values[flat] - ref.values[at]) - ulp), 2);
-        moved += std::pow(ref.values[at] - ref0.values[at], 2);
-      }
-      for (int d = mine.local.rank() - 1; d >= 0; --d) {
-        if (++idx[d] < mine.local[d]) break;
-        idx[d] = 0;
-      }
-    }
+    for_each_in_reference(name, mine, ref.local, [&](std::size_t flat, std::size_t at) {
+      const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(ref.values[at]), 1e-30)) - 7);  // bf16: 8 bits
+      diff += std::pow(std::max(0.0, std::abs(mine.values[flat] - ref.values[at]) - ulp), 2);
+      moved += std::pow(ref.values[at] - ref0.values[at], 2);
+    });
     CAPTURE(std::sqrt(diff), std::sqrt(moved));
     CHECK(moved > 0);
     CHECK(std::sqrt(diff) <= 0.1 * std::sqrt(moved));
@@ -189,28 +197,15 @@ void check_weights(const Trained& run, const Trained& reference) {
 // Before training, every tensor of this rank equal to the reference's at the same global indices,
 // bit for bit (vocabulary padding rows left out).
 void check_initial(const Trained& run, const Trained& reference) {
-  for (const auto& [name, mine] : run.initial) {
+  for (const auto& entry : run.initial) {  // not a structured binding: the lambda below captures it
+    const std::string& name = entry.first;
+    const Values& mine = entry.second;
     CAPTURE(name);
     const auto it = reference.initial.find(name);
     REQUIRE(it != reference.initial.end());
-    const Shape& rshape = it->second.local;
-    const Shape rstrides = contiguous_strides(rshape);
-    std::int64_t differ = 0, idx[kMaxRank] = {};
-    for (std::size_t flat = 0; flat < mine.values.size(); ++flat) {
-      bool inside = true;
-      std::int64_t r = 0;
-      for (int d = 0; d < mine.local.rank(); ++d) {
-        const std::int64_t g = idx[d] + (d == mine.global.dim ? mine.global.offset : 0);
-        inside &= g < rshape[d];
-        r += g * rstrides[d];
-      }
-      if (inside && !(name == "wte.weight" && r / rshape[1] >= kVocab))
-        differ += mine.values[flat] != it->second.values[static_cast<std::size_t>(r)];
-      for (int d = mine.local.rank() - 1; d >= 0; --d) {
-        if (++idx[d] < mine.local[d]) break;
-        idx[d] = 0;
-      }
-    }
+    std::int64_t differ = 0;
+    for_each_in_reference(name, mine, it->second.local,
+                          [&](std::size_t flat, std::size_t at) { differ += mine.values[flat] != it->second.values[at]; });
     CHECK(differ == 0);
   }
 }

@@ -290,6 +290,15 @@ inline Args& lm_schedule_flags(Args& args, std::int64_t& iters, double& lr, doub
       .flag("--weight-decay", weight_decay, "AdamW decoupled weight decay", at_least(0.0))
       .flag("--clip-grad", clip, "global gradient-norm clipping (0: off)", at_least(0.0));
 }
+// Their reporting flags: validation and progress cadence, the metrics file and the TensorBoard
+// directory (the programs check both writable after parse(): require_writable_output, _directory).
+inline Args& lm_reporting_flags(Args& args, std::int64_t& eval_interval, std::int64_t& log_interval, std::string& metrics,
+                                std::string& tensorboard) {
+  return args.flag("--eval-interval", eval_interval, "steps between validations", at_least<std::int64_t>(1))
+      .flag("--log-interval", log_interval, "steps between progress lines", at_least<std::int64_t>(1))
+      .flag("--metrics", metrics, "JSON-lines metrics file (rank 0)")
+      .flag("--tensorboard", tensorboard, "TensorBoard log directory: rank 0 writes this launch's scalars to a run directory in it");
+}
 inline void resolve_lr_warmup(std::int64_t& warmup, std::int64_t iters) {
   if (warmup == -1) warmup = iters / 10;  // the default follows the run's length
   DPML_REQUIRE_EVERYWHERE(warmup >= 0 && warmup < iters, "--lr-warmup-iters " << warmup << " must be below --train-iters " << iters);

@@ -1,0 +1,67 @@
+#pragma once
+// The data axis' flags of the programs that train data parallel (train_gpt, fashion_mnist): how
+// the gradients are all-reduced (--dp-allreduce flat | hierarchical, nodes simulated by
+// --ranks-per-node) and what they travel as (--grad-compression and its sizes). One definition of
+// their names, ranges and help; the program keeps the values in a DataAxisFlags and hands them to
+// parallel::with_strategy and DistributedOptimizerOptions::compression.
+//
+//   train::DataAxisFlags axis;
+//   train::data_axis_flags(args, axis);
+//   if (!args.parse(argc, argv, world.rank())) return 0;
+//   axis.require_device(device);                       // compression: CPU ranks only
+//   auto grid = ProcessGrid::create(world, {.ranks_per_node = axis.ranks_per_node});
+//   parallel::with_strategy(schedule, zero, axis.dp_allreduce, axis.grad_compression, body);
+
+#include "dpml/core/error.hpp"
+#include "dpml/parallel/compression/policy.hpp"
+#include "dpml/parallel/strategy.hpp"
+#include "dpml/train/args.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace dpml::train {
+
+struct DataAxisFlags {
+  std::string dp_allreduce = "flat";      // flat | hierarchical
+  int ranks_per_node = 0;                 // 0: the ranks sharing a host
+  std::string grad_compression = "none";  // none | bf16 | fp16 | powersgd | topk
+  int powersgd_rank = 4;
+  double topk_ratio = 0.01;
+
+  // The compression policy's sizes, its PowerSGD start drawn from `seed`.
+  parallel::CompressionOptions compression(std::uint64_t seed) const {
+    return {.powersgd_rank = powersgd_rank, .topk_ratio = topk_ratio, .seed = seed};
+  }
+  // Refused on every rank: compression on a GPU (the device buckets have no compressor yet).
+  void require_device(const std::string& device) const {
+    DPML_REQUIRE_EVERYWHERE(device == "cpu" || grad_compression == "none",
+                            "--grad-compression " << grad_compression << " runs on CPU ranks only (--device cpu): the GPU "
+                                                  "buckets have no compression kernels yet");
+  }
+  // For a banner: ", hierarchical all-reduce", ", --grad-compression topk" or "" (`sep` first).
+  std::string describe(const char* sep) const {
+    if (dp_allreduce == "hierarchical") return std::string(sep) + "hierarchical all-reduce";
+    if (grad_compression != "none") return std::string(sep) + "--grad-compression " + grad_compression;
+    return "";
+  }
+};
+
+inline Args& data_axis_flags(Args& args, DataAxisFlags& d) {
+  return args
+      .flag("--dp-allreduce", d.dp_allreduce,
+            "data-parallel gradient reduction: flat (one all-reduce) | hierarchical (inside each node, across nodes, inside each node)",
+            parallel::check_dp_allreduce)
+      .flag("--ranks-per-node", d.ranks_per_node,
+            "data-parallel ranks per node for --dp-allreduce hierarchical (0: the ranks sharing a host; K: consecutive data ranks by K)",
+            at_least(0))
+      .flag("--grad-compression", d.grad_compression,
+            "data-parallel gradients on the wire (CPU ranks, flat all-reduce): none | bf16 | fp16 (16-bit values, fp32 sums) | "
+            "powersgd (rank --powersgd-rank, error feedback) | topk (--topk-ratio of each bucket, error feedback)",
+            parallel::check_grad_compression)
+      .flag("--powersgd-rank", d.powersgd_rank, "--grad-compression powersgd: columns of P and Q", between(1, 1024))
+      .flag("--topk-ratio", d.topk_ratio, "--grad-compression topk: the fraction of each bucket's entries each rank sends",
+            Range<double>(0.0, 1.0, true));
+}
+
+}  // namespace dpml::train
