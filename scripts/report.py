@@ -120,10 +120,22 @@ def load_cpu_runs(work):
     return runs
 
 
+def load(run):
+    """The machine's 1-minute load average before and after a run (other jobs show there)."""
+    return f"{run['load'][0]:.1f} → {run['load'][1]:.1f}"
+
+
 def source_line(runs, device):
-    commands = "; ".join(f"`{r['command']}`" for r in runs)
-    dates = sorted({r["date"] for r in runs})
-    return f"*Source: {commands} — {device}, {', '.join(dates)}.*"
+    """The runs' commands (each also wrote --metrics FILE), device and date, as a markdown block."""
+    commands, seen = [], set()
+    for r in runs:
+        command = re.sub(r" --metrics \S+", "", r["command"])
+        if command not in seen:
+            seen.add(command)
+            commands.append(command)
+    dates = ", ".join(sorted({r["date"] for r in runs}))
+    return (f"*Source: {device}, {dates}; each command also wrote `--metrics FILE`:*\n\n```\n"
+            + "\n".join(commands) + "\n```")
 
 
 def loss_figure(report, name, runs, reference, label, caption, window):
@@ -144,7 +156,9 @@ def loss_figure(report, name, runs, reference, label, caption, window):
     dax.set_xlabel("step")
     dax.set_ylabel(f"loss − {label(reference)} loss (per step)")
     dax.legend(fontsize=8)
-    report.figure(fig, name, caption)
+    worst = max(max_abs_diff(run, reference) or 0 for run in runs)
+    report.figure(fig, name, caption.replace("\n\n", f" The largest per-step |difference| is {worst:.3g} "
+                                            "(the metrics files keep 6 significant digits).\n\n", 1))
 
 
 def max_abs_diff(run, reference):
@@ -173,9 +187,9 @@ def cpu_seed000(report, runs, device):
             batch = re.search(r"--global-batch (\d+)", run["command"]).group(1)
             last = run["epochs"][-1] if run["epochs"] else {}
             rows.append([kind, str(run["ranks"]), batch, run["img_s"], f"{speedup:.2f}×", f"{efficiency:.0%}",
-                         last.get("elapsed_s"), f"{last['test_accuracy']:.2%}" if last else None])
+                         last.get("elapsed_s"), f"{last['test_accuracy']:.2%}" if last else None, load(run)])
     report.add(table(["scaling", "ranks", "global batch", "img/s (median step)", "speedup vs 1 rank",
-                      "efficiency", "epoch + test s", "test accuracy"], rows))
+                      "efficiency", "epoch + test s", "test accuracy", "load avg before → after"], rows))
     report.add("Speedup is the median per-step training throughput (images/s, first 5 steps left out) "
                "over the 1-rank run's; efficiency is speedup / ranks for both kinds (weak: k ranks do k "
                "times the work per step). The weak runs keep 64 images per rank, so the 2-rank weak "
@@ -205,8 +219,8 @@ def cpu_seed000(report, runs, device):
     loss_figure(report, "cpu-loss-strong.png", strong, strong[0], lambda r: f"{r['ranks']} rank(s)",
                 "Convergence at a fixed global batch: the loss of every layout over the sequential "
                 "one (left, 20-step mean) and its per-step difference from the 1-rank run (right). "
-                "Each rank draws its own share of the same shuffled batch, so differences come from "
-                "the order of the float sums and from per-rank augmentation.\n\n" + source_line(strong, device),
+                "Same seed and global batch, augmentation off; differences come from how the batch "
+                "and its float sums are split over ranks.\n\n" + source_line(strong, device),
                 window=20)
 
 
@@ -227,10 +241,10 @@ def cpu_seed001(report, runs, device):
                      median([r.get("wire_bytes") for r in steps]),
                      median([r.get("exposed_comm_s") for r in steps]),
                      median([r.get("pipeline_wait_s") for r in steps]),
-                     run["steps"][-1]["loss"], max_abs_diff(run, reference)])
+                     run["steps"][-1]["loss"], max_abs_diff(run, reference), load(run)])
     report.add(table(["layout", "tokens/s (median step)", "vs 1 rank", "peak memory GiB (rank 0)",
                       "wire bytes / step", "exposed comm s / step", "pipeline wait s / step",
-                      "final loss", "max |Δloss| vs 1 rank"], rows))
+                      "final loss", "max |Δloss| vs 1 rank", "load avg before → after"], rows))
     report.add("Same model, data, seed and global batch in each layout; the metrics are rank 0's "
                "(its memory: its parameters, gradients, optimizer state and activations as the "
                "library counts them). wire bytes are the data-parallel gradient bytes a rank sends "
@@ -444,13 +458,13 @@ def main():
     ap.add_argument("--cpu-work", required=True, help="the CPU part's raw files (runs.jsonl)")
     ap.add_argument("--cpu-device", required=True, help="the CPU, in words")
     ap.add_argument("--gpu", action="append", default=[], help="DIR[=COMMAND] of GPU bench JSON lines")
+    ap.add_argument("--invocation", default="scripts/report.py", help="the command that wrote the report")
     args = ap.parse_args()
 
     report = Report(args.out)
     runs = load_cpu_runs(args.cpu_work)
     bench, metrics = load_gpu(args.gpu)
-    invocation = "scripts/report.sh" + "".join(f" --gpu {g.partition('=')[0]}" for g in args.gpu if runs is None)
-    report.add(f"# dpml: the seeds' studies\n\nWritten by `{invocation}` on "
+    report.add(f"# dpml: the seeds' studies\n\nWritten by `{args.invocation}` on "
                f"{datetime.date.today().isoformat()} (scripts/report.sh's header says how to regenerate "
                "each part). Raw numbers behind the GPU figures and longer narratives: "
                "[bench/RESULTS.md](../bench/RESULTS.md).")
@@ -458,8 +472,10 @@ def main():
         cpu_note = f"The CPU part was not run (no {args.cpu_work}/runs.jsonl): `scripts/report.sh --cpu`."
     else:
         cpu_note = (f"CPU figures: {args.cpu_device}, shared with other jobs; every rank is a process "
-                    "with one BLAS thread, so 4 ranks oversubscribe a 2-core machine. They show that "
-                    "the layouts run and converge alike, not how dpml scales on a real node.")
+                    "with one BLAS thread, so 4 ranks oversubscribe a 2-core machine. The load average "
+                    "before and after each run is in its table: other jobs took cores too, so the CPU "
+                    "throughput figures vary from run to run by 2× or more. They show that the layouts "
+                    "run and converge alike, not how dpml scales on a real node.")
     report.add(cpu_note)
 
     report.add("## Seed 000: data parallelism against the sequential run")

@@ -7,7 +7,7 @@
 #   train_gpt with the "cpu" preset unless DPML_BUILD_DIR names a build that has them, then runs
 #   short measurements on this machine's cores (OPENBLAS_NUM_THREADS=1, scripts/launch.sh -n K,
 #   each run ≤ ~60 s on 2 cores, ~5-8 minutes in all), every run with --metrics:
-#     seed 000: fashion_mnist --model mlp (one epoch) on 1, 2 and 4 ranks with a fixed global
+#     seed 000: fashion_mnist --model mlp (one epoch, no augmentation) on 1, 2 and 4 ranks with a fixed global
 #               batch of 128 (strong scaling) and a fixed batch of 64 per rank (weak scaling)
 #     seed 001: train_gpt (4 layers, C 128, 4 heads, T 64, global batch 32) on 1 rank and on 2
 #               ranks as dp 2, tp 2 and pp 2
@@ -35,6 +35,7 @@ usage() {
   exit "${1:-0}"
 }
 
+invocation="scripts/report.sh${*:+ $*}"
 cpu=0 out=docs gpu_dirs=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -78,24 +79,29 @@ if [[ $cpu -eq 1 ]]; then
   started=$(date +%s)
 
   # run STUDIES NAME RANKS PROGRAM ARGS... (STUDIES: comma-separated): one launch, its metrics in $work/NAME.jsonl, its output
-  # in $work/NAME.txt, and a line in runs.jsonl (the command as typed, ranks, wall seconds).
+  # in $work/NAME.txt, and a line in runs.jsonl (the command as typed, ranks, wall seconds, the
+# 1-minute load average before and after: other jobs on the machine show there).
   run() {
-    local study=$1 name=$2 ranks=$3 t0 t1
+    local study=$1 name=$2 ranks=$3 t0 t1 load0 load1
     shift 3
     local cmd=(scripts/launch.sh -n "$ranks" "$@" --metrics "$work/$name.jsonl")
     echo "== $name: ${cmd[*]}"
+    load0=$(cut -d' ' -f1 /proc/loadavg)
     t0=$EPOCHREALTIME
     "${cmd[@]}" >"$work/$name.txt" 2>&1 || { tail -20 "$work/$name.txt"; echo "report.sh: $name failed" >&2; exit 1; }
     t1=$EPOCHREALTIME
+    load1=$(cut -d' ' -f1 /proc/loadavg)
     tail -1 "$work/$name.txt"
     python3 -c 'import json, sys; print(json.dumps({"study": sys.argv[1], "name": sys.argv[2], "ranks": int(sys.argv[3]),
-      "wall_s": round(float(sys.argv[5]) - float(sys.argv[4]), 2), "metrics": sys.argv[6], "command": sys.argv[7]}))' \
-      "$study" "$name" "$ranks" "$t0" "$t1" "$work/$name.jsonl" "${cmd[*]}" >>"$work/runs.jsonl"
+      "wall_s": round(float(sys.argv[5]) - float(sys.argv[4]), 2), "load": [float(sys.argv[6]), float(sys.argv[7])],
+      "metrics": sys.argv[8], "command": sys.argv[9]}))' \
+      "$study" "$name" "$ranks" "$t0" "$t1" "$load0" "$load1" "$work/$name.jsonl" "${cmd[*]}" >>"$work/runs.jsonl"
   }
 
-  # Seed 000: one epoch of a 784-1024-1024-10 MLP; strong: global batch 128; weak: 64 per rank
+  # Seed 000: one epoch of a 784-1024-1024-10 MLP, no augmentation (the layouts see the same
+  # images); strong: global batch 128; weak: 64 per rank
   # (weak at 2 ranks is the strong run at 2 ranks: the same global batch).
-  mlp=(--model mlp --hidden 1024 --depth 2 --epochs 1 --log-interval 100)
+  mlp=(--model mlp --hidden 1024 --depth 2 --epochs 1 --no-augment --log-interval 100)
   for k in 1 2 4; do
     study=strong
     [[ $k -eq 2 ]] && study=strong,weak
@@ -116,6 +122,6 @@ if [[ $cpu -eq 1 ]]; then
 fi
 
 device="$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^model name[[:space:]]*: //'), $(nproc) cores"
-args=(--out "$out" --cpu-work "$work" --cpu-device "$device")
+args=(--out "$out" --cpu-work "$work" --cpu-device "$device" --invocation "$invocation")
 for d in "${gpu_dirs[@]}"; do args+=(--gpu "$d"); done
 python3 scripts/report.py "${args[@]}"
