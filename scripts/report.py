@@ -96,6 +96,10 @@ class Report:
         self.add(f"![{name}](report/{name})\n\n{caption}")
 
     def write(self):
+        for name in os.listdir(self.fig_dir):  # figures of an earlier report that this one lacks
+            path = os.path.join(self.fig_dir, name)
+            if name.endswith(".png") and path not in self.written:
+                os.remove(path)
         path = os.path.join(self.out, "report.md")
         with open(path, "w") as f:
             f.write("\n\n".join(self.parts) + "\n")
@@ -245,10 +249,9 @@ def cpu_seed001(report, runs, device):
     report.add(table(["layout", "tokens/s (median step)", "vs 1 rank", "peak memory GiB (rank 0)",
                       "wire bytes / step", "exposed comm s / step", "pipeline wait s / step",
                       "final loss", "max |Δloss| vs 1 rank", "load avg before → after"], rows))
-    report.add("Same model, data, seed and global batch in each layout; the metrics are rank 0's "
-               "(its memory: its parameters, gradients, optimizer state and activations as the "
-               "library counts them). wire bytes are the data-parallel gradient bytes a rank sends "
-               "(tensor- and pipeline-parallel traffic is not counted there).")
+    report.add("Same model, data, seed and global batch in each layout; every column is rank 0's "
+               "metrics file (peak_memory_gib, wire_bytes, exposed_comm_s, pipeline_wait_s). "
+               "wire bytes count the data-parallel gradient traffic only, so tp 2 and pp 2 show 0.")
     fig, (tax, max_) = plt.subplots(1, 2, figsize=(10, 3.4))
     names = [r["layout"] for r in layouts]
     tax.bar(names, [r["tok_s"] for r in layouts], color="tab:blue")
@@ -278,7 +281,7 @@ def load_gpu(specs):
     bench, metrics, seen = [], [], set()
     for spec in specs:
         directory, _, command = spec.partition("=")
-        command = command or f"the GPU bench scripts' output in {directory}"
+        command = command or f"RESULTS={directory} scripts/*-bench.sh"
         device = None
         for root, _, files in sorted(os.walk(directory)):
             for name in sorted(files):
@@ -444,8 +447,8 @@ def gpu_seed003(report, bench):
         ax.tick_params(axis="y", labelsize=7)
         ax.invert_yaxis()
     report.figure(fig, "gpu-models.png",
-                  "Training throughput of dpml (blue) beside PyTorch and llm.c (grey), measured in the "
-                  "same job on the same GPU.\n\n" + gpu_source(records, "_path", "_command", "_date",
+                  "Training throughput of dpml (blue) beside PyTorch and llm.c (grey); the label names "
+                  "the job: PyTorch and llm.c ran in the same job as the dpml runs beside them.\n\n" + gpu_source(records, "_path", "_command", "_date",
                                                               lambda r: r["device"]))
 
 

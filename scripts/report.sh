@@ -6,9 +6,9 @@
 # * CPU part (--cpu; the default when neither --cpu nor --gpu is given): builds fashion_mnist and
 #   train_gpt with the "cpu" preset unless DPML_BUILD_DIR names a build that has them, then runs
 #   short measurements on this machine's cores (OPENBLAS_NUM_THREADS=1, scripts/launch.sh -n K,
-#   each run ≤ ~60 s on 2 cores, ~5-8 minutes in all), every run with --metrics:
-#     seed 000: fashion_mnist --model mlp (one epoch, no augmentation) on 1, 2 and 4 ranks with a fixed global
-#               batch of 128 (strong scaling) and a fixed batch of 64 per rank (weak scaling)
+#   each run ≤ ~60 s on 2 cores, ~4-5 minutes in all), every run with --metrics:
+#     seed 000: fashion_mnist --model mlp (one epoch, no augmentation) on 1, 2 and 4 ranks with a
+#               fixed global batch of 128 (strong scaling) and 64 images per rank (weak scaling)
 #     seed 001: train_gpt (4 layers, C 128, 4 heads, T 64, global batch 32) on 1 rank and on 2
 #               ranks as dp 2, tp 2 and pp 2
 #   The raw files (metrics JSON lines, programs' output, runs.jsonl: one line per run with its
@@ -78,9 +78,9 @@ if [[ $cpu -eq 1 ]]; then
   mkdir -p "$work"
   started=$(date +%s)
 
-  # run STUDIES NAME RANKS PROGRAM ARGS... (STUDIES: comma-separated): one launch, its metrics in $work/NAME.jsonl, its output
-  # in $work/NAME.txt, and a line in runs.jsonl (the command as typed, ranks, wall seconds, the
-# 1-minute load average before and after: other jobs on the machine show there).
+  # run STUDIES NAME RANKS PROGRAM ARGS... (STUDIES comma-separated): one launch, its metrics in
+  # $work/NAME.jsonl, its output in $work/NAME.txt, and a line in runs.jsonl (the command as typed,
+  # ranks, wall seconds, the 1-minute load average before and after: other jobs show there).
   run() {
     local study=$1 name=$2 ranks=$3 t0 t1 load0 load1
     shift 3
