@@ -1,0 +1,503 @@
+#!/usr/bin/env python3
+"""Renders docs/report.md and its PNG figures from raw measurement files (scripts/report.sh calls it).
+
+    scripts/report.py --out docs --cpu-work build/report/cpu --cpu-device "AMD EPYC, 2 cores" \
+        --gpu bench/results/h200-2026-11-27-metrics=scripts/gpu-metrics-check.sh ...
+
+CPU: --cpu-work holds runs.jsonl (one line per run: study, name, ranks, wall_s, metrics, command,
+written by report.sh) and each run's metrics file (JSON lines of fashion_mnist / train_gpt
+--metrics). Seed 000 reads the "strong" and "weak" runs (fashion_mnist), seed 001 the "layouts"
+runs (train_gpt). GPU: each --gpu DIR[=COMMAND] is scanned for JSON lines: benchmark records
+("bench": gpt_train, resnet_train, resnet50) and training-metrics files (records with "step" and
+"tokens_per_s"). Every table and figure names its command or files, the device and the date.
+Figures are PNGs at 100 dpi, drawn without a display (Agg). Prints the files it wrote.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+
+DPI = 100
+
+
+def read_jsonl(path):
+    """The JSON objects among a file's lines (lines not starting with '{' are program output)."""
+    records = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return records
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def fmt(value, digits=3):
+    """A table cell: '—' for missing, thousands separators for large numbers."""
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        return value
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def smooth(values, window):
+    """Trailing moving average (the first points average what exists so far)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+class Report:
+    """Collects markdown sections and writes figures into OUT/report/."""
+
+    def __init__(self, out):
+        self.out = out
+        self.fig_dir = os.path.join(out, "report")
+        os.makedirs(self.fig_dir, exist_ok=True)
+        self.parts = []
+        self.written = []
+
+    def add(self, text):
+        self.parts.append(text)
+
+    def figure(self, fig, name, caption):
+        path = os.path.join(self.fig_dir, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=DPI)
+        plt.close(fig)
+        self.written.append(path)
+        self.add(f"![{name}](report/{name})\n\n{caption}")
+
+    def write(self):
+        for name in os.listdir(self.fig_dir):  # figures of an earlier report that this one lacks
+            path = os.path.join(self.fig_dir, name)
+            if name.endswith(".png") and path not in self.written:
+                os.remove(path)
+        path = os.path.join(self.out, "report.md")
+        with open(path, "w") as f:
+            f.write("\n\n".join(self.parts) + "\n")
+        self.written.append(path)
+        print("\n".join(self.written))
+
+
+# ---------------------------------------------------------------------------- CPU part
+
+
+def load_cpu_runs(work):
+    """runs.jsonl's runs, each with its step records, or None when the CPU part was not run."""
+    path = os.path.join(work, "runs.jsonl")
+    if not os.path.exists(path):
+        return None
+    runs = read_jsonl(path)
+    for run in runs:
+        records = read_jsonl(run["metrics"])
+        run["steps"] = [r for r in records if "loss" in r and "step" in r]
+        run["epochs"] = [r for r in records if "test_accuracy" in r]
+        run["date"] = datetime.date.fromtimestamp(os.path.getmtime(run["metrics"])).isoformat()
+    return runs
+
+
+def load(run):
+    """The machine's 1-minute load average before and after a run (other jobs show there)."""
+    return f"{run['load'][0]:.1f} → {run['load'][1]:.1f}"
+
+
+def source_line(runs, device):
+    """The runs' commands (each also wrote --metrics FILE), device and date, as a markdown block."""
+    commands, seen = [], set()
+    for r in runs:
+        command = re.sub(r" --metrics \S+", "", r["command"])
+        if command not in seen:
+            seen.add(command)
+            commands.append(command)
+    dates = ", ".join(sorted({r["date"] for r in runs}))
+    return (f"*Source: {device}, {dates}; each command also wrote `--metrics FILE`:*\n\n```\n"
+            + "\n".join(commands) + "\n```")
+
+
+def loss_figure(report, name, runs, reference, label, caption, window):
+    """Loss of each run against the step (smoothed), and each run's raw loss minus the reference's."""
+    fig, (ax, dax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ref = {r["step"]: r["loss"] for r in reference["steps"]}
+    for run in runs:
+        steps = [r["step"] for r in run["steps"]]
+        losses = [r["loss"] for r in run["steps"]]
+        ax.plot(steps, smooth(losses, window), label=label(run), lw=1.2)
+        if run is not reference:
+            diff = [(s, l - ref[s]) for s, l in zip(steps, losses) if s in ref]
+            dax.plot([d[0] for d in diff], [d[1] for d in diff], label=label(run), lw=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss ({window}-step mean)" if window > 1 else "training loss")
+    ax.legend(fontsize=8)
+    dax.axhline(0, color="black", lw=0.5)
+    dax.set_xlabel("step")
+    dax.set_ylabel(f"loss − {label(reference)} loss (per step)")
+    dax.legend(fontsize=8)
+    worst = max(max_abs_diff(run, reference) or 0 for run in runs)
+    report.figure(fig, name, caption.replace("\n\n", f" The largest per-step |difference| is {worst:.3g} "
+                                            "(the metrics files keep 6 significant digits).\n\n", 1))
+
+
+def max_abs_diff(run, reference):
+    ref = {r["step"]: r["loss"] for r in reference["steps"]}
+    diffs = [abs(r["loss"] - ref[r["step"]]) for r in run["steps"] if r["step"] in ref]
+    return max(diffs) if diffs else None
+
+
+def cpu_seed000(report, runs, device):
+    strong = sorted((r for r in runs if "strong" in r["study"].split(",")), key=lambda r: r["ranks"])
+    weak = sorted((r for r in runs if "weak" in r["study"].split(",")), key=lambda r: r["ranks"])
+    if not strong:
+        return
+    report.add("### CPU ranks (fashion_mnist, MLP 784-1024-1024-10, one epoch)")
+    for run in strong + weak:
+        # The first steps carry start-up costs; the median of the rest is the training rate.
+        run["img_s"] = median([r.get("img_per_s") for r in run["steps"][5:]])
+    rows = []
+    for series, kind in ((strong, "strong"), (weak, "weak")):
+        base = series[0]
+        for run in series:
+            k = run["ranks"] / base["ranks"]
+            speedup = run["img_s"] / base["img_s"]
+            # Strong: the same work split k ways; weak: k times the work in the same time.
+            efficiency = speedup / k
+            batch = re.search(r"--global-batch (\d+)", run["command"]).group(1)
+            last = run["epochs"][-1] if run["epochs"] else {}
+            rows.append([kind, str(run["ranks"]), batch, run["img_s"], f"{speedup:.2f}×", f"{efficiency:.0%}",
+                         last.get("elapsed_s"), f"{last['test_accuracy']:.2%}" if last else None, load(run)])
+    report.add(table(["scaling", "ranks", "global batch", "img/s (median step)", "speedup vs 1 rank",
+                      "efficiency", "epoch + test s", "test accuracy", "load avg before → after"], rows))
+    report.add("Speedup is the median per-step training throughput (images/s, first 5 steps left out) "
+               "over the 1-rank run's; efficiency is speedup / ranks for both kinds (weak: k ranks do k "
+               "times the work per step). The weak runs keep 64 images per rank, so the 2-rank weak "
+               "run is the strong one.")
+    fig, (ax, eax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for series, kind in ((strong, "strong (global batch 128)"), (weak, "weak (64 per rank)")):
+        ranks = [r["ranks"] for r in series]
+        speedups = [r["img_s"] / series[0]["img_s"] for r in series]
+        ax.plot(ranks, speedups, "o-", label=kind)
+        eax.plot(ranks, [s / (k / ranks[0]) for s, k in zip(speedups, ranks)], "o-", label=kind)
+    top = max(r["ranks"] for r in strong + weak)
+    ax.plot([1, top], [1, top], "k--", lw=0.8, label="ideal")
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("throughput / 1-rank throughput")
+    ax.legend(fontsize=8)
+    eax.axhline(1, color="black", ls="--", lw=0.8)
+    eax.set_ylim(0, 1.2)
+    eax.set_xlabel("ranks")
+    eax.set_ylabel("efficiency")
+    eax.legend(fontsize=8)
+    for a in (ax, eax):
+        a.set_xticks(sorted({r["ranks"] for r in strong + weak}))
+    report.figure(fig, "cpu-scaling.png",
+                  "Speedup (left) and efficiency (right) of data parallelism against the sequential "
+                  "run. On 2 cores, 4 ranks oversubscribe the machine, so beyond 2 ranks the figure "
+                  "measures time-sharing, not scaling.\n\n" + source_line(strong + weak, device))
+    loss_figure(report, "cpu-loss-strong.png", strong, strong[0], lambda r: f"{r['ranks']} rank(s)",
+                "Convergence at a fixed global batch: the loss of every layout over the sequential "
+                "one (left, 20-step mean) and its per-step difference from the 1-rank run (right). "
+                "Same seed and global batch, augmentation off; differences come from how the batch "
+                "and its float sums are split over ranks.\n\n" + source_line(strong, device),
+                window=20)
+
+
+def cpu_seed001(report, runs, device):
+    layouts = [r for r in runs if r["study"] == "layouts"]
+    if not layouts:
+        return
+    report.add("### CPU ranks (train_gpt, 4 layers, C 128, 4 heads, T 64, global batch 32)")
+    reference = next(r for r in layouts if r["ranks"] == 1)
+    rows = []
+    for run in layouts:
+        steps = run["steps"][3:]  # the first steps carry start-up costs
+        run["tok_s"] = median([r.get("tokens_per_s") for r in steps])
+        m = re.search(r"--(tp|pp) 2", run["command"])
+        run["layout"] = "1 rank" if run["ranks"] == 1 else (f"{m.group(1)} 2" if m else "dp 2")
+        peak = max((r.get("peak_memory_gib") or 0 for r in run["steps"]), default=0)
+        rows.append([run["layout"], run["tok_s"], f"{run['tok_s'] / reference['tok_s']:.2f}×", peak,
+                     median([r.get("wire_bytes") for r in steps]),
+                     median([r.get("exposed_comm_s") for r in steps]),
+                     median([r.get("pipeline_wait_s") for r in steps]),
+                     run["steps"][-1]["loss"], max_abs_diff(run, reference), load(run)])
+    report.add(table(["layout", "tokens/s (median step)", "vs 1 rank", "peak memory GiB (rank 0)",
+                      "wire bytes / step", "exposed comm s / step", "pipeline wait s / step",
+                      "final loss", "max |Δloss| vs 1 rank", "load avg before → after"], rows))
+    report.add("Same model, data, seed and global batch in each layout; every column is rank 0's "
+               "metrics file (peak_memory_gib, wire_bytes, exposed_comm_s, pipeline_wait_s). "
+               "wire bytes count the data-parallel gradient traffic only, so tp 2 and pp 2 show 0.")
+    fig, (tax, max_) = plt.subplots(1, 2, figsize=(10, 3.4))
+    names = [r["layout"] for r in layouts]
+    tax.bar(names, [r["tok_s"] for r in layouts], color="tab:blue")
+    tax.set_ylabel("tokens/s")
+    max_.bar(names, [max((s.get("peak_memory_gib") or 0 for s in r["steps"]), default=0) for r in layouts],
+             color="tab:orange")
+    max_.set_ylabel("peak memory GiB (rank 0)")
+    report.figure(fig, "cpu-layouts.png",
+                  "Throughput (left) and rank 0's memory (right) of data, tensor and pipeline "
+                  "parallelism on 2 ranks against 1 rank.\n\n" + source_line(layouts, device))
+    loss_figure(report, "cpu-loss-layouts.png", layouts, reference, lambda r: r["layout"],
+                "Loss of each layout against the 1-rank run (left) and the per-step difference "
+                "(right): the layouts train the same model on the same batches.\n\n"
+                + source_line(layouts, device), window=1)
+
+
+# ---------------------------------------------------------------------------- GPU part
+
+
+def dir_date(path):
+    m = re.search(r"\d{4}-\d{2}-\d{2}", path)
+    return m.group(0) if m else datetime.date.fromtimestamp(os.path.getmtime(path)).isoformat()
+
+
+def load_gpu(specs):
+    """Benchmark records (deduplicated) and metrics runs of every --gpu DIR[=COMMAND]."""
+    bench, metrics, seen = [], [], set()
+    for spec in specs:
+        directory, _, command = spec.partition("=")
+        command = command or f"RESULTS={directory} scripts/*-bench.sh"
+        device = None
+        for root, _, files in sorted(os.walk(directory)):
+            for name in sorted(files):
+                if not name.endswith((".txt", ".json", ".jsonl")):
+                    continue
+                path = os.path.join(root, name)
+                records = read_jsonl(path)
+                steps = [r for r in records if "step" in r and "tokens_per_s" in r]
+                if steps:
+                    text = path[: -len(".jsonl")] + ".txt"
+                    world = None
+                    if os.path.exists(text):
+                        m = re.search(r"world (\d+)", open(text, errors="replace").read())
+                        world = int(m.group(1)) if m else None
+                    metrics.append({"path": path, "steps": steps, "ranks": world, "command": command,
+                                    "date": dir_date(directory), "_dir": directory})
+                for r in records:
+                    if r.get("bench") not in ("gpt_train", "resnet_train", "resnet50"):
+                        continue
+                    device = device or r.get("device")
+                    rate = r.get("tokens_per_s") or r.get("img_per_s") or r.get("images_per_s")
+                    key = (r["bench"], r.get("impl"), r.get("device"), r.get("ranks"), rate)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    bench.append(dict(r, ranks=r.get("ranks", 1), _path=path, _command=command,
+                                      _date=dir_date(directory), _rate=rate, _dir=directory))
+        # Records without a device (llm.c's, the metrics files) ran on the GPUs of their job.
+        device = device or "GPU (device not recorded)"
+        for item in bench + metrics:
+            if item["_dir"] == directory:
+                item.setdefault("device", device)
+    return bench, metrics
+
+
+def gpu_source(items, path_key, command_key, date_key, device_of):
+    parts = {}
+    for it in items:
+        parts.setdefault((it[command_key], device_of(it), it[date_key]), []).append(it[path_key])
+    return "*Source: " + "; ".join(
+        f"`{cmd}` — {dev}, {date} ({', '.join(sorted(set(paths)))})" for (cmd, dev, date), paths in parts.items()) + ".*"
+
+
+def gpu_seed000(report, metrics):
+    if not metrics:
+        return
+    report.add("### GPUs (train_gpt --device cuda, GPT-2 124M, 16 sequences of 1024 tokens per GPU)")
+    metrics = sorted(metrics, key=lambda m: (m["ranks"] or 0, m["path"]))
+    base = metrics[0]
+    rows = []
+    for m in metrics:
+        steps = m["steps"][len(m["steps"]) // 4:]  # the last three quarters: warm clocks and caches
+        m["tok_s"] = median([s.get("tokens_per_s") for s in steps])
+        j = median([s.get("energy_j_per_token") for s in steps])
+        k = (m["ranks"] or 1) / (base["ranks"] or 1)
+        rows.append([os.path.basename(m["path"]), str(m["ranks"] or "?"), m["tok_s"],
+                     f"{m['tok_s'] / base['tok_s'] / k:.1%}", median([s.get("mfu") for s in steps]),
+                     median([s.get("gpu_util") for s in steps]), median([s.get("power_w") for s in steps]),
+                     1 / j if j else None, max((s.get("peak_memory_gib") or 0) for s in m["steps"]),
+                     m["steps"][-1]["loss"]])
+    report.add(table(["run", "GPUs", "tokens/s (median step)", "weak-scaling efficiency", "MFU",
+                      "GPU util %", "power W (all GPUs)", "tokens per joule", "peak memory GiB (rank 0)",
+                      "final loss"], rows))
+    report.add("Medians over the last three quarters of the steps. Each GPU takes 16 sequences, so "
+               "two GPUs are weak scaling (efficiency: tokens/s over GPUs × the 1-GPU tokens/s). "
+               "Power and energy are the run's GPUs together (within 1-3 % of nvidia-smi's over the "
+               "same seconds, bench/RESULTS.md); utilisation and memory are rank 0's GPU's.")
+    fig, (ax, pax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for m in metrics:
+        label = f"{m['ranks'] or '?'} GPU(s)"
+        steps = [s["step"] for s in m["steps"]]
+        ax.plot(steps, [s["loss"] for s in m["steps"]], label=label, lw=1)
+        pax.plot(steps, [s.get("power_w") for s in m["steps"]], label=label, lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.legend(fontsize=8)
+    pax.set_xlabel("step")
+    pax.set_ylabel("power W (the run's GPUs)")
+    pax.legend(fontsize=8)
+    report.figure(fig, "gpu-metrics.png",
+                  "Loss (left) and the GPUs' power (right) of one and two GPUs, as the metrics "
+                  "files record them. The 2-GPU run sees twice the data per step (random tokens).\n\n"
+                  + gpu_source(metrics, "path", "command", "date", lambda m: m["device"]))
+
+
+def run_name(r):
+    """A bench record's implementation; the fused GPT (removed after 2026-11-27) is marked."""
+    return r["impl"] + (" (fused model)" if r.get("model") == "fused" else "")
+
+
+def job(r):
+    return os.path.basename(os.path.normpath(r["_dir"]))
+
+
+def job_short(r):
+    """The job's name without its device and date (h200x2-2026-11-27-shared-comms: shared-comms)."""
+    return re.sub(r"^.*\d{4}-\d{2}-\d{2}-?", "", job(r)) or job(r)
+
+
+def layout_name(r):
+    parts = [f"{axis} {r[axis]}" for axis in ("dp", "tp", "pp") if r.get(axis, 1) > 1]
+    return " × ".join(parts) or "1 GPU"
+
+
+def gpu_seed001(report, bench):
+    layouts = [r for r in bench if r["bench"] == "gpt_train" and r.get("impl", "").startswith("dpml")
+               and "tp" in r and r["ranks"] > 1]
+    if not layouts:
+        return
+    report.add("### GPUs (bench/gpt_train, GPT-2 124M, T 1024, 16 sequences per data-parallel rank)")
+    single = [r for r in bench if r["bench"] == "gpt_train" and r.get("impl") in ("dpml", "dpml-composed")
+              and r["ranks"] == 1]
+    rows = [[run_name(r), layout_name(r), str(r["batch"] * r["dp"]), r["_rate"], r.get("ms_per_step"),
+             r.get("mfu"), r.get("mem_gib"), r.get("exposed_comm_ms"), r["device"], job(r)] for r in single + layouts]
+    report.add(table(["run", "layout", "global batch", "tokens/s", "ms/step", "MFU", "memory GiB (per GPU)",
+                      "exposed comm ms", "device", "job"], rows))
+    report.add("dp 2 trains twice the global batch of tp 2 and pp 2 in these runs (16 sequences per "
+               "data-parallel rank), so its tokens/s is the weak-scaling figure; tp 2 and pp 2 split "
+               "the 1-GPU step's work. Memory per GPU is where model parallelism wins.")
+    fig, (tax, max_) = plt.subplots(1, 2, figsize=(10, 4))
+    names = [f"{layout_name(r)}: {r['impl']} ({job_short(r)})" for r in single + layouts]
+    tax.barh(names, [r["_rate"] for r in single + layouts], color="tab:blue")
+    tax.set_xlabel("tokens/s")
+    max_.barh(names, [r.get("mem_gib") or 0 for r in single + layouts], color="tab:orange")
+    max_.set_xlabel("memory GiB per GPU")
+    max_.set_yticklabels([])
+    for a in (tax, max_):
+        a.tick_params(axis="y", labelsize=7)
+        a.invert_yaxis()
+    report.figure(fig, "gpu-layouts.png",
+                  "Data, tensor and pipeline parallelism of GPT-2 124M on two GPUs beside one GPU: "
+                  "throughput (left) and memory per GPU (right).\n\n"
+                  + gpu_source(single + layouts, "_path", "_command", "_date", lambda r: r["device"]))
+
+
+MODELS = {"gpt_train": "GPT-2 124M (tokens/s)", "resnet_train": "ResNet-50 (img/s)", "resnet50": "ResNet-50 (img/s)"}
+
+
+def gpu_seed003(report, bench):
+    records = [r for r in bench if r["bench"] in MODELS and r["_rate"] and r.get("tp", 1) == 1 and r.get("pp", 1) == 1]
+    if not records:
+        return
+    rows = []
+    for r in records:
+        # The 1-GPU run of the same implementation in the same job: the longest impl that prefixes r's.
+        one = sorted((o for o in records if o["bench"] == r["bench"] and o["ranks"] == 1
+                      and os.path.dirname(o["_path"]) == os.path.dirname(r["_path"])
+                      and r["impl"].startswith(o["impl"])), key=lambda o: len(o["impl"]))
+        scaling = f"{r['_rate'] / (r['ranks'] * one[-1]['_rate']):.1%}" if r["ranks"] > 1 and one else None
+        rows.append([MODELS[r["bench"]], run_name(r), str(r["ranks"]), r["_rate"], r.get("ms_per_step"),
+                     r.get("mfu"), r.get("mem_gib"), scaling, r["device"], job(r)])
+    report.add(table(["model", "run", "GPUs", "throughput", "ms/step", "MFU", "memory GiB", "scaling efficiency",
+                      "device", "job (bench/results/…)"], rows))
+    report.add("Scaling efficiency: the run's throughput over GPUs × the same implementation's 1-GPU "
+               "throughput in the same job (each GPU keeps its batch).")
+    models = sorted({MODELS[r["bench"]] for r in records})
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        rs = [r for r in records if MODELS[r["bench"]] == model]
+        ax.barh([f"{r['impl']} ({r['ranks']} GPU, {job_short(r)})" for r in rs], [r["_rate"] for r in rs],
+                color=["tab:blue" if r["impl"].startswith("dpml") else "tab:gray" for r in rs])
+        ax.set_xlabel(model)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.invert_yaxis()
+    report.figure(fig, "gpu-models.png",
+                  "Training throughput of dpml (blue) beside PyTorch and llm.c (grey); the label names "
+                  "the job: PyTorch and llm.c ran in the same job as the dpml runs beside them.\n\n" + gpu_source(records, "_path", "_command", "_date",
+                                                              lambda r: r["device"]))
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="docs", help="where report.md and report/*.png go")
+    ap.add_argument("--cpu-work", required=True, help="the CPU part's raw files (runs.jsonl)")
+    ap.add_argument("--cpu-device", required=True, help="the CPU, in words")
+    ap.add_argument("--gpu", action="append", default=[], help="DIR[=COMMAND] of GPU bench JSON lines")
+    ap.add_argument("--invocation", default="scripts/report.py", help="the command that wrote the report")
+    args = ap.parse_args()
+
+    report = Report(args.out)
+    runs = load_cpu_runs(args.cpu_work)
+    bench, metrics = load_gpu(args.gpu)
+    report.add(f"# dpml: the seeds' studies\n\nWritten by `{args.invocation}` on "
+               f"{datetime.date.today().isoformat()} (scripts/report.sh's header says how to regenerate "
+               "each part). Raw numbers behind the GPU figures and longer narratives: "
+               "[bench/RESULTS.md](../bench/RESULTS.md).")
+    if runs is None:
+        cpu_note = f"The CPU part was not run (no {args.cpu_work}/runs.jsonl): `scripts/report.sh --cpu`."
+    else:
+        cpu_note = (f"CPU figures: {args.cpu_device}, shared with other jobs; every rank is a process "
+                    "with one BLAS thread, so 4 ranks oversubscribe a 2-core machine. The load average "
+                    "before and after each run is in its table: other jobs took cores too, so the CPU "
+                    "throughput figures vary from run to run by 2× or more. They show that the layouts "
+                    "run and converge alike, not how dpml scales on a real node.")
+    report.add(cpu_note)
+
+    report.add("## Seed 000: data parallelism against the sequential run")
+    if runs:
+        cpu_seed000(report, runs, args.cpu_device)
+    gpu_seed000(report, metrics)
+    report.add("## Seed 001: data against layer-wise (pipeline) and tensor parallelism")
+    if runs:
+        cpu_seed001(report, runs, args.cpu_device)
+    gpu_seed001(report, bench)
+    report.add("## Seed 003: model throughput on GPUs beside PyTorch")
+    gpu_seed003(report, bench)
+    report.add("## Not in this report yet\n\n"
+               "CPU ranks beyond 4 and GPUs beyond 2; BERT-base and ViT-B/16 on GPUs; power and "
+               "samples per joule of ResNet-50 and of the layouts; bytes of tensor- and "
+               "pipeline-parallel traffic; the seed 004 GEMM-and-reduce study (examples/gemm_reduce, "
+               "bench/RESULTS.md).")
+    report.write()
+
+
+if __name__ == "__main__":
+    main()
