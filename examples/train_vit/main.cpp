@@ -11,8 +11,8 @@
 // attention; the head reads the class token. The epochs are fashion_mnist's
 // (examples/common/fashion_mnist_epochs.hpp): random crop with --crop-padding and horizontal flip
 // drawn from Philox by --seed, so every layout sees the same images; AdamW with warm-up and cosine
-// decay, trained by train::ClassifierTrainer. --device cuda is refused: bidirectional attention has
-// no GPU kernel yet (the flash kernels are causal only).
+// decay, trained by train::ClassifierTrainer. --device cuda is refused: the patch embedding and
+// class token have no GPU kernels yet (kernels/host/vision.hpp).
 #include "fashion_mnist_epochs.hpp"
 
 #include <dpml/comm/launch.hpp>
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     train::Args args("train_vit", "Trains a Vision Transformer on Fashion-MNIST with data parallelism over the rest of\n"
                                   "the launch and tensor parallelism over --tp ranks, on CPU ranks; prints test accuracy\n"
                                   "after every epoch.");
-    args.flag("--device", device, "cpu (the ranks' cores, float) | cuda (refused: bidirectional attention has no GPU kernel yet)")
+    args.flag("--device", device, "cpu (the ranks' cores, float) | cuda (refused: the patch embedding has no GPU kernel yet)")
         .flag("--patch-size", vit.patch, "side of the square patches: 1, 2, 4, 7, 14 or 28 (it divides 28)", train::between<std::int64_t>(1, 28))
         .flag("--hidden-size", vit.dim, "model width C", train::at_least(1))
         .flag("--num-layers", vit.layers, "transformer blocks", train::at_least(1))
@@ -71,8 +71,8 @@ int main(int argc, char** argv) {
     train::require_writable_output("--metrics", o.metrics);
     train::require_writable_directory("--tensorboard", o.tensorboard);
     DPML_REQUIRE_EVERYWHERE(device == "cpu" || device == "cuda", "--device " << device << " is not one of cpu, cuda");
-    DPML_REQUIRE_EVERYWHERE(device == "cpu", "--device cuda: bidirectional attention has no GPU kernel yet (the flash "
-                                             "kernels are causal only); train_vit runs on CPU ranks (--device cpu)");
+    DPML_REQUIRE_EVERYWHERE(device == "cpu", "--device cuda: the ViT's patch embedding and class token have no GPU kernels yet "
+                                             "(kernels/host/vision.hpp); train_vit runs on CPU ranks (--device cpu)");
     DPML_REQUIRE_EVERYWHERE(28 % vit.patch == 0, "--patch-size " << vit.patch << " does not divide the 28×28 image (1, 2, 4, 7, 14 or 28)");
     DPML_REQUIRE_EVERYWHERE(vit.dim % vit.heads == 0, "--hidden-size " << vit.dim << " is not divisible by --num-attention-heads "
                                                                        << vit.heads);

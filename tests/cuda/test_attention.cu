@@ -1,5 +1,6 @@
-// Flash-style causal attention on the device against the host kernels (float64): forward output
-// and logsumexp, and the whole dqkv of the backward, for head sizes 32/64/128 and sequence
+// Flash-style attention, causal and bidirectional (every key), on the device against the host
+// kernels (float64): forward output and logsumexp, and the whole dqkv of the backward, for head
+// sizes 32/64/128 and sequence
 // lengths that are not multiples of the row blocks (16 SIMT, 64 tensor cores) or the key tiles,
 // for each policy (tensor cores, SIMT, and the default choice). Outputs and scratch are poisoned
 // first. Tolerances: relative L2 ≤ 1e-2 for bf16 and fp16 tensors, ≤ 1e-5 for fp32.
@@ -18,8 +19,9 @@ namespace kh = dpml::kernels::host;
 
 namespace {
 
-template <class T, class Policy>
+template <class T, class Policy, class Mask = attention::Causal>
 void check_attention() {
+  constexpr bool causal = std::is_same_v<Mask, attention::Causal>;
   constexpr double tol = std::is_same_v<T, float> ? test::kFp32Tol : test::kBf16Tol;
   struct Case {
     std::int64_t B, Tn, H, D;
@@ -30,7 +32,7 @@ void check_attention() {
     const auto [B, Tn, H, D] = cs;
     if (tensor_cores && D > 64) continue;
     const bool fp32 = std::is_same_v<T, float>, simt = std::is_same_v<Policy, kc::attention::Simt>;  // CAPTURE splits template commas
-    CAPTURE(fp32, simt, tensor_cores, B, Tn, H, D);
+    CAPTURE(fp32, simt, tensor_cores, causal, B, Tn, H, D);
     auto gen = test::rng(static_cast<std::uint64_t>(B * 1000 + Tn * 10 + D));
     const auto n_qkv = static_cast<std::size_t>(B * Tn * H * 3 * D), n_out = static_cast<std::size_t>(B * Tn * H * D);
     const auto n_bht = static_cast<std::size_t>(B * H * Tn);
@@ -41,21 +43,22 @@ void check_attention() {
     dqkv.poison();
     lse.poison();
     delta.poison();
-    kc::attention_forward<T, Policy>(qkv.ptr, out.ptr, lse.ptr, B, Tn, H, D, nullptr);
-    kc::attention_backward<T, Policy>(dout.ptr, qkv.ptr, out.ptr, lse.ptr, delta.ptr, dqkv.ptr, B, Tn, H, D, nullptr);
+    kc::attention_forward<T, Policy>(qkv.ptr, out.ptr, lse.ptr, B, Tn, H, D, nullptr, Mask{});
+    kc::attention_backward<T, Policy>(dout.ptr, qkv.ptr, out.ptr, lse.ptr, delta.ptr, dqkv.ptr, B, Tn, H, D, nullptr, Mask{});
 
     const auto dq = test::to_double(hqkv), ddo = test::to_double(hdout);
     std::vector<double> rout(n_out), probs(static_cast<std::size_t>(B * H * Tn * Tn)), rdqkv(n_qkv), rlse(n_bht);
-    kh::attention_forward(dq.data(), rout.data(), probs.data(), B, Tn, H, D);
-    kh::attention_backward(ddo.data(), dq.data(), probs.data(), rdqkv.data(), B, Tn, H, D);
+    kh::attention_forward(dq.data(), rout.data(), probs.data(), B, Tn, H, D, Mask{});
+    kh::attention_backward(ddo.data(), dq.data(), probs.data(), rdqkv.data(), B, Tn, H, D, Mask{});
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t i = 0; i < Tn; ++i) {
           const double* q = dq.data() + ((b * Tn + i) * H + h) * 3 * D;
           double m = -INFINITY;
-          std::vector<double> s(static_cast<std::size_t>(i + 1));
-          for (std::int64_t j = 0; j <= i; ++j) {
+          const std::int64_t keys = causal ? i + 1 : Tn;  // the keys query i sees
+          std::vector<double> s(static_cast<std::size_t>(keys));
+          for (std::int64_t j = 0; j < keys; ++j) {
             const double* k = dq.data() + ((b * Tn + j) * H + h) * 3 * D + D;
             double acc = 0;
             for (std::int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
@@ -94,6 +97,14 @@ TEST_CASE("attention: bf16 default policy (tensor cores where they apply) agains
 TEST_CASE("attention: fp16 on tensor cores and SIMT against the float64 host kernels", "[attention][gpu]") {
   check_attention<kc::f16, kc::attention::TensorCore>();
   check_attention<kc::f16, kc::attention::Simt>();
+}
+
+TEST_CASE("attention, bidirectional: fp32 (SIMT), bf16 and fp16 on tensor cores and SIMT against float64",
+          "[attention][gpu]") {
+  check_attention<float, kc::attention::Auto, attention::Bidirectional>();
+  check_attention<bf16, kc::attention::TensorCore, attention::Bidirectional>();
+  check_attention<bf16, kc::attention::Simt, attention::Bidirectional>();
+  check_attention<kc::f16, kc::attention::TensorCore, attention::Bidirectional>();
 }
 
 TEST_CASE("attention: an unsupported head size is refused", "[attention][gpu]") {

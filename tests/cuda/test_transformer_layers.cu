@@ -3,7 +3,8 @@
 // SIMT kernels), at B = 2 and T = 70 (not a multiple of the attention's 64-row tiles), C = 96 with 3
 // heads of 32, C = 128 with 2 heads of 64 or 1 of 128:
 //   column- and row-parallel linears (tp = 1), the row-parallel residual join, also in place
-//   attention and MLP (with and without the GELU recompute), each with its residual join
+//   attention (causal and bidirectional) and MLP (with and without the GELU recompute), each with
+//   its residual join
 //   TransformerBlock and a Stack of two (block i − 1 reads block i's input gradient from the shared
 //   ring), with the weight gradients formed inside backward_input or deferred to backward_weight
 //   (ctx.deferred_weight_gradients), with activation recomputation and the GELU recompute — over
@@ -184,14 +185,35 @@ TEST_CASE("CausalSelfAttention on the GPU refuses a head dimension its kernels l
   CHECK(test::message_of([] { CausalSelfAttention<double> a(64, 4, "attn"); }).empty());  // the host takes any
 }
 
-TEST_CASE("Bidirectional attention and block on the GPU refuse at construction: the flash kernels are causal only",
+TEMPLATE_TEST_CASE("BidirectionalSelfAttention and its TransformerBlock on the GPU equal the float64 host layers",
+                   "[cuda][layers][transformer][attention]", bf16, float) {
+  using T = TestType;
+  test::DeviceLayerCheck<T> check(36);
+  for (const auto [C, H] : kDims) {
+    CAPTURE(C, H);
+    BidirectionalSelfAttention<double> host(C, H, "attn");
+    BidirectionalSelfAttention<T, CudaSpace> dev(C, H, "attn");
+    check_two_micro_batches(check, host, dev, Shape{kB, kT, C}, false, tol<T>(3e-2));
+    check_residual_join(check, host, dev, Shape{kB, kT, C}, tol<T>(3e-2));
+  }
+  for (bool deferred : {false, true}) {
+    CAPTURE(deferred);
+    using Block = TransformerBlock<T, CudaSpace, parallel::default_comm_t<CudaSpace>, attention::Bidirectional>;
+    TransformerBlock<double, HostSpace, parallel::default_comm_t<HostSpace>, attention::Bidirectional> host({.dim = 96, .heads = 3, .name = "h.0"});
+    Block dev({.dim = 96, .heads = 3, .name = "h.0"});
+    check_two_micro_batches(check, host, dev, Shape{kB, kT, 96}, deferred, tol<T>(3e-2));
+  }
+}
+
+TEST_CASE("BidirectionalSelfAttention on the GPU refuses a key-padding mask: the flash kernels take none yet",
           "[cuda][layers][transformer][attention]") {
-  const std::string want = "no kernel for this space: bidirectional attention attn (this space's attention kernels are causal only)";
-  CHECK(test::message_of([] { BidirectionalSelfAttention<bf16, CudaSpace> a(128, 2, "attn"); }) == want);
-  CHECK(test::message_of([] {
-          TransformerBlock<bf16, CudaSpace, parallel::default_comm_t<CudaSpace>, attention::Bidirectional> b({.dim = 128, .heads = 2});
-        }) == want);
-  CHECK(test::message_of([] { BidirectionalSelfAttention<double> a(128, 2, "attn"); }).empty());  // the host has it
+  test::DeviceLayerCheck<bf16> check(37);
+  BidirectionalSelfAttention<bf16, CudaSpace> dev(64, 2, "attn");
+  const Tensor<bf16, CudaSpace> x = test::upload_as<bf16>(test::random_tensor<double>(Shape{2, 8, 64}, check.gen()));
+  const std::int64_t valid[] = {8, 5};
+  const auto keys = KeyPadding::lengths(valid, 8);
+  CHECK(test::message_of([&] { (void)dev.forward(check.device_context(), x.cview(), keys); })
+            .starts_with("attention on the GPU: a key-padding mask has no kernel yet"));
 }
 
 TEMPLATE_TEST_CASE("Mlp on the GPU, with and without the GELU recompute, equals the float64 host Mlp",

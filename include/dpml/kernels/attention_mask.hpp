@@ -1,9 +1,10 @@
 #pragma once
 // Attention mask policies: which keys a query may attend to. One tag per policy, read by the
 // attention layer (layers/attention.hpp) and by each space's attention family, which says through
-// Ops<Space>::attention_mask_supported(Mask{}) whether it has a kernel for it (the host has both;
-// the GPU's flash kernels are causal only, so a bidirectional layer on CudaSpace refuses at
-// construction instead of silently running causal).
+// Ops<Space>::attention_mask_supported(Mask{}) whether it has a kernel for it (the host and the
+// GPU have both; a space without one refuses at the layer's construction instead of silently
+// running another mask). The GPU's flash kernels take no key-padding mask yet: a forward given one
+// there is refused.
 //
 //   attention::Causal          query i attends to keys j ≤ i                  (a decoder: GPT)
 //   attention::Bidirectional   every query attends to every valid key         (an encoder: ViT)

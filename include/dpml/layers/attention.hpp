@@ -27,11 +27,12 @@
 //
 // Key padding (bidirectional only): forward(…, KeyPadding) names per sample the valid keys — a
 // count (keys [0, n) valid) or a bool mask (B, T) — and padded keys get no probability. The
-// backward needs nothing more: the kept probabilities are 0 there.
+// backward needs nothing more: the kept probabilities are 0 there. On CudaSpace a forward given
+// key padding is refused (the flash kernels take no key mask yet).
 //
 // heads must be divisible by tp and C by heads; otherwise every rank raises the same Error. A
-// space whose attention kernels lack the mask policy (CudaSpace: causal only) refuses at
-// construction, on every rank: "no kernel for this space: bidirectional attention …".
+// space whose attention kernels lack the mask policy refuses at construction, on every rank:
+// "no kernel for this space: bidirectional attention …".
 // Memory per slot: c_attn's qkv (B, T, 3C/tp), the attention output (B, T, C/tp), the state, and
 // c_proj's output (B, T, C); with the plain backward also dqkv and dx.
 

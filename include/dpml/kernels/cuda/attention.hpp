@@ -1,6 +1,7 @@
 #pragma once
-// Causal multi-head attention, flash style (Dao et al. 2022), device kernels with the layout and
-// maths of kernels/host/attention.hpp: qkv (B, T, H, 3, D) in, out (B, T, H, D).
+// Multi-head attention, flash style (Dao et al. 2022), causal or bidirectional (the mask policies
+// of kernels/attention_mask.hpp; bidirectional without a key-padding mask), device kernels with
+// the layout and maths of kernels/host/attention.hpp: qkv (B, T, H, 3, D) in, out (B, T, H, D).
 //
 // No (T, T) matrix exists in memory. The forward streams key/value tiles through shared memory
 // and keeps, per query row, a running max m, a running sum l of exp(s − m) and the unnormalised
@@ -14,6 +15,7 @@
 // in two kernels that each own their output rows — one per query row block (dq; streams keys),
 // one per key row block (dk, dv; streams queries) — so no atomics are needed and the gradients are
 // deterministic. Causality skips every tile above the diagonal: half the work of a dense pass.
+// Bidirectional runs the dense pass; the kernels take the mask as a template argument (Causal).
 //
 // Two policies, one interface: attention::TensorCore (attention_mma.hpp: mma.sync, bf16 or fp16, D ≤ 64,
 // 16-byte aligned tensors) and attention::Simt (attention_simt.hpp: fp32 FMAs, any of
@@ -73,6 +75,19 @@ bool mma_applies(std::int64_t D, std::initializer_list<const void*> tensors) {
   }
 }
 
+// Causal (true) or bidirectional; a key-padding mask has no kernel here.
+inline bool causal_of(::dpml::attention::Causal) { return true; }
+inline bool causal_of(::dpml::attention::Bidirectional mask) {
+  DPML_REQUIRE(mask.keys == nullptr, "attention on the GPU: a key-padding mask has no kernel yet (bidirectional attention "
+                                     "over every key only); pad to whole sequences or train on CPU ranks");
+  return false;
+}
+template <class F>
+void with_causal(bool causal, F&& f) {
+  if (causal) f.template operator()<true>();
+  else f.template operator()<false>();
+}
+
 template <class Policy, class T>
 bool use_mma(std::int64_t D, std::initializer_list<const void*> tensors) {
   const bool ok = mma_applies<T>(D, tensors);
@@ -85,46 +100,53 @@ bool use_mma(std::int64_t D, std::initializer_list<const void*> tensors) {
 }  // namespace detail::attn
 
 // qkv (B, T, H, 3, D) → out (B, T, H, D); lse (B, H, T) fp32, saved for the backward.
-// D ∈ {32, 64, 128}; Policy: attention::Auto, TensorCore or Simt.
-template <class T, class Policy = attention::Auto>
+// D ∈ {32, 64, 128}; Policy: attention::Auto, TensorCore or Simt; Mask: ::dpml::attention::Causal
+// or Bidirectional (keys null).
+template <class T, class Policy = attention::Auto, class Mask = ::dpml::attention::Causal>
 void attention_forward(const T* qkv, T* out, float* lse, std::int64_t B, std::int64_t Tn, std::int64_t H,
-                       std::int64_t D, cudaStream_t stream) {
+                       std::int64_t D, cudaStream_t stream, Mask mask = {}) {
   static_assert(detail::is_storage_v<T>);
   using namespace detail::attn;
   if (B * Tn * H == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(Tn, kRows)), static_cast<unsigned>(B * H));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const bool causal = causal_of(mask);
   if (use_mma<Policy, T>(D, {qkv, out})) {
     if constexpr (!std::is_same_v<T, float>) {
       const dim3 mgrid(static_cast<unsigned>(ceil_div(Tn, detail::attn_mma::kRows)), static_cast<unsigned>(B * H));
       const float scale_log2 = scale * detail::attn_mma::kLog2e;
       with_head_dim<32>(D, [&]<int HD>() {
-        if constexpr (HD <= 64) {
-          detail::attn_mma::forward_kernel<T, HD><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(qkv, out, lse, Tn, static_cast<int>(H),
-                                                                                 scale_log2);
-          DPML_CHECK_LAUNCH();
-        }
+        if constexpr (HD <= 64)
+          with_causal(causal, [&]<bool C>() {
+            detail::attn_mma::forward_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
+                qkv, out, lse, Tn, static_cast<int>(H), scale_log2);
+            DPML_CHECK_LAUNCH();
+          });
       });
     }
     return;
   }
   with_head_dim<32>(D, [&]<int HD>() {
-    forward_kernel<T, HD><<<grid, kThreads, 0, stream>>>(qkv, out, lse, Tn, static_cast<int>(H), scale);
-    DPML_CHECK_LAUNCH();
+    with_causal(causal, [&]<bool C>() {
+      forward_kernel<T, HD, C><<<grid, kThreads, 0, stream>>>(qkv, out, lse, Tn, static_cast<int>(H), scale);
+      DPML_CHECK_LAUNCH();
+    });
   });
 }
 
 // dout (B, T, H, D), qkv, out and lse from the forward → dqkv (B, T, H, 3, D), overwritten;
-// delta (B, H, T) fp32 scratch.
-template <class T, class Policy = attention::Auto>
+// delta (B, H, T) fp32 scratch; the forward's Mask.
+template <class T, class Policy = attention::Auto, class Mask = ::dpml::attention::Causal>
 void attention_backward(const T* dout, const T* qkv, const T* out, const float* lse, float* delta, T* dqkv,
-                        std::int64_t B, std::int64_t Tn, std::int64_t H, std::int64_t D, cudaStream_t stream) {
+                        std::int64_t B, std::int64_t Tn, std::int64_t H, std::int64_t D, cudaStream_t stream,
+                        Mask mask = {}) {
   static_assert(detail::is_storage_v<T>);
   using namespace detail::attn;
   if (B * Tn * H == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(Tn, kRows)), static_cast<unsigned>(B * H));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const int h = static_cast<int>(H);
+  const bool causal = causal_of(mask);
   with_head_dim<32>(D, [&]<int HD>() {
     delta_kernel<T, HD><<<grid, kThreads, 0, stream>>>(dout, out, delta, Tn, h);
     DPML_CHECK_LAUNCH();
@@ -133,23 +155,26 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const float* 
     if constexpr (!std::is_same_v<T, float>) {
       const dim3 mgrid(static_cast<unsigned>(ceil_div(Tn, detail::attn_mma::kRows)), static_cast<unsigned>(B * H));
       with_head_dim<32>(D, [&]<int HD>() {
-        if constexpr (HD <= 64) {
-          detail::attn_mma::backward_dq_kernel<T, HD><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h,
-                                                                                     scale);
-          DPML_CHECK_LAUNCH();
-          detail::attn_mma::backward_dkv_kernel<T, HD><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn,
-                                                                                      h, scale);
-          DPML_CHECK_LAUNCH();
-        }
+        if constexpr (HD <= 64)
+          with_causal(causal, [&]<bool C>() {
+            detail::attn_mma::backward_dq_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
+                dout, qkv, lse, delta, dqkv, Tn, h, scale);
+            DPML_CHECK_LAUNCH();
+            detail::attn_mma::backward_dkv_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
+                dout, qkv, lse, delta, dqkv, Tn, h, scale);
+            DPML_CHECK_LAUNCH();
+          });
       });
     }
     return;
   }
   with_head_dim<32>(D, [&]<int HD>() {
-    backward_dq_kernel<T, HD><<<grid, kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h, scale);
-    DPML_CHECK_LAUNCH();
-    backward_dkv_kernel<T, HD><<<grid, kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h, scale);
-    DPML_CHECK_LAUNCH();
+    with_causal(causal, [&]<bool C>() {
+      backward_dq_kernel<T, HD, C><<<grid, kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h, scale);
+      DPML_CHECK_LAUNCH();
+      backward_dkv_kernel<T, HD, C><<<grid, kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h, scale);
+      DPML_CHECK_LAUNCH();
+    });
   });
 }
 
@@ -160,11 +185,10 @@ struct AttentionOps {
   // construction, on every rank, rather than fail in the first forward.
   static constexpr const char* attention_head_dims = "32, 64 or 128";
   static constexpr bool attention_head_dim_supported(std::int64_t D) { return D == 32 || D == 64 || D == 128; }
-  // Causal only: the flash kernels skip the key blocks above the diagonal and know no key mask.
-  // A bidirectional layer refuses at construction (kernels/attention_mask.hpp).
-  static constexpr const char* attention_masks = "causal";
+  // Both policies; bidirectional over every key (a key-padding mask is refused when given).
+  static constexpr const char* attention_masks = "causal, bidirectional (no key padding)";
   static constexpr bool attention_mask_supported(::dpml::attention::Causal) { return true; }
-  static constexpr bool attention_mask_supported(::dpml::attention::Bidirectional) { return false; }
+  static constexpr bool attention_mask_supported(::dpml::attention::Bidirectional) { return true; }
   // What the forward keeps for the backward: the rows' log-sum-exp, sized by the forward (the
   // backward also reads the forward's output, which the layer keeps anyway).
   template <class T>
@@ -172,19 +196,19 @@ struct AttentionOps {
     Tensor<float, CudaSpace> lse;  // (B, H, T)
   };
   // qkv (B, T, H, 3, D) → out (B, T, H, D); D ∈ {32, 64, 128}
-  template <class T>
+  template <class T, class Mask = ::dpml::attention::Causal>
   static void attention_forward(Dev& dev, const T* qkv, T* out, AttentionState<T>& state, std::int64_t B,
-                                std::int64_t Tn, std::int64_t H, std::int64_t D) {
+                                std::int64_t Tn, std::int64_t H, std::int64_t D, Mask mask = {}) {
     state.lse.resize(Shape{B, H, Tn});
-    cuda::attention_forward(qkv, out, state.lse.data(), B, Tn, H, D, dev.stream());
+    cuda::attention_forward<T, attention::Auto>(qkv, out, state.lse.data(), B, Tn, H, D, dev.stream(), mask);
   }
   // dout (B, T, H, D), with the forward's qkv, out and state → dqkv (B, T, H, 3, D), overwritten;
   // delta (B, H, T) in the Device's scratch
-  template <class T>
+  template <class T, class Mask = ::dpml::attention::Causal>
   static void attention_backward(Dev& dev, const T* dout, const T* qkv, const T* out, const AttentionState<T>& state,
-                                 T* dqkv, std::int64_t B, std::int64_t Tn, std::int64_t H, std::int64_t D) {
-    cuda::attention_backward(dout, qkv, out, state.lse.data(), dev.scratch<float>(B * H * Tn), dqkv, B, Tn, H, D,
-                             dev.stream());
+                                 T* dqkv, std::int64_t B, std::int64_t Tn, std::int64_t H, std::int64_t D, Mask mask = {}) {
+    cuda::attention_backward<T, attention::Auto>(dout, qkv, out, state.lse.data(), dev.scratch<float>(B * H * Tn), dqkv, B, Tn,
+                                                 H, D, dev.stream(), mask);
   }
 };
 

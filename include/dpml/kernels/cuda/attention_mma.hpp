@@ -15,7 +15,8 @@
 //
 // The key/value kernel computes the transposed scores directly (rows = keys), so both of its
 // products take their A operand from registers as well. Causal masking touches only the diagonal
-// tile; query blocks run longest-first. Requirements (checked by the entry point, attention.hpp's
+// tile; query blocks run longest-first. Bidirectional (Causal = false) streams every tile and hides
+// only the zero-filled keys past T in the last one. Requirements (checked by the entry point, attention.hpp's
 // mma_applies; other cases take the SIMT kernels): bf16 or fp16, head size D ∈ {32, 64}, 16-byte
 // aligned tensors.
 
@@ -82,6 +83,18 @@ __device__ __forceinline__ void mask_diagonal(float (&s)[N / 8][4], int warp, in
       const int row = warp * 16 + g + (e / 2) * 8, col = n * 8 + 2 * t + e % 2;
       if (RowsAreKeys ? col < row : col > row) s[n][e] = -INFINITY;
     }
+}
+
+// Sets the scores of the columns at or past Tn (the zero-filled rows of a last tile starting at
+// col0) to −∞.
+template <int N>
+__device__ __forceinline__ void mask_columns_past(float (&s)[N / 8][4], std::int64_t col0, std::int64_t Tn, int lane) {
+  const int t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (col0 + n * 8 + 2 * t + e % 2 >= Tn) s[n][e] = -INFINITY;
 }
 
 // One key tile's step of the online softmax for a warp's 16 query rows (two per thread: half 0 and
@@ -170,7 +183,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[D / 8][4], T* base
   }
 }
 
-template <class T, int D>
+template <class T, int D, bool Causal>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, std::int64_t Tn,
                    int H, float scale_log2) {
@@ -194,20 +207,22 @@ __global__ void __launch_bounds__(kThreads)
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const std::int64_t row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-  for (int kt = 0; kt <= qb; ++kt) {
+  const int last_tile = Causal ? qb : static_cast<int>(gridDim.x) - 1;  // the key tiles [0, last_tile] this block sees
+  for (int kt = 0; kt <= last_tile; ++kt) {
     const int st = kt & 1;
     __syncthreads();  // the other stage's readers (tile kt − 1, or Q) are done
-    if (kt < qb) {
+    if (kt < last_tile) {
       load_tile<D>(ks[st ^ 1], base + D, ld, static_cast<std::int64_t>(kt + 1) * kRows, Tn);
       load_tile<D>(vs[st ^ 1], base + 2 * D, ld, static_cast<std::int64_t>(kt + 1) * kRows, Tn);
       cp_async_commit();
     }
-    wait_for_current_tile(kt < qb);
+    wait_for_current_tile(kt < last_tile);
     __syncthreads();
 
     float s[kRows / 8][4] = {};
     warp_mma<kRows, D, true, S>(s, qf, ks[st], lane);
-    if (kt == qb) mask_diagonal<false, kRows>(s, warp, lane);
+    if (Causal && kt == qb) mask_diagonal<false, kRows>(s, warp, lane);
+    if (!Causal && kt == last_tile) mask_columns_past<kRows>(s, static_cast<std::int64_t>(kt) * kRows, Tn, lane);
     online_softmax<kRows, D>(s, o, m, l, scale_log2);
     std::uint32_t pa[kRows / 16][4];
     acc_to_a<kRows, T>(s, pa);
@@ -226,7 +241,7 @@ __global__ void __launch_bounds__(kThreads)
       if (row[half] < Tn) lse[static_cast<std::int64_t>(bh) * Tn + row[half]] = (m[half] + log2f(l[half])) * kLn2;
 }
 
-template <class T, int D>
+template <class T, int D, bool Causal>
 __global__ void __launch_bounds__(kThreads)
     backward_dq_kernel(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
                        const float* __restrict__ delta, T* __restrict__ dqkv, std::int64_t Tn, int H, float scale) {
@@ -261,20 +276,22 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   float dq[D / 8][4] = {};
-  for (int kt = 0; kt <= qb; ++kt) {
+  const int last_tile = Causal ? qb : static_cast<int>(gridDim.x) - 1;
+  for (int kt = 0; kt <= last_tile; ++kt) {
     const int st = kt & 1;
     __syncthreads();
-    if (kt < qb) {
+    if (kt < last_tile) {
       load_tile<D>(ks[st ^ 1], base + D, ld, static_cast<std::int64_t>(kt + 1) * kRows, Tn);
       load_tile<D>(vs[st ^ 1], base + 2 * D, ld, static_cast<std::int64_t>(kt + 1) * kRows, Tn);
       cp_async_commit();
     }
-    wait_for_current_tile(kt < qb);
+    wait_for_current_tile(kt < last_tile);
     __syncthreads();
     float s[kRows / 8][4] = {}, dp[kRows / 8][4] = {};
     warp_mma<kRows, D, true, S>(s, qf, ks[st], lane);
     warp_mma<kRows, D, true, S>(dp, dof, vs[st], lane);
-    if (kt == qb) mask_diagonal<false, kRows>(s, warp, lane);
+    if (Causal && kt == qb) mask_diagonal<false, kRows>(s, warp, lane);
+    if (!Causal && kt == last_tile) mask_columns_past<kRows>(s, static_cast<std::int64_t>(kt) * kRows, Tn, lane);
 #pragma unroll
     for (int n = 0; n < kRows / 8; ++n)
 #pragma unroll
@@ -291,7 +308,7 @@ __global__ void __launch_bounds__(kThreads)
                 lane);
 }
 
-template <class T, int D>
+template <class T, int D, bool Causal>
 __global__ void __launch_bounds__(kThreads)
     backward_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
                         const float* __restrict__ delta, T* __restrict__ dqkv, std::int64_t Tn, int H,
@@ -319,10 +336,11 @@ __global__ void __launch_bounds__(kThreads)
 
   load_tile<D>(qs[1], base + D, ld, k0, Tn);  // K and V, through stage 1
   load_tile<D>(dos[1], base + 2 * D, ld, k0, Tn);
-  load_tile<D>(qs[0], base, ld, k0, Tn);  // the first query tile is the diagonal one: qt = kb
-  load_tile<D>(dos[0], do_base, ldo, k0, Tn);
+  const int first_tile = Causal ? kb : 0;  // causal: the first query tile is the diagonal one
+  load_tile<D>(qs[0], base, ld, static_cast<std::int64_t>(first_tile) * kRows, Tn);
+  load_tile<D>(dos[0], do_base, ldo, static_cast<std::int64_t>(first_tile) * kRows, Tn);
   cp_async_commit();
-  if (r < kRows) row_stats(kb, lse2s[0][r], dls[0][r]);
+  if (r < kRows) row_stats(first_tile, lse2s[0][r], dls[0][r]);
   cp_async_wait<0>();
   __syncthreads();
   std::uint32_t kf[D / 16][4], vf[D / 16][4];
@@ -331,8 +349,8 @@ __global__ void __launch_bounds__(kThreads)
 
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   const int q_tiles = static_cast<int>(ceil_div(Tn, kRows));
-  for (int qt = kb; qt < q_tiles; ++qt) {
-    const int sg = (qt - kb) & 1;
+  for (int qt = first_tile; qt < q_tiles; ++qt) {
+    const int sg = (qt - first_tile) & 1;
     const bool next = qt + 1 < q_tiles;
     const std::int64_t i0 = static_cast<std::int64_t>(qt) * kRows;
     __syncthreads();
@@ -348,7 +366,7 @@ __global__ void __launch_bounds__(kThreads)
     float st[kRows / 8][4] = {}, dpt[kRows / 8][4] = {};  // (16 keys, 64 queries)
     warp_mma<kRows, D, true, S>(st, kf, qs[sg], lane);
     warp_mma<kRows, D, true, S>(dpt, vf, dos[sg], lane);
-    if (qt == kb) mask_diagonal<true, kRows>(st, warp, lane);
+    if (Causal && qt == kb) mask_diagonal<true, kRows>(st, warp, lane);
     if (i0 + kRows > Tn)  // the last tile's zero-filled queries past Tn
 #pragma unroll
       for (int n = 0; n < kRows / 8; ++n)

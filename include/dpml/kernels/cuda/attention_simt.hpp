@@ -5,7 +5,8 @@
 // with dot products finished by 3 shuffles; the streamed rows are converted to fp32 once into
 // shared memory and read as 16-byte vectors that the 4 groups of a warp share (broadcast).
 // Exponentials are exp2 with log2(e) folded into the scale. The backward is two kernels that own
-// their output rows (dq per query block, dk/dv per key block): no atomics.
+// their output rows (dq per query block, dk/dv per key block): no atomics. Causal (a template
+// argument) stops each query at its own key; otherwise every query sees every key.
 
 #include "dpml/kernels/cuda/common.hpp"
 
@@ -123,7 +124,7 @@ __device__ __forceinline__ void load_tile(float* tile, const T* base, std::int64
   }
 }
 
-template <class T, int D>
+template <class T, int D, bool Causal>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, std::int64_t Tn, int H,
                    float scale) {
@@ -132,7 +133,8 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = blockIdx.y, b = bh / H, h = bh % H, gl = threadIdx.x % kGroup;
   const std::int64_t ld = 3 * static_cast<std::int64_t>(H) * D;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kRows, i = first + threadIdx.x / kGroup;
-  const std::int64_t last = (first + kRows < Tn ? first + kRows : Tn) - 1;  // last query row of the block
+  // The last key any query of the block sees: its last query row (causal), or the last key.
+  const std::int64_t last = Causal ? (first + kRows < Tn ? first + kRows : Tn) - 1 : Tn - 1;
   const T* q_base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;  // (T, D), row stride ld
   Frag<D> q, o;
   if (i < Tn) q.load(q_base + i * ld, gl, scale * kLog2e);
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
     const int jn = static_cast<int>(last - j0 + 1 < KT ? last - j0 + 1 : KT);
     for (int jj = 0; jj < jn; ++jj) {
       const float s = q.dot(ks + jj * D, gl);  // log2 units
-      if (j0 + jj > i) continue;               // causal
+      if (Causal && j0 + jj > i) continue;
       if (s > m) {
         const float corr = exp2f(m - s);
         l *= corr;
@@ -186,8 +188,8 @@ __global__ void __launch_bounds__(kThreads)
   if (gl == 0) delta[static_cast<std::int64_t>(bh) * Tn + i] = acc;
 }
 
-// dq for a block of query rows, streaming keys and values j ≤ i.
-template <class T, int D>
+// dq for a block of query rows, streaming keys and values j ≤ i (causal) or all.
+template <class T, int D, bool Causal>
 __global__ void __launch_bounds__(kThreads)
     backward_dq_kernel(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
                        const float* __restrict__ delta, T* __restrict__ dqkv, std::int64_t Tn, int H, float scale) {
@@ -196,7 +198,7 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = blockIdx.y, b = bh / H, h = bh % H, gl = threadIdx.x % kGroup;
   const std::int64_t ld = 3 * static_cast<std::int64_t>(H) * D;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kRows, i = first + threadIdx.x / kGroup;
-  const std::int64_t last = (first + kRows < Tn ? first + kRows : Tn) - 1;
+  const std::int64_t last = Causal ? (first + kRows < Tn ? first + kRows : Tn) - 1 : Tn - 1;
   const T* q_base = qkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D;
   const std::int64_t o_off = (static_cast<std::int64_t>(b) * Tn + i) * H * D + h * D;
   Frag<D> q, dO, dq;
@@ -220,7 +222,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int jj = 0; jj < jn; ++jj) {
       const float s = q.dot(ks + jj * D, gl);
       const float dp = dO.dot(vs + jj * D, gl);
-      if (j0 + jj > i) continue;
+      if (Causal && j0 + jj > i) continue;
       const float p = exp2f(s - lse2);
       dq.axpy(1.f, p * (dp - di), ks + jj * D, gl);
     }
@@ -228,8 +230,8 @@ __global__ void __launch_bounds__(kThreads)
   if (i < Tn) dq.store(dqkv + static_cast<std::int64_t>(b) * Tn * ld + h * 3 * D + i * ld, gl, scale);
 }
 
-// dk, dv for a block of key rows, streaming queries i ≥ j.
-template <class T, int D>
+// dk, dv for a block of key rows, streaming queries i ≥ j (causal) or all.
+template <class T, int D, bool Causal>
 __global__ void __launch_bounds__(kThreads)
     backward_dkv_kernel(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
                         const float* __restrict__ delta, T* __restrict__ dqkv, std::int64_t Tn, int H, float scale) {
@@ -251,7 +253,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   dk.zero();
   dv.zero();
-  for (std::int64_t i0 = first; i0 < Tn; i0 += KT) {
+  for (std::int64_t i0 = Causal ? first : 0; i0 < Tn; i0 += KT) {
     __syncthreads();
     load_tile<D>(qs, q_base, ld, i0, Tn);
     load_tile<D>(dos, do_base, ldo, i0, Tn);
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int ii = 0; ii < in_tile; ++ii) {
       const float s = k.dot(qs + ii * D, gl);
       const float dp = v.dot(dos + ii * D, gl);
-      if (i0 + ii < j || j >= Tn) continue;  // causal: query i sees key j only if i ≥ j
+      if ((Causal && i0 + ii < j) || j >= Tn) continue;  // causal: query i sees key j only if i ≥ j
       const float p = exp2f(s - lse2s[ii]);
       dv.axpy(1.f, p, dos + ii * D, gl);
       dk.axpy(1.f, p * (dp - ds_[ii]), qs + ii * D, gl);
