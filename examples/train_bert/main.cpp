@@ -1,6 +1,6 @@
 // train_bert: a BERT-style encoder (models::Bert: token and position embeddings, pre-LN blocks of
 // bidirectional attention, the masked-LM head tied to the token embedding) trained as a masked
-// language model on the CPU ranks of an MPI launch, with data parallelism over what --tp and --pp
+// language model on the CPU ranks or GPUs of an MPI launch, with data parallelism over what --tp and --pp
 // leave of the world, tensor parallelism (attention heads, MLP and vocabulary split) over --tp
 // ranks and pipeline parallelism (the blocks cut into --pp stages) — the layouts of train_gpt, with
 // its flag names (Megatron-LM's).
@@ -20,7 +20,10 @@
 // batches of validation windows give the masked-LM loss and the masked-token accuracy (the share
 // of masked positions whose original token has the largest logit). AdamW, linear warm-up and cosine
 // decay, gradient clipping; the progress line and --metrics / --tensorboard records as train_lstm's.
-// --device cuda is refused: bidirectional attention has no GPU kernel yet.
+// --device cuda (the cuda preset's build): one GPU per rank over NCCL, or ranks sharing GPUs over
+// comm::Staged; bf16 storage with fp32 master weights, the same layouts, data and masking.
+//
+//   scripts/launch.sh -n 2 build/cuda/examples/train_bert/train_bert --device cuda   # dp 2 on 2 GPUs
 #include <dpml/comm/launch.hpp>
 #include <dpml/data/masked_lm.hpp>
 #include <dpml/data/text.hpp>
@@ -35,10 +38,19 @@
 #include <dpml/train/progress.hpp>
 #include <dpml/train/trainer.hpp>
 
+#ifdef DPML_WITH_CUDA
+#include <dpml/comm/cuda_placement.hpp>
+#include <dpml/core/bf16.hpp>
+#include <dpml/kernels/cuda/device.hpp>
+#include <dpml/parallel/device_grid.hpp>
+#endif
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 using namespace dpml;
@@ -56,17 +68,15 @@ struct Flags {
   std::uint64_t seed = 1234;
   std::string data = data::kFortunesPath;
   std::string metrics, tensorboard;
-  std::string device = "cpu";
+  std::string device = "cpu", gpu_comm = "auto";
 };
-
-using Model = models::Bert<float>;
 
 // Masked-LM loss (mean of the batches' per-masked-token means) and masked-token accuracy over
 // `batches` global batches of the validation windows (wrapping around).
 struct Validation {
   double loss = NAN, accuracy = NAN;
 };
-template <class Trainer>
+template <class Trainer, class Model>
 Validation validate(Trainer& trainer, Model& model, const data::MaskedLmWindows& val, std::int64_t batches) {
   double loss = 0, hits = 0, masked = 0;
   for (std::int64_t i = 0; i < batches; ++i) {
@@ -78,7 +88,7 @@ Validation validate(Trainer& trainer, Model& model, const data::MaskedLmWindows&
   return {loss / static_cast<double>(batches), masked > 0 ? hits / masked : NAN};
 }
 
-template <class Trainer>
+template <class Trainer, class Model>
 int train_and_validate(Trainer& trainer, Model& model, const Flags& f, const comm::Mpi& world, data::MaskedLmWindows& windows,
                        const data::MaskedLmWindows& val) {
   const optim::WarmupCosineLR lr{.max_lr = f.lr, .min_lr = f.min_lr, .warmup_steps = f.warmup, .decay_steps = f.iters};
@@ -122,9 +132,10 @@ int main(int argc, char** argv) {
   return dpml::run(argc, argv, [&](const comm::Mpi& world) {
     Flags f;
     train::Args args("train_bert", "Trains a BERT-style encoder as a masked language model on a text (bytes) or token\n"
-                                   "shards with data, tensor (--tp) and pipeline (--pp) parallelism on CPU ranks; prints\n"
-                                   "the validation masked-LM loss and masked-token accuracy.");
-    args.flag("--device", f.device, "cpu (the ranks' cores); cuda is refused: bidirectional attention has no GPU kernel yet")
+                                   "shards with data, tensor (--tp) and pipeline (--pp) parallelism on CPU ranks or GPUs;\n"
+                                   "prints the validation masked-LM loss and masked-token accuracy.");
+    args.flag("--device", f.device, "cpu (the ranks' cores, float) | cuda (a GPU per rank, bf16 with fp32 master weights)")
+        .flag("--gpu-comm", f.gpu_comm, "--device cuda: auto | nccl (a GPU per rank) | staged (ranks sharing GPUs, through the host)")
         .flag("--tp", f.tp, "tensor-parallel degree (heads, MLP and vocabulary split)", train::at_least(1))
         .flag("--pp", f.pp, "pipeline-parallel degree (the blocks cut into stages)", train::at_least(1))
         .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
@@ -147,8 +158,12 @@ int main(int argc, char** argv) {
     if (!args.parse(argc, argv, world.rank())) return 0;
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
-    DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: bidirectional attention has no GPU kernel yet (the flash kernels "
-                                               "are causal only); train_bert runs on CPU ranks (--device cpu)");
+#ifdef DPML_WITH_CUDA
+    std::optional<comm::GpuPlacement> gpus;
+    if (f.device == "cuda") gpus = comm::place_on_gpus(world, f.gpu_comm);  // before any CUDA allocation
+#else
+    DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this train_bert was built without CUDA (build it with the cuda preset)");
+#endif
     train::resolve_lr_warmup(f.warmup, f.iters);
     train::require_writable_output("--metrics", f.metrics);
     train::require_writable_directory("--tensorboard", f.tensorboard);
@@ -174,20 +189,39 @@ int main(int argc, char** argv) {
     data::MaskedLmWindows masked_train(lm.train, rule, f.seed);
     const data::MaskedLmWindows masked_val(lm.validation, rule, f.seed);
 
-    const models::BertConfig config{.vocab = f.vocab + 1, .max_seq = f.seq, .layers = f.layers, .heads = f.heads, .dim = f.hidden};
+    // On a GPU the vocabulary (and the head's rows) padded to whole 16-byte rows of every shard.
+    const models::BertConfig config{.vocab = f.vocab + 1, .max_seq = f.seq, .layers = f.layers, .heads = f.heads, .dim = f.hidden,
+                                    .pad_multiple = f.device == "cuda" ? std::max(1, 128 / f.tp) : 1};
     if (world.rank() == 0)
-      std::printf("dpml train_bert: %s | schedule %s%s | %lld layers, hidden %lld, %lld heads, seq %lld | %lld parameters | "
+      std::printf("dpml train_bert: %s%s | schedule %s%s | %lld layers, hidden %lld, %lld heads, seq %lld | %lld parameters | "
                   "vocabulary %lld + [MASK] | %lld train tokens | mask %.2f (80/10/10) | global batch %lld\n",
-                  grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "", static_cast<long long>(f.layers),
+                  f.device == "cuda" ? "GPUs (bf16) " : "", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "", static_cast<long long>(f.layers),
                   static_cast<long long>(f.hidden), static_cast<long long>(f.heads), static_cast<long long>(f.seq),
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(f.vocab),
                   static_cast<long long>(lm.train.tokens()), f.mask_prob, static_cast<long long>(f.global_batch));
-    Model model(config, grid);
+    const optim::AdamW::Options adamw{.beta2 = 0.98, .weight_decay = f.weight_decay};
+    const train::TrainOptions options{.micro_batches = micro_batches, .global_batch = f.global_batch, .seed = f.seed};
+#ifdef DPML_WITH_CUDA
+    if (gpus) {
+      kernels::Device<CudaSpace> dev;
+      return comm::with_gpu_comm(gpus->comm, [&]<class Comm>() {
+        return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
+          using DataComm = parallel::data_comm_t<Strategy, Comm>;
+          const parallel::DeviceGrid<Comm, DataComm> comms(grid, dev);
+          models::Bert<bf16, CudaSpace, Comm> model(config, comms);
+          layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to bf16
+          train::Trainer<decltype(model), train::ModelLoss, Strategy, optim::AdamW, CudaSpace, Comm, DataComm> trainer(
+              model, comms, dev, adamw, {.clip = f.clip}, options);
+          return train_and_validate(trainer, model, f, world, masked_train, masked_val);
+        });
+      });
+    }
+#endif
+    models::Bert<float> model(config, grid);
     layers::initialize_all(model.parameters(), f.seed, &grid);
     return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
-      train::Trainer<Model, train::ModelLoss, Strategy, optim::AdamW> trainer(
-          model, grid, {.beta2 = 0.98, .weight_decay = f.weight_decay}, {.clip = f.clip},
-          {.micro_batches = micro_batches, .global_batch = f.global_batch, .seed = f.seed});
+      train::Trainer<models::Bert<float>, train::ModelLoss, Strategy, optim::AdamW> trainer(model, grid, adamw, {.clip = f.clip},
+                                                                                          options);
       return train_and_validate(trainer, model, f, world, masked_train, masked_val);
     });
   });

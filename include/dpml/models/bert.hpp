@@ -25,7 +25,8 @@
 //   train::Trainer<models::Bert<float>, train::ModelLoss, Strategy, optim::AdamW> trainer(bert, grid, …);
 //   trainer.train_step(masked.batch(b), lr);     // data::MaskedLmWindows
 //
-// On CudaSpace the bidirectional attention has no kernel yet: the blocks refuse at construction.
+// On CudaSpace (examples/train_bert --device cuda) the flash kernels run it bidirectional; they take
+// no key-padding mask, which whole windows of a text do not need.
 
 #include "dpml/comm/mpi.hpp"
 #include "dpml/data/masked_lm.hpp"
