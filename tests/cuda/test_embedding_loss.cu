@@ -5,6 +5,7 @@
 // and at sizes whose rows are whole 16-byte chunks (the shared-memory kernel). The vocabulary-
 // parallel kernels of Ops<CudaSpace> are checked at tp = 2 by running both shards on one GPU and
 // summing their stats on the host, as the all-reduce would. Bad ids reach take_loss() / a check.
+// The masked-LM head (ignored −1 targets, counted hits) at tp = 1 against the host's.
 #include "layer_check.hpp"
 
 #include <dpml/layers/cross_entropy.hpp>
@@ -216,6 +217,84 @@ TEMPLATE_TEST_CASE("VocabParallelCrossEntropy (tp = 1) on the GPU equals the flo
     dev.forward(dctx, hd.cview(), bad.cview());
     CHECK(contains(test::error_of([&] { dev.take_loss(); }), "target 67 at position 3 is outside the vocabulary [0, 67)"));
   }
+}
+
+// A masked LM's head (models::Bert): targets −1 are ignored rows (no loss, zero dlogits), and an
+// evaluation forward counts the rows whose target has the row's largest logit. Against the float64
+// host head: loss, dlogits, d hidden, d wte; the count exactly, except rows whose two largest host
+// logits lie closer than T's rounding could move them (a tie the device may break otherwise).
+TEMPLATE_TEST_CASE("VocabParallelCrossEntropy (tp = 1) on the GPU: ignored targets and counted hits equal the host",
+                   "[cuda][layers][loss]", bf16, float) {
+  using T = TestType;
+  test::DeviceLayerCheck<T> check(35);
+  const std::int64_t V = 67, B = 2, Tn = 7, C = 45, N = B * Tn;
+  const EmbeddingOptions o{.vocab = V, .max_seq = Tn, .dim = C, .pad_multiple = 8};
+  Embedding<double> hemb(o);
+  Embedding<T, CudaSpace> demb(o);
+  check.copy_parameters(hemb, demb);
+  for (auto* p : hemb.parameters()) std::fill(p->grad().begin(), p->grad().end(), 0.0);
+  const VocabHeadOptions masked{.ignore_negative = true, .count_hits = true};
+  VocabParallelCrossEntropy<double> host(hemb, masked);
+  VocabParallelCrossEntropy<T, CudaSpace> dev(demb, masked);
+  auto& hctx = check.host_context();
+  auto& dctx = check.device_context();
+
+  Tensor<double> h = test::random_tensor<double>(Shape{B, Tn, C}, check.gen());
+  test::round_to<T>(h);
+  const auto hd = test::upload_as<T>(h);
+  Tensor<std::int32_t> targets(Shape{B, Tn});
+  std::uniform_int_distribution<int> tok(0, static_cast<int>(V) - 1);
+  for (auto& t : targets) t = tok(check.gen());
+  for (const std::int64_t n : {1, 4, 9, 13}) targets[n] = -1;  // unmasked positions: no loss
+  const std::int64_t counted = N - 4;
+  hctx.global_batch = dctx.global_batch = counted;  // the step's masked tokens
+
+  // Four rows' targets are their row's largest logit (hits by construction; a random target of 67
+  // classes hits 1 time in 67), read off the float64 head's logits, which do not depend on targets.
+  hctx.mode = dctx.mode = Mode::eval;
+  host.forward(hctx, h.cview(), targets.cview());
+  (void)host.take_loss(), (void)host.take_hits();
+  const auto logits = host_doubles(host.logits(hctx));  // (N, V_pad) of the float64 head
+  const std::int64_t Vp = host.partition().padded;
+  for (const std::int64_t n : {0, 2, 5, 7})
+    targets[n] = static_cast<std::int32_t>(std::max_element(logits.begin() + n * Vp, logits.begin() + n * Vp + V) -
+                                           (logits.begin() + n * Vp));
+  const auto td = to_space<CudaSpace>(targets.cview());
+
+  // Evaluation: the loss and the hits.
+  host.forward(hctx, h.cview(), targets.cview());
+  dev.forward(dctx, hd.cview(), td.cview());
+  CHECK(rel(dev.take_loss(), host.take_loss()) < test::kLayerTol<T>);
+  std::int64_t near_ties = 0;
+  for (std::int64_t n = 0; n < N; ++n) {
+    if (targets[n] < 0) continue;
+    std::vector<double> row(logits.begin() + n * Vp, logits.begin() + n * Vp + V);
+    std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<>());
+    near_ties += row[0] - row[1] < 1e-2 * std::max(1.0, std::abs(row[0]));  // bf16 keeps 8 bits
+  }
+  const double host_hits = host.take_hits(), dev_hits = dev.take_hits();
+  CAPTURE(host_hits, dev_hits, near_ties);
+  CHECK(host_hits >= 4);
+  CHECK(std::abs(dev_hits - host_hits) <= static_cast<double>(near_ties));
+
+  // Training: loss, dlogits (zero on the ignored rows and the padding columns), d hidden, d wte.
+  hctx.mode = dctx.mode = Mode::train;
+  host.forward(hctx, h.cview(), targets.cview());
+  dev.forward(dctx, hd.cview(), td.cview());
+  CHECK(rel(dev.take_loss(), host.take_loss()) < test::kLayerTol<T>);
+  const auto dlogits = test::download_doubles(dev.logits(dctx));
+  CHECK(test::rel_l2(dlogits, host_doubles(host.logits(hctx))) < test::kLayerTol<T>);
+  for (const std::int64_t n : {1, 4, 9, 13})
+    for (std::int64_t j = 0; j < Vp; ++j) CHECK(dlogits[static_cast<std::size_t>(n * Vp + j)] == 0.0);
+  CHECK(test::rel_l2(test::download_doubles(dev.backward(dctx)), host_doubles(host.backward(hctx))) < test::kLayerTol<T>);
+  host.backward_weight(hctx);
+  dev.backward_weight(dctx);
+  check.compare_gradients(hemb, demb, test::kLayerTol<T>);
+
+  targets[3] = static_cast<std::int32_t>(V);  // ignoring negatives still refuses ids past the vocabulary
+  const auto bad = to_space<CudaSpace>(targets.cview());
+  dev.forward(dctx, hd.cview(), bad.cview());
+  CHECK(contains(test::error_of([&] { dev.take_loss(); }), "target 67 at position 3 is outside the vocabulary"));
 }
 
 TEMPLATE_TEST_CASE("Vocabulary-parallel cross-entropy kernels: two shards and a summed stats buffer equal one row",
