@@ -45,10 +45,10 @@
 #include <dpml/parallel/device_grid.hpp>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>

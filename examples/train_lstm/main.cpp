@@ -6,6 +6,8 @@
 //
 //   mpiexec -n 2 build/cpu/examples/train_lstm/train_lstm                  # dp 2
 //   mpiexec -n 2 build/cpu/examples/train_lstm/train_lstm --pp 2           # an LSTM layer per stage
+//   mpiexec -n 2 build/cpu/examples/train_lstm/train_lstm --pp 2 --schedule interleaved \
+//       --num-virtual-stages-per-pipeline-rank 2                          # Megatron's interleaved 1F1B
 //
 // Data as train_gpt reads text (data/text.hpp): a file or a directory of them (default: the Debian
 // `fortunes` package), its bytes the tokens, the last 5 % for validation. Every --eval-interval
@@ -36,7 +38,7 @@ using namespace dpml;
 
 namespace {
 struct Flags {
-  int pp = 1;
+  int pp = 1, virtual_stages = 1;
   std::string schedule = "1f1b";
   bool zero = false;
   std::int64_t micro_batch = 8, global_batch = 32;
@@ -98,7 +100,9 @@ int main(int argc, char** argv) {
                                    "(rest of the world) and pipeline parallelism (--pp) on CPU ranks.");
     args.flag("--device", f.device, "cpu (the ranks' cores); cuda is refused: the LSTM cell has no GPU kernels yet")
         .flag("--pp", f.pp, "pipeline-parallel degree (stages; the model is cut between its layers)", train::at_least(1))
-        .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
+        .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved")
+        .flag("--num-virtual-stages-per-pipeline-rank", f.virtual_stages,
+              "--schedule interleaved: model chunks per pipeline rank (the model is cut into pp × v stages)", train::at_least(1))
         .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks")
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
@@ -130,7 +134,9 @@ int main(int argc, char** argv) {
                                       .forget_bias = f.forget_bias};
     if (world.rank() == 0)
       std::printf("dpml train_lstm: %s | schedule %s%s | %lld parameters | %lld train bytes | unigram entropy %.3f nats\n",
-                  grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
+                  grid.describe().c_str(),
+                  (f.schedule + (f.virtual_stages > 1 ? " × " + std::to_string(f.virtual_stages) + " chunks per rank" : "")).c_str(),
+                  f.zero ? " + ZeRO-1" : "",
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(lm.train.tokens()),
                   lm.unigram_entropy);
     Model model = models::LstmLm<float>::make(config);
@@ -138,7 +144,7 @@ int main(int argc, char** argv) {
     return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
       train::Trainer<Model, Loss, Strategy, optim::AdamW> trainer(
           model, grid, {.beta2 = 0.95, .weight_decay = f.weight_decay}, {.clip = f.clip},
-          {.micro_batches = micro_batches, .global_batch = f.global_batch, .seed = f.seed});
+          {.micro_batches = micro_batches, .global_batch = f.global_batch, .seed = f.seed, .virtual_stages = f.virtual_stages});
       return train_and_validate(trainer, f, world, lm);
     });
   });
