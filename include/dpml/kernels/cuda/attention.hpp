@@ -75,17 +75,14 @@ bool mma_applies(std::int64_t D, std::initializer_list<const void*> tensors) {
   }
 }
 
-// Causal (true) or bidirectional; a key-padding mask has no kernel here.
-inline bool causal_of(::dpml::attention::Causal) { return true; }
-inline bool causal_of(::dpml::attention::Bidirectional mask) {
+// The kernels' Causal argument for a mask policy, known at compile time (a model instantiates
+// only its own mask's kernels); a key-padding mask has no kernel here.
+template <class Mask>
+inline constexpr bool kCausal = std::is_same_v<Mask, ::dpml::attention::Causal>;
+inline void require_kernel(::dpml::attention::Causal) {}
+inline void require_kernel(::dpml::attention::Bidirectional mask) {
   DPML_REQUIRE(mask.keys == nullptr, "attention on the GPU: a key-padding mask has no kernel yet (bidirectional attention "
                                      "over every key only); pad to whole sequences or train on CPU ranks");
-  return false;
-}
-template <class F>
-void with_causal(bool causal, F&& f) {
-  if (causal) f.template operator()<true>();
-  else f.template operator()<false>();
 }
 
 template <class Policy, class T>
@@ -110,27 +107,25 @@ void attention_forward(const T* qkv, T* out, float* lse, std::int64_t B, std::in
   if (B * Tn * H == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(Tn, kRows)), static_cast<unsigned>(B * H));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  const bool causal = causal_of(mask);
+  require_kernel(mask);
+  constexpr bool C = kCausal<Mask>;
   if (use_mma<Policy, T>(D, {qkv, out})) {
     if constexpr (!std::is_same_v<T, float>) {
       const dim3 mgrid(static_cast<unsigned>(ceil_div(Tn, detail::attn_mma::kRows)), static_cast<unsigned>(B * H));
       const float scale_log2 = scale * detail::attn_mma::kLog2e;
       with_head_dim<32>(D, [&]<int HD>() {
-        if constexpr (HD <= 64)
-          with_causal(causal, [&]<bool C>() {
-            detail::attn_mma::forward_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
-                qkv, out, lse, Tn, static_cast<int>(H), scale_log2);
-            DPML_CHECK_LAUNCH();
-          });
+        if constexpr (HD <= 64) {
+          detail::attn_mma::forward_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
+              qkv, out, lse, Tn, static_cast<int>(H), scale_log2);
+          DPML_CHECK_LAUNCH();
+        }
       });
     }
     return;
   }
   with_head_dim<32>(D, [&]<int HD>() {
-    with_causal(causal, [&]<bool C>() {
-      forward_kernel<T, HD, C><<<grid, kThreads, 0, stream>>>(qkv, out, lse, Tn, static_cast<int>(H), scale);
-      DPML_CHECK_LAUNCH();
-    });
+    forward_kernel<T, HD, C><<<grid, kThreads, 0, stream>>>(qkv, out, lse, Tn, static_cast<int>(H), scale);
+    DPML_CHECK_LAUNCH();
   });
 }
 
@@ -146,7 +141,8 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const float* 
   const dim3 grid(static_cast<unsigned>(ceil_div(Tn, kRows)), static_cast<unsigned>(B * H));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const int h = static_cast<int>(H);
-  const bool causal = causal_of(mask);
+  require_kernel(mask);
+  constexpr bool C = kCausal<Mask>;
   with_head_dim<32>(D, [&]<int HD>() {
     delta_kernel<T, HD><<<grid, kThreads, 0, stream>>>(dout, out, delta, Tn, h);
     DPML_CHECK_LAUNCH();
@@ -155,26 +151,23 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const float* 
     if constexpr (!std::is_same_v<T, float>) {
       const dim3 mgrid(static_cast<unsigned>(ceil_div(Tn, detail::attn_mma::kRows)), static_cast<unsigned>(B * H));
       with_head_dim<32>(D, [&]<int HD>() {
-        if constexpr (HD <= 64)
-          with_causal(causal, [&]<bool C>() {
-            detail::attn_mma::backward_dq_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
-                dout, qkv, lse, delta, dqkv, Tn, h, scale);
-            DPML_CHECK_LAUNCH();
-            detail::attn_mma::backward_dkv_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
-                dout, qkv, lse, delta, dqkv, Tn, h, scale);
-            DPML_CHECK_LAUNCH();
-          });
+        if constexpr (HD <= 64) {
+          detail::attn_mma::backward_dq_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
+              dout, qkv, lse, delta, dqkv, Tn, h, scale);
+          DPML_CHECK_LAUNCH();
+          detail::attn_mma::backward_dkv_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
+              dout, qkv, lse, delta, dqkv, Tn, h, scale);
+          DPML_CHECK_LAUNCH();
+        }
       });
     }
     return;
   }
   with_head_dim<32>(D, [&]<int HD>() {
-    with_causal(causal, [&]<bool C>() {
-      backward_dq_kernel<T, HD, C><<<grid, kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h, scale);
-      DPML_CHECK_LAUNCH();
-      backward_dkv_kernel<T, HD, C><<<grid, kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h, scale);
-      DPML_CHECK_LAUNCH();
-    });
+    backward_dq_kernel<T, HD, C><<<grid, kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h, scale);
+    DPML_CHECK_LAUNCH();
+    backward_dkv_kernel<T, HD, C><<<grid, kThreads, 0, stream>>>(dout, qkv, lse, delta, dqkv, Tn, h, scale);
+    DPML_CHECK_LAUNCH();
   });
 }
 
