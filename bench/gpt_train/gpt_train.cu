@@ -304,7 +304,7 @@ Measured run_model(const Options& o, const comm::Mpi& world, const parallel::Pro
       .micro_batch = o.micro_batch, .global_batch = o.batch * dp, .seed = 1337, .on_nonfinite = train::NonFinite::skip,
       .loss_scaling = fp16 ? optim::LossScaling::dynamic_from({.initial = 65536.0, .window = 1000, .min = 1.0})
                            : optim::LossScaling{}};
-  parallel::with_strategy(o.schedule, o.distributed_optimizer, [&]<class Strategy>() {
+  parallel::with_strategy(parallel::staged_model_schedule(o.schedule), o.distributed_optimizer, [&]<class Strategy>() {
     train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, comm::Nccl> trainer(model, comms, dev, adam, dist, topt);
     memory.after("trainer");
     std::int64_t step = 0;

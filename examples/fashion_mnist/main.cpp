@@ -104,8 +104,8 @@ int with_optimizer(const Flags& f, Body&& body) {
     DPML_REQUIRE_EVERYWHERE(f.optimizer == "adamw", "--optimizer " << f.optimizer << " is not one of sgd, adamw");
     return body.template operator()<Strategy, optim::AdamW>(optim::AdamWOptions{.weight_decay = f.weight_decay});
   };
-  if constexpr (Compressed) return parallel::with_strategy("1f1b", f.zero, f.axis.dp_allreduce, f.axis.grad_compression, pick);
-  else return parallel::with_strategy("1f1b", f.zero, f.axis.dp_allreduce, pick);
+  if constexpr (Compressed) return parallel::with_strategy(OneFOneB{}, f.zero, f.axis.dp_allreduce, f.axis.grad_compression, pick);
+  else return parallel::with_strategy(OneFOneB{}, f.zero, f.axis.dp_allreduce, pick);
 }
 
 parallel::DistributedOptimizerOptions dist_of(const Flags& f) {

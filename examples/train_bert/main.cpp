@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
     if (gpus) {
       kernels::Device<CudaSpace> dev;
       return comm::with_gpu_comm(gpus->comm, [&]<class Comm>() {
-        return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
+        return parallel::with_strategy(parallel::staged_model_schedule(f.schedule), f.zero, [&]<class Strategy>() {
           using DataComm = parallel::data_comm_t<Strategy, Comm>;
           const parallel::DeviceGrid<Comm, DataComm> comms(grid, dev);
           models::Bert<bf16, CudaSpace, Comm> model(config, comms);
@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
 #endif
     models::Bert<float> model(config, grid);
     layers::initialize_all(model.parameters(), f.seed, &grid);
-    return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {
+    return parallel::with_strategy(parallel::staged_model_schedule(f.schedule), f.zero, [&]<class Strategy>() {
       train::Trainer<models::Bert<float>, train::ModelLoss, Strategy, optim::AdamW> trainer(model, grid, adamw, {.clip = f.clip},
                                                                                           options);
       return train_and_validate(trainer, model, f, world, masked_train, masked_val);

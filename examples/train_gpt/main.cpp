@@ -406,7 +406,7 @@ int train_on_gpu(models::GptConfig config, const parallel::ProcessGrid& grid, co
   const Flags& f = run.f;
   config = on_gpu(config, f.tp);
   kernels::Device<CudaSpace> dev;
-  return parallel::with_strategy(f.schedule, f.zero, f.axis.dp_allreduce, [&]<class Strategy>() {
+  return parallel::with_strategy(parallel::staged_model_schedule(f.schedule), f.zero, f.axis.dp_allreduce, [&]<class Strategy>() {
     const parallel::DeviceGrid<Comm, parallel::data_comm_t<Strategy, Comm>> comms(grid, dev);
     models::Gpt<T, CudaSpace, Comm> model(config, comms);
     layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to T
@@ -605,7 +605,7 @@ int main(int argc, char** argv) {
     layers::initialize_all(model.parameters(), f.seed, &grid);
     const parallel::DistributedOptimizerOptions dist{
         .clip = f.clip, .compression = f.axis.compression(f.seed)};
-    return parallel::with_strategy(f.schedule, f.zero, f.axis.dp_allreduce, f.axis.grad_compression, [&]<class Strategy>() {
+    return parallel::with_strategy(parallel::staged_model_schedule(f.schedule), f.zero, f.axis.dp_allreduce, f.axis.grad_compression, [&]<class Strategy>() {
       train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, adamw_of(f), dist, train_options_of(f));
       return train_and_sample(trainer, run);
     });

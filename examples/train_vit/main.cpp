@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
                   grid.world_size(), grid.tp(), grid.dp(), static_cast<long long>(vit.patch),
                   static_cast<long long>(vit.tokens()), static_cast<long long>(vit.layers), static_cast<long long>(vit.dim),
                   static_cast<long long>(vit.heads), static_cast<long long>(vit.parameter_count()), static_cast<long long>(o.global_batch));
-    return parallel::with_strategy("1f1b", zero, [&]<class Strategy>() {
+    return parallel::with_strategy(OneFOneB{}, zero, [&]<class Strategy>() {
       train::ClassifierTrainer<decltype(model), optim::AdamW, Strategy> trainer(
           model, grid, {.weight_decay = weight_decay}, {.clip = clip}, {.micro_batches = micro_batches, .seed = o.seed});
       return examples::train_epochs(o, grid, trainer);

@@ -209,7 +209,7 @@ Run train_bert(const ProcessGrid& grid, const std::string& schedule) {
   Run run;
   run.model = std::make_unique<models::Bert<float>>(kConfig, grid);
   layers::initialize_all(run.model->parameters(), 42, &grid);
-  parallel::with_strategy(schedule, false, [&]<class Strategy>() {
+  parallel::with_strategy(parallel::staged_model_schedule(schedule), false, [&]<class Strategy>() {
     train::Trainer<models::Bert<float>, train::ModelLoss, Strategy, optim::Sgd> trainer(
         *run.model, grid, {.momentum = 0.9, .weight_decay = 0.01}, {.clip = 1.0}, {.micro_batches = 2, .seed = 5});
     for (int s = 0; s < kSteps; ++s) run.losses.push_back(trainer.train_step(masked.batch(s), 0.05).loss);

@@ -66,7 +66,7 @@ Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool ze
   Trained out;
   out.model = std::make_unique<models::Gpt<float>>(tiny(recompute), grid);
   layers::initialize_all(out.model->parameters(), 1234, &grid);
-  parallel::with_strategy<AllReduce>(schedule, zero, [&]<class Strategy>() {
+  parallel::with_strategy<AllReduce>(parallel::staged_model_schedule(schedule), zero, [&]<class Strategy>() {
     train::GptTrainer<Strategy, optim::AdamW> trainer(*out.model, grid, {.eps = 1e-3, .weight_decay = 0.1},
                                                       {.bucket_bytes = 2048, .clip = 1.0},
                                                       {.micro_batch = micro_batch, .global_batch = kGlobalBatch, .seed = 5});

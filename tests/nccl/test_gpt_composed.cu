@@ -124,7 +124,7 @@ Trained train_composed(const ProcessGrid& grid, const std::string& schedule, boo
   layers::initialize_all(model.parameters(), kSeed, &grid);
   out.initial = weights_of(model.parameters(), grid);
   const std::int64_t local = kGlobalBatch / grid.dp(), first = local * grid.coord(Axis::data);
-  parallel::with_strategy(schedule, zero, [&]<class Strategy>() {
+  parallel::with_strategy(parallel::staged_model_schedule(schedule), zero, [&]<class Strategy>() {
     train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, Comm> trainer(
         model, comms, dev, kAdam, kDist,
         {.micro_batch = micro, .global_batch = kGlobalBatch, .seed = 5, .loss_scaling = scaling});
@@ -333,7 +333,7 @@ TEST_CASE("composed GPT: one GPU follows the float64 host's loss curve over 30 A
     const train::GptTrainOptions topt{.micro_batch = kMicro, .global_batch = kGlobalBatch, .seed = 5};
     const auto fixed = batch(0, 0, kGlobalBatch);
     std::vector<double> host_losses, gpu_losses;
-    parallel::with_strategy("1f1b", false, [&]<class Strategy>() {
+    parallel::with_strategy(OneFOneB{}, false, [&]<class Strategy>() {
       train::GptTrainer<Strategy, optim::AdamW, double> h(host, grid, kAdam, kDist, topt);
       train::GptTrainer<Strategy, optim::AdamW, bf16, CudaSpace, Comm> g(gpu, comms, dev, kAdam, kDist, topt);
       for (int s = 0; s < kCurve; ++s) {

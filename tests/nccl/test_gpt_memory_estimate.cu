@@ -53,7 +53,7 @@ std::tuple<double, double, double> measure(const comm::Mpi& world, int tp, int p
     const parallel::DeviceGrid<comm::Nccl> comms(grid, dev);
     models::Gpt<bf16, CudaSpace> model(c, comms);
     layers::initialize_all(model.parameters(), 1, &grid);
-    parallel::with_strategy(schedule, false, [&]<class Strategy>() {
+    parallel::with_strategy(parallel::staged_model_schedule(schedule), false, [&]<class Strategy>() {
       train::GptTrainer<Strategy, optim::AdamW, bf16, CudaSpace, comm::Nccl> trainer(
           model, comms, dev, {}, {.clip = 1.0}, {.micro_batch = micro, .global_batch = kBatch * grid.dp(), .seed = 3});
       data::TokenBatch b{Tensor<std::int32_t>(Shape{kBatch, kSeq}), Tensor<std::int32_t>(Shape{kBatch, kSeq})};

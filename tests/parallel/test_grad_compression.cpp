@@ -337,7 +337,7 @@ double train_mlp(const ProcessGrid& grid, bool zero, int steps, std::int64_t* wi
   using Model = decltype(model);
   layers::initialize_all(model.parameters(), 42, &grid);
   double tail = 0;
-  parallel::with_strategy<parallel::Flat, Compression>("1f1b", zero, [&]<class Strategy>() {
+  parallel::with_strategy<parallel::Flat, Compression>(parallel::pipeline::OneFOneB{}, zero, [&]<class Strategy>() {
     train::ClassifierTrainer<Model, optim::Sgd, Strategy> trainer(
         model, grid, optim::SgdOptions{.momentum = 0.9}, {.bucket_bytes = 2048, .compression = {.powersgd_rank = 2, .topk_ratio = 0.05, .seed = 1}}, {});
     const int r = grid.coord(Axis::data), k = grid.dp();
@@ -385,7 +385,7 @@ TEST_CASE("PowerSGD and top-k refuse ZeRO-1 and the hierarchical all-reduce, nam
   const auto grid = ProcessGrid::create(world, {});
   CHECK(test::message_of([&] { train_mlp<PowerSgd>(grid, true, 1); }) ==
         "--grad-compression powersgd keeps whole buckets on every rank (error feedback): not with --zero");
-  CHECK(test::message_of([&] { parallel::with_strategy("1f1b", false, "hierarchical", "bf16", []<class>() { return 0; }); }) ==
+  CHECK(test::message_of([&] { parallel::with_strategy(OneFOneB{}, false, "hierarchical", "bf16", []<class>() { return 0; }); }) ==
         "--grad-compression bf16 runs over one flat all-reduce: not with --dp-allreduce hierarchical");
   CHECK(test::message_of([&] { parallel::check_grad_compression("int8"); }) ==
         "--grad-compression int8 is not one of none, bf16, fp16, powersgd, topk");

@@ -398,7 +398,7 @@ TEST_CASE("custom model: interleaved 1F1B (pp 2 × v 2 chunks, × dp) equals the
   }
   // The last checkpoint (global names) resumes under plain 1F1B on the same ranks.
   Net resumed = make_net({});
-  parallel::with_strategy("1f1b", false, [&]<class Strategy>() {
+  parallel::with_strategy(OneFOneB{}, false, [&]<class Strategy>() {
     train::Trainer<Net, Loss, Strategy, optim::Sgd> trainer(resumed, grid, kSgd, {}, {.micro_batches = kInterleavedMicroBatches});
     CHECK(train::load_checkpoint(trainer, dir + "/step-" + std::to_string(kSteps)).step == kSteps);
     compare_weights(trainer.parameters(), grid, reference.parameters());
@@ -434,7 +434,7 @@ TEST_CASE("custom model: a checkpoint of the largest layout loads into the seque
   });
 
   Net loaded = make_net({});
-  parallel::with_strategy("1f1b", false, [&]<class Strategy>() {
+  parallel::with_strategy(OneFOneB{}, false, [&]<class Strategy>() {
     train::Trainer<Net, Loss, Strategy, optim::Sgd> trainer(loaded, self, kSgd, {}, {.micro_batches = 1});
     const auto pos = train::load_checkpoint(trainer, dir + "/step-" + std::to_string(kSteps));
     CHECK(pos.step == kSteps);

@@ -52,7 +52,7 @@ template <class Model, class Rule, class AllReduce = parallel::Flat>
 std::vector<double> train_steps(Model& model, const ProcessGrid& grid, typename Rule::Options rule, bool zero, int micro_batches) {
   layers::initialize_all(model.parameters(), 42, &grid);
   std::vector<double> losses;
-  parallel::with_strategy<AllReduce>("1f1b", zero, [&]<class Strategy>() {
+  parallel::with_strategy<AllReduce>(parallel::pipeline::OneFOneB{}, zero, [&]<class Strategy>() {
     train::ClassifierTrainer<Model, Rule, Strategy> trainer(model, grid, rule, {.bucket_bytes = 512, .clip = 0.5},
                                                             {.micro_batches = micro_batches});
     const int r = grid.coord(Axis::data), k = grid.dp();

@@ -107,13 +107,72 @@ inline const char* compression_name(WirePrecision<Fp16>) { return "fp16"; }
 inline const char* compression_name(PowerSgd) { return "powersgd"; }
 inline const char* compression_name(TopK) { return "topk"; }
 
-// Calls body.template operator()<Strategy>() with the strategy named by `schedule` and `zero`,
-// its data axis all-reducing by AllReduce, its buckets compressed by Compression (NoCompression,
-// WirePrecision<W>: either sharding; PowerSgd, TopK: Replicated only — with `zero` every rank
-// refuses, naming the flags).
-template <class AllReduce = Flat, class Compression = NoCompression, class Body>
-decltype(auto) with_strategy(const std::string& schedule, bool zero, Body&& body) {
-  auto pick_dp = [&]<class Sched>() -> decltype(auto) {
+// The schedule a strategy runs: a name (--schedule), or a schedule tag where the program fixes it
+// (pipeline::OneFOneB{} in a data-parallel-only program). Each schedule a name may pick is an
+// instantiation of the whole step, so a program names the ones its model can run:
+// schedule_among<GPipe, OneFOneB, ZeroBubbleH1>(name) for a model that cuts its own stages (no
+// interleaving); a plain std::string may pick any of the four.
+template <class S>
+concept ScheduleTag = detail::is_one_of<S, pipeline::GPipe, pipeline::OneFOneB, pipeline::ZeroBubbleH1, pipeline::Interleaved1F1B>;
+
+template <ScheduleTag... Schedules>
+struct ScheduleChoice {
+  std::string name;
+};
+template <ScheduleTag... Schedules>
+ScheduleChoice<Schedules...> schedule_among(std::string name) {
+  return {std::move(name)};
+}
+
+// The schedules of a model that cuts its own pipeline stages (train::StagedModel: models::Gpt,
+// models::Bert), which the interleaved schedule cannot re-cut into chunks.
+inline ScheduleChoice<pipeline::GPipe, pipeline::OneFOneB, pipeline::ZeroBubbleH1> staged_model_schedule(std::string name) {
+  return {std::move(name)};
+}
+
+namespace detail {
+template <class S>
+bool names(const std::string& name) {
+  return name == schedule_name(S{}) || (std::is_same_v<S, pipeline::ZeroBubbleH1> && name == "zbh1");
+}
+template <class Body, class S, class... Rest>
+decltype(auto) call_with_schedule(const std::string& name, Body& body) {
+  if constexpr (sizeof...(Rest) == 0) {
+    return body.template operator()<S>();
+  } else {
+    if (names<S>(name)) return body.template operator()<S>();
+    return call_with_schedule<Body, Rest...>(name, body);
+  }
+}
+}  // namespace detail
+
+// Calls body.template operator()<Sched>() with the schedule `choice` names; every rank refuses a
+// name that is not among its schedules, listing them.
+template <ScheduleTag... Schedules, class Body>
+decltype(auto) with_schedule(const ScheduleChoice<Schedules...>& choice, Body&& body) {
+  const bool known = (detail::names<Schedules>(choice.name) || ...);
+  std::string listed;
+  if (!known) ((listed += (listed.empty() ? "" : ", ") + std::string(schedule_name(Schedules{}))), ...);
+  DPML_REQUIRE_EVERYWHERE(known, "--schedule " << choice.name << " is not one of " << listed);
+  return detail::call_with_schedule<Body, Schedules...>(choice.name, body);
+}
+template <class Body>
+decltype(auto) with_schedule(const std::string& name, Body&& body) {
+  return with_schedule(schedule_among<pipeline::GPipe, pipeline::OneFOneB, pipeline::ZeroBubbleH1, pipeline::Interleaved1F1B>(name),
+                       std::forward<Body>(body));
+}
+template <ScheduleTag Sched, class Body>
+decltype(auto) with_schedule(Sched, Body&& body) {
+  return body.template operator()<Sched>();
+}
+
+// Calls body.template operator()<Strategy>() with the strategy of `schedule` (a name or a tag, as
+// with_schedule takes) and `zero`, its data axis all-reducing by AllReduce, its buckets compressed
+// by Compression (NoCompression, WirePrecision<W>: either sharding; PowerSgd, TopK: Replicated
+// only — with `zero` every rank refuses, naming the flags).
+template <class AllReduce = Flat, class Compression = NoCompression, class Schedule, class Body>
+decltype(auto) with_strategy(const Schedule& schedule, bool zero, Body&& body) {
+  return with_schedule(schedule, [&]<class Sched>() -> decltype(auto) {
     if constexpr (approximates<Compression>) {
       DPML_REQUIRE_EVERYWHERE(!zero, "--grad-compression " << compression_name(Compression{})
                                                            << " keeps whole buckets on every rank (error feedback): not with --zero");
@@ -123,21 +182,15 @@ decltype(auto) with_strategy(const std::string& schedule, bool zero, Body&& body
         return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Zero1, AllReduce, Compression>>>();
       return body.template operator()<Parallel<TensorParallel, PipelineParallel<Sched>, DataParallel<Replicated, AllReduce, Compression>>>();
     }
-  };
-  if (schedule == "gpipe") return pick_dp.template operator()<pipeline::GPipe>();
-  if (schedule == "1f1b") return pick_dp.template operator()<pipeline::OneFOneB>();
-  if (schedule == "interleaved") return pick_dp.template operator()<pipeline::Interleaved1F1B>();
-  DPML_REQUIRE_EVERYWHERE(schedule == "zb-h1" || schedule == "zbh1",
-                          "--schedule " << schedule << " is not one of gpipe, 1f1b, zb-h1, interleaved");
-  return pick_dp.template operator()<pipeline::ZeroBubbleH1>();
+  });
 }
 // --dp-allreduce names the all-reduce: flat | hierarchical (a flag table's check, and with_strategy's).
 inline void check_dp_allreduce(const std::string& name) {
   DPML_REQUIRE_EVERYWHERE(name == "flat" || name == "hierarchical", "--dp-allreduce " << name << " is not one of flat, hierarchical");
 }
 // The same with the all-reduce named by `dp_allreduce`.
-template <class Body>
-decltype(auto) with_strategy(const std::string& schedule, bool zero, const std::string& dp_allreduce, Body&& body) {
+template <class Schedule, class Body>
+decltype(auto) with_strategy(const Schedule& schedule, bool zero, const std::string& dp_allreduce, Body&& body) {
   check_dp_allreduce(dp_allreduce);
   if (dp_allreduce == "hierarchical") return with_strategy<Hierarchical>(schedule, zero, std::forward<Body>(body));
   return with_strategy<Flat>(schedule, zero, std::forward<Body>(body));
@@ -150,8 +203,8 @@ inline void check_grad_compression(const std::string& name) {
 // The same with the buckets' compression named by `compression` (host buckets: a GPU program
 // refuses anything but none before calling this, as no device compressor exists). Compression
 // needs the flat all-reduce: with --dp-allreduce hierarchical every rank refuses.
-template <class Body>
-decltype(auto) with_strategy(const std::string& schedule, bool zero, const std::string& dp_allreduce,
+template <class Schedule, class Body>
+decltype(auto) with_strategy(const Schedule& schedule, bool zero, const std::string& dp_allreduce,
                              const std::string& compression, Body&& body) {
   check_grad_compression(compression);
   if (compression == "none") return with_strategy(schedule, zero, dp_allreduce, std::forward<Body>(body));
