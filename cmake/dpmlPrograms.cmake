@@ -1,0 +1,46 @@
+# dpml_link_cuda_or_host(<target> <source…>): a program that offers --device cuda where it can.
+# With dpml::cuda (a CUDA compiler was found) nvcc compiles the listed sources, which include the
+# device models, and the target links dpml::cuda; without one they are host C++ against dpml::dpml
+# and the program refuses --device cuda at run time.
+include_guard(GLOBAL)
+function(dpml_link_cuda_or_host target)
+  if(DPML_HAS_CUDA)
+    set_source_files_properties(${ARGN} PROPERTIES LANGUAGE CUDA)
+    target_link_libraries(${target} PRIVATE dpml::cuda)
+    dpml_gpu_compile_check(${target} RUNS_ON_HOST)
+  else()
+    target_link_libraries(${target} PRIVATE dpml::dpml)
+  endif()
+endfunction()
+
+# dpml_gpu_compile_check(<target> [RUNS_ON_HOST]): with DPML_GPU_COMPILE_CHECK ON (a build machine
+# without a GPU: scripts/test.sh turns it on there) the target's GPU code cannot run here, so it is
+# compiled as a check: device code to PTX without optimisation (cicc -O0, no ptxas) and, unless the
+# program also runs on the host (RUNS_ON_HOST: an example's --device cpu, a CUDA test of host code),
+# its host code at -O0. The front ends see every line as in the real build, in a fraction of the
+# time. Call it after the target's CUDA_ARCHITECTURES are set.
+function(dpml_gpu_compile_check target)
+  cmake_parse_arguments(C "RUNS_ON_HOST" "" "" ${ARGN})
+  if(NOT DPML_GPU_COMPILE_CHECK OR NOT DPML_HAS_CUDA)
+    return()
+  endif()
+  get_target_property(archs ${target} CUDA_ARCHITECTURES)
+  list(TRANSFORM archs REPLACE "^([0-9]+a?)(-real)?$" "\\1-virtual")
+  set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${archs}")
+  target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:-Xcicc=-O0>")
+  if(NOT C_RUNS_ON_HOST)
+    target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:-O0>")
+  endif()
+endfunction()
+
+# dpml_add_gpu_program(<name> <source…> [ARCHITECTURES <cuda archs>]): a program that runs on GPUs
+# only (bench/'s CUDA benchmarks), linked to dpml::cuda; CUDA builds only.
+function(dpml_add_gpu_program name)
+  cmake_parse_arguments(P "" "" "ARCHITECTURES" ${ARGN})
+  add_executable(${name} ${P_UNPARSED_ARGUMENTS})
+  target_link_libraries(${name} PRIVATE dpml::cuda)
+  if(P_ARCHITECTURES)
+    set_target_properties(${name} PROPERTIES CUDA_ARCHITECTURES "${P_ARCHITECTURES}")
+  endif()
+  dpml_gpu_compile_check(${name})
+endfunction()
