@@ -6,7 +6,7 @@ Checks that every JSON line carries what a GPU run must report — MFU in (0, 1)
 most (peak >= now > 0), the GPUs' power (W, above 20 W a GPU: an idle H100 draws ~70 W; below
 1500 W a GPU), the step's energy > 0 and energy_j_per_token equal to energy_j / the step's tokens,
 rank 0's utilisation in [0, 100] — that no line says power is unavailable, and that each progress
-line shows mfu%, memory and W. Exit 77 (skipped) where fewer GPUs than GPUS are visible.
+line shows mfu%, memory and W. Exit 77 (skipped) where fewer GPUs than GPUS are visible (nvidia-smi -L, within CUDA_VISIBLE_DEVICES).
 
     check_gpu_metrics.py WORKDIR GPUS GLOBAL_BATCH SEQ LAUNCH...
 
@@ -29,7 +29,9 @@ def visible_gpus():
         p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return 0
-    return sum(1 for line in p.stdout.splitlines() if line.startswith("GPU ")) if p.returncode == 0 else 0
+    listed = sum(1 for line in p.stdout.splitlines() if line.startswith("GPU ")) if p.returncode == 0 else 0
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")  # nvidia-smi lists every GPU; CUDA sees only these
+    return listed if mask is None else min(listed, len([d for d in mask.split(",") if d.strip()]))
 
 
 def main():
