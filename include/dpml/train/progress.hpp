@@ -115,24 +115,29 @@ class MetricsLog {
   std::optional<TensorBoardWriter> tensorboard_;
 };
 
-// The progress line. ETA from the mean time per step so far.
+// The progress line. ETA from the mean time per step since the first line printed: that line's
+// own time holds start-up, first touches and kernel loading (a first step of a GPU run can take a
+// second where the others take milliseconds), so it shows "ETA ?" and later lines leave it out.
 class Progress {
  public:
-  Progress(std::int64_t total_steps, int rank, std::string unit = "samples/s")
-      : total_(total_steps), rank_(rank), unit_(std::move(unit)), start_(clock::now()) {}
+  Progress(std::int64_t total_steps, int rank, std::string unit = "samples/s", std::FILE* out = stdout)
+      : total_(total_steps), rank_(rank), unit_(std::move(unit)), out_(out), start_(clock::now()) {}
 
   double elapsed() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
 
   // `throughput` in the unit given at construction; `extra` printed as "name value" pairs (4
   // significant digits), a NaN one left out (a validation loss before the first evaluation, MFU
   // where no peak is known).
-  void print(std::int64_t step, double loss, double throughput, std::initializer_list<Metric> extra = {}) const {
+  void print(std::int64_t step, double loss, double throughput, std::initializer_list<Metric> extra = {}) {
     print(step, loss, throughput, std::span<const Metric>(extra.begin(), extra.size()));
   }
-  void print(std::int64_t step, double loss, double throughput, std::span<const Metric> extra) const {
+  void print(std::int64_t step, double loss, double throughput, std::span<const Metric> extra) {
     if (rank_ != 0) return;
     const double t = elapsed();
-    const double eta = step > 0 ? t / static_cast<double>(step) * static_cast<double>(total_ - step) : NAN;
+    if (first_step_ < 0) first_step_ = step, first_t_ = t;
+    const double eta = step >= total_          ? 0.0
+                       : step > first_step_ ? (t - first_t_) / static_cast<double>(step - first_step_) * static_cast<double>(total_ - step)
+                                            : NAN;
     std::ostringstream os;
     os << "step " << step << '/' << total_;
     os.precision(4);
@@ -142,8 +147,8 @@ class Progress {
     std::snprintf(buf, sizeof buf, " | loss %.4f | %.0f %s | %s elapsed | ETA %s", loss, throughput, unit_.c_str(),
                   format_duration(t).c_str(), format_duration(eta).c_str());
     os << buf << '\n';
-    std::fputs(os.str().c_str(), stdout);
-    std::fflush(stdout);
+    std::fputs(os.str().c_str(), out_);
+    std::fflush(out_);
   }
 
  private:
@@ -151,7 +156,10 @@ class Progress {
   std::int64_t total_;
   int rank_;
   std::string unit_;
+  std::FILE* out_;
   clock::time_point start_;
+  std::int64_t first_step_ = -1;  // the step of the first line printed, and its time
+  double first_t_ = 0.0;
 };
 
 }  // namespace dpml::train
