@@ -47,6 +47,7 @@
 #include "dpml/models/gpt.hpp"
 #include "dpml/parallel/pipeline/partition.hpp"
 #include "dpml/parallel/pipeline/schedule.hpp"
+#include "dpml/parallel/strategy.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -131,13 +132,10 @@ struct GptMemoryEstimate {
 
 namespace detail {
 
-// The schedule's table for `name` (the names with_strategy takes).
+// The schedule's table for `name` (the names train_gpt's with_strategy takes).
 inline parallel::pipeline::Schedule schedule_table(const std::string& name, int pp, int m) {
-  namespace pl = parallel::pipeline;
-  if (name == "gpipe") return pl::make_schedule(pl::GPipe{}, pp, m);
-  if (name == "1f1b") return pl::make_schedule(pl::OneFOneB{}, pp, m);
-  DPML_REQUIRE_EVERYWHERE(name == "zb-h1" || name == "zbh1", "--schedule " << name << " is not one of gpipe, 1f1b, zb-h1");
-  return pl::make_schedule(pl::ZeroBubbleH1{}, pp, m);
+  return parallel::with_schedule(parallel::staged_model_schedule(name),
+                                 [&]<class Sched>() { return parallel::pipeline::make_schedule(Sched{}, pp, m); });
 }
 
 // NCCL communicators of stage `s`'s ranks as parallel::DeviceGrid builds them (groups of one: none).

@@ -126,8 +126,8 @@ ScheduleChoice<Schedules...> schedule_among(std::string name) {
 
 // The schedules of a model that cuts its own pipeline stages (train::StagedModel: models::Gpt,
 // models::Bert), which the interleaved schedule cannot re-cut into chunks.
-inline ScheduleChoice<pipeline::GPipe, pipeline::OneFOneB, pipeline::ZeroBubbleH1> staged_model_schedule(std::string name) {
-  return {std::move(name)};
+inline auto staged_model_schedule(std::string name) {
+  return schedule_among<pipeline::GPipe, pipeline::OneFOneB, pipeline::ZeroBubbleH1>(std::move(name));
 }
 
 namespace detail {
