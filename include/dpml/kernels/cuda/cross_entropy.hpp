@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // *sum += scale · Σ losses (N): one block, each thread's strided share in double, then the warps in
 // order — the same sum on every run.
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     add_row_losses_kernel(const float* __restrict__ losses, std::int64_t N, double scale, double* __restrict__ sum) {
   __shared__ double partial[kThreads / 32];
   double v = 0;
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // *hits += the rows n < N with a real target whose logit is the row's max over the all-reduced
 // stats (tp, 3, N) (the host's vocab_parallel_count_hits): a thread per row, counted as above.
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     vocab_parallel_count_hits_kernel(const std::int32_t* __restrict__ targets, const float* __restrict__ stats,
                                      double* __restrict__ hits, std::int64_t N, std::int64_t V_real, int tp) {
   const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;

@@ -52,7 +52,7 @@ __global__ void position_forward_kernel(const T* __restrict__ P, T* __restrict__
   }
 }
 
-__global__ void iota_kernel(std::int32_t* v, std::int64_t n) {
+static __global__ void iota_kernel(std::int32_t* v, std::int64_t n) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     v[i] = static_cast<std::int32_t>(i);

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kRangeThreads)
 }
 
 // *out = Σ partial[b], b < n (one block, in a fixed order).
-__global__ void __launch_bounds__(kRangeThreads) sum_partials_kernel(const double* __restrict__ partial, std::int64_t n,
+static __global__ void __launch_bounds__(kRangeThreads) sum_partials_kernel(const double* __restrict__ partial, std::int64_t n,
                                                                      double* __restrict__ out) {
   double acc = 0.0;
   for (std::int64_t i = threadIdx.x; i < n; i += kRangeThreads) acc += partial[i];

@@ -26,7 +26,7 @@ namespace detail::ids {
 
 inline constexpr unsigned long long kNone = ~0ull;
 
-__global__ void scan_kernel(const std::int32_t* __restrict__ ids, std::int64_t n, std::int32_t lowest, std::int64_t limit,
+static __global__ void scan_kernel(const std::int32_t* __restrict__ ids, std::int64_t n, std::int32_t lowest, std::int64_t limit,
                             unsigned long long* first_bad) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
