@@ -1,13 +1,21 @@
-# dpml_link_cuda_or_host(<target> <source…>): a program that offers --device cuda where it can.
-# With dpml::cuda (a CUDA compiler was found) nvcc compiles the listed sources, which include the
-# device models, and the target links dpml::cuda; without one they are host C++ against dpml::dpml
-# and the program refuses --device cuda at run time.
+# dpml_link_cuda_or_host(<target> <source…> [GPU_SOURCES <source…>]): a program that offers
+# --device cuda where it can. With dpml::cuda (a CUDA compiler was found) nvcc compiles the listed
+# sources, which include the device models, GPU_SOURCES are added to the target (code only a GPU
+# runs: a program whose host part is plain C++ lists only these), and the target links dpml::cuda;
+# without one the listed sources are host C++ against dpml::dpml, GPU_SOURCES are left out and the
+# program refuses --device cuda at run time.
 include_guard(GLOBAL)
 function(dpml_link_cuda_or_host target)
+  cmake_parse_arguments(L "" "" "GPU_SOURCES" ${ARGN})
   if(DPML_HAS_CUDA)
-    set_source_files_properties(${ARGN} PROPERTIES LANGUAGE CUDA)
+    set_source_files_properties(${L_UNPARSED_ARGUMENTS} ${L_GPU_SOURCES} PROPERTIES LANGUAGE CUDA)
+    target_sources(${target} PRIVATE ${L_GPU_SOURCES})
     target_link_libraries(${target} PRIVATE dpml::cuda)
-    dpml_gpu_compile_check(${target} RUNS_ON_HOST)
+    if(L_UNPARSED_ARGUMENTS)  # nvcc compiles code the host runs
+      dpml_gpu_compile_check(${target} RUNS_ON_HOST)
+    else()
+      dpml_gpu_compile_check(${target})
+    endif()
   else()
     target_link_libraries(${target} PRIVATE dpml::dpml)
   endif()

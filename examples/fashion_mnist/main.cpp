@@ -26,128 +26,27 @@
 // --metrics FILE.jsonl and --tensorboard DIR (a run directory per launch in it): rank 0 records
 // every step (loss, accuracy, img/s, MFU against the GPUs' bf16 peak, memory, GPU power and energy
 // per image where NVML meters them) and each epoch's test accuracy (train/progress.hpp).
-#include "fashion_mnist_epochs.hpp"
+#include "fashion_mnist.hpp"
 
 #include <dpml/comm/launch.hpp>
-#include <dpml/data/image.hpp>
 #include <dpml/layers/init.hpp>
 #include <dpml/models/mlp.hpp>
 #include <dpml/models/resnet.hpp>
-#include <dpml/optim/adamw.hpp>
-#include <dpml/optim/sgd.hpp>
-#include <dpml/parallel/grid.hpp>
-#include <dpml/parallel/strategy.hpp>
 #include <dpml/train/args.hpp>
-#include <dpml/train/data_axis_flags.hpp>
-#include <dpml/train/classifier.hpp>
-#include <dpml/train/flops.hpp>
-#ifdef DPML_WITH_CUDA
-#include <dpml/comm/cuda_placement.hpp>
-#include <dpml/core/bf16.hpp>
-#include <dpml/core/cuda_space.hpp>
-#include <dpml/kernels/cuda/device.hpp>
-#include <dpml/parallel/device_grid.hpp>
-#endif
 
-#include <cmath>
 #include <cstdio>
-#include <optional>
-#include <string>
-#include <type_traits>
 
 using namespace dpml;
+using namespace fashion_mnist;
 
 namespace {
-struct Flags {
-  std::string model = "resnet";
-  std::int64_t width = 16, blocks = 1, hidden = 256, depth = 2;
-  std::int64_t epochs = 6, global_batch = 128;
-  int micro_batches = 1;
-  std::string optimizer = "sgd";
-  double lr = 0.1, min_lr = 0.0, momentum = 0.9, weight_decay = 5e-4, clip = 0.0;
-  std::int64_t warmup = 100;
-  bool nesterov = true, sync_bn = false, zero = false, augment = true;
-  train::DataAxisFlags axis;  // --dp-allreduce, --ranks-per-node, --grad-compression and its sizes
-  std::string data_dir = data::kFashionMnistDir;
-  std::string metrics = "", tensorboard = "";
-  std::int64_t log_interval = 50;
-  std::uint64_t seed = 1;
-  std::string device = "cpu";
-  std::string gpu_comm = "auto";
-};
-
-// Model FLOPs of one training image (train/flops.hpp: counted conv by conv, 3 × the forward).
-double training_flops_per_image(const Flags& f) {
-  const double forward = f.model == "mlp" ? train::mlp_forward_flops_per_sample({.hidden = f.hidden, .depth = f.depth})
-                                          : train::resnet_forward_flops_per_image({.width = f.width, .blocks_per_stage = f.blocks}, 28, 28);
-  return train::training_flops(forward);
-}
-
-// The epochs of training and evaluation (examples/common/fashion_mnist_epochs.hpp), on either space.
-template <class Trainer>
-int train(const Flags& f, const ProcessGrid& grid, Trainer& trainer, bool own_gpus = false) {
-  return examples::train_epochs({.data_dir = f.data_dir, .epochs = f.epochs, .global_batch = f.global_batch,
-                                 .crop_padding = f.augment ? 2 : 0, .flip = f.augment, .lr = f.lr, .min_lr = f.min_lr,
-                                 .warmup = f.warmup, .log_interval = f.log_interval, .seed = f.seed, .metrics = f.metrics,
-                                 .tensorboard = f.tensorboard, .flops_per_image = training_flops_per_image(f)},
-                                grid, trainer, own_gpus);
-}
-
-// body.template operator()<Strategy, Rule>(rule options) for --zero, --dp-allreduce, --optimizer
-// and (host buckets only: Compressed) --grad-compression.
-template <bool Compressed = false, class Body>
-int with_optimizer(const Flags& f, Body&& body) {
-  const auto pick = [&]<class Strategy>() {
-    if (f.optimizer == "sgd")
-      return body.template operator()<Strategy, optim::Sgd>(
-          optim::SgdOptions{.momentum = f.momentum, .weight_decay = f.weight_decay, .nesterov = f.nesterov});
-    DPML_REQUIRE_EVERYWHERE(f.optimizer == "adamw", "--optimizer " << f.optimizer << " is not one of sgd, adamw");
-    return body.template operator()<Strategy, optim::AdamW>(optim::AdamWOptions{.weight_decay = f.weight_decay});
-  };
-  if constexpr (Compressed) return parallel::with_strategy(OneFOneB{}, f.zero, f.axis.dp_allreduce, f.axis.grad_compression, pick);
-  else return parallel::with_strategy(OneFOneB{}, f.zero, f.axis.dp_allreduce, pick);
-}
-
-parallel::DistributedOptimizerOptions dist_of(const Flags& f) {
-  return {.clip = f.clip, .compression = f.axis.compression(f.seed)};
-}
-
-train::ClassifierOptions options_of(const Flags& f) { return {.micro_batches = f.micro_batches, .seed = f.seed}; }
-
 template <class Model>
 int train_on_host(const Flags& f, const ProcessGrid& grid, Model& model) {
   return with_optimizer<true>(f, [&]<class Strategy, class Rule>(typename Rule::Options rule) {
     train::ClassifierTrainer<Model, Rule, Strategy> trainer(model, grid, rule, dist_of(f), options_of(f));
-    return train(f, grid, trainer);
+    return run_epochs(f, grid, trainer);
   });
 }
-
-#ifdef DPML_WITH_CUDA
-// --device cuda: the model on this rank's GPU in bf16 (Comm: comm::Nccl, or comm::Staged where
-// ranks share GPUs), the trainer over the grid's device communicators.
-template <class Comm>
-int train_on_gpu(const Flags& f, const ProcessGrid& grid) {
-  kernels::Device<CudaSpace> dev;
-  const auto run = [&]<class Model>(Model& model) {
-    layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to bf16
-    return with_optimizer(f, [&]<class Strategy, class Rule>(typename Rule::Options rule) {
-      const parallel::DeviceGrid<Comm, parallel::data_comm_t<Strategy, Comm>> comms(grid, dev);
-      train::ClassifierTrainer<Model, Rule, Strategy, Comm> trainer(model, comms, dev, rule, {.clip = f.clip}, options_of(f));
-      return train(f, grid, trainer, !std::is_same_v<Comm, comm::Staged>);
-    });
-  };
-  if (f.model == "mlp") {
-    auto model = models::Mlp<bf16, CudaSpace>::make({.hidden = f.hidden, .depth = f.depth});
-    return run(model);
-  }
-  // Synchronised BatchNorm all-reduces its statistics over the data axis on the model's stream.
-  std::optional<Comm> bn_comm;
-  if (f.sync_bn) bn_comm.emplace(Comm::from(grid.comm(Axis::data), dev.stream()));
-  auto model = models::ResNet<bf16, CudaSpace, Comm>::make({.width = f.width, .blocks_per_stage = f.blocks, .sync_batch_norm = f.sync_bn},
-                                                           bn_comm ? &*bn_comm : nullptr);
-  return run(model);
-}
-#endif
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -189,10 +88,7 @@ int main(int argc, char** argv) {
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
     DPML_REQUIRE_EVERYWHERE(f.model == "resnet" || f.model == "mlp", "--model " << f.model << " is not one of resnet, mlp");
     f.axis.require_device(f.device);
-#ifdef DPML_WITH_CUDA
-    std::optional<comm::GpuPlacement> gpus;
-    if (f.device == "cuda") gpus = comm::place_on_gpus(world, f.gpu_comm);  // before any CUDA allocation
-#else
+#ifndef DPML_WITH_CUDA
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this fashion_mnist was built without CUDA (build it with the cuda preset)");
 #endif
     auto grid = ProcessGrid::create(world, {.ranks_per_node = f.axis.ranks_per_node});
@@ -203,12 +99,7 @@ int main(int argc, char** argv) {
                   f.model.c_str(), static_cast<long long>(f.global_batch),
                   f.optimizer.c_str());
 #ifdef DPML_WITH_CUDA
-    if (gpus) {
-      if (gpus->comm == comm::GpuComm::staged && world.rank() == 0)
-        std::printf("dpml fashion_mnist: %d ranks per node on %d GPU(s): device buffers travel through the host (comm::Staged)\n",
-                    gpus->node_ranks, gpus->devices);
-      return comm::with_gpu_comm(gpus->comm, [&]<class Comm>() { return train_on_gpu<Comm>(f, grid); });
-    }
+    if (f.device == "cuda") return train_on_gpus(f, world, grid);
 #endif
     if (f.model == "mlp") {
       auto model = models::Mlp<float>::make({.hidden = f.hidden, .depth = f.depth});

@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
 #ifdef DPML_WITH_CUDA
     std::optional<comm::GpuPlacement> gpus;
-    if (f.device == "cuda") gpus = comm::place_on_gpus(world, f.gpu_comm);  // before any CUDA allocation
+    if (f.device == "cuda") gpus = comm::place_on_gpus(world, f.gpu_comm, "train_bert");  // before any CUDA allocation
 #else
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this train_bert was built without CUDA (build it with the cuda preset)");
 #endif

@@ -205,9 +205,7 @@ int main(int argc, char** argv) {
     }
     // A GPU per rank (NCCL) where every node has enough of them; else the node's ranks share its
     // GPUs round robin (comm::Staged). Collective; before any CUDA allocation.
-    const comm::GpuPlacement gpus = comm::place_on_gpus(world, "auto");
-    if (gpus.comm == comm::GpuComm::staged && world.rank() == 0)
-      std::printf("consumer_gpu: %d ranks per node on %d GPU(s): comm::Staged\n", gpus.node_ranks, gpus.devices);
+    const comm::GpuPlacement gpus = comm::place_on_gpus(world, "auto", "consumer_gpu");
     const auto grid = ProcessGrid::create(world, {.tp = 1, .pp = 1});  // data parallel over the whole launch
     kernels::Device<CudaSpace> dev;
     bool ok = consumer::check_swish<bf16>(dev, 1e-2, "bf16", world.rank() == 0);

@@ -27,7 +27,9 @@
 #include "dpml/core/error.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
+#include <string_view>
 
 namespace dpml::comm {
 
@@ -40,8 +42,10 @@ struct GpuPlacement {
   int gpu_ranks = 1;   // ranks of this node on this rank's GPU, itself included (nccl: 1; staged: by UUID)
 };
 
-// `choice`: auto | nccl | staged (see the top of the file). Collective over `world`.
-inline GpuPlacement place_on_gpus(const Mpi& world, const std::string& choice) {
+// `choice`: auto | nccl | staged (see the top of the file). Where ranks share GPUs and `program`
+// is named, rank 0 says so once: "dpml <program>: 4 ranks per node on 1 GPU(s): device buffers
+// travel through the host (comm::Staged)". Collective over `world`.
+inline GpuPlacement place_on_gpus(const Mpi& world, const std::string& choice, std::string_view program = {}) {
   DPML_REQUIRE_EVERYWHERE(choice == "auto" || choice == "nccl" || choice == "staged",
                           "--gpu-comm " << choice << " is not one of auto, nccl, staged");
   const Mpi node = world.split_by_host(world.rank());
@@ -57,6 +61,9 @@ inline GpuPlacement place_on_gpus(const Mpi& world, const std::string& choice) {
   set_device(device);
   const auto uuids = detail::node_gpu_uuids(node, device);
   const std::string& mine = uuids[static_cast<std::size_t>(node.rank())];
+  if (!program.empty() && world.rank() == 0)
+    std::printf("dpml %.*s: %d ranks per node on %d GPU(s): device buffers travel through the host (comm::Staged)\n",
+                static_cast<int>(program.size()), program.data(), node.size(), devices);
   return {GpuComm::staged, node.size(), devices, static_cast<int>(std::count(uuids.begin(), uuids.end(), mine))};
 }
 
