@@ -79,12 +79,18 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char* name, unsigned int n) {
   std::snprintf(name, n, "Fake GPU %d", d->index);
   return SUCCESS;
 }
+// Queries of power, energy and utilisation so far: a test counts how often a meter reads the GPU.
+static long power_queries = 0;
+long fake_nvml_power_queries() { return power_queries; }
+
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int* mw) {
+  ++power_queries;
   if (!valid(d)) return INVALID_ARGUMENT;
   *mw = d->index == 0 ? 250000 : 100000;
   return SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long long* mj) {
+  ++power_queries;
   if (!valid(d) || d->index != 0) return NOT_SUPPORTED;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - loaded).count();
   const double ticked = std::floor(s / 0.05) * 0.05;  // moves every 50 ms, as real counters move in steps
@@ -92,6 +98,7 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long l
   return SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t* u) {
+  ++power_queries;
   if (!valid(d)) return INVALID_ARGUMENT;
   *u = {42, 7};
   return SUCCESS;

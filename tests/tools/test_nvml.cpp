@@ -7,6 +7,8 @@
 
 #include <dpml/core/nvml.hpp>
 
+#include <dlfcn.h>
+
 #include <chrono>
 #include <cstddef>
 #include <string>
@@ -181,6 +183,39 @@ TEST_CASE("nvml: laps shorter than the counter's steps each get their share of i
   REQUIRE(settled > 0);
   CHECK(settled_watts / settled == dpml::test::Approx(250.0).epsilon(0.1));
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(seconds == dpml::test::Approx(wall).epsilon(0.02));  // the laps chain: no time falls between them
+  CHECK(joules == dpml::test::Approx(250.0 * seconds).epsilon(0.1));
+}
+
+TEST_CASE("nvml: laps of a millisecond read the GPU once per read interval, and still chain", "[core][nvml]") {
+  const nvml::Library lib(DPML_FAKE_NVML);
+  REQUIRE(lib.available());
+  void* fake = dlopen(DPML_FAKE_NVML, RTLD_LAZY | RTLD_NOLOAD);  // the library `lib` loaded
+  REQUIRE(fake != nullptr);
+  const auto queries = reinterpret_cast<long (*)()>(dlsym(fake, "fake_nvml_power_queries"));
+  REQUIRE(queries != nullptr);
+  constexpr double read_interval = 0.1;
+  nvml::PowerMeter meter(*lib.device(0), /*window_s=*/0.5, read_interval);
+  const long before = queries();
+  double seconds = 0, joules = 0;
+  int laps = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(400)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const nvml::Lap l = meter.lap();
+    REQUIRE(l.watts.has_value());
+    seconds += l.seconds;
+    joules += *l.joules;
+    ++laps;
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const long reads = queries() - before;
+  dlclose(fake);
+  CAPTURE(laps, reads, wall);
+  CHECK(laps > 40);
+  // A read: the energy counter, the power where the counter has not moved twice yet, the
+  // utilisation — at most 3 queries, at most once per interval (and the first lap).
+  CHECK(reads <= 3 * (static_cast<long>(wall / read_interval) + 1));
   CHECK(seconds == dpml::test::Approx(wall).epsilon(0.02));  // the laps chain: no time falls between them
   CHECK(joules == dpml::test::Approx(250.0 * seconds).epsilon(0.1));
 }

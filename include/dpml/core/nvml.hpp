@@ -321,20 +321,24 @@ struct Lap {
 };
 
 // Laps chain: each starts at the instant the previous one ended, so their seconds add up to the
-// time metered. With an energy counter, a lap's power is the counter's mean over its recent
-// history — from the first reading at which the counter had moved that is at least `window`
-// seconds old, to the latest such reading — and its joules are that power × its seconds. The
-// counter moves in steps (every ~100 ms on H100/H200): a lap shorter than that (a 38 ms training
-// step) would otherwise read 0 J or a whole step's worth, and a difference of two arbitrary
-// readings is off by up to a step at each end; readings at which the counter had just moved are
-// late by at most one lap, so over the window the error is at most a lap / window. Until the
-// counter has moved twice, the power is NVML's own power reading.
+// time metered. A lap's joules are its seconds × the GPU's mean power as last read; the GPU is read
+// at a lap only when `read_interval` seconds (0.1) have passed since the last read, so a loop of
+// millisecond steps (fashion_mnist: ~1 ms) does not spend its time in NVML, and a reading is no
+// staler than the counter's own steps (every ~100 ms on H100/H200). With an energy counter, the
+// mean power is the counter's over its recent history — from the first reading at which the
+// counter had moved that is at least `window` seconds old, to the latest such reading: a
+// difference of two arbitrary readings is off by up to a counter step at each end, and readings
+// at which the counter had just moved are late by at most one read interval, so over the window
+// the error is at most an interval / window. Until the counter has moved twice, the mean is NVML's
+// own power reading. Without a counter, the mean is the integral of the power samples (sample(),
+// and one at each read) since the previous read over its time.
 class PowerMeter {
  public:
   using clock = std::chrono::steady_clock;
 
-  explicit PowerMeter(Device gpu, double window_s = 2.0)
-      : gpu_(gpu), counter_(gpu.energy_j().has_value()), window_(window_s), start_(clock::now()), last_t_(start_) {
+  explicit PowerMeter(Device gpu, double window_s = 2.0, double read_interval_s = 0.1)
+      : gpu_(gpu), counter_(gpu.energy_j().has_value()), window_(window_s), read_interval_(read_interval_s), start_(clock::now()),
+        last_t_(start_) {
     if (counter_) last_j_ = gpu_.energy_j();
     else begin_integral();
   }
@@ -353,26 +357,15 @@ class PowerMeter {
 
   // Since construction or the previous lap; the next starts now.
   Lap lap() {
+    const clock::time_point t = clock::now();
+    if (!read_at_ || t - *read_at_ >= std::chrono::duration<double>(read_interval_)) read(t);
     Lap out;
     out.from_energy_counter = counter_;
-    if (counter_) {
-      const clock::time_point t = clock::now();
-      observe(t, gpu_.energy_j());
-      out.seconds = std::chrono::duration<double>(t - start_).count();
-      start_ = t;
-      out.watts = ticks_.size() >= 2 ? std::optional((ticks_.back().joules - ticks_.front().joules) /
-                                                     std::chrono::duration<double>(ticks_.back().t - ticks_.front().t).count())
-                                     : gpu_.power_w();
-      if (out.watts) out.joules = *out.watts * out.seconds;
-    } else {
-      sample();
-      out.seconds = std::chrono::duration<double>(last_t_ - start_).count();
-      out.joules = integral_j_;
-      if (out.joules && out.seconds > 0) out.watts = *out.joules / out.seconds;
-      start_ = last_t_;
-      begin_integral();
-    }
-    out.utilization = gpu_.utilization();
+    out.seconds = std::chrono::duration<double>(t - start_).count();
+    start_ = t;
+    out.watts = watts_;
+    if (watts_) out.joules = *watts_ * out.seconds;
+    out.utilization = utilization_;
     return out;
   }
 
@@ -381,6 +374,23 @@ class PowerMeter {
     clock::time_point t;
     double joules;
   };
+
+  // The GPU's mean power and utilisation now (see the top of the class).
+  void read(clock::time_point t) {
+    read_at_ = t;
+    if (counter_) {
+      observe(t, gpu_.energy_j());
+      watts_ = ticks_.size() >= 2 ? std::optional((ticks_.back().joules - ticks_.front().joules) /
+                                                  std::chrono::duration<double>(ticks_.back().t - ticks_.front().t).count())
+                                  : gpu_.power_w();
+    } else {
+      sample();
+      const double span = std::chrono::duration<double>(last_t_ - integral_from_).count();
+      watts_ = integral_j_ && span > 0 ? std::optional(*integral_j_ / span) : last_w_;
+      begin_integral();
+    }
+    utilization_ = gpu_.utilization();
+  }
 
   // A counter reading: kept as a tick where the counter moved since the previous reading; ticks
   // older than needed for `window_` seconds of history are dropped (two are always kept).
@@ -396,18 +406,23 @@ class PowerMeter {
   }
 
   void begin_integral() {
-    last_w_ = gpu_.power_w();
+    if (!last_w_) last_w_ = gpu_.power_w();  // at construction; afterwards the sample just taken
+    integral_from_ = last_t_;
     integral_j_ = last_w_ ? std::optional(0.0) : std::nullopt;
   }
 
   Device gpu_;
   bool counter_;
-  double window_;
-  clock::time_point start_, last_t_;  // the lap's start; sampling: the latest sample's time
-  std::optional<double> last_j_;      // counter: the latest reading
-  std::deque<Tick> ticks_;            // counter: readings at which it had moved, oldest first
-  std::optional<double> last_w_;      // sampling: the latest power reading
-  std::optional<double> integral_j_;  // sampling: joules so far this lap (nothing once a sample failed)
+  double window_, read_interval_;
+  clock::time_point start_, last_t_;          // the lap's start; sampling: the latest sample's time
+  std::optional<clock::time_point> read_at_;  // the last read (none yet: the first lap reads)
+  std::optional<double> watts_;               // the mean power as last read
+  std::optional<abi::Utilization> utilization_;
+  std::optional<double> last_j_;              // counter: the latest reading
+  std::deque<Tick> ticks_;                    // counter: readings at which it had moved, oldest first
+  std::optional<double> last_w_;              // sampling: the latest power reading
+  clock::time_point integral_from_;           // sampling: where the integral starts
+  std::optional<double> integral_j_;          // sampling: joules since integral_from_ (nothing once a sample failed)
 };
 
 }  // namespace dpml::nvml

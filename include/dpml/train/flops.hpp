@@ -56,7 +56,7 @@
 #include <limits>
 #include <string_view>
 
-#if defined(__CUDACC__)
+#if defined(DPML_WITH_CUDA)
 #include "dpml/core/cuda_error.hpp"
 
 #include <cuda_runtime.h>
@@ -296,7 +296,7 @@ inline double mfu(double flops_per_step, double seconds, double peak_tflops_tota
   return flops_per_step / seconds / (peak_tflops_total * 1e12);
 }
 
-#if defined(__CUDACC__)
+#if defined(DPML_WITH_CUDA)
 // The peak of CUDA device `device` (the current one by default), by its name. An unknown GPU
 // gives NaN, and where `say_unknown` a line on stderr naming it, once per process (pass
 // rank == 0 to hear it once per run).

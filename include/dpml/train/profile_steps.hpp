@@ -5,14 +5,15 @@
 // after(step), which start the capture before step A and stop it after step B, so a long run
 // yields a timeline of the steady state, not of the start-up. The NVTX ranges of core/nvtx.hpp
 // name what runs inside. Parsed with the flags (A and B ≥ 1, A ≤ B; refused naming the flag);
-// outside CUDA translation units before/after do nothing.
+// without dpml::cuda (DPML_WITH_CUDA, the same in a program's host and CUDA units) before/after do
+// nothing.
 //
 //   const auto window = train::ProfileSteps::parse("--profile-steps", "10:12");
 //   for (step …) { window.before(step); trainer.train_step(…); window.after(step); }
 
 #include "dpml/core/error.hpp"
 
-#if defined(__CUDACC__)
+#if defined(DPML_WITH_CUDA)
 #include "dpml/core/cuda_error.hpp"
 
 #include <cuda_profiler_api.h>
@@ -48,12 +49,12 @@ struct ProfileSteps {
   }
   bool empty() const noexcept { return last < first; }
   void before([[maybe_unused]] std::int64_t step) const {
-#if defined(__CUDACC__)
+#if defined(DPML_WITH_CUDA)
     if (!empty() && step == first) DPML_CHECK_CUDA(cudaProfilerStart());
 #endif
   }
   void after([[maybe_unused]] std::int64_t step) const {
-#if defined(__CUDACC__)
+#if defined(DPML_WITH_CUDA)
     if (!empty() && step == last) DPML_CHECK_CUDA(cudaProfilerStop());
 #endif
   }

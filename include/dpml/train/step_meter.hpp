@@ -45,7 +45,7 @@ class StepMeter {
 
   // Collective over `world` (which outlives the meter).
   StepMeter(const comm::Mpi& world, bool own_gpus) : energy_(world, own_gpus) {
-#if defined(__CUDACC__)
+#if defined(DPML_WITH_CUDA)
     if (own_gpus) peak_tflops_ = device_peak_bf16_tflops(world.rank() == 0) * world.size();
 #endif
   }
