@@ -390,3 +390,49 @@ TEST_CASE("PowerSGD and top-k refuse ZeRO-1 and the hierarchical all-reduce, nam
   CHECK(test::message_of([&] { parallel::check_grad_compression("int8"); }) ==
         "--grad-compression int8 is not one of none, bf16, fp16, powersgd, topk");
 }
+
+TEST_CASE("a compression starts at the trainer's step start_step: exact all-reduces before, from a resume too", "[compression][start]") {
+  const auto world = test::world();
+  const auto grid = ProcessGrid::create(world, {});
+  const int r = grid.coord(Axis::data), k = grid.dp();
+  using Strategy = Parallel<TensorParallel, PipelineParallel<>, DataParallel<Replicated, Flat, PowerSgd>>;
+  using Plain = Parallel<TensorParallel, PipelineParallel<>, DataParallel<Replicated, Flat>>;
+  auto compressed_model = models::Mlp<float>::make({.inputs = 36, .hidden = 32, .depth = 1, .classes = 4});
+  auto plain_model = models::Mlp<float>::make({.inputs = 36, .hidden = 32, .depth = 1, .classes = 4});
+  using Model = decltype(plain_model);
+  layers::initialize_all(compressed_model.parameters(), 42, &grid);
+  layers::initialize_all(plain_model.parameters(), 42, &grid);
+  const CompressionOptions from_step_4{.powersgd_rank = 1, .seed = 1, .start_step = 4};
+  train::ClassifierTrainer<Model, optim::Sgd, Strategy> compressed(compressed_model, grid, optim::SgdOptions{.momentum = 0.9},
+                                                                   {.bucket_bytes = 2048, .compression = from_step_4}, {});
+  train::ClassifierTrainer<Model, optim::Sgd, Plain> plain(plain_model, grid, optim::SgdOptions{.momentum = 0.9}, {.bucket_bytes = 2048}, {});
+  const auto batch = [&](int s) { return batch_rows(s, kGlobalBatch * r / k, kGlobalBatch * (r + 1) / k); };
+  for (int s = 1; s <= 3; ++s) {  // before the start: the exact all-reduce, the plain run's bits
+    const auto a = compressed.train_step(batch(s), 0.05), b = plain.train_step(batch(s), 0.05);
+    CAPTURE(s);
+    CHECK(a.loss == b.loss);
+    CHECK(a.wire_bytes == a.dense_bytes);
+  }
+  const auto same_weights = [&] {
+    bool same = true;
+    for (std::size_t i = 0; i < plain_model.parameters().size(); ++i)
+      same = same && std::memcmp(plain_model.parameters()[i]->value().data(), compressed_model.parameters()[i]->value().data(),
+                                 sizeof(float) * static_cast<std::size_t>(plain_model.parameters()[i]->numel())) == 0;
+    return same;
+  };
+  CHECK(same_weights());
+  const auto fourth = compressed.train_step(batch(4), 0.05);
+  plain.train_step(batch(4), 0.05);
+  CHECK(fourth.wire_bytes < fourth.dense_bytes);  // compressed from step 4 on: rank 1 of 32 columns
+  CHECK_FALSE(same_weights());
+
+  // A trainer resumed at step 2 (set_step, as load_checkpoint does) compresses from the same step 4.
+  auto resumed_model = models::Mlp<float>::make({.inputs = 36, .hidden = 32, .depth = 1, .classes = 4});
+  layers::initialize_all(resumed_model.parameters(), 42, &grid);
+  train::ClassifierTrainer<Model, optim::Sgd, Strategy> resumed(resumed_model, grid, optim::SgdOptions{.momentum = 0.9},
+                                                                {.bucket_bytes = 2048, .compression = from_step_4}, {});
+  resumed.set_step(2);
+  CHECK(resumed.train_step(batch(3), 0.05).wire_bytes == fourth.dense_bytes);  // step 3: exact
+  const auto step4 = resumed.train_step(batch(4), 0.05);
+  CHECK(step4.wire_bytes == fourth.wire_bytes);  // step 4: compressed, as in the uninterrupted run
+}

@@ -50,6 +50,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -84,7 +85,8 @@ class GradientBuckets {
   // Any space: collectives on `data_comm`, ordered after the work of `dev` (its stream on a GPU).
   GradientBuckets(FlatParameters<T, Space>& flat, const Comm* data_comm, GradReduction mode, kernels::Device<Space>& dev,
                   CompressionOptions compression = {})
-      : flat_(flat), comm_(data_comm && data_comm->size() > 1 ? data_comm : nullptr), mode_(mode) {
+      : flat_(flat), comm_(data_comm && data_comm->size() > 1 ? data_comm : nullptr), mode_(mode),
+        compression_start_(compression.start_step) {
     if (comm_) link_.emplace(dev, *comm_);
     if constexpr (compressed)
       if (comm_) compressor_.emplace(flat, *comm_, mode == GradReduction::reduce_scatter, compression);
@@ -116,8 +118,11 @@ class GradientBuckets {
   void hold(const ParamBase* p) { state_[flat_.bucket_of(flat_.index_of(p))].held = true; }
 
   // Each parameter will be reported `reports_per_param` times this step (its micro-batch count).
-  void begin_step(int reports_per_param) {
+  // `step` (from 1, the trainer's count): a compression starts at CompressionOptions::start_step;
+  // before it the buckets are all-reduced exactly.
+  void begin_step(int reports_per_param, std::int64_t step = std::numeric_limits<std::int64_t>::max()) {
     reports_per_param_ = reports_per_param;
+    compress_ = step >= compression_start_;
     std::fill(reports_.begin(), reports_.end(), 0);
     for (std::size_t b = 0; b < state_.size(); ++b) {
       state_[b].missing = flat_.buckets()[b].last_param - flat_.buckets()[b].first_param;
@@ -216,10 +221,11 @@ class GradientBuckets {
     const int p = comm_->size();
     dense_bytes_ += mode_ == GradReduction::all_reduce ? wire_bytes::allreduce(bucket.count, sizeof(T), p)
                                                        : wire_bytes::reduce_scatter(bucket.count, sizeof(T), p);
-    if constexpr (compressed) {
-      wire_bytes_ += compressor_->reduce(b, grads, sharded_ ? shard_grads_.data() + segments_[b].shard_offset : nullptr);
-      return;
-    }
+    if constexpr (compressed)
+      if (compress_) {
+        wire_bytes_ += compressor_->reduce(b, grads, sharded_ ? shard_grads_.data() + segments_[b].shard_offset : nullptr);
+        return;
+      }
     wire_bytes_ = dense_bytes_;
     if (mode_ == GradReduction::all_reduce)
       state_[b].pending = link_->allreduce(grads, static_cast<std::size_t>(bucket.count));
@@ -240,6 +246,8 @@ class GradientBuckets {
   FlatParameters<T, Space>& flat_;
   const Comm* comm_;
   GradReduction mode_;
+  std::int64_t compression_start_;  // CompressionOptions::start_step
+  bool compress_ = true;            // this step: compressed (at or past the start)
   std::optional<Link> link_;  // with a communicator of more than one rank
   std::vector<State> state_;  // per flat bucket, production order
   std::vector<int> reports_;

@@ -125,10 +125,11 @@ class DistributedOptimizer {
   // Keep the bucket of `p` until finish_step (a tied weight another stage adds to after backward).
   void hold(const ParamBase* p) { buckets_.hold(p); }
 
-  void begin_step(int micro_batches) {
+  // `step`: the trainer's step count (from 1), when the compression waits for a start step.
+  void begin_step(int micro_batches, std::int64_t step = std::numeric_limits<std::int64_t>::max()) {
     Ops::zero(*dev_, flat_.grads().data(), flat_.numel());
     for (ParamBase* p : flat_.params()) p->mark_grad_zero();  // the first weight-gradient GEMM may overwrite
-    buckets_.begin_step(micro_batches);
+    buckets_.begin_step(micro_batches, step);
   }
 
   // `loss_scale`: S, the factor every gradient of the step carries (1: none).

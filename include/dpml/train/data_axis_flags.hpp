@@ -28,10 +28,11 @@ struct DataAxisFlags {
   std::string grad_compression = "none";  // none | bf16 | fp16 | powersgd | topk
   int powersgd_rank = 4;
   double topk_ratio = 0.01;
+  std::int64_t compression_start_iter = 1;  // the first compressed step
 
   // The compression policy's sizes, its PowerSGD start drawn from `seed`.
   parallel::CompressionOptions compression(std::uint64_t seed) const {
-    return {.powersgd_rank = powersgd_rank, .topk_ratio = topk_ratio, .seed = seed};
+    return {.powersgd_rank = powersgd_rank, .topk_ratio = topk_ratio, .seed = seed, .start_step = compression_start_iter};
   }
   // Refused on every rank: compression on a GPU (the device buckets have no compressor yet).
   void require_device(const std::string& device) const {
@@ -39,10 +40,13 @@ struct DataAxisFlags {
                             "--grad-compression " << grad_compression << " runs on CPU ranks only (--device cpu): the GPU "
                                                   "buckets have no compression kernels yet");
   }
-  // For a banner: ", hierarchical all-reduce", ", --grad-compression topk" or "" (`sep` first).
+  // For a banner: ", hierarchical all-reduce", ", --grad-compression topk [from step N]" or ""
+  // (`sep` first).
   std::string describe(const char* sep) const {
     if (dp_allreduce == "hierarchical") return std::string(sep) + "hierarchical all-reduce";
-    if (grad_compression != "none") return std::string(sep) + "--grad-compression " + grad_compression;
+    if (grad_compression != "none")
+      return std::string(sep) + "--grad-compression " + grad_compression +
+             (compression_start_iter > 1 ? " from step " + std::to_string(compression_start_iter) : "");
     return "";
   }
 };
@@ -61,7 +65,11 @@ inline Args& data_axis_flags(Args& args, DataAxisFlags& d) {
             parallel::check_grad_compression)
       .flag("--powersgd-rank", d.powersgd_rank, "--grad-compression powersgd: columns of P and Q", between(1, 1024))
       .flag("--topk-ratio", d.topk_ratio, "--grad-compression topk: the fraction of each bucket's entries each rank sends",
-            Range<double>(0.0, 1.0, true));
+            Range<double>(0.0, 1.0, true))
+      .flag("--compression-start-iter", d.compression_start_iter,
+            "--grad-compression: the first compressed step; the steps before it are all-reduced exactly (PyTorch's "
+            "start_powerSGD_iter), counted as the trainer counts them, so a resume switches at the same step",
+            at_least(1));
 }
 
 }  // namespace dpml::train

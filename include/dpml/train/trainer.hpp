@@ -452,7 +452,7 @@ class Trainer {
     ctx_.mode = layers::Mode::train;
     comm::watchdog::set_step(ctx_.step + 1);
     prepare(batch);
-    optimizer_.begin_step(options_.micro_batches);
+    optimizer_.begin_step(options_.micro_batches, static_cast<std::int64_t>(ctx_.step) + 1);
     StepResult r;
     r.loss_scale = ctx_.loss_scale = loss_scale();
     r.pipeline = run(actions(), std::exchange(trace_next_, false));

@@ -64,11 +64,16 @@ inline constexpr bool is_compression<TopK> = true;
 template <class P>
 inline constexpr bool approximates = std::is_same_v<P, PowerSgd> || std::is_same_v<P, TopK>;
 
-// The sizes a compression takes from the launch (--powersgd-rank, --topk-ratio, --seed).
+// The sizes a compression takes from the launch (--powersgd-rank, --topk-ratio,
+// --compression-start-iter, --seed).
 struct CompressionOptions {
-  int powersgd_rank = 4;     // r: columns of P and Q
-  double topk_ratio = 0.01;  // k = ⌈ratio · bucket elements⌉ entries per rank and bucket, in (0, 1]
-  std::uint64_t seed = 0;    // PowerSGD's first Q (Philox), the same on every rank
+  int powersgd_rank = 4;        // r: columns of P and Q
+  double topk_ratio = 0.01;     // k = ⌈ratio · bucket elements⌉ entries per rank and bucket, in (0, 1]
+  std::uint64_t seed = 0;       // PowerSGD's first Q (Philox), the same on every rank
+  std::int64_t start_step = 1;  // the first step compressed; steps before it are all-reduced exactly
+                                // (PyTorch's start_powerSGD_iter). Steps as the trainer counts them
+                                // (from 1, restored by a resume): a resumed run switches at the
+                                // same step as an uninterrupted one.
 };
 
 // ---- the extension point ------------------------------------------------------------------------
