@@ -6,7 +6,8 @@
 // everywhere, fp32 where the GPU kernels take it (BatchNorm, pooling; Conv2d's kernels are bf16
 // only). Conv2d under both policies where cuDNN exists; BatchNorm with its fused ReLU and residual,
 // in eval mode, and its running statistics; a small network conv → BatchNorm + ReLU → pool →
-// global average pool → Linear.
+// global average pool → Linear; the ViT's token layers (PatchTokens from NHWC images, ClassToken,
+// TakeClassToken).
 #include "layer_check.hpp"
 
 #include <dpml/kernels/image.hpp>
@@ -15,6 +16,7 @@
 #include <dpml/layers/linear.hpp>
 #include <dpml/layers/pool.hpp>
 #include <dpml/layers/sequential.hpp>
+#include <dpml/layers/vision.hpp>
 
 #include <cstdint>
 #include <vector>
@@ -60,7 +62,8 @@ struct Tolerances {
   double y, dx, dw;
 };
 
-// DeviceLayerCheck::run for image layers: x (N, C, H, W) random in [lo, hi], rounded to T, on both;
+// DeviceLayerCheck::run for image layers: x (N, C, H, W) (or a tensor of another rank) random,
+// rounded to T, on both;
 // forward, a random dy, backward_input and backward_weight; all compared in the host's layout.
 template <class T, class HostLayer, class DevLayer>
 void check_image_layer(test::DeviceLayerCheck<T>& check, HostLayer& host, DevLayer& dev, Shape x_shape,
@@ -70,7 +73,7 @@ void check_image_layer(test::DeviceLayerCheck<T>& check, HostLayer& host, DevLay
   auto& dctx = check.device_context();
   Tensor<double> x = test::random_tensor<double>(x_shape, check.gen());
   test::round_to<T>(x);
-  const auto xd = upload_image<T>(x);
+  const auto xd = upload_host_layout<T>(x);
   const auto y = host.forward(hctx, x.cview());
   const auto yd = dev.forward(dctx, xd.cview());
   CHECK(test::rel_l2(download_host_layout(yd), values(y)) < tol.y);
@@ -234,6 +237,28 @@ TEMPLATE_TEST_CASE("Pooling on the GPU equals the float64 host pooling", "[cuda]
     GlobalAvgPool<T, CudaSpace> dgap;
     check_image_layer(check, hgap, dgap, Shape{3, C, 9, 9}, {tol, tol, tol});
   }
+}
+
+TEMPLATE_TEST_CASE("The ViT's token layers on the GPU (NHWC images) equal the float64 host ones", "[cuda][layers][vit]", bf16,
+                   float) {
+  using T = TestType;
+  constexpr double tol = test::kLayerTol<T>;
+  test::DeviceLayerCheck<T> check(25);
+  for (const std::int64_t P : {1, 3}) {  // 3 channels: the NHWC read differs from NCHW's
+    CAPTURE(P);
+    PatchTokens<double> hpatch(P);
+    PatchTokens<T, CudaSpace> dpatch(P);
+    check_image_layer(check, hpatch, dpatch, Shape{2, 3, 9, 6}, {tol, tol, tol});
+  }
+  PatchTokens<double> hpatch(7);
+  PatchTokens<T, CudaSpace> dpatch(7);
+  check_image_layer(check, hpatch, dpatch, Shape{3, 1, 28, 28}, {tol, tol, tol});  // train_vit's
+  ClassToken<double> hcls(5, 7, "embed");
+  ClassToken<T, CudaSpace> dcls(5, 7, "embed");
+  check_image_layer(check, hcls, dcls, Shape{3, 5, 7}, {tol, tol, tol});  // dcls and dpos summed over 3 images
+  TakeClassToken<double> htake;
+  TakeClassToken<T, CudaSpace> dtake;
+  check_image_layer(check, htake, dtake, Shape{3, 6, 7}, {tol, tol, tol});
 }
 
 TEST_CASE("A small CNN (conv → BatchNorm + ReLU → pool → global pool → Linear) on the GPU equals the host one",

@@ -9,8 +9,8 @@
 //                   embedding added to every token; parameters <name>.cls (C), <name>.pos (1 + T, C)
 //   TakeClassToken  (N, 1 + T, C) → (N, C): the class token's row, what the classifier head reads
 //
-// PatchTokens and ClassToken run kernels::Ops<Space>'s vision family (kernels/host/vision.hpp:
-// the host only so far); TakeClassToken is strided copies, on any space.
+// PatchTokens and ClassToken run kernels::Ops<Space>'s vision family (kernels/host/vision.hpp,
+// kernels/cuda/vision.hpp; images in the space's layout); TakeClassToken is strided copies.
 
 #include "dpml/core/error.hpp"
 #include "dpml/core/parameter.hpp"

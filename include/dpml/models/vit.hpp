@@ -15,8 +15,8 @@
 //
 // Parameter names (Sequential's "<index>." prefix, then the layer's) are global and stable (the same on every layout), so initial weights (Philox at
 // each element's global index, keyed by the name) and checkpoints are layout-independent. Written
-// for any T and Space; it runs where the space has bidirectional attention and the vision kernels
-// (the host today: on CudaSpace its attention refuses at construction).
+// for any T and Space: on CudaSpace the attention's flash kernels need a head dim (C / heads) of
+// 32, 64 or 128.
 
 #include "dpml/core/error.hpp"
 #include "dpml/kernels/attention_mask.hpp"

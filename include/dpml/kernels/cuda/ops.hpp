@@ -18,6 +18,7 @@
 #include "dpml/kernels/cuda/linear.hpp"
 #include "dpml/kernels/cuda/lstm.hpp"
 #include "dpml/kernels/cuda/update.hpp"
+#include "dpml/kernels/cuda/vision.hpp"
 #include "dpml/kernels/image.hpp"
 #include "dpml/kernels/ops.hpp"
 
@@ -39,6 +40,7 @@ struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::EmbeddingOps,
                         cuda::CrossEntropyOps,
                         cuda::IdCheckOps,
-                        cuda::LstmOps {};
+                        cuda::LstmOps,
+                        cuda::VisionOps {};
 
 }  // namespace dpml::kernels

@@ -9,8 +9,8 @@
 //   class token  y[n, 0] = cls + pos[0],  y[n, 1 + t] = x[n, t] + pos[1 + t]     x (N, T, C)
 //                dx[n, t] = dy[n, 1 + t],  dcls += Σ_n dy[n, 0],  dpos += Σ_n dy[n]
 //
-// VisionOps at the end is Ops<HostSpace>'s family; the GPU has none yet (its bidirectional
-// attention exists: kernels/cuda/attention.hpp), so a ViT trains on CPU ranks.
+// VisionOps at the end is Ops<HostSpace>'s family; kernels/cuda/vision.hpp is the GPU's, on NHWC
+// images.
 
 #include "dpml/kernels/device.hpp"
 
