@@ -1,7 +1,7 @@
 // train_lstm: a character-level (byte) language model — Embedding → LSTM × --num-layers → Linear
 // head, cross-entropy over every next byte (models/lstm_lm.hpp) — trained with data parallelism
 // (the rest of the world) and pipeline parallelism (--pp: the library cuts the model between its
-// layers, train/layer_stage.hpp) on the CPU ranks of an MPI launch. Flags follow train_gpt's (and
+// layers, train/layer_stage.hpp) on the CPU ranks of an MPI launch or on GPUs. Flags follow train_gpt's (and
 // Megatron-LM's) names where they mean the same.
 //
 //   mpiexec -n 2 build/cpu/examples/train_lstm/train_lstm                  # dp 2
@@ -14,91 +14,37 @@
 // steps (and at the end) the validation loss is the mean over --eval-iters global batches of the
 // validation windows, in nats and bits per character (byte). AdamW with a warm-up and cosine decay,
 // gradient clipping; the progress line and --metrics / --tensorboard records as train_gpt's.
-// --device cuda is refused: the LSTM cell has no GPU kernels yet (kernels/cuda/lstm.hpp).
+// --device cuda (CUDA builds; gpu.cu) trains the same model on GPUs in bf16 with fp32 master weights
+// and AdamW state — a GPU per rank over NCCL, or ranks sharing GPUs over comm::Staged (--gpu-comm):
+// the cell's kernels are kernels/cuda/lstm.hpp, the GEMMs cuBLASLt's; no cuDNN.
+#include "train_lstm.hpp"
+
 #include <dpml/comm/launch.hpp>
-#include <dpml/data/text.hpp>
 #include <dpml/layers/cross_entropy.hpp>
 #include <dpml/layers/init.hpp>
-#include <dpml/models/lstm_lm.hpp>
 #include <dpml/optim/adamw.hpp>
-#include <dpml/optim/schedule.hpp>
-#include <dpml/parallel/grid.hpp>
 #include <dpml/parallel/strategy.hpp>
 #include <dpml/train/args.hpp>
-#include <dpml/train/progress.hpp>
 #include <dpml/train/trainer.hpp>
 
-#include <chrono>
-#include <cmath>
-#include <cstdint>
 #include <cstdio>
 #include <string>
 
 using namespace dpml;
+using namespace train_lstm;
 
 namespace {
-struct Flags {
-  int pp = 1, virtual_stages = 1;
-  std::string schedule = "1f1b";
-  bool zero = false;
-  std::int64_t micro_batch = 8, global_batch = 32;
-  std::int64_t layers = 2, hidden = 256, seq = 64;
-  double forget_bias = 1.0;
-  std::int64_t iters = 300, warmup = -1, eval_interval = 100, eval_iters = 8, log_interval = 20;  // warmup -1: iters / 10
-  double lr = 3e-3, min_lr = 3e-4, weight_decay = 0.0, clip = 1.0;
-  std::uint64_t seed = 1234;
-  std::string data = data::kFortunesPath;
-  std::string metrics, tensorboard;
-  std::string device = "cpu";
-};
-
 using Model = models::LstmLm<float>::Network;
 using Loss = layers::SoftmaxCrossEntropy<float>;
-
-// Mean loss per byte over `batches` global batches of the validation windows (wrapping around).
-template <class Trainer>
-double validation_loss(Trainer& trainer, const data::TokenWindows& val, std::int64_t batches) {
-  double sum = 0;
-  for (std::int64_t i = 0; i < batches; ++i) sum += trainer.evaluate(val.batch(i % val.batches_per_epoch()));
-  return sum / static_cast<double>(batches);
-}
-
-template <class Trainer>
-int train_and_validate(Trainer& trainer, const Flags& f, const comm::Mpi& world, data::LmWindows& lm) {
-  const optim::WarmupCosineLR lr{.max_lr = f.lr, .min_lr = f.min_lr, .warmup_steps = f.warmup, .decay_steps = f.iters};
-  train::Progress progress(f.iters, world.rank(), "tok/s");
-  train::MetricsLog metrics(f.metrics, f.tensorboard, world.rank());
-  const double tokens_per_step = static_cast<double>(f.global_batch * f.seq);
-  std::int64_t epoch = 0, b = 0;
-  lm.train.set_epoch(epoch);
-  double val = NAN;
-  const auto start = std::chrono::steady_clock::now();
-  for (std::int64_t step = 1; step <= f.iters; ++step) {
-    if (b == lm.train.batches_per_epoch()) lm.train.set_epoch(++epoch), b = 0;
-    const double rate = lr(step);
-    const auto r = trainer.train_step(lm.train.batch(b++), rate);
-    if (step % f.eval_interval == 0 || step == f.iters) val = validation_loss(trainer, lm.validation, f.eval_iters);
-    metrics.write(step, {{"loss", r.loss}, {"val_loss", val}, {"lr", rate}, {"grad_norm", r.grad_norm},
-                         {"tokens_per_s", tokens_per_step / r.seconds}, {"pipeline_wait_s", r.pipeline.wait},
-                         {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
-    if (step % f.log_interval == 0 || step == 1 || step == f.iters)
-      progress.print(step, r.loss, tokens_per_step / r.seconds,
-                     {{"val", val}, {"val bpc", val / std::log(2.0)}, {"lr", rate}, {"gnorm", r.grad_norm}});
-  }
-  if (world.rank() == 0)
-    std::printf("final validation loss %.3f nats (%.3f bits/char) vs unigram entropy %.3f nats (%.3f bits) | trained in %s\n", val,
-                val / std::log(2.0), lm.unigram_entropy, lm.unigram_entropy / std::log(2.0),
-                train::format_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()).c_str());
-  return 0;
-}
 }  // namespace
 
 int main(int argc, char** argv) {
   return dpml::run(argc, argv, [&](const comm::Mpi& world) {
     Flags f;
     train::Args args("train_lstm", "Trains a character-level LSTM language model on a text with data parallelism\n"
-                                   "(rest of the world) and pipeline parallelism (--pp) on CPU ranks.");
-    args.flag("--device", f.device, "cpu (the ranks' cores); cuda is refused: the LSTM cell has no GPU kernels yet")
+                                   "(rest of the world) and pipeline parallelism (--pp) on CPU ranks or GPUs (--device cuda).");
+    args.flag("--device", f.device, "cpu (the ranks' cores, float) | cuda (a GPU per rank, bf16 with fp32 master weights)")
+        .flag("--gpu-comm", f.gpu_comm, "--device cuda: auto | nccl (a GPU per rank) | staged (ranks sharing GPUs, through the host)")
         .flag("--pp", f.pp, "pipeline-parallel degree (stages; the model is cut between its layers)", train::at_least(1))
         .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved")
         .flag("--num-virtual-stages-per-pipeline-rank", f.virtual_stages,
@@ -118,8 +64,9 @@ int main(int argc, char** argv) {
     if (!args.parse(argc, argv, world.rank())) return 0;
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
-    DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: the LSTM cell has no GPU kernels yet (kernels/cuda/lstm.hpp); "
-                                               "train on CPU ranks (--device cpu)");
+#ifndef DPML_WITH_CUDA
+    DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this train_lstm was built without CUDA (build it with the cuda preset)");
+#endif
     train::resolve_lr_warmup(f.warmup, f.iters);
     train::require_writable_output("--metrics", f.metrics);
     train::require_writable_directory("--tensorboard", f.tensorboard);
@@ -133,12 +80,15 @@ int main(int argc, char** argv) {
     const models::LstmLmConfig config{.vocab = data::kByteVocab, .hidden = f.hidden, .layers = f.layers,
                                       .forget_bias = f.forget_bias};
     if (world.rank() == 0)
-      std::printf("dpml train_lstm: %s | schedule %s%s | %lld parameters | %lld train bytes | unigram entropy %.3f nats\n",
-                  grid.describe().c_str(),
+      std::printf("dpml train_lstm: %s%s | schedule %s%s | %lld parameters | %lld train bytes | unigram entropy %.3f nats\n",
+                  f.device == "cuda" ? "GPUs (bf16) " : "", grid.describe().c_str(),
                   (f.schedule + (f.virtual_stages > 1 ? " × " + std::to_string(f.virtual_stages) + " chunks per rank" : "")).c_str(),
                   f.zero ? " + ZeRO-1" : "",
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(lm.train.tokens()),
                   lm.unigram_entropy);
+#ifdef DPML_WITH_CUDA
+    if (f.device == "cuda") return train_on_gpus(world, grid, config, f, lm, micro_batches);
+#endif
     Model model = models::LstmLm<float>::make(config);
     layers::initialize_all(model.parameters(), f.seed, &grid);
     return parallel::with_strategy(f.schedule, f.zero, [&]<class Strategy>() {

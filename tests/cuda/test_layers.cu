@@ -1,10 +1,11 @@
 // Layers on CudaSpace against the same layers on the host in float64 (layer_check.hpp): forward,
 // backward_input and backward_weight, in bf16 and fp32, at sizes that are not multiples of the
-// kernels' tiles or vector packs.
+// kernels' tiles or vector packs; the LSTM (its GEMMs and cell kernels) over several time steps.
 #include "layer_check.hpp"
 
 #include <dpml/layers/layer_norm.hpp>
 #include <dpml/layers/linear.hpp>
+#include <dpml/layers/lstm.hpp>
 
 using namespace dpml;
 using namespace dpml::layers;
@@ -54,4 +55,17 @@ TEMPLATE_TEST_CASE("LayerNorm joins a residual gradient in its backward on the G
   // and the join is what it says: dres + the plain input gradient
   const auto plain = host.backward_input(check.host_context(), dy.cview());
   for (std::int64_t i = 0; i < plain.numel(); ++i) CHECK(want[static_cast<std::size_t>(i)] == test::Approx(plain[i] + dres[i]).margin(1e-12));
+}
+
+TEMPLATE_TEST_CASE("Lstm on the GPU equals the float64 host Lstm", "[cuda][layers][lstm]", bf16, float) {
+  using T = TestType;
+  test::DeviceLayerCheck<T> check(14);
+  // 7 steps: the recurrence carries each step's bf16 rounding into the next (2× the layer tolerance).
+  const double tol = 2 * test::kLayerTol<T>;
+  Lstm<double> host(19, 24, {.name = "lstm", .forget_bias = 1.0});
+  Lstm<T, CudaSpace> dev(19, 24, {.name = "lstm", .forget_bias = 1.0});
+  check.run(host, dev, Shape{3, 7, 19}, tol);
+  Lstm<double> one_step(8, 16, {.name = "cell"});  // T = 1: no recurrent GEMM, no W_hh gradient
+  Lstm<T, CudaSpace> dev_one_step(8, 16, {.name = "cell"});
+  check.run(one_step, dev_one_step, Shape{5, 1, 8}, test::kLayerTol<T>);
 }

@@ -26,9 +26,8 @@
 // (Ops::copy_columns). backward_input keeps da per micro-batch slot, with x (transposed) and the
 // states from forward, so backward_weight may run later (zero-bubble schedules).
 //
-// Any space through kernels::Ops<Space> (linear family, copy_columns, the LSTM family); the LSTM
-// family has host kernels only so far: a CudaSpace Lstm fails to compile naming the cell kernel
-// (kernels/cuda/lstm.hpp).
+// Any space through kernels::Ops<Space> (linear family, copy_columns, the LSTM family: the cell's
+// kernels in kernels/host/lstm.hpp and kernels/cuda/lstm.hpp).
 
 #include "dpml/core/error.hpp"
 #include "dpml/core/parameter.hpp"

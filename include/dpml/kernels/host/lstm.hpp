@@ -12,8 +12,7 @@
 //
 // Forward overwrites the pre-activations with the gate activations (i, f, g, o), which is all
 // backward needs of them besides c and c_prev. Arithmetic in accum_t<T> (double for the float64
-// tests). Ops<CudaSpace> has no kernels for this family yet (kernels/cuda/lstm.hpp says so at
-// compile time).
+// tests). kernels/cuda/lstm.hpp is the GPU's twin.
 
 #include "dpml/kernels/device.hpp"
 
