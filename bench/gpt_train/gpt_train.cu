@@ -40,6 +40,7 @@
 //   profile    --cuda-profile: one more step between cudaProfilerStart and cudaProfilerStop, for
 //              ncu --profile-from-start off (bench/gpt_train/kernel-diff.sh compares two such runs)
 #include "../support/memory_phases.cuh"
+#include "../support/peak.cuh"
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -172,37 +173,6 @@ models::GptMemoryEstimate estimate(const Options& o, int ranks) {
                                          .micro_batches = o.micro_batches(), .schedule = o.schedule == "zbh1" ? "zb-h1" : o.schedule,
                                          .zero = o.distributed_optimizer},
                                      models::GptMemoryTerms::gpu());
-}
-
-// bf16 GEMM peak: TFLOP/s of a square cuBLASLt GEMM of side n.
-double measure_peak_tflops(std::int64_t n) {
-  bf16 *a = nullptr, *c = nullptr;
-  DPML_CHECK_CUDA(cudaMalloc(&a, n * n * sizeof(bf16)));
-  DPML_CHECK_CUDA(cudaMalloc(&c, n * n * sizeof(bf16)));
-  DPML_CHECK_CUDA(cudaMemset(a, 0x3c, n * n * sizeof(bf16)));  // 0x3c3c ≈ 0.0115: finite operands
-  double tflops = 0;
-  {
-    kc::GemmContext ctx;
-    const kc::GemmArgs<bf16> g{.ta = kc::Trans::no, .tb = kc::Trans::yes, .M = n, .N = n, .K = n, .A = a, .lda = n,
-                               .B = a, .ldb = n, .C = c, .ldc = n};
-    for (int i = 0; i < 3; ++i) kc::CublasLt::run<kc::epilogue::None>(ctx, g, nullptr);
-    cudaEvent_t e0, e1;
-    DPML_CHECK_CUDA(cudaEventCreate(&e0));
-    DPML_CHECK_CUDA(cudaEventCreate(&e1));
-    constexpr int kIters = 20;
-    DPML_CHECK_CUDA(cudaEventRecord(e0));
-    for (int i = 0; i < kIters; ++i) kc::CublasLt::run<kc::epilogue::None>(ctx, g, nullptr);
-    DPML_CHECK_CUDA(cudaEventRecord(e1));
-    DPML_CHECK_CUDA(cudaEventSynchronize(e1));
-    float ms = 0;
-    DPML_CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    tflops = 2.0 * n * n * n * kIters / (ms * 1e-3) / 1e12;
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-  }
-  cudaFree(a);
-  cudaFree(c);
-  return tflops;
 }
 
 // Inputs and targets of one step, (B, T) each, from a token stream or random (the trainer uploads them).
@@ -348,7 +318,7 @@ int run(const Options& o, const comm::Mpi& world) {
   int device = 0;
   DPML_CHECK_CUDA(cudaGetDevice(&device));
   DPML_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
-  const double peak = measure_peak_tflops(8192);
+  const double peak = dpml::bench::measure_peak_tflops(8192);
   Measured r = run_model<T>(o, world, grid);
   grid.comm(Axis::pipeline).broadcast(r.losses.data(), r.losses.size(), o.pp - 1);  // the last stage has them
   if (world.rank() != 0) return 0;

@@ -17,6 +17,9 @@
 //             twice, moves the later losses by tenths), evaluate()'s accuracy within 4/64 and a
 //             whole number of images out of 64 (the ranks' counts summed once), and the replicas'
 //             weights bit-identical across the ranks
+//   resident  the batch already on the GPU (train::ResidentBatch: bf16 NHWC images and labels in
+//             device memory, read without an upload) against the loader's batch that the trainer
+//             converts and uploads: losses, accuracies and final weights bit-identical
 // The steps train on one batch of 8 images, the same every step, at a learning rate that
 // memorises it, so that the loss falls far (checked on the host run) and a step that does not
 // update, or sums the ranks' gradients wrongly, is far outside the bounds. The images: the first
@@ -135,8 +138,10 @@ Trained on_host(const Images& src) {
   return out;
 }
 
+// kSteps on one GPU, the training batch given to the trainer as the loader's (converted and
+// uploaded by the trainer) or, with `resident`, already in device memory (train::ResidentBatch).
 template <class Comm>
-Trained on_gpus(const ProcessGrid& grid, const Images& src) {
+Trained on_gpus(const ProcessGrid& grid, const Images& src, bool resident = false) {
   kernels::Device<CudaSpace> dev;
   const parallel::DeviceGrid<Comm> comms(grid, dev);
   const Comm bn = Comm::from(grid.comm(Axis::data), dev.stream());  // synchronised BatchNorm, on the model's stream
@@ -145,7 +150,17 @@ Trained on_gpus(const ProcessGrid& grid, const Images& src) {
   Trained out;
   {
     train::ClassifierTrainer<decltype(model), optim::Sgd, train::DataParallelOnly, Comm> trainer(model, comms, dev, kSgd, {}, {});
-    train(trainer, src, grid, out);
+    if (!resident) {
+      train(trainer, src, grid, out);
+    } else {
+      const data::Batch batch = training_batch(src, grid);
+      train::ImageBatch<bf16> converted;  // the model's element type and layout, on the host
+      converted.assign(batch, kernels::Ops<CudaSpace>::image_layout);
+      const auto images = to_space<CudaSpace>(converted.images());
+      const auto labels = to_space<CudaSpace>(batch.labels.cview());
+      const train::ResidentBatch<bf16, std::int32_t, CudaSpace> on_device{images.cview(), labels.cview(), batch.global_size};
+      for (int s = 0; s < kSteps; ++s) out.losses.push_back(trainer.train_step(on_device, kLr).loss);
+    }
   }  // the trainer gone, the parameters hold their final values in storage of their own again
   for (auto* p : model.parameters())
     for (double v : test::download_doubles(p->value())) out.weights.push_back(static_cast<float>(v));
@@ -188,5 +203,16 @@ TEST_CASE("Fashion-MNIST ResNet: data parallel GPUs equal one GPU on the whole b
     CHECK(std::abs(images - std::round(images)) < 1e-9);
     CHECK((images >= 0 && images <= kEvalImages));
     CHECK(test::same_on_every_rank(all.weights));
+  });
+}
+
+TEST_CASE("Fashion-MNIST ResNet: a batch already on the GPU trains as the uploaded one", "[gpu][fashion]") {
+  test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
+    const Images src;
+    const auto one = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+    const Trained uploaded = on_gpus<Comm>(one, src), resident = on_gpus<Comm>(one, src, /*resident=*/true);
+    CHECK(resident.losses == uploaded.losses);
+    CHECK(resident.weights == uploaded.weights);
+    CHECK(uploaded.losses.back() < 0.9 * uploaded.losses.front());  // a step that does not learn is caught
   });
 }

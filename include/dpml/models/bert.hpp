@@ -49,11 +49,12 @@ struct BertConfig {
   std::int64_t dim = 128;                       // C
   std::int64_t pad_multiple = 1;                // V padded to a multiple of tp · pad_multiple
   bool recompute = false;                       // activation recomputation per block
+  bool recompute_gelu = false;                  // the MLP's GELU output shared by all blocks, recomputed
 
   // The stage model's configuration: masked targets, masked-token hits counted in evaluation.
   GptConfig encoder() const {
     return {.vocab = vocab, .max_seq = max_seq, .layers = layers, .heads = heads, .dim = dim, .pad_multiple = pad_multiple,
-            .recompute = recompute, .masked_targets = true, .count_hits = true};
+            .recompute = recompute, .recompute_gelu = recompute_gelu, .masked_targets = true, .count_hits = true};
   }
   std::int64_t parameter_count() const { return encoder().parameter_count(); }
 };

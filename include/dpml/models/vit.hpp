@@ -43,6 +43,7 @@ struct VitConfig {
   std::int64_t heads = 4;       // dividing C, and divisible by tp
   std::int64_t mlp_hidden = 0;  // 0: 4 · C
   std::int64_t classes = 10;
+  bool recompute_gelu = false;  // the MLP's GELU output shared by all blocks, recomputed in the backward
 
   std::int64_t tokens() const noexcept { return (image / patch) * (image / patch); }  // T
   // All parameters, whole tensors (not a tensor-parallel rank's shards).
@@ -69,7 +70,8 @@ struct Vit {
                             "ViT: --num-layers " << c.layers << " and --hidden-size " << c.dim << " must be ≥ 1");
     std::vector<Block> blocks;
     for (std::int64_t i = 0; i < c.layers; ++i)
-      blocks.emplace_back(layers::BlockOptions{.dim = c.dim, .heads = c.heads, .mlp_hidden = c.mlp_hidden}, region);
+      blocks.emplace_back(
+          layers::BlockOptions{.dim = c.dim, .heads = c.heads, .mlp_hidden = c.mlp_hidden, .recompute_gelu = c.recompute_gelu}, region);
     return Network(layers::PatchTokens<T, Space>(c.patch),
                    Linear(c.channels * c.patch * c.patch, c.dim, {.name = "patch_embed"}),
                    layers::ClassToken<T, Space>(c.tokens(), c.dim, "embed"), layers::Stack<Block>(std::move(blocks), "blocks"),

@@ -17,6 +17,10 @@
 // are an ImageBatch<T>: the loader's batch converted on the host, which the trainer then uploads
 // as it is (train::ClassifierTrainer makes one per step where its model needs it).
 //
+// A batch already in the model's memory (a GPU data pipeline's, decoded and augmented on the device;
+// a benchmark's fixed batch) is a ResidentBatch<I, Target, Space>: the trainer reads its views where
+// they are, without a copy, so a step's input costs no host-to-device transfer.
+//
 // A batch type without a specialisation fails TrainBatch<B> (the trainer's static_assert names
 // it); specialise BatchTraits for a type of your own beside it.
 
@@ -78,6 +82,21 @@ struct BatchTraits<ImageBatch<T>> {
   static TensorView<const T> inputs(const ImageBatch<T>& b) { return b.images(); }
   static TensorView<const std::int32_t> targets(const ImageBatch<T>& b) { return b.labels(); }
   static std::int64_t global_rows(const ImageBatch<T>& b) { return b.global_size(); }
+};
+
+// Views of a batch in `Space`'s memory (the model's), which outlive the step that reads them.
+template <class I, class Target, class Space>
+struct ResidentBatch {
+  TensorView<const I, Space> inputs;        // (n, …) as the model's first stage reads it
+  TensorView<const Target, Space> targets;  // (n, …)
+  std::int64_t global_rows = 0;             // samples of the step over all data ranks (0: TrainOptions::global_batch)
+};
+
+template <class I, class Target, class Space>
+struct BatchTraits<ResidentBatch<I, Target, Space>> {
+  static TensorView<const I, Space> inputs(const ResidentBatch<I, Target, Space>& b) { return b.inputs; }
+  static TensorView<const Target, Space> targets(const ResidentBatch<I, Target, Space>& b) { return b.targets; }
+  static std::int64_t global_rows(const ResidentBatch<I, Target, Space>& b) { return b.global_rows; }
 };
 
 // Token windows and their next tokens (data::TokenWindows): the global batch comes from the trainer.

@@ -81,10 +81,14 @@ class ClassifierTrainer : public Trainer<Model, layers::SoftmaxCrossEntropy<type
     count_outputs();
   }
 
-  // One optimizer step on this rank's part of a global batch; lr from the caller's schedule.
-  ClassifierStepResult train_step(const data::Batch& batch, double lr) {
+  // One optimizer step on this rank's part of a global batch (a loader's data::Batch, or any
+  // TrainBatch in the model's element type and layout: a ResidentBatch already on the GPU); lr
+  // from the caller's schedule.
+  template <TrainBatch Batch>
+  ClassifierStepResult train_step(const Batch& batch, double lr) {
     ClassifierStepResult r{Base::train_step(as_input(batch), lr)};
-    r.accuracy = batch.global_size > 0 ? take_correct() / static_cast<double>(batch.global_size) : 0.0;
+    const std::int64_t n = BatchTraits<Batch>::global_rows(batch);
+    r.accuracy = n > 0 ? take_correct() / static_cast<double>(n) : 0.0;
     return r;
   }
 
@@ -113,9 +117,11 @@ class ClassifierTrainer : public Trainer<Model, layers::SoftmaxCrossEntropy<type
       Ops::count_correct(this->device(), logits.data(), labels.data(), correct_.running(this->context()), n, c, c);
     };
   }
-  // The batch as the model reads it: the loader's own, or its images converted into images_.
-  const auto& as_input(const data::Batch& batch) {
-    if constexpr (kAsLoaded) {
+  // The batch as the model reads it: the loader's own, or its images converted into images_; a
+  // batch of another type as it is.
+  template <class Batch>
+  const auto& as_input(const Batch& batch) {
+    if constexpr (kAsLoaded || !std::is_same_v<Batch, data::Batch>) {
       return batch;
     } else {
       images_.assign(batch, Ops::image_layout);

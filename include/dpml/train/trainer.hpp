@@ -681,6 +681,14 @@ class Trainer {
     r.dense_bytes = report.dense_bytes;
   }
 
+  // A view already in this space (a ResidentBatch's on a GPU): itself.
+  template <class E, class Buffer>
+    requires(!on_host)
+  TensorView<const E, Space> in_space(TensorView<const E, Space> resident, Buffer&) {
+    static_assert(std::is_same_v<Buffer, Tensor<E, Space>>, "dpml Trainer: the batch's element type is not the stage input's");
+    DPML_REQUIRE(resident.is_contiguous(), "dpml Trainer: a batch tensor " << resident.shape().str() << " is not contiguous");
+    return resident;
+  }
   // A host view in this space: itself on the host; on a GPU uploaded into `buffer` (on the stream).
   template <class E, class Buffer>
   auto in_space(TensorView<const E> host, Buffer& buffer) {

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# BERT-base and ViT-B/16 training on one GPU: dpml against PyTorch eager and torch.compile, in one job
+# (a GPU machine; ~8 minutes, most of it torch.compile).
+#
+#   1. configure the cuda-openmpi preset, build encoder_train
+#   2. for --model bert, then vit: encoder_train (dpml's models::Bert / models::Vit under its trainers),
+#      then bench/reference/torch_encoder.py eager and compiled, the same architecture, batch and
+#      optimizer; for vit also torchvision's vit_b_16 (eager, compiled) where torchvision imports
+#   3. a table: samples/s, ms/step, MFU, memory, the ratios dpml / torch, and the kernel families
+#
+# Usage: scripts/encoder-bench.sh [--steps N] [--warmup N] [--models "bert vit"]
+# JSON lines land in $RESULTS (default build/cuda-openmpi/encoder-bench), and also in $OUT when set.
+# Exit status: non-zero if the build or any benchmark failed (all of them still run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+steps=20 warmup=5 models="bert vit"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --steps|--warmup|--models)
+      [[ $# -ge 2 ]] || { echo "encoder-bench.sh: $1 needs a value" >&2; exit 2; }
+      declare "${1#--}=$2"; shift 2 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "encoder-bench.sh: unknown option $1 (--help)" >&2; exit 2 ;;
+  esac
+done
+
+build=build/cuda-openmpi
+results=${RESULTS:-$build/encoder-bench}
+source scripts/lib/gpu-build.sh
+gpu_build "$build" "$results" encoder_train
+rm -f "$results"/*.txt
+
+status=0
+common=(--steps "$steps" --warmup "$warmup")
+for model in $models; do
+  echo "== dpml encoder_train --model $model"
+  "$build/bench/encoder_train/encoder_train" --model "$model" "${common[@]}" | tee "$results/$model-dpml.txt" || status=1
+  for mode in eager compile; do
+    echo "== torch $model $mode"
+    python3 bench/reference/torch_encoder.py --model "$model" --mode "$mode" "${common[@]}" |
+      tee "$results/$model-torch-$mode.txt" || status=1
+    if [[ $model == vit ]] && python3 -c 'import torchvision' 2>/dev/null; then
+      echo "== torchvision vit_b_16 $mode"
+      python3 bench/reference/torch_encoder.py --model vit --torchvision --mode "$mode" "${common[@]}" |
+        tee "$results/$model-torchvision-$mode.txt" || status=1
+    fi
+  done
+done
+
+echo "== summary"
+python3 - "$results" <<'PY' || status=1
+import json, sys, pathlib
+d = pathlib.Path(sys.argv[1])
+runs, fams = {}, {}
+for p in sorted(d.glob("*.txt")):
+    for line in p.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        j = json.loads(line)
+        key = (j.get("model"), j["impl"])
+        if j["bench"] == "encoder_train":
+            runs[key] = j
+        elif j["bench"] == "encoder_train_family":
+            fams.setdefault(f"{key[0]} {key[1]}", {})[j["family"]] = j["ms"]
+print("| model | impl | device | samples/s | ms/step | MFU | memory GiB | loss first → last |")
+print("|---|---|---|---|---|---|---|---|")
+for (model, impl), j in runs.items():
+    print(f"| {model} | {impl} | {j['device']} | {j['samples_per_s']:.0f} | {j['ms_per_step']:.2f} | {100 * j['mfu']:.1f} % | "
+          f"{j['mem_gib']:.2f} | {j['loss_first']:.3f} → {j['loss_last']:.3f} |")
+print()
+print("| ratio | samples/s | memory |")
+print("|---|---|---|")
+for (model, impl), j in runs.items():
+    if not impl.startswith("dpml"):
+        continue
+    for (m2, ref), r in runs.items():
+        if m2 == model and not ref.startswith("dpml"):
+            print(f"| {model}: {impl} / {ref} | {j['samples_per_s'] / r['samples_per_s']:.3f} | {j['mem_gib'] / r['mem_gib']:.3f} |")
+sys.path.insert(0, "scripts/lib")
+from family_table import print_family_table
+print_family_table(fams)
+PY
+if [[ -n "${OUT:-}" ]]; then cp "$results"/*.txt "$OUT"/ 2>/dev/null || true; fi
+exit $status
