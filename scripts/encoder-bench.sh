@@ -8,16 +8,17 @@
 #      optimizer; for vit also torchvision's vit_b_16 (eager, compiled) where torchvision imports
 #   3. a table: samples/s, ms/step, MFU, memory, the ratios dpml / torch, and the kernel families
 #
-# Usage: scripts/encoder-bench.sh [--steps N] [--warmup N] [--models "bert vit"]
+# Usage: scripts/encoder-bench.sh [--steps N] [--warmup N] [--models "bert vit"] [--modes "eager compile"]
+#   --modes: the PyTorch runs (eager, compile or both)
 # JSON lines land in $RESULTS (default build/cuda-openmpi/encoder-bench), and also in $OUT when set.
 # Exit status: non-zero if the build or any benchmark failed (all of them still run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-steps=20 warmup=5 models="bert vit"
+steps=20 warmup=5 models="bert vit" modes="eager compile"
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --steps|--warmup|--models)
+    --steps|--warmup|--models|--modes)
       [[ $# -ge 2 ]] || { echo "encoder-bench.sh: $1 needs a value" >&2; exit 2; }
       declare "${1#--}=$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
@@ -36,7 +37,7 @@ common=(--steps "$steps" --warmup "$warmup")
 for model in $models; do
   echo "== dpml encoder_train --model $model"
   "$build/bench/encoder_train/encoder_train" --model "$model" "${common[@]}" | tee "$results/$model-dpml.txt" || status=1
-  for mode in eager compile; do
+  for mode in $modes; do
     echo "== torch $model $mode"
     python3 bench/reference/torch_encoder.py --model "$model" --mode "$mode" "${common[@]}" |
       tee "$results/$model-torch-$mode.txt" || status=1

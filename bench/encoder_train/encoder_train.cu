@@ -80,6 +80,7 @@ struct Options {
   double lr = 1e-4;
   int recompute_gelu = 1;
   double bucket_mb = 25;
+  bool cuda_profile = false;  // one more step between cudaProfilerStart/Stop (bench/timeline's CUPTI tracer, ncu)
   bool bert() const { return model == "bert"; }
   std::int64_t tokens() const { return bert() ? seq : (image / patch) * (image / patch) + 1; }  // per sample
 };
@@ -108,7 +109,10 @@ bool parse(int argc, char** argv, int rank, Options& o) {
       .flag("--lr", o.lr, "peak learning rate, linear warm-up over the warm-up steps", train::positive<double>())
       .flag("--recompute-gelu", o.recompute_gelu, "1: the GELU output recomputed in the backward; 0: saved per block",
             train::between(0, 1))
-      .flag("--bucket-mb", o.bucket_mb, "data parallel: MB per gradient all-reduce bucket", train::positive<double>());
+      .flag("--bucket-mb", o.bucket_mb, "data parallel: MB per gradient all-reduce bucket", train::positive<double>())
+      .flag("--cuda-profile", o.cuda_profile,
+            "after the timed steps, one more step between cudaProfilerStart and cudaProfilerStop (bench/timeline's "
+            "CUPTI tracer, ncu --profile-from-start off)");
   if (!args.parse(argc, argv, rank)) return false;
   if (o.batch == 0) o.batch = o.bert() ? 32 : 128;
   DPML_REQUIRE_EVERYWHERE(o.mask_token < o.vocab, "encoder_train: [MASK] (" << o.mask_token << ") is not below --vocab " << o.vocab);
@@ -158,6 +162,7 @@ void time_steps(const Options& o, const comm::Mpi& world, cudaStream_t stream, S
   if (world.size() > 1) world.barrier();
   const double ms = dpml::bench::ms_per_step(o.steps, stream, [&] { m.losses.push_back(step(++s)); });
   m.ms_step = world.allreduce(ms, comm::ReduceOp::max);
+  if (o.cuda_profile) dpml::bench::profiled_step([&] { (void)step(++s); });
 }
 
 double lr_at(const Options& o, std::int64_t step) { return o.lr * std::min(1.0, static_cast<double>(step) / std::max(1, o.warmup)); }
