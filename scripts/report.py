@@ -8,7 +8,7 @@ CPU: --cpu-work holds runs.jsonl (one line per run: study, name, ranks, wall_s, 
 written by report.sh) and each run's metrics file (JSON lines of fashion_mnist / train_gpt
 --metrics). Seed 000 reads the "strong" and "weak" runs (fashion_mnist), seed 001 the "layouts"
 runs (train_gpt). GPU: each --gpu DIR[=COMMAND] is scanned for JSON lines: benchmark records
-("bench": gpt_train, resnet_train, resnet50) and training-metrics files (records with "step" and
+("bench": gpt_train, resnet_train, resnet50, encoder_train) and training-metrics files (records with "step" and
 "tokens_per_s"). Every table and figure names its command or files, the device and the date.
 Figures are PNGs at 100 dpi, drawn without a display (Agg). Prints the files it wrote.
 """
@@ -299,11 +299,11 @@ def load_gpu(specs):
                     metrics.append({"path": path, "steps": steps, "ranks": world, "command": command,
                                     "date": dir_date(directory), "_dir": directory})
                 for r in records:
-                    if r.get("bench") not in ("gpt_train", "resnet_train", "resnet50"):
+                    if r.get("bench") not in ("gpt_train", "resnet_train", "resnet50", "encoder_train"):
                         continue
                     device = device or r.get("device")
-                    rate = r.get("tokens_per_s") or r.get("img_per_s") or r.get("images_per_s")
-                    key = (r["bench"], r.get("impl"), r.get("device"), r.get("ranks"), rate)
+                    rate = r.get("tokens_per_s") or r.get("img_per_s") or r.get("images_per_s") or r.get("samples_per_s")
+                    key = (r["bench"], r.get("model"), r.get("impl"), r.get("device"), r.get("ranks"), rate)
                     if key in seen:
                         continue
                     seen.add(key)
@@ -417,30 +417,40 @@ def gpu_seed001(report, bench):
                   + gpu_source(single + layouts, "_path", "_command", "_date", lambda r: r["device"]))
 
 
-MODELS = {"gpt_train": "GPT-2 124M (tokens/s)", "resnet_train": "ResNet-50 (img/s)", "resnet50": "ResNet-50 (img/s)"}
+MODELS = {"gpt_train": "GPT-2 124M (tokens/s)", "resnet_train": "ResNet-50 (img/s)", "resnet50": "ResNet-50 (img/s)",
+          "bert": "BERT-base, T 512 (seq/s)", "vit": "ViT-B/16, 224 px (img/s)"}
+
+
+def model_of(r):
+    """The model a bench record measured, as MODELS names it (encoder_train records name theirs)."""
+    return MODELS[r.get("model") if r["bench"] == "encoder_train" else r["bench"]]
 
 
 def gpu_seed003(report, bench):
-    records = [r for r in bench if r["bench"] in MODELS and r["_rate"] and r.get("tp", 1) == 1 and r.get("pp", 1) == 1]
+    records = [r for r in bench if r["_rate"] and r.get("tp", 1) == 1 and r.get("pp", 1) == 1]
     if not records:
         return
     rows = []
     for r in records:
         # The 1-GPU run of the same implementation in the same job: the longest impl that prefixes r's.
-        one = sorted((o for o in records if o["bench"] == r["bench"] and o["ranks"] == 1
+        one = sorted((o for o in records if model_of(o) == model_of(r) and o["ranks"] == 1
                       and os.path.dirname(o["_path"]) == os.path.dirname(r["_path"])
                       and r["impl"].startswith(o["impl"])), key=lambda o: len(o["impl"]))
         scaling = f"{r['_rate'] / (r['ranks'] * one[-1]['_rate']):.1%}" if r["ranks"] > 1 and one else None
-        rows.append([MODELS[r["bench"]], run_name(r), str(r["ranks"]), r["_rate"], r.get("ms_per_step"),
+        rows.append([model_of(r), run_name(r), str(r["ranks"]), r["_rate"], r.get("ms_per_step"),
                      r.get("mfu"), r.get("mem_gib"), scaling, r["device"], job(r)])
     report.add(table(["model", "run", "GPUs", "throughput", "ms/step", "MFU", "memory GiB", "scaling efficiency",
                       "device", "job (bench/results/…)"], rows))
     report.add("Scaling efficiency: the run's throughput over GPUs × the same implementation's 1-GPU "
                "throughput in the same job (each GPU keeps its batch).")
-    models = sorted({MODELS[r["bench"]] for r in records})
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.8), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        rs = [r for r in records if MODELS[r["bench"]] == model]
+    models = sorted({model_of(r) for r in records})
+    cols = min(len(models), 2)
+    rows_n = (len(models) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(6.5 * cols, 3.8 * rows_n), squeeze=False)
+    for ax in axes.flat[len(models):]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, models):
+        rs = [r for r in records if model_of(r) == model]
         ax.barh([f"{r['impl']} ({r['ranks']} GPU, {job_short(r)})" for r in rs], [r["_rate"] for r in rs],
                 color=["tab:blue" if r["impl"].startswith("dpml") else "tab:gray" for r in rs])
         ax.set_xlabel(model)
@@ -492,7 +502,7 @@ def main():
     report.add("## Seed 003: model throughput on GPUs beside PyTorch")
     gpu_seed003(report, bench)
     report.add("## Not in this report yet\n\n"
-               "CPU ranks beyond 4 and GPUs beyond 2; BERT-base and ViT-B/16 on GPUs; power and "
+               "CPU ranks beyond 4 and GPUs beyond 2; BERT-base and ViT-B/16 on 2 GPUs; power and "
                "samples per joule of ResNet-50 and of the layouts; bytes of tensor- and "
                "pipeline-parallel traffic; the seed 004 GEMM-and-reduce study (examples/gemm_reduce, "
                "bench/RESULTS.md).")

@@ -21,6 +21,7 @@
 #     RESULTS=out/gpt   scripts/gpu-bench.sh              # GPT-2 124M, 1 GPU: dpml, PyTorch, llm.c
 #     RESULTS=out/rn    scripts/resnet-bench.sh           # ResNet-50, 1 GPU (and dp 2 with 2 GPUs)
 #     RESULTS=out/scale scripts/scaling-bench.sh --ranks 2 # GPT-2 124M data parallel vs DDP
+#     RESULTS=out/enc   scripts/encoder-bench.sh          # BERT-base and ViT-B/16, 1 GPU: dpml, PyTorch
 #     scripts/gpu-metrics-check.sh --dir out/metrics      # train_gpt metrics: power, memory, loss
 #   then: scripts/report.sh --gpu out/gpt --gpu out/rn --gpu out/scale --gpu out/metrics
 # * --out DIR: where report.md and report/*.png go (default docs).
@@ -59,6 +60,8 @@ if [[ $cpu -eq 0 && ${#gpu_dirs[@]} -eq 0 ]]; then
     "bench/results/h200x2-2026-11-27-shared-comms=scripts/launch.sh -n 2 gpt_train --batch 16 --seq 1024 --steps 20 --warmup 5 --model fused|composed [--tp 2 | --pp 2 ...] (bench/RESULTS.md, sixth session)"
     "bench/results/h200-2026-11-27-llmc=scripts/gpu-bench.sh"
     "bench/results/h100x2-2026-11-26-resnet-dp=bench/results/h100x2-2026-11-26-resnet-dp/job.sh (scripts/resnet-bench.sh's steps 3-4)"
+    "bench/results/h100-2026-11-28-encoder-bench=scripts/encoder-bench.sh --models 'bert vit' --modes compile"
+    "bench/results/h200x2-2026-11-28-encoder-bench=scripts/encoder-bench.sh --models bert; scripts/encoder-bench.sh --models vit"
   )
 fi
 

@@ -3,6 +3,7 @@
 // names.
 //
 //   mpiexec -n 8 build/cpu/examples/train_gpt/train_gpt --tp 2 --pp 2 --schedule zb-h1
+//   mpiexec -n 2 build/cpu/examples/train_gpt/train_gpt --pp 2 --schedule interleaved --num-virtual-stages-per-pipeline-rank 2
 //   mpiexec -n 2 build/cuda/examples/train_gpt/train_gpt --device cuda --tp 2 --micro-batch 16 --global-batch 32
 //
 // One model and one trainer on both: models::Gpt (models/gpt.hpp, composed from the layers) and
@@ -103,7 +104,10 @@ int main(int argc, char** argv) {
         .flag("--min-loss-scale", f.min_loss_scale, "--fp16: the dynamic loss scale's floor", train::positive<double>())
         .flag("--tp", f.tp, "tensor-parallel degree", train::at_least(1))
         .flag("--pp", f.pp, "pipeline-parallel degree (stages)", train::at_least(1))
-        .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
+        .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved (CPU ranks)")
+        .flag("--num-virtual-stages-per-pipeline-rank", f.virtual_stages,
+              "--schedule interleaved: model chunks per pipeline rank (chunk c of rank r is virtual stage c·pp + r)",
+              train::at_least(1))
         .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks")
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
@@ -164,6 +168,12 @@ int main(int argc, char** argv) {
                                                            "(--loss-scale S still scales their gradients)");
     DPML_REQUIRE_EVERYWHERE(f.initial_loss_scale >= f.min_loss_scale, "--initial-loss-scale " << f.initial_loss_scale
                                                                       << " is below --min-loss-scale " << f.min_loss_scale);
+    const bool interleaved = f.schedule == "interleaved";
+    DPML_REQUIRE_EVERYWHERE(f.virtual_stages == 1 || interleaved, "--num-virtual-stages-per-pipeline-rank " << f.virtual_stages
+                                                                                                        << " needs --schedule interleaved");
+    DPML_REQUIRE_EVERYWHERE(!interleaved || f.device == "cpu",
+                            "--schedule interleaved runs on CPU ranks only for now (--device cpu): the GPU pipeline's "
+                            "transport does not run the interleaved table yet");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
                             "--inject-fault nan:N poisons a host weight: --device cpu only");
     train::require_writable_output("--metrics", f.metrics);
@@ -205,7 +215,7 @@ int main(int argc, char** argv) {
       const bool gpu = f.device == "cuda";
       const models::GptLayout layout{.tp = f.tp, .pp = f.pp, .dp = grid.dp(), .micro_batch = f.micro_batch,
                                      .micro_batches = static_cast<int>(std::max<std::int64_t>(1, f.global_batch / (f.micro_batch * grid.dp()))),
-                                     .schedule = f.schedule, .zero = f.zero};
+                                     .schedule = f.schedule, .zero = f.zero, .virtual_stages = f.virtual_stages};
       const auto estimate = models::estimate_gpt_memory(gpu ? on_gpu(config, f.tp) : config, layout,
                                                         gpu ? models::GptMemoryTerms::gpu() : models::GptMemoryTerms::host());
       double have = gpu ? f.gpu_memory_gib * (1 << 30) : train::host_bytes_per_rank(world);
@@ -260,13 +270,24 @@ int main(int argc, char** argv) {
       return train_on_gpus_bf16(config, grid, run, staged);
     }
 #endif
-    models::Gpt<float> model(config, grid);
-    layers::initialize_all(model.parameters(), f.seed, &grid);
     const parallel::DistributedOptimizerOptions dist{
         .clip = f.clip, .compression = f.axis.compression(f.seed)};
-    return parallel::with_strategy(parallel::staged_model_schedule(f.schedule), f.zero, f.axis.dp_allreduce, f.axis.grad_compression, [&]<class Strategy>() {
-      train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, adamw_of(f), dist, train_options_of(f));
-      return train_and_sample(trainer, run);
-    });
+    // CPU ranks: one models::Gpt stage per pipeline rank, or v chunks per rank (models::GptChunks)
+    // under the interleaved schedule.
+    const auto train_on_cpus = [&](auto& model, const auto& schedule) {
+      using Model = std::remove_reference_t<decltype(model)>;
+      layers::initialize_all(model.parameters(), f.seed, &grid);
+      return parallel::with_strategy(schedule, f.zero, f.axis.dp_allreduce, f.axis.grad_compression, [&]<class Strategy>() {
+        train::GptTrainer<Strategy, optim::AdamW, float, HostSpace, comm::Mpi, parallel::data_comm_t<Strategy, comm::Mpi>, Model> trainer(
+            model, grid, adamw_of(f), dist, train_options_of(f));
+        return train_and_sample(trainer, run);
+      });
+    };
+    if (interleaved) {
+      models::GptChunks<float> model(config, grid, f.virtual_stages);
+      return train_on_cpus(model, parallel::schedule_among<parallel::pipeline::Interleaved1F1B>(f.schedule));
+    }
+    models::Gpt<float> model(config, grid);
+    return train_on_cpus(model, parallel::staged_model_schedule(f.schedule));
   });
 }

@@ -1,7 +1,8 @@
 // Every layout equals sequential: a tiny GPT trained 5 steps under each (dp, tp, pp) that this
 // launch's world size allows, with every schedule, with and without ZeRO-1 and recomputation,
 // gives the sequential run's losses and final weights; and with the hierarchical data-parallel
-// all-reduce (DataParallel<…, Hierarchical>), the data axis as nodes of 2 ranks.
+// all-reduce (DataParallel<…, Hierarchical>), the data axis as nodes of 2 ranks; and under the
+// interleaved 1F1B schedule, the model cut into 2 chunks per pipeline rank (models::GptChunks).
 //
 // Tolerance: float32 arithmetic summed in different orders (tensor-parallel partial sums, micro-
 // batch accumulation, bucketed reductions): relative error ≤ 1e-4 for each step's loss and for
@@ -76,6 +77,27 @@ Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool ze
   return out;
 }
 
+// The same steps with the model cut into `chunks` chunks per pipeline rank (models::GptChunks),
+// under the interleaved 1F1B schedule.
+struct TrainedChunks {
+  std::vector<double> losses;
+  std::unique_ptr<models::GptChunks<float>> model;
+};
+TrainedChunks train_tiny_interleaved(const ProcessGrid& grid, int chunks, bool zero, bool recompute) {
+  TrainedChunks out;
+  out.model = std::make_unique<models::GptChunks<float>>(tiny(recompute), grid, chunks);
+  layers::initialize_all(out.model->parameters(), 1234, &grid);
+  const std::int64_t local = kGlobalBatch / grid.dp();  // one sequence per micro-batch: m = local, a multiple of pp
+  parallel::with_strategy(parallel::pipeline::Interleaved1F1B{chunks}, zero, [&]<class Strategy>() {
+    train::Trainer<models::GptChunks<float>, train::ModelLoss, Strategy, optim::AdamW> trainer(
+        *out.model, grid, {.eps = 1e-3, .weight_decay = 0.1}, {.bucket_bytes = 2048, .clip = 1.0},
+        {.micro_batches = static_cast<int>(local), .global_batch = kGlobalBatch, .seed = 5, .virtual_stages = chunks});
+    for (int s = 0; s < kSteps; ++s)
+      out.losses.push_back(trainer.train_step(local_rows(global_batch(s), grid.coord(Axis::data), grid.dp()), 1e-2).loss);
+  });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("gpt: every layout of this world equals the sequential run", "[gpt][layout]") {
@@ -127,4 +149,41 @@ TEST_CASE("gpt: a hierarchical data-parallel all-reduce equals the sequential ru
     }
     test::worst_weight_error(*run.model, grid, *reference.model, kTolerance);
   }
+}
+
+TEST_CASE("gpt: 2 chunks per pipeline rank under the interleaved schedule equal the sequential run", "[gpt][layout][interleaved]") {
+  const auto world = test::world();
+  const int n = world.size();
+  if (n % 2 != 0) return;  // pp 2 (× tp 2 or dp where the world allows)
+  const auto self_grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  Trained reference = train_tiny(self_grid, "1f1b", false, false, 1);
+  for (int tp : {1, 2}) {
+    if (n % (2 * tp) != 0 || kGlobalBatch % (n / (2 * tp)) != 0) continue;
+    auto grid = ProcessGrid::create(world, {.tp = tp, .pp = 2});
+    for (bool zero : {false, true})
+      for (bool recompute : {false, true}) {
+        CAPTURE(grid.dp(), tp, zero, recompute);
+        TrainedChunks run = train_tiny_interleaved(grid, 2, zero, recompute);
+        for (int s = 0; s < kSteps; ++s) {
+          CAPTURE(s, run.losses[s], reference.losses[s]);
+          CHECK(std::abs(run.losses[s] - reference.losses[s]) <= kTolerance * std::abs(reference.losses[s]));
+        }
+        test::worst_weight_error(*run.model, grid, *reference.model, kTolerance);
+      }
+  }
+}
+
+TEST_CASE("gpt: chunked models are refused where they cannot run", "[gpt][layout][interleaved]") {
+  const auto world = test::world();
+  const auto self_grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  CHECK(test::error_of([&] { models::GptChunks<float>(tiny(false), self_grid, 2); }).find("needs pipeline parallelism (--pp ≥ 2)") != std::string::npos);
+  if (world.size() != 2) return;
+  const auto grid = ProcessGrid::create(world, {.pp = 2});
+  CHECK(test::error_of([&] { models::GptChunks<float>(tiny(false), grid, 3); }).find("fewer than the 6 virtual pipeline stages") != std::string::npos);
+  models::GptChunks<float> model(tiny(false), grid, 2);
+  using Strategy = parallel::Parallel<parallel::TensorParallel, parallel::PipelineParallel<parallel::pipeline::Interleaved1F1B>, parallel::DataParallel<>>;
+  CHECK(test::error_of([&] {
+               train::Trainer<models::GptChunks<float>, train::ModelLoss, Strategy, optim::AdamW> trainer(
+                   model, grid, {}, {}, {.micro_batches = 4, .global_batch = 4, .virtual_stages = 1});
+             }).find("the model has 2 chunks per pipeline rank") != std::string::npos);
 }

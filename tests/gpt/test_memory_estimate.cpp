@@ -83,6 +83,21 @@ TEST_CASE("estimate_gpt_memory: each stage's parameters are the elements a Gpt o
       }
 }
 
+TEST_CASE("estimate_gpt_memory: under the interleaved schedule each rank's parameters are its chunks'", "[gpt][memory]") {
+  const auto world = test::world();
+  if (world.size() % 2 != 0) return;
+  const auto grid = ProcessGrid::create(world, {.pp = 2});
+  models::GptConfig c = small(8);
+  c.layers = 5;  // 4 virtual stages of 2, 1, 1, 1 blocks: uneven chunks
+  models::GptChunks<float> model(c, grid, 2);
+  std::int64_t held = 0;
+  for (const auto* p : model.parameters()) held += p->numel();
+  const auto e = models::estimate_gpt_memory(
+      c, {.pp = 2, .dp = grid.dp(), .micro_batches = 4, .schedule = "interleaved", .virtual_stages = 2}, models::GptMemoryTerms::host());
+  CAPTURE(grid.coord(Axis::pipeline));
+  CHECK(e.stages.at(static_cast<std::size_t>(grid.coord(Axis::pipeline))).parameter_elements == held);
+}
+
 TEST_CASE("estimate_gpt_memory: activations and buffers are the bytes a host forward and backward keep", "[gpt][memory]") {
   const auto grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
   constexpr std::int64_t B = 2;

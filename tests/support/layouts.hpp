@@ -19,8 +19,8 @@
 
 namespace dpml::test {
 
-template <class Model>
-double worst_weight_error(Model& model, const ProcessGrid& grid, Model& reference, double tolerance) {
+template <class Model, class Reference>
+double worst_weight_error(Model& model, const ProcessGrid& grid, Reference& reference, double tolerance) {
   std::map<std::string, std::remove_reference_t<decltype(reference.parameters().front())>> ref;
   for (auto* p : reference.parameters()) ref[p->name()] = p;
   double worst = 0;

@@ -6,7 +6,8 @@
 //
 // Pipeline parallelism cuts the L blocks into pp contiguous stages (the first stages take one
 // more block when pp does not divide L): the first stage also holds the embedding, the last one
-// ln_f and the LM head. The head is tied to the token embedding: with pp = 1 it reads the
+// ln_f and the LM head. Under the interleaved schedule a rank holds v such stages of v·pp
+// (GptChunks, at the end: a Gpt per VirtualStage). The head is tied to the token embedding: with pp = 1 it reads the
 // embedding's own wte; with pp > 1 the last stage holds a copy of wte (same name, so the same
 // initial values; marked duplicate: counted once in the gradient norm, saved once), and
 // finish_tied_gradients() sums the two gradients over the first and last stage before the data
@@ -70,6 +71,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -139,6 +141,13 @@ void apply_gpt_preset(const std::string& name, Given&& given, std::int64_t& laye
 // Blocks [first, first + count) of a pipeline stage (shared with the GPU model).
 using parallel::pipeline::StageBlocks;
 
+// Which of this pipeline rank's model chunks a Gpt is, under the interleaved schedule
+// (GptChunks below): chunk `index` of `count` is virtual stage index·pp + rank of count·pp.
+struct VirtualStage {
+  int index = 0;
+  int count = 1;
+};
+
 template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>,
           class Mask = attention::Causal>
 class Gpt {
@@ -156,15 +165,30 @@ class Gpt {
   // Host: the grid's MPI groups (collective over the pipeline axis when pp > 1).
   Gpt(const GptConfig& c, const parallel::ProcessGrid& grid)
     requires std::same_as<Comm, comm::Mpi>
-      : Gpt(c, grid, &grid.comm(Axis::tensor)) {
-    if (grid.pp() == 1) return;  // first and last stage of each (tp, dp) pipeline: the tied-embedding pair
-    own_pair_ = grid.comm(Axis::pipeline).split(first_ || last_ ? 0 : MPI_UNDEFINED, grid.coord(Axis::pipeline));
-    if (first_ || last_) tied_pair_ = &own_pair_;
+      : Gpt(c, grid, &grid.comm(Axis::tensor), {}) {
+    own_pair_ = tied_pair_of(grid);
+    if (grid.pp() > 1 && (first_ || last_)) tied_pair_ = &own_pair_;
+  }
+  // Host, one chunk of GptChunks: `pair` is the tied pair's group (tied_pair_of), shared by the
+  // rank's chunks; only the chunk holding the embedding or the head uses it.
+  Gpt(const GptConfig& c, const parallel::ProcessGrid& grid, VirtualStage chunk, const comm::Mpi* pair)
+    requires std::same_as<Comm, comm::Mpi>
+      : Gpt(c, grid, &grid.comm(Axis::tensor), chunk) {
+    if (grid.pp() > 1 && (first_ || last_)) tied_pair_ = pair;
+  }
+  // First and last pipeline rank of each (tp, dp) pipeline, the tied embedding's pair (null
+  // elsewhere and with pp = 1). Collective over the pipeline axis.
+  static comm::Mpi tied_pair_of(const parallel::ProcessGrid& grid)
+    requires std::same_as<Comm, comm::Mpi>
+  {
+    if (grid.pp() == 1) return comm::Mpi(MPI_COMM_NULL);
+    const bool end = grid.is_first_stage() || grid.is_last_stage();
+    return grid.comm(Axis::pipeline).split(end ? 0 : MPI_UNDEFINED, grid.coord(Axis::pipeline));
   }
   // Any space: the device communicators of `comms` (tensor(), pipeline_ends()), which must outlive
   // the model.
   template <class DataComm>
-  explicit Gpt(const GptConfig& c, const parallel::DeviceGrid<Comm, DataComm>& comms) : Gpt(c, comms.grid(), &comms.tensor()) {
+  explicit Gpt(const GptConfig& c, const parallel::DeviceGrid<Comm, DataComm>& comms) : Gpt(c, comms.grid(), &comms.tensor(), {}) {
     tied_pair_ = comms.pipeline_ends();
   }
   Gpt(const Gpt&) = delete;
@@ -297,9 +321,10 @@ class Gpt {
     Tensor<T, Space> sent;         // (B, T, C) the gradient sent back, when the caller gives no buffer
   };
 
-  Gpt(const GptConfig& c, const parallel::ProcessGrid& grid, const Comm* tensor)
-      : cfg_(validated(c, grid)), grid_(grid), region_(tensor), first_(grid.is_first_stage()),
-        last_(grid.is_last_stage()), range_(StageBlocks::of(c.layers, grid.pp(), grid.coord(Axis::pipeline))) {
+  Gpt(const GptConfig& c, const parallel::ProcessGrid& grid, const Comm* tensor, VirtualStage chunk)
+      : cfg_(validated(c, grid, chunk)), grid_(grid), region_(tensor), first_(grid.is_first_stage() && chunk.index == 0),
+        last_(grid.is_last_stage() && chunk.index == chunk.count - 1),
+        range_(StageBlocks::of(c.layers, grid.pp() * chunk.count, chunk.index * grid.pp() + grid.coord(Axis::pipeline))) {
     if (first_)
       embedding_.emplace(layers::EmbeddingOptions{.vocab = c.vocab, .max_seq = c.max_seq, .dim = c.dim,
                                                   .pad_multiple = c.pad_multiple},
@@ -325,9 +350,13 @@ class Gpt {
     }
   }
 
-  static const GptConfig& validated(const GptConfig& c, const parallel::ProcessGrid& grid) {
+  static const GptConfig& validated(const GptConfig& c, const parallel::ProcessGrid& grid, VirtualStage chunk) {
     DPML_REQUIRE_EVERYWHERE(c.layers >= grid.pp(), "the model has " << c.layers << " layers, fewer than the " << grid.pp()
                                                                      << " pipeline stages of --pp " << grid.pp());
+    DPML_REQUIRE_EVERYWHERE(c.layers >= grid.pp() * chunk.count,
+                            "the model has " << c.layers << " layers, fewer than the " << grid.pp() * chunk.count
+                                             << " virtual pipeline stages of --pp " << grid.pp()
+                                             << " × --num-virtual-stages-per-pipeline-rank " << chunk.count);
     DPML_REQUIRE_EVERYWHERE(c.heads % grid.tp() == 0, "--num-attention-heads " << c.heads << " is not divisible by --tp " << grid.tp());
     DPML_REQUIRE_EVERYWHERE(c.dim % grid.tp() == 0, "--hidden-size " << c.dim << " is not divisible by --tp " << grid.tp());
     DPML_REQUIRE_EVERYWHERE(c.dim % c.heads == 0, "--hidden-size " << c.dim << " is not divisible by --num-attention-heads " << c.heads);
@@ -366,6 +395,58 @@ class Gpt {
   comm::Mpi own_pair_{MPI_COMM_NULL};  // host: the tied pair's group, split from the grid
   const Comm* tied_pair_ = nullptr;    // first and last stage when pp > 1, else null
   layers::Slots<Saved> saved_;
+};
+
+// models::Gpt cut into v chunks per pipeline rank for the interleaved 1F1B schedule (Narayanan et
+// al. 2021; parallel::pipeline::Interleaved1F1B, TrainOptions::virtual_stages = v): the L blocks
+// are cut into v·pp contiguous virtual stages, and chunk c of pipeline rank r is virtual stage
+// c·pp + r — a Gpt of its own (VirtualStage), so the embedding is chunk 0 of rank 0 and ln_f with
+// the tied head chunk v−1 of rank pp−1. Those two share one tied-embedding pair, as Gpt's stages
+// do. The trainer runs the chunks (train::Trainer: chunks(), chunk(c)); parameters() lists every
+// chunk's, chunk order. v = 1 is models::Gpt's own layout.
+//
+//   models::GptChunks<float> gpt(config, grid, 2);   // pp ≥ 2, L ≥ 2·pp
+//   train::Trainer<models::GptChunks<float>, train::ModelLoss, Strategy, optim::AdamW> trainer(
+//       gpt, grid, adamw, dist, {.micro_batches = m, .global_batch = B, .virtual_stages = 2});
+//
+// Host only for now: the GPU pipeline's rendezvous transport does not yet run the interleaved
+// table (train::Trainer refuses it there).
+template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>,
+          class Mask = attention::Causal>
+class GptChunks {
+ public:
+  using Chunk = Gpt<T, Space, Comm, Mask>;
+  using value_type = T;
+  using space = Space;
+  using ParamT = typename Chunk::ParamT;
+
+  // Collective over the pipeline axis.
+  GptChunks(const GptConfig& c, const parallel::ProcessGrid& grid, int chunks)
+    requires std::same_as<Comm, comm::Mpi>
+      : pair_(Chunk::tied_pair_of(grid)) {
+    DPML_REQUIRE_EVERYWHERE(chunks >= 1, "--num-virtual-stages-per-pipeline-rank " << chunks << " must be at least 1");
+    DPML_REQUIRE_EVERYWHERE(chunks == 1 || grid.pp() > 1, "--num-virtual-stages-per-pipeline-rank "
+                                                              << chunks << " needs pipeline parallelism (--pp ≥ 2)");
+    for (int i = 0; i < chunks; ++i) chunks_.emplace_back(c, grid, VirtualStage{i, chunks}, grid.pp() > 1 ? &pair_ : nullptr);
+  }
+  GptChunks(const GptChunks&) = delete;
+  GptChunks& operator=(const GptChunks&) = delete;
+
+  int chunks() const noexcept { return static_cast<int>(chunks_.size()); }
+  Chunk& chunk(int c) { return chunks_.at(static_cast<std::size_t>(c)); }
+  const Chunk& chunk(int c) const { return chunks_.at(static_cast<std::size_t>(c)); }
+  const GptConfig& config() const noexcept { return chunks_.front().config(); }
+
+  std::vector<ParamT*> parameters() {
+    std::vector<ParamT*> all;
+    for (Chunk& ch : chunks_)
+      for (ParamT* p : ch.parameters()) all.push_back(p);
+    return all;
+  }
+
+ private:
+  comm::Mpi pair_;            // the tied pair's group (null where this rank is neither end)
+  std::deque<Chunk> chunks_;  // a deque: the chunks are neither copied nor moved
 };
 
 }  // namespace dpml::models

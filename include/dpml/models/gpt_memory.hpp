@@ -21,7 +21,7 @@
 //                d pre 4C/tp, d qkv 3C/tp and 4 × C of gradients; the first stage's embedding
 //                output and the last stage's d(final hidden) — times the micro-batches in flight
 //                (pipeline::plan_buffers on the schedule's table: GPipe m, 1F1B min(pp − s, m),
-//                ZB-H1 min(pp, m)). With full recomputation a block keeps per micro-batch only
+//                ZB-H1 min(pp, m); the interleaved schedule per chunk, GptLayout::virtual_stages). With full recomputation a block keeps per micro-batch only
 //                its output y and one set of children activations for all (the MLP writing into y).
 //   buffers      what lives once: the last stage's head (logits (B·T, V_pad/tp), ln_f's output),
 //                the Device's shared scratch ("blk.small" C, "blk.big" max(4C, 3C)/tp, the
@@ -66,6 +66,7 @@ struct GptLayout {
   int micro_batches = 1;
   std::string schedule = "1f1b";
   bool zero = false;
+  int virtual_stages = 1;  // chunks per pipeline rank: the interleaved schedule's v (models::GptChunks)
 };
 
 // Where the trainer runs, as bytes per element and the constants of the device.
@@ -112,11 +113,11 @@ struct GptMemoryTerms {
 struct GptStageMemory {
   int stage = 0;
   std::int64_t parameter_elements = 0;  // this rank's parameters (unpadded offsets; padded vocabulary)
-  int in_flight = 1;                    // micro-batches whose activations are held at once
+  int in_flight = 1;                    // micro-batches whose activations are held at once (interleaved: the most of a chunk)
   int communicators = 0;                // NCCL communicators of this rank (GPU)
   double parameters = 0, gradients = 0, optimizer = 0;
-  double activation_per_micro_batch = 0;  // what one micro-batch in flight keeps
-  double activations = 0;                 // activation_per_micro_batch × in_flight (+ recompute's shared set)
+  double activation_per_micro_batch = 0;  // what one micro-batch in flight keeps (interleaved: in every chunk of the rank)
+  double activations = 0;                 // activation_per_micro_batch × in_flight (+ recompute's shared set); interleaved: per chunk
   double buffers = 0, workspace = 0;
   double total() const noexcept { return parameters + gradients + optimizer + activations + buffers + workspace; }
 };
@@ -132,8 +133,10 @@ struct GptMemoryEstimate {
 
 namespace detail {
 
-// The schedule's table for `name` (the names train_gpt's with_strategy takes).
-inline parallel::pipeline::Schedule schedule_table(const std::string& name, int pp, int m) {
+// The schedule's table for `name` (the names train_gpt's with_strategy takes; "interleaved" with v
+// chunks per rank).
+inline parallel::pipeline::Schedule schedule_table(const std::string& name, int pp, int m, int v) {
+  if (name == "interleaved") return parallel::pipeline::make_schedule(parallel::pipeline::Interleaved1F1B{v}, pp, m);
   return parallel::with_schedule(parallel::staged_model_schedule(name),
                                  [&]<class Sched>() { return parallel::pipeline::make_schedule(Sched{}, pp, m); });
 }
@@ -173,36 +176,54 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
   const double block_kept = (C + 3 * C / tp + C / tp + C + C + hidden + (c.recompute_gelu ? 0 : hidden) + C) * BT * a +
                             ln_stats + attn_state;
   const double block_deferred = (hidden + 3 * C / tp + 4 * C) * BT * a;
-  const auto table = detail::schedule_table(l.schedule, l.pp, l.micro_batches);
+  const int v = l.virtual_stages;
+  DPML_REQUIRE_EVERYWHERE(v >= 1 && c.layers >= l.pp * v, "the model has " << c.layers << " layers, fewer than the " << l.pp * v
+                                                                          << " virtual pipeline stages of --pp " << l.pp << " × "
+                                                                          << v << " chunks");
+  const auto table = detail::schedule_table(l.schedule, l.pp, l.micro_batches, v);
 
   GptMemoryEstimate e{l, {}};
   for (int s = 0; s < l.pp; ++s) {
     GptStageMemory m;
     m.stage = s;
-    const bool first = s == 0, last = s == l.pp - 1;
-    const auto blocks = static_cast<double>(pl::StageBlocks::of(c.layers, l.pp, s).count);
+    m.in_flight = 0;
     const auto& actions = table[static_cast<std::size_t>(s)];
-    m.in_flight = pl::plan_buffers(actions, l.micro_batches, {pl::Op::Forward, pl::Op::BackwardInput, pl::Op::BackwardWeight}).count;
-    const bool deferred = !pl::weight_follows_input(actions) && !c.recompute;
+    double once = 0;
+    bool holds_last = false, any_deferred = false;
+    for (int ch = 0; ch < v; ++ch) {  // chunk ch: virtual stage ch·pp + s (one chunk but under the interleaved schedule)
+      const bool first = s == 0 && ch == 0, last = s == l.pp - 1 && ch == v - 1;
+      holds_last = holds_last || last;
+      const auto blocks = static_cast<double>(pl::StageBlocks::of(c.layers, l.pp * v, ch * l.pp + s).count);
+      const auto chunk_actions = pl::of_chunk(actions, ch);
+      const int in_flight =
+          pl::plan_buffers(chunk_actions, l.micro_batches, {pl::Op::Forward, pl::Op::BackwardInput, pl::Op::BackwardWeight}).count;
+      const bool deferred = !pl::weight_follows_input(chunk_actions) && !c.recompute;
+      any_deferred = any_deferred || deferred;
+      m.in_flight = std::max(m.in_flight, in_flight);
 
-    m.parameter_elements = static_cast<std::int64_t>(blocks) * block_params;
-    if (first) m.parameter_elements += v_local * Ci + c.max_seq * Ci;  // wte shard, wpe
-    if (last) m.parameter_elements += 2 * Ci + (l.pp > 1 ? v_local * Ci : 0);  // ln_f, the tied copy of wte
+      m.parameter_elements += static_cast<std::int64_t>(blocks) * block_params;
+      if (first) m.parameter_elements += v_local * Ci + c.max_seq * Ci;  // wte shard, wpe
+      if (last) m.parameter_elements += 2 * Ci + (l.pp > 1 ? v_local * Ci : 0);  // ln_f, the tied copy of wte
+
+      // Per micro-batch in flight; with recompute each block keeps y only, its children one set for all.
+      double per_mb = c.recompute ? blocks * BTC * a : blocks * (block_kept + (deferred ? block_deferred : 0.0));
+      if (first) per_mb += BTC * a;  // the embedding's output
+      if (last) per_mb += BTC * a;   // d(final hidden), from the head at forward time
+      m.activation_per_micro_batch += per_mb;
+      m.activations += per_mb * in_flight + (c.recompute ? blocks * (block_kept - BTC * a) : 0.0);  // y: the block's own
+
+      const double m_all = l.micro_batches;
+      if (!first) once += 2 * m_all * BTC * a;  // received activations, gradients sent back (PipelineStep, per chunk)
+      if (!last) once += m_all * BTC * a;       // received gradients
+    }
     const double n = static_cast<double>(m.parameter_elements);
     const double shards = l.zero ? l.dp : 1;
     m.parameters = n * a;
     m.gradients = n * a;
     m.optimizer = n * (t.master_bytes + 2 * t.moment_bytes) / shards + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);
 
-    // Per micro-batch in flight; with recompute each block keeps y only, its children one set for all.
-    double per_mb = c.recompute ? blocks * BTC * a : blocks * (block_kept + (deferred ? block_deferred : 0.0));
-    if (first) per_mb += BTC * a;  // the embedding's output
-    if (last) per_mb += BTC * a;   // d(final hidden), from the head at forward time
-    m.activation_per_micro_batch = per_mb;
-    m.activations = per_mb * m.in_flight + (c.recompute ? blocks * (block_kept - BTC * a) : 0.0);  // y: the block's own
-
     // Once per stage: the head, the Device's shared scratch, messages, the batch's tokens.
-    double once = 0;
+    const bool last = holds_last, deferred = any_deferred;
     if (last)  // logits (B·T, V_pad/tp), ln_f's output and statistics, the loss sum, tp > 1: the (tp, 3, B·T) partials
       once += BT * static_cast<double>(v_local) * a + BTC * a + BT * 2 * t.stat_bytes + 8 + (l.tp > 1 ? tp * 3 * BT * t.stat_bytes : 0.0);
     if (!deferred || last) once += BTC * a;                    // blk.small (and the head's dh)
@@ -210,10 +231,7 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
     if (!deferred && !last) once += 2 * BTC * a;               // the blk.dx ring (a backward not in place)
     if (c.recompute_gelu) once += BT * hidden * a;             // mlp.gelu
     if (c.recompute) once += BTC * a;                          // blk.rerun
-    const double m_all = l.micro_batches;
-    if (!first) once += 2 * m_all * BTC * a;  // received activations, gradients sent back (PipelineStep)
-    if (!last) once += m_all * BTC * a;       // received gradients
-    once += 2 * m_all * BT * 4;               // the step's token ids and targets (int32)
+    once += 2 * static_cast<double>(l.micro_batches) * BT * 4;  // the step's token ids and targets (int32)
     m.buffers = once;
 
     m.communicators = t.first_comm_bytes > 0 ? detail::communicators(l, s) : 0;  // host: MPI, not counted

@@ -26,7 +26,7 @@
 //
 // What is a model's own comes from two overloads in detail:: — model_fields (the config entries
 // it records and checks) and stored_rows (a tensor saved without its padding rows) — given for
-// models::Gpt here; any other model (a Sequential cut into stages, …) records none and saves every
+// models::Gpt (and its chunks, models::GptChunks) here; any other model (a Sequential cut into stages, …) records none and saves every
 // tensor whole. A pipeline stage saves the parameters it trains, under their global names.
 //
 // ZeRO-1: the optimizer state lives in segments of the flat buffer that cut across parameters.
@@ -168,6 +168,12 @@ std::vector<ConfigField> model_fields(const models::Gpt<T, Space, Comm>& m, std:
           {"data.seq_len", "--seq-length", seq_len > 0 ? seq_len : c.max_seq}};
 }
 
+// A GPT cut into chunks for the interleaved schedule: the same as its chunks' model.
+template <class T, class Space, class Comm>
+std::vector<ConfigField> model_fields(const models::GptChunks<T, Space, Comm>& m, std::int64_t global_batch, std::int64_t seq_len) {
+  return model_fields(m.chunk(0), global_batch, seq_len);
+}
+
 // Rows of parameter p's global tensor that are saved (the rest is padding): any model, all.
 template <class Model>
 std::int64_t stored_rows(const Model&, const ParamBase&, std::int64_t rows) {
@@ -177,6 +183,10 @@ std::int64_t stored_rows(const Model&, const ParamBase&, std::int64_t rows) {
 template <class T, class Space, class Comm>
 std::int64_t stored_rows(const models::Gpt<T, Space, Comm>& m, const ParamBase& p, std::int64_t rows) {
   return p.name() == "wte.weight" ? m.config().vocab : rows;
+}
+template <class T, class Space, class Comm>
+std::int64_t stored_rows(const models::GptChunks<T, Space, Comm>& m, const ParamBase& p, std::int64_t rows) {
+  return stored_rows(m.chunk(0), p, rows);
 }
 
 // A parameter as a block of its layout-independent global tensor (without padding rows).

@@ -1,13 +1,14 @@
 #pragma once
 // GptTrainer<Strategy, Rule>: train::Trainer (train/trainer.hpp) for a models::Gpt, whose stages
 // are its own (first stage: embedding and its blocks; last: its blocks, ln_f and the tied,
-// vocabulary-parallel head that computes the loss: Loss = ModelLoss), plus what is GPT's alone:
+// vocabulary-parallel head that computes the loss: Loss = ModelLoss) — or for the v chunks per
+// pipeline rank of a models::GptChunks under the interleaved schedule — plus what is GPT's alone:
 //
 //   GptTrainOptions     Megatron's names: --micro-batch sequences per micro-batch and
 //                       --global-batch sequences per step (micro-batches = global / (micro · dp),
 //                       refused on every rank when that does not divide)
-//   generate()          samples text through the same pipeline: each stage runs its blocks on the
-//                       context, the last stage gathers the next-token logits over the tensor
+//   generate()          samples text through the same pipeline: each (virtual) stage in turn runs
+//                       its blocks on the context, the last stage gathers the next-token logits over the tensor
 //                       axis and samples (temperature, top-k, Philox), and the token is broadcast
 //                       back down the pipeline
 //
@@ -50,23 +51,26 @@ struct GptTrainOptions {
   optim::LossScaling loss_scaling = {};  // --fp16 (dynamic), --loss-scale S (fixed): TrainOptions'
 };
 
+// Model: models::Gpt (one stage per pipeline rank), or models::GptChunks (v chunks per rank under
+// the interleaved schedule: TrainOptions::virtual_stages is its chunks()).
 template <class Strategy, optim::UpdateRule Rule, class T = float, class Space = HostSpace,
-          class Comm = parallel::default_comm_t<Space>, class DataComm = parallel::data_comm_t<Strategy, Comm>>
-class GptTrainer : public Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strategy, Rule, Space, Comm, DataComm> {
-  using Base = Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strategy, Rule, Space, Comm, DataComm>;
+          class Comm = parallel::default_comm_t<Space>, class DataComm = parallel::data_comm_t<Strategy, Comm>,
+          class GptModel = models::Gpt<T, Space, Comm>>
+class GptTrainer : public Trainer<GptModel, ModelLoss, Strategy, Rule, Space, Comm, DataComm> {
+  using Base = Trainer<GptModel, ModelLoss, Strategy, Rule, Space, Comm, DataComm>;
 
  public:
-  using Model = models::Gpt<T, Space, Comm>;
+  using Model = GptModel;
 
   // Host: the grid's MPI groups.
   GptTrainer(Model& model, const parallel::ProcessGrid& grid, typename Rule::Options rule,
              parallel::DistributedOptimizerOptions dist, GptTrainOptions options)
     requires std::same_as<Space, HostSpace>
-      : Base(model, grid, rule, dist, generic(options, grid.dp())), gpt_options_(options) {}
+      : Base(model, grid, rule, dist, generic(options, grid.dp(), chunks_of(model))), gpt_options_(options) {}
   // GPUs: the model's device communicators and the Device its layers run on.
   GptTrainer(Model& model, const typename Base::Comms& comms, kernels::Device<Space>& dev, typename Rule::Options rule,
              parallel::DistributedOptimizerOptions dist, GptTrainOptions options)
-      : Base(model, comms, dev, rule, dist, generic(options, comms.grid().dp())), gpt_options_(options) {}
+      : Base(model, comms, dev, rule, dist, generic(options, comms.grid().dp(), chunks_of(model))), gpt_options_(options) {}
 
   std::int64_t local_batch() const noexcept { return gpt_options_.global_batch / this->grid().dp(); }
   const GptTrainOptions& train_options() const noexcept { return gpt_options_; }
@@ -87,10 +91,10 @@ class GptTrainer : public Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strate
   std::vector<std::int32_t> generate(std::vector<std::int32_t> prompt, int count, double temperature, int top_k,
                                      std::uint64_t seed) {
     DPML_REQUIRE(!prompt.empty(), "generate: empty prompt");
-    auto& model = this->model();
     auto& ctx = this->context();
     const auto& pipe = this->grid().comm(Axis::pipeline);
-    const std::int64_t C = model.config().dim, max_seq = model.config().max_seq;
+    const int p = pipe.size(), r = pipe.rank(), v = this->chunks();
+    const std::int64_t C = this->model().config().dim, max_seq = this->model().config().max_seq;
     const PhiloxStream rng(seed, 0x47454e);  // "GEN"
     ctx.mode = layers::Mode::eval;
     ctx.micro_batch = 0;
@@ -99,16 +103,19 @@ class GptTrainer : public Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strate
       Tensor<std::int32_t> tokens(Shape{1, len});
       std::copy(prompt.end() - len, prompt.end(), tokens.begin());
       Tensor<T> received(Shape{1, len, C});  // host memory: the pipeline's MPI carries it
-      if (!model.is_first_stage()) pipe.recv(received.data(), static_cast<std::size_t>(received.numel()), pipe.rank() - 1, 0);
-      const auto out = model.forward(ctx, in_space(tokens, tokens_), in_space(received, received_), TensorView<const std::int32_t, Space>());
       std::int32_t next = 0;
-      if (!model.is_last_stage()) {
-        copy(received.view(), out);
-        pipe.send(received.data(), static_cast<std::size_t>(received.numel()), pipe.rank() + 1, 0);
-      } else {
-        next = sample(model.next_token_logits(ctx, 0), temperature, top_k, rng.uniform(static_cast<std::uint64_t>(i)));
+      for (int c = 0; c < v; ++c) {  // the virtual stages in order: chunk c of rank r is c·p + r
+        auto& stage = this->chunk(c);
+        if (!stage.is_first_stage()) pipe.recv(received.data(), static_cast<std::size_t>(received.numel()), (r + p - 1) % p, 0);
+        const auto out = stage.forward(ctx, in_space(tokens, tokens_), in_space(received, received_), TensorView<const std::int32_t, Space>());
+        if (!stage.is_last_stage()) {
+          copy(received.view(), out);
+          pipe.send(received.data(), static_cast<std::size_t>(received.numel()), (r + 1) % p, 0);
+        } else {
+          next = sample(stage.next_token_logits(ctx, 0), temperature, top_k, rng.uniform(static_cast<std::uint64_t>(i)));
+        }
       }
-      pipe.broadcast(&next, 1, pipe.size() - 1);
+      pipe.broadcast(&next, 1, p - 1);
       prompt.push_back(next);
     }
     ctx.mode = layers::Mode::train;
@@ -128,9 +135,13 @@ class GptTrainer : public Trainer<models::Gpt<T, Space, Comm>, ModelLoss, Strate
     }
   }
 
-  static TrainOptions generic(const GptTrainOptions& o, int dp) {
+  static TrainOptions generic(const GptTrainOptions& o, int dp, int chunks) {
     return {.micro_batches = micro_batches_of(o.micro_batch, o.global_batch, dp), .global_batch = o.global_batch,
-            .seed = o.seed, .on_nonfinite = o.on_nonfinite, .loss_scaling = o.loss_scaling};
+            .seed = o.seed, .on_nonfinite = o.on_nonfinite, .virtual_stages = chunks, .loss_scaling = o.loss_scaling};
+  }
+  static int chunks_of(const Model& model) {
+    if constexpr (ChunkedModel<Model>) return model.chunks();
+    else return 1;
   }
   void check_length(const data::TokenBatch& batch) {
     DPML_REQUIRE(batch.inputs.size(1) <= this->model().config().max_seq,

@@ -3,8 +3,9 @@
 // (dp, tp, pp) layout — the one trainer of dpml.
 //
 //   Model     any Layer (a Sequential, a Stack, a layer of one's own: the library cuts a
-//             Sequential/Stack into pp stages, LayerStage in train/layer_stage.hpp), or a model
-//             with pipeline-stage members of its own (StagedModel: models::Gpt)
+//             Sequential/Stack into pp stages, LayerStage in train/layer_stage.hpp), a model
+//             with pipeline-stage members of its own (StagedModel: models::Gpt), or v such
+//             stages per rank for the interleaved schedule (ChunkedModel: models::GptChunks)
 //   Loss      a loss layer (LossLayer: forward(ctx, logits, targets) adds to a running sum,
 //             backward(ctx) gives dlogits, take_loss()), or ModelLoss where the model's last
 //             stage computes its loss itself
@@ -21,8 +22,8 @@
 //   pipeline::plan_buffers: the schedule's peak in flight (GPipe m, 1F1B p − s, ZB-H1 p), so the
 //   layers keep that many micro-batches' activations, not m
 //   the schedule's actions for this stage (GPipe | 1F1B | ZB-H1 | interleaved 1F1B, whose v chunks
-//   per rank — TrainOptions::virtual_stages — are a LayerStage each, virtual stage c·pp + rank,
-//   every action naming its chunk) through the pipeline executor:
+//   per rank — TrainOptions::virtual_stages — are a LayerStage each or the ChunkedModel's chunks,
+//   virtual stage c·pp + rank, every action naming its chunk) through the pipeline executor:
 //     F  forward of micro-batch i (first stage: the batch's inputs; others: the activation
 //        received); the last stage adds the loss
 //     B  backward_input (last stage: from the loss; others: the gradient received)
@@ -199,16 +200,31 @@ struct StepResult {
   parallel::pipeline::StepTimings pipeline;  // this stage: busy per op kind, waits, total
 };
 
+// A model cut into v StagedModel chunks per pipeline rank, chunk c being virtual stage c·pp + rank
+// of the interleaved schedule (models::GptChunks): chunks() (v, the TrainOptions::virtual_stages it
+// is trained with), chunk(c), parameters() (every chunk's).
+template <class M>
+concept ChunkedModel = requires(M& m, const M& cm) {
+  { cm.chunks() } -> std::convertible_to<int>;
+  requires StagedModel<std::remove_reference_t<decltype(m.chunk(0))>>;
+  m.parameters();
+};
+
 namespace detail {
 
-template <class Model, class Loss, bool = StagedModel<Model>>
+template <class Model, class Loss, int = StagedModel<Model> ? 0 : ChunkedModel<Model> ? 1 : 2>
 struct StageFor {
   using type = Model;
   static_assert(std::is_same_v<Loss, ModelLoss>, "dpml Trainer: this model computes its loss itself: Loss = train::ModelLoss");
 };
 template <class Model, class Loss>
-struct StageFor<Model, Loss, false> {
-  static_assert(layers::check_layer<Model>(), "dpml Trainer: the model is neither a Layer nor a StagedModel");
+struct StageFor<Model, Loss, 1> {
+  using type = std::remove_reference_t<decltype(std::declval<Model&>().chunk(0))>;
+  static_assert(std::is_same_v<Loss, ModelLoss>, "dpml Trainer: this model computes its loss itself: Loss = train::ModelLoss");
+};
+template <class Model, class Loss>
+struct StageFor<Model, Loss, 2> {
+  static_assert(layers::check_layer<Model>(), "dpml Trainer: the model is neither a Layer nor a StagedModel nor a ChunkedModel");
   using type = LayerStage<Model, Loss>;
 };
 
@@ -456,12 +472,13 @@ class Trainer {
     StepResult r;
     r.loss_scale = ctx_.loss_scale = loss_scale();
     r.pipeline = run(actions(), std::exchange(trace_next_, false));
-    if constexpr (requires { stage().finish_tied_gradients(); }) stage().finish_tied_gradients();
+    if constexpr (requires { stage().finish_tied_gradients(); })
+      for (int c = 0; c < chunks(); ++c) chunk(c).finish_tied_gradients();  // the chunks that hold a tied end
     optimizer_.buckets().finish();  // reduced gradients, checked before the update
     ++ctx_.step;
     const bool checked = options_.on_nonfinite != NonFinite::ignore;
     if constexpr (on_host) {
-      r.loss = sum_over_last_stage(stage().take_loss());
+      r.loss = sum_over_last_stage(take_chunk_losses());
       const bool bad = (checked || scaler_) && !finite_step(r.loss);  // r.loss: the same on every rank
       r.overflow = bad && scaler_ && std::isfinite(r.loss);
       if (r.overflow || (bad && checked)) {
@@ -473,7 +490,7 @@ class Trainer {
       }
     } else {  // queued before the host waits: see the top of the file
       update(r, lr);
-      r.loss = sum_over_last_stage(stage().take_loss());
+      r.loss = sum_over_last_stage(take_chunk_losses());
       // r.skipped (a global norm) and r.loss (summed over the world) agree on every rank
       r.overflow = r.skipped && scaler_ && std::isfinite(r.loss);
       if (checked && !r.overflow && (r.skipped || !std::isfinite(r.loss)))
@@ -502,7 +519,7 @@ class Trainer {
         forward_only.push_back(a);
     (void)run(forward_only);
     ctx_.mode = layers::Mode::train;
-    return sum_over_last_stage(stage().take_loss());
+    return sum_over_last_stage(take_chunk_losses());
   }
 
   // The next train_step records each F/B/W and wait of this stage as Spans in its
@@ -525,10 +542,12 @@ class Trainer {
   int chunks() const noexcept { return options_.virtual_stages; }
   Stage& chunk(int c) noexcept {
     if constexpr (StagedModel<Model>) return model_;
+    else if constexpr (ChunkedModel<Model>) return model_.chunk(c);
     else return stage_[static_cast<std::size_t>(c)];
   }
   const Stage& chunk(int c) const noexcept {
     if constexpr (StagedModel<Model>) return model_;
+    else if constexpr (ChunkedModel<Model>) return model_.chunk(c);
     else return stage_[static_cast<std::size_t>(c)];
   }
   // The parameters this rank trains (its stage's).
@@ -559,7 +578,7 @@ class Trainer {
   // LayerStages of the model (one per chunk; a deque: they stay put), or nothing (the model is its
   // own stage); stage() and chunk() either way.
   struct NoStage {};
-  using StageStorage = std::conditional_t<StagedModel<Model>, NoStage, std::deque<Stage>>;
+  using StageStorage = std::conditional_t<StagedModel<Model> || ChunkedModel<Model>, NoStage, std::deque<Stage>>;
   using Transport = detail::TransportFor<Space, value_type, Comm>;
 
   // comms, dev: null on the host (the grid's MPI groups, a Device of the trainer's own).
@@ -585,7 +604,8 @@ class Trainer {
           comm::watchdog::name_group(grid.comm(a, b).native(), std::string(parallel::axis_name(a)) + "+" + parallel::axis_name(b));
     }
     if constexpr (requires { stage().tied_parameter(); })
-      if (const auto* tied = stage().tied_parameter()) optimizer_.buckets().hold(tied);
+      for (int c = 0; c < chunks(); ++c)
+        if (const auto* tied = chunk(c).tied_parameter()) optimizer_.buckets().hold(tied);
   }
 
   static TrainOptions checked(const TrainOptions& o, const parallel::DistributedOptimizerOptions& dist) {
@@ -604,7 +624,8 @@ class Trainer {
     DPML_REQUIRE_EVERYWHERE(one || !StagedModel<Model>, "--num-virtual-stages-per-pipeline-rank "
                                                             << o.virtual_stages
                                                             << ": this model's pipeline stages are its own (models::Gpt); the "
-                                                               "library interleaves the chunks it cuts out of a Sequential or a Stack");
+                                                               "library interleaves the chunks it cuts out of a Sequential or a Stack, "
+                                                               "or those of a chunked model (models::GptChunks)");
     // The rendezvous transport's batches are not yet deadlock-free for the interleaved table
     // (tests/pipeline/test_transport.cpp): GPUs keep to the other schedules for now.
     DPML_REQUIRE_EVERYWHERE(one || on_host, "--num-virtual-stages-per-pipeline-rank "
@@ -621,10 +642,20 @@ class Trainer {
     return d;
   }
   static StageStorage make_stage(Model& model, Loss loss, const parallel::ProcessGrid& grid, const TrainOptions& options) {
+    const int r = grid.coord(Axis::pipeline), p = grid.pp();
     if constexpr (StagedModel<Model>) {
-      DPML_REQUIRE_EVERYWHERE(model.is_first_stage() == (grid.coord(Axis::pipeline) == 0) &&
-                                  model.is_last_stage() == (grid.coord(Axis::pipeline) == grid.pp() - 1),
+      DPML_REQUIRE_EVERYWHERE(model.is_first_stage() == (r == 0) && model.is_last_stage() == (r == p - 1),
                               "dpml Trainer: the model was built for another pipeline layout than this grid's");
+      return {};
+    } else if constexpr (ChunkedModel<Model>) {
+      const int v = options.virtual_stages;
+      DPML_REQUIRE_EVERYWHERE(model.chunks() == v, "dpml Trainer: the model has " << model.chunks() << " chunks per pipeline rank, "
+                                                                                   << "--num-virtual-stages-per-pipeline-rank is " << v);
+      bool laid_out = true;  // chunk c is virtual stage c·p + r of v·p
+      for (int c = 0; c < v; ++c)
+        laid_out = laid_out && model.chunk(c).is_first_stage() == (c * p + r == 0) &&
+                   model.chunk(c).is_last_stage() == (c * p + r == v * p - 1);
+      DPML_REQUIRE_EVERYWHERE(laid_out, "dpml Trainer: the model's chunks were built for another pipeline layout than this grid's");
       return {};
     } else {
       StageStorage chunks;
@@ -633,6 +664,13 @@ class Trainer {
         chunks.emplace_back(model, c + 1 == v ? std::move(loss) : Loss(), grid, options.partition, c, v);
       return chunks;
     }
+  }
+  // The losses the chunks added since the last take (only the last virtual stage computes one;
+  // a model's first stage may report a bad token here).
+  double take_chunk_losses() {
+    double loss = 0.0;
+    for (int c = 0; c < chunks(); ++c) loss += chunk(c).take_loss();
+    return loss;
   }
   // Every chunk's parameters, chunk order (what the optimizer updates and the buckets reduce).
   std::vector<ParamT*> chunk_parameters() {
