@@ -381,6 +381,12 @@ def job_short(r):
     return re.sub(r"^.*\d{4}-\d{2}-\d{2}-?", "", job(r)) or job(r)
 
 
+def card(r):
+    """The GPU's short name (H100, H200) for a figure's label, else the device as recorded."""
+    m = re.search(r"[A-Z]\d{3}", r["device"])
+    return m.group(0) if m else r["device"]
+
+
 def layout_name(r):
     parts = [f"{axis} {r[axis]}" for axis in ("dp", "tp", "pp") if r.get(axis, 1) > 1]
     return " × ".join(parts) or "1 GPU"
@@ -451,7 +457,7 @@ def gpu_seed003(report, bench):
         ax.set_visible(False)
     for ax, model in zip(axes.flat, models):
         rs = [r for r in records if model_of(r) == model]
-        ax.barh([f"{r['impl']} ({r['ranks']} GPU, {job_short(r)})" for r in rs], [r["_rate"] for r in rs],
+        ax.barh([f"{r['impl']} ({r['ranks']} × {card(r)}, {job_short(r)})" for r in rs], [r["_rate"] for r in rs],
                 color=["tab:blue" if r["impl"].startswith("dpml") else "tab:gray" for r in rs])
         ax.set_xlabel(model)
         ax.tick_params(axis="y", labelsize=7)
