@@ -1,6 +1,6 @@
-// pipeline_bubble: the idle fraction of each pipeline stage for GPipe, 1F1B and ZB-H1 (and, on the
-// cost model, interleaved 1F1B with v = 2 and 4 chunks per rank, each chunk 1/v of a stage's
-// F, B and W), beside the theory of parallel/pipeline/schedule.hpp.
+// pipeline_bubble: the idle fraction of each pipeline stage for GPipe, 1F1B, ZB-H1 and interleaved
+// 1F1B with v = 2 and 4 chunks per rank (each chunk 1/v of a stage's F, B and W), beside the
+// theory of parallel/pipeline/schedule.hpp.
 //
 //   pipeline_bubble --simulate                 # cost model, pp = 2 and 4, m = 4 and 8
 //   mpiexec -n 2 pipeline_bubble               # measured: pp = world size, m = 4 and 8
@@ -47,6 +47,23 @@ struct SleepStage {
   dpml::TensorView<const float> send_backward_buffer(int mb) { return grad_in.view().select0(mb); }
 };
 
+// The same under the interleaved schedule (a pl::ChunkedStage): v chunks per rank, each sleeping
+// 1/v of the stage's F, B and W; chunk c's micro-batch mb is row c·m + mb of the buffers.
+struct ChunkedSleepStage {
+  using value_type = float;
+  SleepStage rows;
+  int m;
+  ChunkedSleepStage(pl::Costs c, int v, int m, int width)
+      : rows(pl::Costs{c.forward / v, c.backward_input / v, c.backward_weight / v, c.comm}, v * m, width), m(m) {}
+  void forward(int c, int mb) { rows.forward(c * m + mb); }
+  void backward_input(int c, int mb) { rows.backward_input(c * m + mb); }
+  void backward_weight(int c, int mb) { rows.backward_weight(c * m + mb); }
+  dpml::TensorView<float> recv_forward_buffer(int c, int mb) { return rows.recv_forward_buffer(c * m + mb); }
+  dpml::TensorView<const float> send_forward_buffer(int c, int mb) { return rows.send_forward_buffer(c * m + mb); }
+  dpml::TensorView<float> recv_backward_buffer(int c, int mb) { return rows.recv_backward_buffer(c * m + mb); }
+  dpml::TensorView<const float> send_backward_buffer(int c, int mb) { return rows.send_backward_buffer(c * m + mb); }
+};
+
 struct Row {
   std::string schedule;
   int pp, m;
@@ -66,15 +83,17 @@ Row simulate_row(const char* name, int p, int m, const pl::Costs& stage_costs, T
 }
 
 template <class Tag>
-Row measure_row(const char* name, const dpml::comm::Mpi& world, int m, const pl::Costs& c, int width, int steps) {
-  const int p = world.size(), s = world.rank();
-  const auto schedule = pl::make_schedule(Tag{}, p, m);
-  pl::check_schedule(schedule, p, m).throw_if_error();
+Row measure_row(const char* name, const dpml::comm::Mpi& world, int m, const pl::Costs& c, int width, int steps, Tag tag = {}) {
+  const int p = world.size(), s = world.rank(), v = pl::chunks_of(tag);
+  const auto schedule = pl::make_schedule(tag, p, m);
+  pl::check_schedule(schedule, p, m, v).throw_if_error();
   SleepStage stage(c, m, width);
+  ChunkedSleepStage chunks(c, v, m, width);
   std::vector<double> idle_sum(static_cast<std::size_t>(p), 0.0);
   for (int step = -1; step < steps; ++step) {  // step −1: warm-up, not counted
     world.barrier();
-    const pl::StepTimings t = pl::run_stage(schedule[static_cast<std::size_t>(s)], stage, world);
+    const auto& actions = schedule[static_cast<std::size_t>(s)];
+    const pl::StepTimings t = v == 1 ? pl::run_stage(actions, stage, world) : pl::run_stage(actions, chunks, world, false, v);
     double mine[2] = {t.busy(), t.total};
     std::vector<double> all(2 * static_cast<std::size_t>(p));
     world.allgather(mine, all.data(), 2);
@@ -83,7 +102,7 @@ Row measure_row(const char* name, const dpml::comm::Mpi& world, int m, const pl:
     for (int r = 0; r < p; ++r) makespan = std::max(makespan, all[2 * static_cast<std::size_t>(r) + 1]);
     for (int r = 0; r < p; ++r) idle_sum[static_cast<std::size_t>(r)] += 1 - all[2 * static_cast<std::size_t>(r)] / makespan;
   }
-  Row r = simulate_row<Tag>(name, p, m, c);
+  Row r = simulate_row(name, p, m, c, tag);
   double mean = 0;
   for (auto& x : idle_sum) mean += (x /= steps);
   r.measured = mean / p;
@@ -122,8 +141,8 @@ int main(int argc, char** argv) {
     double f_ms = 4, b_ms = 4, w_ms = 4;
     int width = 4096, steps = 3;
     dpml::train::Args args("pipeline_bubble",
-                           "Pipeline bubble (idle fraction per stage) of GPipe, 1F1B, ZB-H1 and (--simulate) interleaved\n"
-                           "1F1B with 2 and 4 chunks per rank beside the theory.\n"
+                           "Pipeline bubble (idle fraction per stage) of GPipe, 1F1B, ZB-H1 and interleaved 1F1B with\n"
+                           "2 and 4 chunks per rank beside the theory.\n"
                            "Measured mode: pp = number of ranks (mpiexec -n 2 or 4), m = 4 and 8.");
     args.flag("--simulate", simulate_only, "cost model only, pp = 2 and 4 (any number of ranks; rank 0 prints)")
         .flag("--f-ms", f_ms, "forward time per micro-batch and stage, ms", dpml::train::at_least(0.0))
@@ -148,6 +167,8 @@ int main(int argc, char** argv) {
           rows.push_back(measure_row<pl::GPipe>("gpipe", world, m, c, width, steps));
           rows.push_back(measure_row<pl::OneFOneB>("1f1b", world, m, c, width, steps));
           rows.push_back(measure_row<pl::ZeroBubbleH1>("zb-h1", world, m, c, width, steps));
+          rows.push_back(measure_row("ilv-v2", world, m, c, width, steps, pl::Interleaved1F1B{2}));
+          rows.push_back(measure_row("ilv-v4", world, m, c, width, steps, pl::Interleaved1F1B{4}));
         }
       }
     if (world.rank() == 0) {
