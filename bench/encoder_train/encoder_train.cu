@@ -153,64 +153,67 @@ struct Measured {
   dpml::bench::MemoryPhases::Phases mem_parts;
 };
 
-// Warm-up steps, then the timed ones (the slowest rank's mean); `step(s)` trains step s and
-// returns its loss (read on the host).
+// What both models' runs share: the Device and the grid's communicators, and the device memory
+// taken from before them on (MemoryPhases).
+struct Gpu {
+  dpml::bench::MemoryPhases memory;
+  kernels::Device<CudaSpace> dev;
+  parallel::DeviceGrid<comm::Nccl> comms;
+  explicit Gpu(const parallel::ProcessGrid& grid) : comms(grid, dev) { memory.after("device and communicators"); }
+};
+
+// Warm-up steps, then the timed ones (the slowest rank's mean), then with --cuda-profile one
+// more; `step(s)` trains step s and returns its loss (read on the host). The memory is taken
+// after step 1 and at the end.
 template <class Step>
-void time_steps(const Options& o, const comm::Mpi& world, cudaStream_t stream, Step&& step, Measured& m) {
+Measured time_steps(const Options& o, const comm::Mpi& world, Gpu& gpu, Step&& step) {
+  Measured m;
   std::int64_t s = 0;
-  for (int i = 0; i < o.warmup; ++i) m.losses.push_back(step(++s));
+  const auto next = [&] {
+    m.losses.push_back(step(++s));
+    if (s == 1) gpu.memory.after("first step");
+  };
+  for (int i = 0; i < o.warmup; ++i) next();
   if (world.size() > 1) world.barrier();
-  const double ms = dpml::bench::ms_per_step(o.steps, stream, [&] { m.losses.push_back(step(++s)); });
-  m.ms_step = world.allreduce(ms, comm::ReduceOp::max);
+  m.ms_step = world.allreduce(dpml::bench::ms_per_step(o.steps, gpu.dev.stream(), next), comm::ReduceOp::max);
   if (o.cuda_profile) dpml::bench::profiled_step([&] { (void)step(++s); });
+  gpu.dev.synchronize();
+  m.mem_gib = world.allreduce(gpu.memory.gib(), comm::ReduceOp::max);
+  m.mem_parts = gpu.memory.phases();
+  return m;
 }
 
 double lr_at(const Options& o, std::int64_t step) { return o.lr * std::min(1.0, static_cast<double>(step) / std::max(1, o.warmup)); }
 
 using Strategy = train::DataParallelOnly;
+parallel::DistributedOptimizerOptions buckets(const Options& o) {
+  return {.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20)), .clip = 1.0};
+}
 
 Measured run_bert(const Options& o, const comm::Mpi& world, const parallel::ProcessGrid& grid) {
-  Measured m;
-  dpml::bench::MemoryPhases memory;
-  kernels::Device<CudaSpace> dev;
-  const parallel::DeviceGrid<comm::Nccl> comms(grid, dev);
-  memory.after("device and communicators");
+  Gpu gpu(grid);
   const models::BertConfig config{.vocab = o.vocab, .max_seq = o.seq, .layers = o.layers, .heads = o.heads, .dim = o.dim,
                                   .pad_multiple = 128, .recompute_gelu = o.recompute_gelu != 0};
-  models::Bert<bf16, CudaSpace, comm::Nccl> model(config, comms);
+  models::Bert<bf16, CudaSpace, comm::Nccl> model(config, gpu.comms);
   layers::initialize_all(model.parameters(), 1337, &grid);
-  memory.after("model");
+  gpu.memory.after("model");
   train::Trainer<decltype(model), train::ModelLoss, Strategy, optim::AdamW, CudaSpace, comm::Nccl> trainer(
-      model, comms, dev, {.beta1 = 0.9, .beta2 = 0.98, .eps = 1e-8, .weight_decay = 0.01},
-      {.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20)), .clip = 1.0}, {.seed = 1337});
-  memory.after("trainer");
+      model, gpu.comms, gpu.dev, {.beta1 = 0.9, .beta2 = 0.98, .eps = 1e-8, .weight_decay = 0.01}, buckets(o), {.seed = 1337});
+  gpu.memory.after("trainer");
   const int rank = grid.coord(Axis::data), ranks = grid.dp();
-  time_steps(o, world, dev.stream(), [&](std::int64_t s) {
-    const double loss = trainer.train_step(masked_batch(o, s, rank, ranks), lr_at(o, s)).loss;
-    if (s == 1) memory.after("first step");
-    return loss;
-  }, m);
-  dev.synchronize();
-  m.mem_gib = world.allreduce(memory.gib(), comm::ReduceOp::max);
-  m.mem_parts = memory.phases();
-  return m;
+  return time_steps(o, world, gpu, [&](std::int64_t s) { return trainer.train_step(masked_batch(o, s, rank, ranks), lr_at(o, s)).loss; });
 }
 
 Measured run_vit(const Options& o, const comm::Mpi& world, const parallel::ProcessGrid& grid) {
-  Measured m;
-  dpml::bench::MemoryPhases memory;
-  kernels::Device<CudaSpace> dev;
-  const parallel::DeviceGrid<comm::Nccl> comms(grid, dev);
-  memory.after("device and communicators");
+  Gpu gpu(grid);
   const models::VitConfig config{.image = o.image, .channels = 3, .patch = o.patch, .dim = o.dim, .layers = o.layers,
                                  .heads = o.heads, .classes = o.classes, .recompute_gelu = o.recompute_gelu != 0};
-  auto model = models::Vit<bf16, CudaSpace, comm::Nccl>::make(config, parallel::TensorRegion<comm::Nccl>(&comms.tensor()));
+  auto model = models::Vit<bf16, CudaSpace, comm::Nccl>::make(config, parallel::TensorRegion<comm::Nccl>(&gpu.comms.tensor()));
   layers::initialize_all(model.parameters(), 1337, &grid);
-  memory.after("model");
+  gpu.memory.after("model");
   train::ClassifierTrainer<decltype(model), optim::AdamW, Strategy, comm::Nccl> trainer(
-      model, comms, dev, {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.05},
-      {.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * (1 << 20)), .clip = 1.0}, {.seed = 1337});
-  memory.after("trainer");
+      model, gpu.comms, gpu.dev, {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.05}, buckets(o), {.seed = 1337});
+  gpu.memory.after("trainer");
   // One batch in the GPU's memory: images (B, H, W, 3) bf16 ~ N(0, 1), labels uniform, per rank.
   const std::int64_t B = o.batch, pixels = o.image * o.image * 3;
   Tensor<bf16> images(Shape{B, o.image, o.image, 3});
@@ -222,16 +225,8 @@ Measured run_vit(const Options& o, const comm::Mpi& world, const parallel::Proce
   const auto images_on_gpu = to_space<CudaSpace>(images.cview());
   const auto labels_on_gpu = to_space<CudaSpace>(labels.cview());
   const train::ResidentBatch<bf16, std::int32_t, CudaSpace> batch{images_on_gpu.cview(), labels_on_gpu.cview(), B * grid.dp()};
-  memory.after("batch");
-  time_steps(o, world, dev.stream(), [&](std::int64_t s) {
-    const double loss = trainer.train_step(batch, lr_at(o, s)).loss;
-    if (s == 1) memory.after("first step");
-    return loss;
-  }, m);
-  dev.synchronize();
-  m.mem_gib = world.allreduce(memory.gib(), comm::ReduceOp::max);
-  m.mem_parts = memory.phases();
-  return m;
+  gpu.memory.after("batch");
+  return time_steps(o, world, gpu, [&](std::int64_t s) { return trainer.train_step(batch, lr_at(o, s)).loss; });
 }
 
 int run(const Options& o, const comm::Mpi& world) {

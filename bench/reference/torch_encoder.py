@@ -25,35 +25,12 @@ time by family (torch_gpt.py's grouping).
 import argparse
 import json
 import math
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torch_gpt import peak_tflops, profile_families
-
-
-class Block(nn.Module):
-    """Pre-LN transformer block with bidirectional attention (models::Bert's and models::Vit's)."""
-
-    def __init__(self, d, h):
-        super().__init__()
-        self.h = h
-        self.ln_1 = nn.LayerNorm(d)
-        self.c_attn = nn.Linear(d, 3 * d)
-        self.c_proj = nn.Linear(d, d)
-        self.ln_2 = nn.LayerNorm(d)
-        self.c_fc = nn.Linear(d, 4 * d)
-        self.mlp_proj = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v)
-        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+from torch_gpt import Block, make_train_step, peak_tflops, profile_families, time_steps
 
 
 def init_weights(model):
@@ -69,7 +46,7 @@ class Bert(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(padded_vocab, d)
         self.wpe = nn.Embedding(seq, d)
-        self.h = nn.ModuleList(Block(d, h) for _ in range(layers))
+        self.h = nn.ModuleList(Block(d, h, causal=False) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.vocab = vocab
         init_weights(self)
@@ -89,7 +66,7 @@ class Vit(nn.Module):
         self.conv_proj = nn.Conv2d(3, d, patch, stride=patch)
         self.cls = nn.Parameter(torch.zeros(1, 1, d))
         self.pos = nn.Parameter(torch.zeros(1, (image // patch) ** 2 + 1, d))
-        self.h = nn.ModuleList(Block(d, h) for _ in range(layers))
+        self.h = nn.ModuleList(Block(d, h, causal=False) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, classes)
         init_weights(self)
@@ -164,32 +141,8 @@ def main():
             return images, labels
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=betas, eps=1e-8, weight_decay=decay, fused=True)
     fwd = torch.compile(model) if a.mode == "compile" else model
-    step = 0
-
-    def train_step():
-        nonlocal step
-        step += 1
-        x, y = next_batch()
-        for g in opt.param_groups:
-            g["lr"] = a.lr * min(1.0, step / max(1, a.warmup))
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fwd(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()  # synchronises, as encoder_train's per-step loss read
-
-    t_warm = time.time()
-    losses = [train_step() for _ in range(a.warmup)]
-    warm_s = time.time() - t_warm
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.time()
-    losses += [train_step() for _ in range(a.steps)]
-    torch.cuda.synchronize()
-    ms = (time.time() - t0) * 1e3 / a.steps
-    mem = torch.cuda.max_memory_allocated() / 2**30
+    train_step = make_train_step(fwd, model, opt, next_batch, a.lr, a.warmup)
+    losses, warm_s, ms, mem = time_steps(train_step, a.warmup, a.steps)
 
     samples_s = batch / (ms * 1e-3)
     fpt = 6 * n_params + 12 * a.layers * tokens * a.dim

@@ -32,9 +32,12 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, d, h):
+    """Pre-LN transformer block; causal attention (GPT-2) or bidirectional (torch_encoder.py's BERT and ViT)."""
+
+    def __init__(self, d, h, causal=True):
         super().__init__()
         self.h = h
+        self.causal = causal
         self.ln_1 = nn.LayerNorm(d)
         self.c_attn = nn.Linear(d, 3 * d)
         self.c_proj = nn.Linear(d, d)
@@ -46,7 +49,7 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
@@ -130,6 +133,44 @@ def profile_families(train_step):
     return fam
 
 
+def make_train_step(fwd, model, opt, next_batch, lr, warmup):
+    """One step as the dpml benches time it: the next (inputs, targets), the warmed-up lr, bf16
+    autocast, backward, clip_grad_norm_ 1.0, the optimizer step; returns the loss as a float (a
+    host sync, as the dpml benches' per-step loss read)."""
+    step = 0
+
+    def train_step():
+        nonlocal step
+        step += 1
+        x, y = next_batch()
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, step / max(1, warmup))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return train_step
+
+
+def time_steps(train_step, warmup, steps):
+    """Warm-up steps (torch.compile compiles here), then the timed ones: (losses, warm-up seconds,
+    ms per timed step, peak GiB allocated during the timed steps)."""
+    t_warm = time.time()
+    losses = [train_step() for _ in range(warmup)]
+    warm_s = time.time() - t_warm
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.time()
+    losses += [train_step() for _ in range(steps)]
+    torch.cuda.synchronize()
+    ms = (time.time() - t0) * 1e3 / steps
+    return losses, warm_s, ms, torch.cuda.max_memory_allocated() / 2**30
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
@@ -163,33 +204,13 @@ def main():
         fwd = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25, gradient_as_bucket_view=True)
     fwd = torch.compile(fwd) if a.mode == "compile" else fwd
     gen = torch.Generator(device=dev).manual_seed(rank)
-    step = 0
 
-    def train_step():
-        nonlocal step
-        step += 1
+    def next_batch():
         idx = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=dev, generator=gen)
-        lr = a.lr * min(1.0, step / max(1, a.warmup))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fwd(idx[:, :-1], idx[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()  # synchronises, as gpt_train's per-step loss read
+        return idx[:, :-1], idx[:, 1:]
 
-    t_compile = time.time()
-    losses = [train_step() for _ in range(a.warmup)]
-    warm_s = time.time() - t_compile
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.time()
-    losses += [train_step() for _ in range(a.steps)]
-    torch.cuda.synchronize()
-    ms = (time.time() - t0) * 1e3 / a.steps
-    mem = torch.cuda.max_memory_allocated() / 2**30
+    train_step = make_train_step(fwd, model, opt, next_batch, a.lr, a.warmup)
+    losses, warm_s, ms, mem = time_steps(train_step, a.warmup, a.steps)
     if ranks > 1:  # the slowest rank's step time
         t = torch.tensor([ms], device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
