@@ -98,6 +98,16 @@ TrainedChunks train_tiny_interleaved(const ProcessGrid& grid, int chunks, bool z
   return out;
 }
 
+// Each step's loss and the final weights of `run` against the sequential run's.
+template <class Run>
+void check_equals_reference(const Run& run, const Trained& reference, const ProcessGrid& grid) {
+  for (int s = 0; s < kSteps; ++s) {
+    CAPTURE(s, run.losses[s], reference.losses[s]);
+    CHECK(std::abs(run.losses[s] - reference.losses[s]) <= kTolerance * std::abs(reference.losses[s]));
+  }
+  test::worst_weight_error(*run.model, grid, *reference.model, kTolerance);
+}
+
 }  // namespace
 
 TEST_CASE("gpt: every layout of this world equals the sequential run", "[gpt][layout]") {
@@ -122,11 +132,7 @@ TEST_CASE("gpt: every layout of this world equals the sequential run", "[gpt][la
             const std::int64_t micro_batch = (kGlobalBatch / dp) % 2 == 0 && recompute ? 2 : 1;
             CAPTURE(dp, tp, pp, schedule, zero, recompute, micro_batch);
             Trained run = train_tiny(grid, schedule, zero, recompute, micro_batch);
-            for (int s = 0; s < kSteps; ++s) {
-              CAPTURE(s, run.losses[s], reference.losses[s]);
-              CHECK(std::abs(run.losses[s] - reference.losses[s]) <= kTolerance * std::abs(reference.losses[s]));
-            }
-            test::worst_weight_error(*run.model, grid, *reference.model, kTolerance);
+            check_equals_reference(run, reference, grid);
           }
     }
 }
@@ -143,11 +149,7 @@ TEST_CASE("gpt: a hierarchical data-parallel all-reduce equals the sequential ru
   for (bool zero : {false, true}) {
     CAPTURE(tp, zero);
     Trained run = train_tiny<parallel::Hierarchical>(grid, "1f1b", zero, false, 1);
-    for (int s = 0; s < kSteps; ++s) {
-      CAPTURE(s, run.losses[s], reference.losses[s]);
-      CHECK(std::abs(run.losses[s] - reference.losses[s]) <= kTolerance * std::abs(reference.losses[s]));
-    }
-    test::worst_weight_error(*run.model, grid, *reference.model, kTolerance);
+    check_equals_reference(run, reference, grid);
   }
 }
 
@@ -164,11 +166,7 @@ TEST_CASE("gpt: 2 chunks per pipeline rank under the interleaved schedule equal 
       for (bool recompute : {false, true}) {
         CAPTURE(grid.dp(), tp, zero, recompute);
         TrainedChunks run = train_tiny_interleaved(grid, 2, zero, recompute);
-        for (int s = 0; s < kSteps; ++s) {
-          CAPTURE(s, run.losses[s], reference.losses[s]);
-          CHECK(std::abs(run.losses[s] - reference.losses[s]) <= kTolerance * std::abs(reference.losses[s]));
-        }
-        test::worst_weight_error(*run.model, grid, *reference.model, kTolerance);
+        check_equals_reference(run, reference, grid);
       }
   }
 }
