@@ -120,6 +120,7 @@ def load_cpu_runs(work):
         records = read_jsonl(run["metrics"])
         run["steps"] = [r for r in records if "loss" in r and "step" in r]
         run["epochs"] = [r for r in records if "test_accuracy" in r]
+        run["gemm"] = next((r for r in records if r.get("example") == "gemm_reduce"), None)
         run["date"] = datetime.date.fromtimestamp(os.path.getmtime(run["metrics"])).isoformat()
     return runs
 
@@ -468,6 +469,36 @@ def gpu_seed003(report, bench):
                                                               lambda r: r["device"]))
 
 
+def cpu_seed004(report, runs, device):
+    gemm = sorted((r for r in runs if r["study"] == "gemm" and r["gemm"]), key=lambda r: (r["gemm"]["split"], r["ranks"]))
+    if not gemm:
+        return
+    g0 = gemm[0]["gemm"]
+    report.add(f"### CPU ranks (examples/gemm_reduce, C = A · B with M = N = K = {g0['m']}, float)")
+    rows = [[r["gemm"]["split"], str(r["ranks"]), r["gemm"]["one_rank_ms"], r["gemm"]["gemm_ms"], r["gemm"]["combine_ms"],
+             r["gemm"]["total_ms"], f"{r['gemm']['speedup']:.2f}×", f"{r['gemm']['max_abs_error']:.1e}", load(r)] for r in gemm]
+    report.add(table(["split", "ranks", "one rank ms", "GEMM ms (slowest rank)", "combine ms", "total ms", "speedup",
+                      "max error vs float64", "load avg before → after"], rows))
+    report.add("Each rank multiplies its part with dpml's host GEMM (one BLAS thread): along K it computes a "
+               "partial C that an all-reduce sums (M·N elements on the wire per rank), along M a block of "
+               "rows that a gather collects (M·N/ranks each). \"one rank\" is rank 0 alone in the same "
+               "launch, so it slows when the launch oversubscribes the cores; speedup is one rank's time "
+               "over the split's total. Times are medians of 5 repetitions. The GPU form (`--device cuda`: "
+               "NCCL, or comm::Staged for ranks sharing one GPU) has not run on a GPU yet.")
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    labels = [f"{r['gemm']['split']}, {r['ranks']}" for r in gemm]
+    gemm_ms = [r["gemm"]["gemm_ms"] for r in gemm]
+    ax.bar(labels, gemm_ms, color="tab:blue", label="GEMM")
+    ax.bar(labels, [r["gemm"]["combine_ms"] for r in gemm], bottom=gemm_ms, color="tab:orange", label="combine (all-reduce / gather)")
+    ax.plot(labels, [r["gemm"]["one_rank_ms"] for r in gemm], "k_", markersize=22, mew=2, label="one rank, same launch")
+    ax.set_xlabel("split, ranks")
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=8)
+    report.figure(fig, "cpu-gemm-reduce.png",
+                  "C = A · B split over ranks: the slowest rank's GEMM and the combine, stacked, beside one "
+                  "rank's GEMM in the same launch.\n\n" + source_line(gemm, device))
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -507,11 +538,13 @@ def main():
     gpu_seed001(report, bench)
     report.add("## Seed 003: model throughput on GPUs beside PyTorch")
     gpu_seed003(report, bench)
+    report.add("## Seed 004: C = A · B over ranks, its parts summed or gathered")
+    if runs:
+        cpu_seed004(report, runs, args.cpu_device)
     report.add("## Not in this report yet\n\n"
                "CPU ranks beyond 4 and GPUs beyond 2; BERT-base and ViT-B/16 on 2 GPUs; power and "
                "samples per joule of ResNet-50 and of the layouts; bytes of tensor- and "
-               "pipeline-parallel traffic; the seed 004 GEMM-and-reduce study (examples/gemm_reduce, "
-               "bench/RESULTS.md).")
+               "pipeline-parallel traffic; the seed 004 study on a GPU.")
     report.write()
 
 

@@ -11,6 +11,8 @@
 #               fixed global batch of 128 (strong scaling) and 64 images per rank (weak scaling)
 #     seed 001: train_gpt (4 layers, C 128, 4 heads, T 64, global batch 32) on 1 rank and on 2
 #               ranks as dp 2, tp 2 and pp 2
+#     seed 004: gemm_reduce (C = A · B, 1024³) on 1, 2 and 4 ranks, K split (partial products
+#               summed) and M split (row blocks gathered)
 #   The raw files (metrics JSON lines, programs' output, runs.jsonl: one line per run with its
 #   command) land in $DPML_REPORT_WORK (default build/report/cpu).
 # * GPU part (--gpu RESULTS_DIR, repeatable; RESULTS_DIR=COMMAND names the command that wrote it):
@@ -72,17 +74,18 @@ if [[ $cpu -eq 1 ]]; then
   build=${DPML_BUILD_DIR:-build/cpu}
   fm=$build/examples/fashion_mnist/fashion_mnist
   gpt=$build/examples/train_gpt/train_gpt
-  if [[ ! -x $fm || ! -x $gpt ]]; then
-    [[ -z "${DPML_BUILD_DIR:-}" ]] || { echo "report.sh: $DPML_BUILD_DIR lacks fashion_mnist or train_gpt" >&2; exit 2; }
+  gemm=$build/examples/gemm_reduce/gemm_reduce
+  if [[ ! -x $fm || ! -x $gpt || ! -x $gemm ]]; then
+    [[ -z "${DPML_BUILD_DIR:-}" ]] || { echo "report.sh: $DPML_BUILD_DIR lacks fashion_mnist, train_gpt or gemm_reduce" >&2; exit 2; }
     cmake --preset cpu
-    cmake --build --preset cpu --parallel "${DPML_JOBS:-2}" --target fashion_mnist train_gpt
+    cmake --build --preset cpu --parallel "${DPML_JOBS:-2}" --target fashion_mnist train_gpt gemm_reduce
   fi
   rm -rf "$work"
   mkdir -p "$work"
   started=$(date +%s)
 
-  # run STUDIES NAME RANKS PROGRAM ARGS... (STUDIES comma-separated): one launch, its metrics in
-  # $work/NAME.jsonl, its output in $work/NAME.txt, and a line in runs.jsonl (the command as typed,
+  # run STUDIES NAME RANKS PROGRAM ARGS... (STUDIES comma-separated): one launch, its metrics (or
+  # gemm_reduce's record) in $work/NAME.jsonl, its output in $work/NAME.txt, and a line in runs.jsonl (the command as typed,
   # ranks, wall seconds, the 1-minute load average before and after: other jobs show there).
   run() {
     local study=$1 name=$2 ranks=$3 t0 t1 load0 load1
@@ -121,6 +124,12 @@ if [[ $cpu -eq 1 ]]; then
   run layouts gpt-dp2 2 "$gpt" "${gptargs[@]}"
   run layouts gpt-tp2 2 "$gpt" "${gptargs[@]}" --tp 2
   run layouts gpt-pp2 2 "$gpt" "${gptargs[@]}" --pp 2
+  # Seed 004: one product, split over the ranks along K (partial C summed) or M (row blocks gathered).
+  for k in 1 2 4; do
+    for split in k m; do
+      run gemm "gemm-$split-$k" "$k" "$gemm" --m 1024 --n 1024 --k 1024 --split "$split" --repeat 5
+    done
+  done
   echo "CPU part: $(( $(date +%s) - started )) s"
 fi
 

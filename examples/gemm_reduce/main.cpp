@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,7 @@ struct Flags {
   int repeat = 5;
   std::uint64_t seed = 1;
   double tolerance = 1e-3;
+  std::string metrics;  // rank 0 also writes the JSON record here (scripts/report.sh reads it)
 };
 
 // Element (i, j) of a rows × cols matrix drawn from (seed, which): the same on every rank.
@@ -164,12 +166,20 @@ int run(const Flags& f, const comm::Mpi& world, kernels::Device<Space>& dev, con
   max_err = world.allreduce(max_err, comm::ReduceOp::max);
   const double g = median(gemm_s), x = median(combine_s), total = g + x;
   if (r == 0) {
-    std::printf("{\"example\":\"gemm_reduce\",\"device\":\"%s\",\"comm\":\"%s\",\"ranks\":%d,\"split\":\"%s\",\"m\":%lld,\"n\":%lld,"
-                "\"k\":%lld,\"one_rank_ms\":%.3f,\"gemm_ms\":%.3f,\"combine_ms\":%.3f,\"total_ms\":%.3f,\"speedup\":%.3f,"
-                "\"gflops\":%.1f,\"max_abs_error\":%.3g}\n",
-                f.device.c_str(), comm_name, R, f.split.c_str(), static_cast<long long>(f.m), static_cast<long long>(f.n),
-                static_cast<long long>(f.k), one_rank * 1e3, g * 1e3, x * 1e3, total * 1e3, one_rank / total,
-                2.0 * static_cast<double>(f.m * f.n * f.k) / total * 1e-9, max_err);
+    char record[512];
+    std::snprintf(record, sizeof record,
+                  "{\"example\":\"gemm_reduce\",\"device\":\"%s\",\"comm\":\"%s\",\"ranks\":%d,\"split\":\"%s\",\"m\":%lld,\"n\":%lld,"
+                  "\"k\":%lld,\"one_rank_ms\":%.3f,\"gemm_ms\":%.3f,\"combine_ms\":%.3f,\"total_ms\":%.3f,\"speedup\":%.3f,"
+                  "\"gflops\":%.1f,\"max_abs_error\":%.3g}\n",
+                  f.device.c_str(), comm_name, R, f.split.c_str(), static_cast<long long>(f.m), static_cast<long long>(f.n),
+                  static_cast<long long>(f.k), one_rank * 1e3, g * 1e3, x * 1e3, total * 1e3, one_rank / total,
+                  2.0 * static_cast<double>(f.m * f.n * f.k) / total * 1e-9, max_err);
+    std::fputs(record, stdout);
+    if (!f.metrics.empty()) {
+      std::ofstream out(f.metrics, std::ios::trunc);
+      out << record;
+      DPML_REQUIRE(out.good(), "--metrics '" << f.metrics << "': could not write the record");
+    }
     std::printf("\n| ranks | split | comm | one rank ms | GEMM ms | combine ms | total ms | speedup | max |error| |\n"
                 "|---:|---|---|---:|---:|---:|---:|---:|---:|\n"
                 "| %d | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2g |\n",
@@ -194,8 +204,10 @@ int main_checked(int argc, char** argv, const comm::Mpi& world) {
       .flag("--gpu-comm", f.gpu_comm, "--device cuda: auto | nccl (a GPU per rank) | staged (ranks sharing GPUs)")
       .flag("--repeat", f.repeat, "timed repetitions (the median is reported)", train::at_least(1))
       .flag("--seed", f.seed, "seed of A and B")
-      .flag("--tolerance", f.tolerance, "largest error against the float64 product accepted", train::positive<double>());
+      .flag("--tolerance", f.tolerance, "largest error against the float64 product accepted", train::positive<double>())
+      .flag("--metrics", f.metrics, "rank 0 also writes the JSON record to this file");
   if (!args.parse(argc, argv, world.rank())) return 0;
+  train::require_writable_output("--metrics", f.metrics);
   DPML_REQUIRE_EVERYWHERE(f.split == "k" || f.split == "m", "--split " << f.split << " is not k or m");
   DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not cpu or cuda");
   DPML_REQUIRE_EVERYWHERE((f.split == "k" ? f.k : f.m) >= world.size(),
