@@ -3,14 +3,17 @@
 // examples/train_vit: each data rank's loader over its shard of every global batch (random crop
 // with padding and horizontal flip drawn from Philox by the seed, so every layout sees the same
 // images), warm-up + cosine learning rate, a progress line every --log-interval steps, the
-// metrics sinks, and the test accuracy on the full 10k test set after every epoch. Any trainer
-// with ClassifierTrainer's train_step / evaluate / model(), on either space.
+// metrics sinks, the steps a profiler records (--profile-steps A:B: cudaProfilerStart/Stop, for
+// Nsight or bench/timeline's CUPTI tracer), and the test accuracy on the full 10k test set after
+// every epoch. Any trainer with ClassifierTrainer's train_step / evaluate / model(), on either space.
 
 #include <dpml/data/image.hpp>
 #include <dpml/data/loader.hpp>
 #include <dpml/data/sampler.hpp>
 #include <dpml/optim/schedule.hpp>
 #include <dpml/parallel/grid.hpp>
+#include <dpml/train/args.hpp>
+#include <dpml/train/profile_steps.hpp>
 #include <dpml/train/progress.hpp>
 #include <dpml/train/step_meter.hpp>
 #include <dpml/train/tensorboard.hpp>
@@ -35,7 +38,14 @@ struct EpochOptions {
   std::uint64_t seed = 1;
   std::string metrics = "", tensorboard = "";
   double flops_per_image = 0;     // a training step's model FLOPs per image (train/flops.hpp)
+  train::ProfileSteps profile;    // --profile-steps A:B (none by default)
 };
+
+// --profile-steps A:B, parsed into `text` (checked at parse time, naming the flag).
+inline void profile_steps_flag(train::Args& args, std::string& text) {
+  args.flag("--profile-steps", text, "A:B: a profiler records steps A to B (cudaProfilerStart/Stop; nsys --capture-range=cudaProfilerApi)",
+            [](const std::string& v) { (void)train::ProfileSteps::parse("--profile-steps", v); });
+}
 
 // own_gpus: a GPU per rank (MFU against their peak, their power: train/step_meter.hpp).
 template <class Trainer>
@@ -64,7 +74,9 @@ int train_epochs(const EpochOptions& o, const ProcessGrid& grid, Trainer& traine
     while (const data::Batch* batch = train_loader.next()) {
       ++step;
       const double lr = schedule(step);
+      o.profile.before(step);
       const auto r = trainer.train_step(*batch, lr);
+      o.profile.after(step);
       loss_sum += r.loss;
       ++seen;
       const double images = static_cast<double>(batch->global_size), ips = images / r.seconds;

@@ -25,6 +25,7 @@ using namespace dpml;
 
 struct Flags {
   std::string model = "resnet";
+  std::string profile_steps;  // --profile-steps A:B
   std::int64_t width = 16, blocks = 1, hidden = 256, depth = 2;
   std::int64_t epochs = 6, global_batch = 128;
   int micro_batches = 1;
@@ -54,7 +55,8 @@ int run_epochs(const Flags& f, const ProcessGrid& grid, Trainer& trainer, bool o
   return examples::train_epochs({.data_dir = f.data_dir, .epochs = f.epochs, .global_batch = f.global_batch,
                                  .crop_padding = f.augment ? 2 : 0, .flip = f.augment, .lr = f.lr, .min_lr = f.min_lr,
                                  .warmup = f.warmup, .log_interval = f.log_interval, .seed = f.seed, .metrics = f.metrics,
-                                 .tensorboard = f.tensorboard, .flops_per_image = training_flops_per_image(f)},
+                                 .tensorboard = f.tensorboard, .flops_per_image = training_flops_per_image(f),
+                                 .profile = train::ProfileSteps::parse("--profile-steps", f.profile_steps)},
                                 grid, trainer, own_gpus);
 }
 

@@ -81,6 +81,7 @@ int main(int argc, char** argv) {
         .flag("--tensorboard", f.tensorboard, "TensorBoard log directory: rank 0 writes this launch's scalars to a run directory in it")
         .flag("--log-interval", f.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--seed", f.seed, "seed of initialisation, data order and augmentation");
+    examples::profile_steps_flag(args, f.profile_steps);
     train::data_axis_flags(args, f.axis);
     if (!args.parse(argc, argv, world.rank())) return 0;
     train::require_writable_output("--metrics", f.metrics);

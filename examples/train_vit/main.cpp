@@ -72,7 +72,10 @@ int main(int argc, char** argv) {
         .flag("--tensorboard", o.tensorboard, "TensorBoard log directory: rank 0 writes this launch's scalars to a run directory in it")
         .flag("--log-interval", o.log_interval, "steps between progress lines", train::at_least(1))
         .flag("--seed", o.seed, "seed of initialisation, data order and augmentation");
+    std::string profile_steps;
+    examples::profile_steps_flag(args, profile_steps);
     if (!args.parse(argc, argv, world.rank())) return 0;
+    o.profile = train::ProfileSteps::parse("--profile-steps", profile_steps);
     train::require_writable_output("--metrics", o.metrics);
     train::require_writable_directory("--tensorboard", o.tensorboard);
     DPML_REQUIRE_EVERYWHERE(device == "cpu" || device == "cuda", "--device " << device << " is not one of cpu, cuda");
