@@ -7,9 +7,10 @@
 // Pipeline parallelism cuts the L blocks into pp contiguous stages (the first stages take one
 // more block when pp does not divide L): the first stage also holds the embedding, the last one
 // ln_f and the LM head. Under the interleaved schedule a rank holds v such stages of v·pp
-// (GptChunks, at the end: a Gpt per VirtualStage). The head is tied to the token embedding: with pp = 1 it reads the
-// embedding's own wte; with pp > 1 the last stage holds a copy of wte (same name, so the same
-// initial values; marked duplicate: counted once in the gradient norm, saved once), and
+// (GptChunks, at the end: a Gpt per VirtualStage). The head is tied to the token embedding:
+// with pp = 1 it reads the embedding's own wte; with pp > 1 the last stage holds a copy of wte
+// (same name, so the same initial values; marked duplicate: counted once in the gradient norm,
+// saved once), and
 // finish_tied_gradients() sums the two gradients over the first and last stage before the data
 // axis reduces them (their bucket is held until then).
 //

@@ -21,8 +21,9 @@
 //                d pre 4C/tp, d qkv 3C/tp and 4 × C of gradients; the first stage's embedding
 //                output and the last stage's d(final hidden) — times the micro-batches in flight
 //                (pipeline::plan_buffers on the schedule's table: GPipe m, 1F1B min(pp − s, m),
-//                ZB-H1 min(pp, m); the interleaved schedule per chunk, GptLayout::virtual_stages). With full recomputation a block keeps per micro-batch only
-//                its output y and one set of children activations for all (the MLP writing into y).
+//                ZB-H1 min(pp, m); the interleaved schedule per chunk, GptLayout::virtual_stages).
+//                With full recomputation a block keeps per micro-batch only its output y and
+//                one set of children activations for all (the MLP writing into y).
 //   buffers      what lives once: the last stage's head (logits (B·T, V_pad/tp), ln_f's output),
 //                the Device's shared scratch ("blk.small" C, "blk.big" max(4C, 3C)/tp, the
 //                "blk.dx0/1" ring where the backward is not in place, "mlp.gelu" 4C/tp,
@@ -113,11 +114,12 @@ struct GptMemoryTerms {
 struct GptStageMemory {
   int stage = 0;
   std::int64_t parameter_elements = 0;  // this rank's parameters (unpadded offsets; padded vocabulary)
-  int in_flight = 1;                    // micro-batches whose activations are held at once (interleaved: the most of a chunk)
+  int in_flight = 1;                    // micro-batches held at once (interleaved: a chunk's most)
   int communicators = 0;                // NCCL communicators of this rank (GPU)
   double parameters = 0, gradients = 0, optimizer = 0;
-  double activation_per_micro_batch = 0;  // what one micro-batch in flight keeps (interleaved: in every chunk of the rank)
-  double activations = 0;                 // activation_per_micro_batch × in_flight (+ recompute's shared set); interleaved: per chunk
+  double activation_per_micro_batch = 0;  // what one micro-batch in flight keeps (interleaved: in all chunks)
+  double activations = 0;                 // activation_per_micro_batch × in_flight (+ recompute's shared set);
+                                          // interleaved: the sum of each chunk's
   double buffers = 0, workspace = 0;
   double total() const noexcept { return parameters + gradients + optimizer + activations + buffers + workspace; }
 };

@@ -26,8 +26,8 @@
 //
 // What is a model's own comes from two overloads in detail:: — model_fields (the config entries
 // it records and checks) and stored_rows (a tensor saved without its padding rows) — given for
-// models::Gpt (and its chunks, models::GptChunks) here; any other model (a Sequential cut into stages, …) records none and saves every
-// tensor whole. A pipeline stage saves the parameters it trains, under their global names.
+// models::Gpt (and its chunks, models::GptChunks) here; any other model (a Sequential cut into
+// stages, …) records none and saves every tensor whole. A pipeline stage saves the parameters it trains, under their global names.
 //
 // ZeRO-1: the optimizer state lives in segments of the flat buffer that cut across parameters.
 // Saving all-gathers each state slot over the data axis (one allgatherv per segment, every data

@@ -8,9 +8,9 @@
 //                       --global-batch sequences per step (micro-batches = global / (micro · dp),
 //                       refused on every rank when that does not divide)
 //   generate()          samples text through the same pipeline: each (virtual) stage in turn runs
-//                       its blocks on the context, the last stage gathers the next-token logits over the tensor
-//                       axis and samples (temperature, top-k, Philox), and the token is broadcast
-//                       back down the pipeline
+//                       its blocks on the context, the last stage gathers the next-token logits
+//                       over the tensor axis and samples (temperature, top-k, Philox), and the
+//                       token is broadcast back down the pipeline
 //
 // The step, non-finite handling (GptTrainOptions::on_nonfinite), the tied embedding's gradient
 // (held back from its bucket until summed over the first and last stage), the watchdog and the

@@ -541,13 +541,11 @@ class Trainer {
   // This rank's model chunks: v under the interleaved schedule (chunk c: virtual stage c·pp + rank), else 1.
   int chunks() const noexcept { return options_.virtual_stages; }
   Stage& chunk(int c) noexcept {
-    if constexpr (StagedModel<Model>) return model_;
-    else if constexpr (ChunkedModel<Model>) return model_.chunk(c);
+    if constexpr (kOwnStages) return own_stage(model_, c);
     else return stage_[static_cast<std::size_t>(c)];
   }
   const Stage& chunk(int c) const noexcept {
-    if constexpr (StagedModel<Model>) return model_;
-    else if constexpr (ChunkedModel<Model>) return model_.chunk(c);
+    if constexpr (kOwnStages) return own_stage(model_, c);
     else return stage_[static_cast<std::size_t>(c)];
   }
   // The parameters this rank trains (its stage's).
@@ -578,7 +576,14 @@ class Trainer {
   // LayerStages of the model (one per chunk; a deque: they stay put), or nothing (the model is its
   // own stage); stage() and chunk() either way.
   struct NoStage {};
-  using StageStorage = std::conditional_t<StagedModel<Model> || ChunkedModel<Model>, NoStage, std::deque<Stage>>;
+  static constexpr bool kOwnStages = StagedModel<Model> || ChunkedModel<Model>;  // the model cuts its stages itself
+  using StageStorage = std::conditional_t<kOwnStages, NoStage, std::deque<Stage>>;
+  // Chunk c of a model that cuts its own stages: a StagedModel is its one chunk.
+  template <class M>
+  static auto& own_stage(M& model, [[maybe_unused]] int c) {
+    if constexpr (StagedModel<std::remove_const_t<M>>) return model;
+    else return model.chunk(c);
+  }
   using Transport = detail::TransportFor<Space, value_type, Comm>;
 
   // comms, dev: null on the host (the grid's MPI groups, a Device of the trainer's own).
@@ -642,20 +647,16 @@ class Trainer {
     return d;
   }
   static StageStorage make_stage(Model& model, Loss loss, const parallel::ProcessGrid& grid, const TrainOptions& options) {
-    const int r = grid.coord(Axis::pipeline), p = grid.pp();
-    if constexpr (StagedModel<Model>) {
-      DPML_REQUIRE_EVERYWHERE(model.is_first_stage() == (r == 0) && model.is_last_stage() == (r == p - 1),
-                              "dpml Trainer: the model was built for another pipeline layout than this grid's");
-      return {};
-    } else if constexpr (ChunkedModel<Model>) {
-      const int v = options.virtual_stages;
-      DPML_REQUIRE_EVERYWHERE(model.chunks() == v, "dpml Trainer: the model has " << model.chunks() << " chunks per pipeline rank, "
-                                                                                   << "--num-virtual-stages-per-pipeline-rank is " << v);
+    if constexpr (kOwnStages) {
+      const int r = grid.coord(Axis::pipeline), p = grid.pp(), v = options.virtual_stages;  // a StagedModel: v = 1 (checked)
+      if constexpr (ChunkedModel<Model>)
+        DPML_REQUIRE_EVERYWHERE(model.chunks() == v, "dpml Trainer: the model has " << model.chunks() << " chunks per pipeline rank, "
+                                                                                     << "--num-virtual-stages-per-pipeline-rank is " << v);
       bool laid_out = true;  // chunk c is virtual stage c·p + r of v·p
       for (int c = 0; c < v; ++c)
-        laid_out = laid_out && model.chunk(c).is_first_stage() == (c * p + r == 0) &&
-                   model.chunk(c).is_last_stage() == (c * p + r == v * p - 1);
-      DPML_REQUIRE_EVERYWHERE(laid_out, "dpml Trainer: the model's chunks were built for another pipeline layout than this grid's");
+        laid_out = laid_out && own_stage(model, c).is_first_stage() == (c * p + r == 0) &&
+                   own_stage(model, c).is_last_stage() == (c * p + r == v * p - 1);
+      DPML_REQUIRE_EVERYWHERE(laid_out, "dpml Trainer: the model was built for another pipeline layout than this grid's");
       return {};
     } else {
       StageStorage chunks;
