@@ -184,6 +184,13 @@ int main(int argc, char** argv) {
     time("attention_backward tensor cores", 2 * attn_bytes + 4 * act, 2.5 * attn_flops, [&] {
       kc::attention_backward<bf16, kc::attention::TensorCore>(datt, qkv, att, lse, delta, dqkv, B, Tn, H, D, s);
     });
+    // The same width in half as many heads of twice the size (GPT 1.3B's and 6.7B's head dim 128)
+    time("attention_forward tensor cores, head dim 128", attn_bytes, attn_flops, [&] {
+      kc::attention_forward<bf16, kc::attention::TensorCore>(qkv, att, lse, B, Tn, H / 2, 2 * D, s);
+    });
+    time("attention_backward tensor cores, head dim 128", 2 * attn_bytes + 4 * act, 2.5 * attn_flops, [&] {
+      kc::attention_backward<bf16, kc::attention::TensorCore>(datt, qkv, att, lse, delta, dqkv, B, Tn, H / 2, 2 * D, s);
+    });
     time("attention_forward SIMT", attn_bytes, attn_flops,
          [&] { kc::attention_forward<bf16, kc::attention::Simt>(qkv, att, lse, B, Tn, H, D, s); });
     time("attention_backward SIMT", 2 * attn_bytes + 4 * act, 2.5 * attn_flops, [&] {

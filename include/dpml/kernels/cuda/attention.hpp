@@ -17,9 +17,9 @@
 // deterministic. Causality skips every tile above the diagonal: half the work of a dense pass.
 // Bidirectional runs the dense pass; the kernels take the mask as a template argument (Causal).
 //
-// Two policies, one interface: attention::TensorCore (attention_mma.hpp: mma.sync, bf16 or fp16, D ≤ 64,
-// 16-byte aligned tensors) and attention::Simt (attention_simt.hpp: fp32 FMAs, any of
-// D ∈ {32, 64, 128}, bf16, fp16 or fp32). attention::Auto, the default, takes the tensor cores where they
+// Two policies, one interface: attention::TensorCore (attention_mma.hpp: mma.sync, bf16 or fp16,
+// 16-byte aligned tensors) and attention::Simt (attention_simt.hpp: fp32 FMAs, bf16, fp16 or
+// fp32); both take D ∈ {32, 64, 128}. attention::Auto, the default, takes the tensor cores where they
 // apply and SIMT otherwise.
 //
 // Scratch: lse (B, H, T) fp32 from the forward; delta (B, H, T) fp32 for the backward.
@@ -71,7 +71,7 @@ bool mma_applies(std::int64_t D, std::initializer_list<const void*> tensors) {
   } else {
     for (const void* p : tensors)
       if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
-    return D == 32 || D == 64;
+    return D == 32 || D == 64 || D == 128;
   }
 }
 
@@ -89,8 +89,8 @@ template <class Policy, class T>
 bool use_mma(std::int64_t D, std::initializer_list<const void*> tensors) {
   const bool ok = mma_applies<T>(D, tensors);
   if constexpr (std::is_same_v<Policy, attention::TensorCore>)
-    DPML_REQUIRE(ok, "attention (tensor cores): needs bf16 or fp16, head size 32 or 64 (got " << D
-                                                                                      << ") and 16-byte aligned tensors");
+    DPML_REQUIRE(ok, "attention (tensor cores): needs bf16 or fp16, head size 32, 64 or 128 (got "
+                         << D << ") and 16-byte aligned tensors");
   return !std::is_same_v<Policy, attention::Simt> && ok;
 }
 
@@ -114,11 +114,9 @@ void attention_forward(const T* qkv, T* out, float* lse, std::int64_t B, std::in
       const dim3 mgrid(static_cast<unsigned>(ceil_div(Tn, detail::attn_mma::kRows)), static_cast<unsigned>(B * H));
       const float scale_log2 = scale * detail::attn_mma::kLog2e;
       with_head_dim<32>(D, [&]<int HD>() {
-        if constexpr (HD <= 64) {
-          detail::attn_mma::forward_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
-              qkv, out, lse, Tn, static_cast<int>(H), scale_log2);
-          DPML_CHECK_LAUNCH();
-        }
+        detail::attn_mma::forward_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
+            qkv, out, lse, Tn, static_cast<int>(H), scale_log2);
+        DPML_CHECK_LAUNCH();
       });
     }
     return;
@@ -151,14 +149,12 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const float* 
     if constexpr (!std::is_same_v<T, float>) {
       const dim3 mgrid(static_cast<unsigned>(ceil_div(Tn, detail::attn_mma::kRows)), static_cast<unsigned>(B * H));
       with_head_dim<32>(D, [&]<int HD>() {
-        if constexpr (HD <= 64) {
-          detail::attn_mma::backward_dq_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
-              dout, qkv, lse, delta, dqkv, Tn, h, scale);
-          DPML_CHECK_LAUNCH();
-          detail::attn_mma::backward_dkv_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
-              dout, qkv, lse, delta, dqkv, Tn, h, scale);
-          DPML_CHECK_LAUNCH();
-        }
+        detail::attn_mma::backward_dq_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
+            dout, qkv, lse, delta, dqkv, Tn, h, scale);
+        DPML_CHECK_LAUNCH();
+        detail::attn_mma::backward_dkv_kernel<T, HD, C><<<mgrid, detail::attn_mma::kThreads, 0, stream>>>(
+            dout, qkv, lse, delta, dqkv, Tn, h, scale);
+        DPML_CHECK_LAUNCH();
       });
     }
     return;
