@@ -4,7 +4,7 @@
 #   1. configure the cuda-openmpi preset, build gpt_train and test_gpt_composed
 #   2. test_gpt_composed on one rank: the GPU GPT against the host GPT (loss, gradients, a 30-step
 #      curve, micro-batch accumulation, fp16, checkpoint round trip)
-#   3. gpt_train (dpml; again with --recompute-gelu 0; again in fp16), then bench/reference/torch_gpt.py eager and
+#   3. gpt_train (dpml; again with --recompute-granularity none; again in fp16), then bench/reference/torch_gpt.py eager and
 #      torch.compile, then llm.c's train_gpt2cu with cuDNN attention (below); same B/T/steps/lr, AdamW
 #   4. a table: tokens/s, ms/step, MFU, memory, and the ratios ours / eager, ours / compile, ours / llm.c
 #
@@ -70,8 +70,8 @@ fi
 common=(--batch "$batch" --seq "$seq" --steps "$steps" --warmup "$warmup" --lr "$lr")
 echo "== dpml gpt_train"
 "$build/bench/gpt_train/gpt_train" "${common[@]}" | tee "$results/dpml.txt" || status=1
-echo "== dpml gpt_train --recompute-gelu 0 (GELU output saved per block)"
-"$build/bench/gpt_train/gpt_train" "${common[@]}" --recompute-gelu 0 | tee "$results/dpml-saved-gelu.txt" || status=1
+echo "== dpml gpt_train --recompute-granularity none (GELU output saved per block)"
+"$build/bench/gpt_train/gpt_train" "${common[@]}" --recompute-granularity none | tee "$results/dpml-saved-gelu.txt" || status=1
 echo "== dpml gpt_train --precision fp16 (dynamic loss scaling)"
 "$build/bench/gpt_train/gpt_train" "${common[@]}" --precision fp16 | tee "$results/dpml-fp16.txt" || status=1
 for mode in eager compile; do

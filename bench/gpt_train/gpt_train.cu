@@ -7,7 +7,7 @@
 //
 // Flags: train::Args (parse below; --help lists each with its default and range, printed by rank 0 before any CUDA
 // call; a bad value exits 1 on every rank naming the flag). Counts and sizes are ≥ 1 (--warmup, --micro-batch ≥ 0:
-// 0 is --batch), --lr and --bucket-mb > 0, --recompute-gelu 0|1 (a value, not a switch); --pp and --tp also answer to
+// 0 is --batch), --lr and --bucket-mb > 0, --recompute-granularity none|selective|full; --pp and --tp also answer to
 // Megatron's --pipeline-model-parallel-size and --tensor-model-parallel-size; --use-distributed-optimizer and
 // --cuda-profile are switches (--no-… turns them off). Choices (--precision, --pipeline-schedule) and the flags'
 // relations (--micro-batch divides --batch, --layers ≥ --pp, …) are checked right after.
@@ -107,7 +107,7 @@ struct Options {
 // Parses argv into o (a bad flag throws, Scope::everywhere); false after --help (printed by rank 0).
 // Before any CUDA call, so that --help and bad flags need no GPU.
 bool parse(int argc, char** argv, int rank, Options& o) {
-  int recompute_gelu = o.model.recompute_gelu ? 1 : 0;  // a value (0|1), not a switch: scripts pass "--recompute-gelu 0"
+  std::string recompute = "selective";  // --recompute-granularity
   train::Args args(
       "gpt_train",
       "GPT-2 training throughput (tokens/s, MFU, memory) on one GPU, or data, tensor and pipeline parallel on\n"
@@ -137,8 +137,14 @@ bool parse(int argc, char** argv, int rank, Options& o) {
       .flag("--steps", o.steps, "timed steps", train::at_least(1))
       .flag("--lr", o.lr, "peak learning rate, linear warm-up over the warm-up steps", train::positive<double>())
       .flag("--data", o.data, "llm.c token shards (uint16 .bin, glob allowed); \"\": random tokens")
-      .flag("--recompute-gelu", recompute_gelu,
-            "1: recompute the GELU output in the backward; 0: save it per block", train::between(0, 1))
+      .flag("--recompute-granularity", recompute,
+            "activation recomputation (Megatron's name): none (the GELU output saved per block) | selective (the GELU "
+            "output recomputed in the backward; attention keeps no (T, T) scores anyway) | full (each block keeps only "
+            "its input and runs its forward again in the backward)",
+            [](const std::string& v) {
+              DPML_REQUIRE_EVERYWHERE(v == "none" || v == "selective" || v == "full",
+                                      "gpt_train: --recompute-granularity " << v << " is not none, selective or full");
+            })
       .flag("--precision", o.precision, "storage of weights, activations, gradients: bf16 | fp16 (dynamic loss scaling)")
       .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB per gradient all-reduce bucket",
             train::positive<double>())
@@ -151,7 +157,8 @@ bool parse(int argc, char** argv, int rank, Options& o) {
   const char* shape_flags[] = {"--layers", "--dim", "--heads", "--seq"};
   models::apply_gpt_preset(o.model_size, [&](int i) { return args.given(shape_flags[i]); }, o.model.layers, o.model.dim,
                            o.model.heads, o.seq);
-  o.model.recompute_gelu = recompute_gelu != 0;
+  o.model.recompute_gelu = recompute != "none";
+  o.model.recompute = recompute == "full";
   DPML_REQUIRE_EVERYWHERE(o.schedule == "gpipe" || o.schedule == "1f1b" || o.schedule == "zb-h1" || o.schedule == "zbh1",
                           "gpt_train: --pipeline-schedule " << o.schedule << " is not gpipe, 1f1b or zb-h1");
   DPML_REQUIRE_EVERYWHERE(o.precision == "bf16" || o.precision == "fp16", "gpt_train: --precision " << o.precision << " is not bf16 or fp16");
@@ -336,13 +343,14 @@ int run(const Options& o, const comm::Mpi& world) {
   const int m = o.micro_batches();
   // "dpml-composed…": the impl names of the composed runs measured before the fused model's removal
   const std::string name = std::string("dpml-composed") + (o.model.recompute_gelu ? "" : "-saved-gelu") +
+                           (o.model.recompute ? "-full-recompute" : "") +
                            (o.precision == "fp16" ? "-fp16" : "") + (o.tp > 1 ? "-tp" + std::to_string(o.tp) : "") +
                            (dp > 1 ? "-dp" + std::to_string(dp) : "") + (o.distributed_optimizer ? "-zero1" : "") +
                            (o.pp > 1 ? "-pp" + std::to_string(o.pp) + "-" + o.schedule : "") +
                            (m > 1 ? "-m" + std::to_string(m) : "");
   const char* impl = name.c_str();
   std::printf("{\"bench\":\"gpt_train\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"layers\":%lld,"
-              "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
+              "\"dim\":%lld,\"heads\":%lld,\"vocab\":%lld,\"recompute_gelu\":%s,\"recompute\":%s,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
               "\"tokens_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
               "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld,"
               "\"ranks\":%d,\"tp\":%d,\"dp\":%d,\"pp\":%d,\"schedule\":\"%s\",\"micro_batch\":%lld,\"micro_batches\":%d,"
@@ -350,7 +358,7 @@ int run(const Options& o, const comm::Mpi& world) {
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
-              o.model.recompute_gelu ? "true" : "false", n_params, o.steps, o.warmup,
+              o.model.recompute_gelu ? "true" : "false", o.model.recompute ? "true" : "false", n_params, o.steps, o.warmup,
               ms_step, tok_s, model_tflops, peak, model_tflops / peak, r.mem_gib, r.buffers_gib, losses.front(), losses.back(),
               finite ? "true" : "false", o.precision.c_str(), static_cast<long long>(r.skipped), ranks, o.tp, dp, o.pp,
               o.pp > 1 || m > 1 ? o.schedule.c_str() : "none", static_cast<long long>(o.micro_batch), m, o.bucket_mb,

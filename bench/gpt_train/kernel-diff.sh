@@ -5,7 +5,7 @@
 # ZeRO-1). (Until Step 8 it compared the hand-fused model against the composed one.)
 #
 #   bench/gpt_train/kernel-diff.sh [-n RANKS] [-o DIR] [--timeline] --a "FLAGS" --b "FLAGS" [common gpt_train flags...]
-#   e.g. bench/gpt_train/kernel-diff.sh --a "--recompute-gelu 1" --b "--recompute-gelu 0" --steps 3 --warmup 2
+#   e.g. bench/gpt_train/kernel-diff.sh --a "--recompute-granularity selective" --b "--recompute-granularity none" --steps 3 --warmup 2
 #        bench/gpt_train/kernel-diff.sh -n 2 --a "" --b "--use-distributed-optimizer" --steps 3 --warmup 2
 #
 # Default: Nsight Compute (kernel_diff.py) — each kernel's own time, kernels serialised.

@@ -4,7 +4,7 @@ recomputed and saved: bench/gpt_train/kernel-diff.sh runs both), from Nsight Com
 brackets with cudaProfilerStart/Stop:
 
     ncu --profile-from-start off --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum -o a gpt_train --cuda-profile --recompute-gelu 1 ...
+        --metrics gpu__time_duration.sum -o a gpt_train --cuda-profile --recompute-granularity selective ...
     ncu -i a.ncu-rep --csv --page raw --metrics gpu__time_duration.sum > a.csv
     bench/gpt_train/kernel_diff.py a.csv b.csv
 

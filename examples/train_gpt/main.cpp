@@ -12,7 +12,8 @@
 // where a node has fewer GPUs than ranks (or --gpu-comm staged), its ranks share the GPUs round
 // robin and talk through comm::Staged (device buffers staged through the host over MPI: for tests
 // and small machines). --tp, --pp, --schedule, --zero as on the CPU; the GELU output is recomputed
-// in the backward and the vocabulary padded to 128 rows per tensor rank. Head dim 32, 64 or 128.
+// in the backward (--recompute-granularity selective, the GPU's default; full recomputes whole
+// blocks) and the vocabulary padded to 128 rows per tensor rank. Head dim 32, 64 or 128.
 // --grad-compression bf16 | fp16 | powersgd | topk (CPU ranks, flat all-reduce; --powersgd-rank,
 // --topk-ratio) compresses the data axis' gradient buckets (parallel/compression/policy.hpp); the
 // progress line shows the megabytes each rank sent per step.
@@ -126,7 +127,15 @@ int main(int argc, char** argv) {
         .flag("--num-attention-heads", f.heads, "attention heads", train::at_least(1))
         .flag("--seq-length", f.seq, "tokens per sequence T", train::at_least(1))
         .flag("--vocab-size", f.vocab, "vocabulary (0: 256 bytes for text, 65536 for token shards)", train::at_least(0))
-        .flag("--recompute-activations", f.recompute, "recompute each block's activations in backward");
+        .flag("--recompute-granularity", f.recompute_granularity,
+              "activation recomputation: none | selective (the GELU output recomputed; attention keeps no (T, T) scores "
+              "on GPUs anyway) | full (each block keeps only its input and runs its forward again in backward); "
+              "default: selective with --device cuda, none on CPU ranks",
+              [](const std::string& v) {
+                DPML_REQUIRE_EVERYWHERE(v == "none" || v == "selective" || v == "full",
+                                        "--recompute-granularity " << v << " is not one of none, selective, full");
+              })
+        .flag("--recompute-activations", f.recompute_activations, "Megatron's switch for --recompute-granularity selective");
     train::lm_schedule_flags(args, f.iters, f.lr, f.min_lr, f.warmup, f.weight_decay, f.clip)
         .flag("--seed", f.seed, "seed of initialisation, data order and sampling")
         .flag("--data-path", f.data, "text file or directory (bytes), or llm.c token shards (*.bin, globs, llm.c header)");
@@ -208,8 +217,11 @@ int main(int argc, char** argv) {
     data::TokenSplit split;
     const bool shards = is_token_shards(f.data);
     if (f.vocab == 0) f.vocab = shards ? data::kTokenShardVocab : data::kByteVocab;
-    const models::GptConfig config{.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
-                                   .dim = f.hidden, .recompute = f.recompute};
+    DPML_REQUIRE_EVERYWHERE(!f.recompute_activations || f.recompute_granularity.empty() || f.recompute_granularity == "selective",
+                            "--recompute-activations means --recompute-granularity selective, not "
+                                << f.recompute_granularity << ": give one of the two");
+    const models::GptConfig config = with_recompute({.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
+                                                     .dim = f.hidden}, f, f.device == "cuda");
     {  // the estimate per rank kind: printed (--dry-run), or a size that cannot fit refused now, not by
        // std::bad_alloc or cudaErrorMemoryAllocation later
       const bool gpu = f.device == "cuda";

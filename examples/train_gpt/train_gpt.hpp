@@ -56,7 +56,11 @@ struct Flags {
   std::string model_size;        // a named shape (models::kGptPresets); explicit shape flags override it
   bool dry_run = false;          // print the memory estimate per rank kind and exit
   double gpu_memory_gib = 0;     // plan against this much per GPU instead of the device's (0: the device's)
-  bool recompute = false;
+  // --recompute-granularity (Megatron's name): none | selective (the MLP's GELU output recomputed;
+  // attention keeps no (T, T) scores on GPUs anyway) | full (each block keeps its input only and
+  // runs its forward again in backward); "" the device's default: selective on GPUs, none on CPU ranks.
+  std::string recompute_granularity;
+  bool recompute_activations = false;  // Megatron's switch for --recompute-granularity selective
   std::int64_t iters = 600, warmup = -1, eval_interval = 100, log_interval = 20;  // warmup -1: iters / 10
   double lr = 3e-3, min_lr = 3e-4, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 1234;
@@ -139,10 +143,18 @@ inline std::function<void(std::int64_t)> failing_save(std::int64_t from_step, co
   };
 }
 
-// The model as --device cuda builds it: one GELU output for all blocks, recomputed in the backward;
-// V padded to a multiple of 128 (for tp | 128). The memory estimate sees the same.
+// What --recompute-granularity (or --recompute-activations) asks of the model, on a GPU or not.
+inline models::GptConfig with_recompute(models::GptConfig c, const Flags& f, bool gpu) {
+  const std::string g = f.recompute_activations ? "selective" : f.recompute_granularity.empty() ? (gpu ? "selective" : "none")
+                                                                                                  : f.recompute_granularity;
+  c.recompute = g == "full";
+  c.recompute_gelu = g != "none";  // selective, and full (whose blocks' MLPs then share one GELU buffer)
+  return c;
+}
+
+// The model as --device cuda builds it: V padded to a multiple of 128 (for tp | 128). The memory
+// estimate sees the same.
 inline models::GptConfig on_gpu(models::GptConfig c, int tp) {
-  c.recompute_gelu = true;
   c.pad_multiple = std::max<std::int64_t>(1, 128 / tp);
   return c;
 }

@@ -74,8 +74,10 @@ constexpr double kLr = 3e-3;
 const optim::AdamWOptions kAdam{.eps = 1e-3, .weight_decay = 0.1};
 const parallel::DistributedOptimizerOptions kDist{.bucket_bytes = 8 << 10, .clip = 1.0};  // many buckets
 
-models::GptConfig config() {
-  return {.vocab = kVocab, .max_seq = kSeq, .layers = 4, .heads = 2, .dim = 64, .pad_multiple = 8, .recompute_gelu = true};
+// recompute: full activation recomputation (each block keeps its input only).
+models::GptConfig config(bool recompute = false) {
+  return {.vocab = kVocab, .max_seq = kSeq, .layers = 4, .heads = 2, .dim = 64, .pad_multiple = 8, .recompute = recompute,
+          .recompute_gelu = true};
 }
 
 // Rows [first, first + rows) of step s's global batch: random inputs, targets a fixed function of them.
@@ -116,11 +118,11 @@ struct Trained {
 // step whose scaled gradients overflowed (dynamic loss scaling) is retried on the same batch.
 template <class T, class Comm>
 Trained train_composed(const ProcessGrid& grid, const std::string& schedule, bool zero, optim::LossScaling scaling = {},
-                       std::int64_t micro = kMicro) {
+                       std::int64_t micro = kMicro, bool recompute = false) {
   Trained out;
   kernels::Device<CudaSpace> dev;
   const parallel::DeviceGrid<Comm> comms(grid, dev);
-  models::Gpt<T, CudaSpace, Comm> model(config(), comms);
+  models::Gpt<T, CudaSpace, Comm> model(config(recompute), comms);
   layers::initialize_all(model.parameters(), kSeed, &grid);
   out.initial = weights_of(model.parameters(), grid);
   const std::int64_t local = kGlobalBatch / grid.dp(), first = local * grid.coord(Axis::data);
@@ -362,6 +364,27 @@ TEST_CASE("composed GPT: one micro-batch and four accumulated ones train alike",
       CHECK(std::abs(micro.losses[s] - whole.losses[s]) <= 1e-2 * whole.losses[s]);
     }
     check_weights(micro, whole);
+  });
+}
+
+// Step 13's recomputation on the GPU: the blocks run their forward again in the backward from the
+// same inputs through the same deterministic kernels, so the step is the one without it; the
+// first loss (forward only) is the same to the bit. On 2 ranks also under pp 2, where recomputed
+// blocks hold one micro-batch's activations at a time.
+TEST_CASE("composed GPT: full activation recomputation trains as the run without it", "[gpu][gpt]") {
+  const int ranks = test::world().size();
+  if (ranks > 2) return;
+  test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
+    const auto grid = ranks == 1 ? ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {})
+                                 : ProcessGrid::create(test::world(), {.pp = 2});
+    const Trained saved = train_composed<bf16, Comm>(grid, "1f1b", false, {}, kMicro, false);
+    const Trained recomputed = train_composed<bf16, Comm>(grid, "1f1b", false, {}, kMicro, true);
+    CHECK(recomputed.losses.front() == saved.losses.front());
+    for (int s = 0; s < kSteps; ++s) {
+      CAPTURE(s, recomputed.losses[s], saved.losses[s]);
+      CHECK(std::abs(recomputed.losses[s] - saved.losses[s]) <= 1e-3 * saved.losses[s]);
+    }
+    check_weights(recomputed, saved);
   });
 }
 

@@ -14,7 +14,7 @@
 //     gradient are one product of the same size each (training_flops). The network's first
 //     convolution computes no input gradient, but counts 3× as well, as the bench counts it
 //     (ResNet-50 at 224 px: +1 % of the step).
-//   - model FLOPs, not hardware FLOPs: recomputation (--recompute-activations, recompute_gelu)
+//   - model FLOPs, not hardware FLOPs: recomputation (--recompute-granularity)
 //     and the vocabulary's padding to GEMM tiles add work that is not counted.
 //   - GPT, per token (Kaplan et al. 2020; PaLM's appendix B): forward 2·N + 4·L·T·C, training
 //     6·N + 12·L·T·C. N = GptConfig::parameter_count(), all parameters, unpadded, with the tied
