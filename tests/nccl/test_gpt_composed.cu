@@ -31,6 +31,10 @@
 //               criteria (fp16 rounds finer than bf16: the difference is bf16's). On 2 ranks the same
 //               under dp 2, dp 2 with ZeRO-1 and tp 2, each skipping exactly the steps one GPU skips
 //               (a rank's overflow skips the step on every rank)
+//   interleaved on 2 ranks pp 2, on 4 pp 2 × dp 2, with 2 chunks per rank (models::GptChunks): the
+//               layouts' criteria against the one-GPU run
+//   recompute   one GPU (and pp 2 on 2 ranks): full activation recomputation against the run
+//               without it — the first loss bit for bit, then the layouts' criteria
 //   refusals    tp 2 with 3 heads: refused on every rank by the model's constructor
 //
 // Tiny configuration: L = 4 (two blocks per stage), C = 64, H = 2 (head dim 32), V = 67 padded to
@@ -114,20 +118,18 @@ struct Trained {
   double loss_scale = 1.0;   // the scale after the last step
 };
 
-// The composed model in T trained kSteps updates on this grid's share of the global batches; a
-// step whose scaled gradients overflowed (dynamic loss scaling) is retried on the same batch.
-template <class T, class Comm>
-Trained train_composed(const ProcessGrid& grid, const std::string& schedule, bool zero, optim::LossScaling scaling = {},
-                       std::int64_t micro = kMicro, bool recompute = false) {
+// `model` (models::Gpt or models::GptChunks on `comms`) trained by the library's trainer under the
+// schedules of `choice` (the one it names).
+template <class T, class Comm, class Model, class Choice>
+Trained train_model(Model& model, const Choice& choice, const parallel::DeviceGrid<Comm>& comms, kernels::Device<CudaSpace>& dev,
+                    bool zero, optim::LossScaling scaling, std::int64_t micro) {
   Trained out;
-  kernels::Device<CudaSpace> dev;
-  const parallel::DeviceGrid<Comm> comms(grid, dev);
-  models::Gpt<T, CudaSpace, Comm> model(config(recompute), comms);
+  const ProcessGrid& grid = comms.grid();
   layers::initialize_all(model.parameters(), kSeed, &grid);
   out.initial = weights_of(model.parameters(), grid);
   const std::int64_t local = kGlobalBatch / grid.dp(), first = local * grid.coord(Axis::data);
-  parallel::with_strategy(parallel::staged_model_schedule(schedule), zero, [&]<class Strategy>() {
-    train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, Comm> trainer(
+  parallel::with_strategy(choice, zero, [&]<class Strategy>() {
+    train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, Comm, parallel::data_comm_t<Strategy, Comm>, Model> trainer(
         model, comms, dev, kAdam, kDist,
         {.micro_batch = micro, .global_batch = kGlobalBatch, .seed = 5, .loss_scaling = scaling});
     for (int s = 0; s < kSteps; ++s) {
@@ -146,6 +148,23 @@ Trained train_composed(const ProcessGrid& grid, const std::string& schedule, boo
   });  // the trainer gone, the parameters hold their final values in storage of their own again
   out.final = weights_of(model.parameters(), grid);
   return out;
+}
+
+// The composed model in T trained kSteps updates on this grid's share of the global batches; a
+// step whose scaled gradients overflowed (dynamic loss scaling) is retried on the same batch.
+// chunks > 1: models::GptChunks under the interleaved schedule (`schedule` "interleaved").
+template <class T, class Comm>
+Trained train_composed(const ProcessGrid& grid, const std::string& schedule, bool zero, optim::LossScaling scaling = {},
+                       std::int64_t micro = kMicro, bool recompute = false, int chunks = 1) {
+  kernels::Device<CudaSpace> dev;
+  const parallel::DeviceGrid<Comm> comms(grid, dev);
+  if (chunks == 1) {
+    models::Gpt<T, CudaSpace, Comm> model(config(recompute), comms);
+    return train_model<T, Comm>(model, parallel::staged_model_schedule(schedule), comms, dev, zero, scaling, micro);
+  }
+  models::GptChunks<T, CudaSpace, Comm> model(config(recompute), comms, chunks);
+  return train_model<T, Comm>(model, parallel::schedule_among<parallel::pipeline::Interleaved1F1B>(schedule), comms, dev, zero,
+                              scaling, micro);
 }
 
 // Calls f(flat, at) for each element of this rank's tensor `mine` (flat: its index there) that the
@@ -364,6 +383,27 @@ TEST_CASE("composed GPT: one micro-batch and four accumulated ones train alike",
       CHECK(std::abs(micro.losses[s] - whole.losses[s]) <= 1e-2 * whole.losses[s]);
     }
     check_weights(micro, whole);
+  });
+}
+
+// Step 14's interleaved 1F1B on GPUs: models::GptChunks, 2 chunks per pipeline rank (one block
+// per virtual stage), its messages launched one at a time in pipeline::message_order's global
+// order; on 2 ranks pp 2, on 4 pp 2 × dp 2 — against the one-GPU run by the layouts' criteria.
+TEST_CASE("composed GPT: the interleaved schedule (2 chunks per rank) trains as one GPU does", "[gpu][gpt][layout][interleaved]") {
+  const int ranks = test::world().size();
+  if (ranks != 2 && ranks != 4) return;
+  test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
+    const Trained reference = train_composed<bf16, Comm>(ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {}), "1f1b", false);
+    const auto grid = ProcessGrid::create(test::world(), {.pp = 2});
+    CAPTURE(grid.pp(), grid.dp());
+    const Trained run = train_composed<bf16, Comm>(grid, "interleaved", false, {}, kMicro, false, 2);
+    for (int s = 0; s < kSteps; ++s) {
+      CAPTURE(s, run.losses[s], reference.losses[s]);
+      CHECK(std::abs(run.losses[s] - reference.losses[s]) <= 1e-2 * reference.losses[s]);
+    }
+    check_initial(run, reference);
+    check_weights(run, reference);
+    check_replicas(run, grid);
   });
 }
 

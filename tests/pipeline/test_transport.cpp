@@ -8,7 +8,9 @@
 // checked to catch a deadlock: posting every message alone in table order deadlocks 1F1B on two
 // stages. The groups launched in rounds (peer_batches) must also finish under the strict replay
 // NCCL needs — each group holds, per neighbour, exactly what one group of the neighbour holds —
-// which the plain batches fail (GPipe).
+// which the plain batches fail (GPipe). The interleaved table's batches cross around the ring of
+// ranks; its messages launched alone in message_order()'s global order must finish under both
+// replays for p ≤ 8, v ≤ 4, m ≤ 16 (as must the other schedules' in that order).
 //
 // Also: plan_buffers and weight_follows_input (partition.hpp) on the three schedules.
 #include "test.hpp"
@@ -42,6 +44,21 @@ std::vector<Batches> batched(const pl::Schedule& schedule) {
 std::vector<Batches> rounds(const pl::Schedule& schedule) {
   std::vector<Batches> all;
   for (int s = 0; s < static_cast<int>(schedule.size()); ++s) all.push_back(pl::batches_of(schedule, s, pl::peer_batches(schedule, s)));
+  return all;
+}
+
+// The groups each stage launches with its MessageOrder: each message alone, in the global order.
+std::vector<Batches> ordered(const pl::Schedule& schedule) {
+  std::vector<Batches> all;
+  for (int s = 0; s < static_cast<int>(schedule.size()); ++s) {
+    Batches b;
+    pl::detail::NullStage null;
+    const pl::MessageOrder order = pl::message_order(schedule, s);
+    pl::BatchedTransport<char, pl::detail::RecordingLauncher> transport(
+        pl::detail::RecordingLauncher{s, static_cast<int>(schedule.size()), &b, {}}, &order, pl::chunks_in(schedule));
+    pl::run_stage(schedule[static_cast<std::size_t>(s)], null, transport);
+    all.push_back(std::move(b));
+  }
   return all;
 }
 
@@ -133,6 +150,16 @@ bool completes_alike(const std::vector<Batches>& stages, int v = 1) {
   });
 }
 
+// Every communication action of the table launched exactly once.
+void check_each_launched_once(const pl::Schedule& schedule, const std::vector<Batches>& launched) {
+  std::size_t actions = 0, messages = 0;
+  for (const auto& a : schedule)
+    actions += static_cast<std::size_t>(std::count_if(a.begin(), a.end(), [](const pl::Action& x) { return !pl::is_compute(x.op); }));
+  for (const auto& b : launched)
+    for (const auto& batch : b) messages += batch.size();
+  CHECK(messages == actions);
+}
+
 template <class Tag>
 void check_batches_complete(const char* name) {
   for (int p = 1; p <= 8; ++p)
@@ -140,18 +167,11 @@ void check_batches_complete(const char* name) {
       CAPTURE(name, p, m);
       const auto schedule = pl::make_schedule(Tag{}, p, m);
       REQUIRE(pl::check_schedule(schedule, p, m).ok());
-      const auto stages = batched(schedule), groups = rounds(schedule);
+      const auto stages = batched(schedule), groups = rounds(schedule), singles = ordered(schedule);
       CHECK(completes(stages));
       CHECK(completes_alike(groups));
-      std::size_t actions = 0;
-      for (const auto& a : schedule)
-        actions += static_cast<std::size_t>(std::count_if(a.begin(), a.end(), [](const pl::Action& x) { return !pl::is_compute(x.op); }));
-      for (const auto* launched : {&stages, &groups}) {  // every communication action is launched exactly once
-        std::size_t messages = 0;
-        for (const auto& b : *launched)
-          for (const auto& batch : b) messages += batch.size();
-        CHECK(messages == actions);
-      }
+      CHECK(completes_alike(singles));
+      for (const auto* launched : {&stages, &groups, &singles}) check_each_launched_once(schedule, *launched);
     }
 }
 
@@ -166,16 +186,26 @@ TEST_CASE("batched transport: 1F1B's batches finish under rendezvous semantics",
 TEST_CASE("batched transport: ZB-H1's batches finish under rendezvous semantics", "[pipeline]") {
   check_batches_complete<pl::ZeroBubbleH1>("zb-h1");
 }
-TEST_CASE("batched transport: interleaved 1F1B's batches do not yet finish under rendezvous semantics", "[pipeline][interleaved]") {
+TEST_CASE("batched transport: interleaved 1F1B's batches deadlock; its messages in one global order finish", "[pipeline][interleaved]") {
   // The host's MPI transport posts every message at once (the validator's replay: no deadlock);
-  // the batches held back until a wait, as the rendezvous transport launches them, close a cycle
-  // around the ring of ranks (the last rank sends to the first). Hence the GPU trainer refuses
-  // the interleaved schedule (train/trainer.hpp) until the batcher learns Megatron's paired
-  // send/receive calls; this test flips when it does.
+  // the batches held back until a wait close a cycle around the ring of ranks (the last rank
+  // sends to the first), and their neighbours' batch indices cross, so no rounds exist either.
   const auto schedule = pl::make_schedule(pl::Interleaved1F1B{2}, 3, 6);
   REQUIRE(pl::check_schedule(schedule, 3, 6, 2).ok());
   CHECK_FALSE(completes(batched(schedule), 2));
   CHECK(completes(batched(pl::make_schedule(pl::Interleaved1F1B{1}, 3, 6))));  // one chunk: 1F1B's table
+  // Launched alone in message_order()'s order (what the GPU transport does for it):
+  for (int p = 2; p <= 8; ++p)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = p; m <= 16; m += p) {
+        CAPTURE(p, v, m);
+        const auto table = pl::make_schedule(pl::Interleaved1F1B{v}, p, m);
+        REQUIRE(pl::check_schedule(table, p, m, v).ok());
+        const auto singles = ordered(table);
+        CHECK(completes(singles, v));
+        CHECK(completes_alike(singles, v));
+        check_each_launched_once(table, singles);
+      }
 }
 TEST_CASE("batched transport: one message at a time deadlocks 1F1B (the replay sees it)", "[pipeline]") {
   CHECK_FALSE(completes(one_at_a_time(pl::make_schedule(pl::OneFOneB{}, 2, 4))));

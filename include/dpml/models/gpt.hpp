@@ -192,6 +192,13 @@ class Gpt {
   explicit Gpt(const GptConfig& c, const parallel::DeviceGrid<Comm, DataComm>& comms) : Gpt(c, comms.grid(), &comms.tensor(), {}) {
     tied_pair_ = comms.pipeline_ends();
   }
+  // Any space, one chunk of GptChunks: the chunk holding the embedding or the head takes the
+  // device grid's pipeline_ends() as the tied pair.
+  template <class DataComm>
+  Gpt(const GptConfig& c, const parallel::DeviceGrid<Comm, DataComm>& comms, VirtualStage chunk)
+      : Gpt(c, comms.grid(), &comms.tensor(), chunk) {
+    if (comms.grid().pp() > 1 && (first_ || last_)) tied_pair_ = comms.pipeline_ends();
+  }
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
 
@@ -410,8 +417,7 @@ class Gpt {
 //   train::Trainer<models::GptChunks<float>, train::ModelLoss, Strategy, optim::AdamW> trainer(
 //       gpt, grid, adamw, dist, {.micro_batches = m, .global_batch = B, .virtual_stages = 2});
 //
-// Host only for now: the GPU pipeline's rendezvous transport does not yet run the interleaved
-// table (train::Trainer refuses it there).
+//   models::GptChunks<bf16, CudaSpace, comm::Nccl> gpu(config, comms, 2);   // a parallel::DeviceGrid
 template <class T = float, class Space = HostSpace, class Comm = parallel::default_comm_t<Space>,
           class Mask = attention::Causal>
 class GptChunks {
@@ -425,10 +431,14 @@ class GptChunks {
   GptChunks(const GptConfig& c, const parallel::ProcessGrid& grid, int chunks)
     requires std::same_as<Comm, comm::Mpi>
       : pair_(Chunk::tied_pair_of(grid)) {
-    DPML_REQUIRE_EVERYWHERE(chunks >= 1, "--num-virtual-stages-per-pipeline-rank " << chunks << " must be at least 1");
-    DPML_REQUIRE_EVERYWHERE(chunks == 1 || grid.pp() > 1, "--num-virtual-stages-per-pipeline-rank "
-                                                              << chunks << " needs pipeline parallelism (--pp ≥ 2)");
+    check_chunks(chunks, grid);
     for (int i = 0; i < chunks; ++i) chunks_.emplace_back(c, grid, VirtualStage{i, chunks}, grid.pp() > 1 ? &pair_ : nullptr);
+  }
+  // Any space: the device communicators of `comms`, which must outlive the model.
+  template <class DataComm>
+  GptChunks(const GptConfig& c, const parallel::DeviceGrid<Comm, DataComm>& comms, int chunks) {
+    check_chunks(chunks, comms.grid());
+    for (int i = 0; i < chunks; ++i) chunks_.emplace_back(c, comms, VirtualStage{i, chunks});
   }
   GptChunks(const GptChunks&) = delete;
   GptChunks& operator=(const GptChunks&) = delete;
@@ -446,7 +456,13 @@ class GptChunks {
   }
 
  private:
-  comm::Mpi pair_;            // the tied pair's group (null where this rank is neither end)
+  static void check_chunks(int chunks, const parallel::ProcessGrid& grid) {
+    DPML_REQUIRE_EVERYWHERE(chunks >= 1, "--num-virtual-stages-per-pipeline-rank " << chunks << " must be at least 1");
+    DPML_REQUIRE_EVERYWHERE(chunks == 1 || grid.pp() > 1, "--num-virtual-stages-per-pipeline-rank "
+                                                              << chunks << " needs pipeline parallelism (--pp ≥ 2)");
+  }
+
+  comm::Mpi pair_{MPI_COMM_NULL};  // host: the tied pair's group (null where this rank is neither end)
   std::deque<Chunk> chunks_;  // a deque: the chunks are neither copied nor moved
 };
 

@@ -75,8 +75,9 @@
 //   batch      uploaded once per step, each tensor one asynchronous copy on the compute stream
 //              from pinned staging (kernels::Ops::upload)
 //   pipeline   parallel::pipeline::StreamTransport over the device grid's pipeline communicator, its
-//              groups matched on both sides (pipeline::peer_batches); the message shapes still
-//              travel over MPI during the probe
+//              groups matched on both sides (pipeline::peer_batches; under the interleaved
+//              schedule single messages in one global order, pipeline::message_order); the
+//              message shapes still travel over MPI during the probe
 //   step end   the DistributedOptimizer's device form (data axis on DataComm, norm over the world):
 //              norm, clip and update are queued before the host waits for anything; the host then
 //              reads the norm and the loss once (the step's synchronisation). A non-finite norm
@@ -98,13 +99,13 @@
 #include "dpml/parallel/grid.hpp"
 #include "dpml/parallel/pipeline/executor.hpp"
 #include "dpml/parallel/pipeline/partition.hpp"
+#include "dpml/parallel/pipeline/peer_batches.hpp"
 #include "dpml/parallel/pipeline/schedule.hpp"
 #include "dpml/parallel/strategy.hpp"
 #include "dpml/train/batch.hpp"
 #include "dpml/train/layer_stage.hpp"
 #if defined(__CUDACC__)
 #include "dpml/core/cuda_space.hpp"
-#include "dpml/parallel/pipeline/peer_batches.hpp"
 #include "dpml/parallel/pipeline/stream_transport.hpp"
 #endif
 
@@ -256,8 +257,12 @@ struct TransportFor<CudaSpace, T, Comm> {
   template <class Comms>
   static type make(const parallel::ProcessGrid& grid, const Comms* comms, kernels::Device<CudaSpace>& dev,
                    const parallel::pipeline::Schedule& schedule) {
+    // Interleaved: no rounds exist; the trainer has the transport follow each table's global
+    // message order (pipeline::message_order) instead.
+    const int chunks = parallel::pipeline::chunks_in(schedule);
     return type(parallel::pipeline::StreamLauncher<T, Comm>(comms->pipeline(), dev.stream()),
-                parallel::pipeline::peer_batches(schedule, grid.coord(Axis::pipeline)), parallel::pipeline::chunks_in(schedule));
+                chunks > 1 ? parallel::pipeline::PeerBatches{} : parallel::pipeline::peer_batches(schedule, grid.coord(Axis::pipeline)),
+                chunks);
   }
 };
 #endif
@@ -471,7 +476,7 @@ class Trainer {
     optimizer_.begin_step(options_.micro_batches, static_cast<std::int64_t>(ctx_.step) + 1);
     StepResult r;
     r.loss_scale = ctx_.loss_scale = loss_scale();
-    r.pipeline = run(actions(), std::exchange(trace_next_, false));
+    r.pipeline = run(schedule_, order(&TableOrders::step), std::exchange(trace_next_, false));
     if constexpr (requires { stage().finish_tied_gradients(); })
       for (int c = 0; c < chunks(); ++c) chunk(c).finish_tied_gradients();  // the chunks that hold a tied end
     optimizer_.buckets().finish();  // reduced gradients, checked before the update
@@ -512,12 +517,7 @@ class Trainer {
   double evaluate(const Batch& batch) {
     ctx_.mode = layers::Mode::eval;
     prepare(batch);
-    std::vector<parallel::pipeline::Action> forward_only;
-    for (const auto& a : actions())
-      if (a.op == parallel::pipeline::Op::Forward || a.op == parallel::pipeline::Op::SendForward ||
-          a.op == parallel::pipeline::Op::RecvForward)
-        forward_only.push_back(a);
-    (void)run(forward_only);
+    (void)run(eval_tables_, order(&TableOrders::eval));
     ctx_.mode = layers::Mode::train;
     return sum_over_last_stage(take_chunk_losses());
   }
@@ -594,8 +594,15 @@ class Trainer {
         stage_(make_stage(model, std::move(loss), grid, options_)),
         optimizer_(make_optimizer(chunk_parameters(), grid, comms, *dev_, rule, dist)),
         schedule_(parallel::pipeline::make_schedule(schedule_tag(options_), grid.pp(), options.micro_batches)),
+        eval_tables_(forward_only(schedule_)), probe_tables_(probe_tables(grid.pp(), parallel::pipeline::chunks_in(schedule_))),
         step_(chunk_list(), ctx_, grid.comm(Axis::pipeline), chunk_slots()),
         transport_(Transport::make(grid, comms, *dev_, schedule_)) {
+    if constexpr (requires { transport_.follow(nullptr); })
+      if (parallel::pipeline::chunks_in(schedule_) > 1) {
+        const int s = grid.coord(Axis::pipeline);
+        orders_.emplace(TableOrders{parallel::pipeline::message_order(schedule_, s), parallel::pipeline::message_order(eval_tables_, s),
+                                    parallel::pipeline::message_order(probe_tables_, s)});
+      }
     if (options_.loss_scaling.mode == optim::LossScaling::Mode::dynamic) scaler_.emplace(options_.loss_scaling.dynamic);
     ctx_.grid = &grid;
     ctx_.seed = options.seed;
@@ -631,10 +638,6 @@ class Trainer {
                                                             << ": this model's pipeline stages are its own (models::Gpt); the "
                                                                "library interleaves the chunks it cuts out of a Sequential or a Stack, "
                                                                "or those of a chunked model (models::GptChunks)");
-    // The rendezvous transport's batches are not yet deadlock-free for the interleaved table
-    // (tests/pipeline/test_transport.cpp): GPUs keep to the other schedules for now.
-    DPML_REQUIRE_EVERYWHERE(one || on_host, "--num-virtual-stages-per-pipeline-rank "
-                                                << o.virtual_stages << ": the interleaved schedule runs on CPU ranks only for now (--device cpu)");
     return o;
   }
   // The schedule's tag: the interleaved one carries its chunks.
@@ -707,8 +710,40 @@ class Trainer {
   const std::vector<parallel::pipeline::Action>& actions() const {
     return schedule_[static_cast<std::size_t>(grid_.coord(Axis::pipeline))];
   }
-  parallel::pipeline::StepTimings run(const std::vector<parallel::pipeline::Action>& actions, bool trace = false) {
-    return parallel::pipeline::run_stage(actions, step_, transport_, trace);
+  // This rank's row of `tables` (every rank's), the transport following `order` where it has one.
+  parallel::pipeline::StepTimings run(const parallel::pipeline::Schedule& tables, const parallel::pipeline::MessageOrder* order,
+                                      bool trace = false) {
+    if constexpr (requires { transport_.follow(order); })
+      if (orders_) transport_.follow(order);
+    return parallel::pipeline::run_stage(tables[static_cast<std::size_t>(grid_.coord(Axis::pipeline))], step_, transport_, trace);
+  }
+  // Every rank's evaluation table: its step's forward actions.
+  static parallel::pipeline::Schedule forward_only(const parallel::pipeline::Schedule& schedule) {
+    using parallel::pipeline::Op;
+    parallel::pipeline::Schedule out(schedule.size());
+    for (std::size_t r = 0; r < schedule.size(); ++r)
+      for (const auto& a : schedule[r])
+        if (a.op == Op::Forward || a.op == Op::SendForward || a.op == Op::RecvForward) out[r].push_back(a);
+    return out;
+  }
+  // Every rank's probe table (see "Message shapes" at the top of the file): micro-batch 0 through
+  // each chunk, virtual stage c·p + s.
+  static parallel::pipeline::Schedule probe_tables(int p, int chunks) {
+    using parallel::pipeline::Op;
+    parallel::pipeline::Schedule out(static_cast<std::size_t>(p));
+    for (int s = 0; s < p; ++s)
+      for (int c = 0; c < chunks; ++c) {
+        const int k = parallel::pipeline::virtual_stage(s, c, p);
+        auto& probe = out[static_cast<std::size_t>(s)];
+        if (k > 0) probe.push_back({Op::RecvForward, 0, c});
+        probe.push_back({Op::Forward, 0, c});
+        if (k < p * chunks - 1) probe.push_back({Op::SendForward, 0, c});
+      }
+    return out;
+  }
+  struct TableOrders;
+  const parallel::pipeline::MessageOrder* order(parallel::pipeline::MessageOrder TableOrders::*table) const {
+    return orders_ ? &((*orders_).*table) : nullptr;
   }
   // Norm, clip, update (DistributedOptimizer::finish_step) into r.
   void update(StepResult& r, double lr) {
@@ -769,20 +804,10 @@ class Trainer {
 
   // See "Message shapes" at the top of the file.
   void probe_shapes() {
-    using parallel::pipeline::Action;
-    using parallel::pipeline::Op;
-    const int s = grid_.coord(Axis::pipeline), p = grid_.pp();
-    std::vector<Action> probe;  // micro-batch 0 through each chunk: virtual stage c·p + s
-    for (int c = 0; c < chunks(); ++c) {
-      const int k = parallel::pipeline::virtual_stage(s, c, p);
-      if (k > 0) probe.push_back({Op::RecvForward, 0, c});
-      probe.push_back({Op::Forward, 0, c});
-      if (k < p * chunks() - 1) probe.push_back({Op::SendForward, 0, c});
-    }
     const auto mode = ctx_.mode;
     ctx_.mode = layers::Mode::eval;
     step_.set_probing(true);
-    (void)run(probe);
+    (void)run(probe_tables_, order(&TableOrders::probe));
     step_.set_probing(false);
     ctx_.mode = mode;
   }
@@ -848,8 +873,14 @@ class Trainer {
   [[no_unique_address]] StageStorage stage_;
   Optimizer optimizer_;
   parallel::pipeline::Schedule schedule_;
+  parallel::pipeline::Schedule eval_tables_, probe_tables_;  // every rank's forward-only and probe tables
   detail::PipelineStep<Stage> step_;
   typename Transport::type transport_;
+  // A rendezvous transport under the interleaved schedule: each table's global message order.
+  struct TableOrders {
+    parallel::pipeline::MessageOrder step, eval, probe;
+  };
+  std::optional<TableOrders> orders_;
   bool trace_next_ = false;  // trace_next_step()
   std::optional<optim::DynamicLossScale> scaler_;  // LossScaling::Mode::dynamic
   Tensor<typename detail::BatchElement<Stage>::input, Space> inputs_;    // a GPU's copy of the step's batch

@@ -15,6 +15,13 @@
 //
 //   const auto schedule = make_schedule(OneFOneB{}, p, m);
 //   BatchedTransport<T, L> transport(launcher, peer_batches(schedule, stage));
+//
+// The interleaved table has no such order; message_order(schedule, stage) gives the one global
+// order of single-message groups that BatchedTransport launches instead (transport.hpp, "One
+// order for the interleaved table"), again from the table alone:
+//
+//   const MessageOrder order = message_order(schedule, stage);
+//   BatchedTransport<T, L> transport(launcher, &order, chunks_in(schedule));
 
 #include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
@@ -22,8 +29,11 @@
 #include "dpml/parallel/pipeline/schedule.hpp"
 #include "dpml/parallel/pipeline/transport.hpp"
 
+#include <algorithm>
 #include <cstddef>
+#include <map>
 #include <set>
+#include <tuple>
 #include <vector>
 
 namespace dpml::parallel::pipeline {
@@ -68,6 +78,35 @@ struct RecordingLauncher {
   int rank() const { return stage; }
   int size() const { return stages; }
 };
+
+// A transport that records the executor's calls of one rank, in order: a post or a wait of a
+// message (a wait on a send: before its buffer is written again), or the step's finish.
+struct TransportCall {
+  enum Kind { post, wait, finish } kind;
+  Message message;
+};
+struct CallRecorder {
+  int stage, stages, v;
+  std::vector<TransportCall>* out;
+  int rank() const { return stage; }
+  int size() const { return stages; }
+  int chunks() const { return v; }
+  void post_recv(Flow f, char*, std::size_t, int mb, int c) { out->push_back({TransportCall::post, {f, mb, false, c}}); }
+  void post_send(Flow f, const char*, std::size_t, int mb, int c) { out->push_back({TransportCall::post, {f, mb, true, c}}); }
+  void wait_recv(Flow f, int mb, int c) { out->push_back({TransportCall::wait, {f, mb, false, c}}); }
+  void wait_send(Flow f, int mb, int c) { out->push_back({TransportCall::wait, {f, mb, true, c}}); }
+  void finish() { out->push_back({TransportCall::finish, {}}); }
+  void abandon() noexcept {}
+  std::size_t pending_receives() const { return 0; }
+};
+
+// A message as both ends name it: (activation?, the boundary it crosses — between virtual stages
+// low and low + 1 —, micro-batch); p ranks of v chunks.
+inline std::tuple<bool, int, int> wire_key(const Message& m, int rank, int p) {
+  const int k = m.chunk * p + rank;
+  const bool up = (m.flow == Flow::forward) == m.send;  // towards k + 1
+  return {m.flow == Flow::forward, up ? k : k - 1, m.micro_batch};
+}
 }  // namespace detail
 
 // The groups stage `stage` launches in one step of `schedule` (a checked table): its batches, or
@@ -79,6 +118,68 @@ inline Batches batches_of(const Schedule& schedule, int stage, PeerBatches peer_
       detail::RecordingLauncher{stage, static_cast<int>(schedule.size()), &out, {}}, std::move(peer_batches), chunks_in(schedule));
   run_stage(schedule[static_cast<std::size_t>(stage)], null, transport);
   return out;
+}
+
+// Stage `stage`'s messages of one step of `schedule` (a checked table) in the order every rank
+// launches them (transport.hpp, "One order for the interleaved table"). Every rank's executor
+// calls are recorded (detail::CallRecorder) and replayed together: posts go at once, a wait blocks
+// until the other end has posted its side (a send's wait: the receive), finish until every send of
+// the rank has its receive. Each executed call takes the next tick; a message's time is the later
+// of its two posts' ticks, and the rank's messages are ordered by it (the ticks are distinct).
+inline MessageOrder message_order(const Schedule& schedule, int stage) {
+  using detail::TransportCall;
+  using Key = std::tuple<bool, int, int>;
+  const int p = static_cast<int>(schedule.size()), v = chunks_in(schedule);
+  std::vector<std::vector<TransportCall>> calls(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    detail::NullStage null;
+    detail::CallRecorder recorder{r, p, v, &calls[static_cast<std::size_t>(r)]};
+    run_stage(schedule[static_cast<std::size_t>(r)], null, recorder);
+  }
+  std::map<Key, long> send_posted, recv_posted;  // tick of each end's post
+  std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+  long tick = 0;
+  auto ready = [&](int r, const TransportCall& c) {
+    if (c.kind == TransportCall::post) return true;
+    if (c.kind == TransportCall::wait) {
+      const Key k = detail::wire_key(c.message, r, p);
+      return (c.message.send ? recv_posted : send_posted).contains(k) || (c.message.send && !send_posted.contains(k));
+    }
+    for (const TransportCall& mine : calls[static_cast<std::size_t>(r)])  // finish: every send received
+      if (mine.kind == TransportCall::post && mine.message.send && !recv_posted.contains(detail::wire_key(mine.message, r, p)))
+        return false;
+    return true;
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < p; ++r) {
+      auto& at = next[static_cast<std::size_t>(r)];
+      const auto& mine = calls[static_cast<std::size_t>(r)];
+      for (; at < mine.size() && ready(r, mine[at]); ++at, ++tick, progress = true)
+        if (mine[at].kind == TransportCall::post)
+          (mine[at].message.send ? send_posted : recv_posted)[detail::wire_key(mine[at].message, r, p)] = tick;
+    }
+  }
+  for (int r = 0; r < p; ++r)
+    DPML_REQUIRE(next[static_cast<std::size_t>(r)] == calls[static_cast<std::size_t>(r)].size(),
+                 "pipeline: the schedule's transport calls deadlock even with every message posted at once (stage "
+                     << r << " waits at call #" << next[static_cast<std::size_t>(r)] << "; schedule not checked?)");
+  std::vector<std::pair<long, Message>> timed;
+  for (const TransportCall& c : calls[static_cast<std::size_t>(stage)])
+    if (c.kind == TransportCall::post) {
+      const Key k = detail::wire_key(c.message, stage, p);
+      DPML_REQUIRE(send_posted.contains(k) && recv_posted.contains(k),
+                   "pipeline stage " << stage << ": the " << flow_name(c.message.flow) << " of micro-batch " << c.message.micro_batch
+                                     << " has no other end (schedule not checked?)");
+      timed.emplace_back(std::max(send_posted.at(k), recv_posted.at(k)), c.message);
+    }
+  std::sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  MessageOrder order;
+  for (const auto& [time, m] : timed) {
+    order.at[key_of(m)] = order.messages.size();
+    order.messages.push_back(m);
+  }
+  return order;
 }
 
 // The neighbours: ranks stage ± 1 (mod p under interleaving, where the last rank sends to the

@@ -55,6 +55,18 @@
 // batches this batch meets. The neighbour splits its batch the same way, so every group holds, per
 // neighbour, exactly the messages of one group of that neighbour, in the same order on both sides
 // (peer_batches() checks that such an order exists).
+//
+// One order for the interleaved table. Its batches cross (the last rank sends to the first, and
+// the neighbours' batch indices go down along a stage's batches), so no rounds exist. Given a
+// MessageOrder instead (message_order() in pipeline/peer_batches.hpp), BatchedTransport launches
+// each message as a group of its own, in one global order that every rank derives from the whole
+// table: a replay of all ranks' transport calls in which a wait blocks until the other end posted,
+// each message timed by the later of its two posts. A wait for message m launches this rank's
+// messages up to m in that order; all of them are posted by then (their posts come before the
+// wait in the replay, hence in the rank's table). Why it cannot deadlock: a group's compute-side
+// dependencies (the marks of its posts) wait only for messages earlier in the order, and every
+// rank's groups run in that order, so the earliest message not yet done always has both ends
+// started. tests/pipeline/test_transport.cpp replays it for p ≤ 8, v ≤ 4.
 
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
@@ -169,6 +181,12 @@ inline MessageKey key_of(Message m) { return {static_cast<int>(m.flow), m.chunk,
 // carries its match — the receive of a send, the send of a receive.
 using PeerBatches = std::map<MessageKey, int>;
 
+// A rank's messages of one step in the order all ranks launch them (message_order()).
+struct MessageOrder {
+  std::vector<Message> messages;         // launch order
+  std::map<MessageKey, std::size_t> at;  // a message's place in it
+};
+
 template <class Payload>
 class P2pBatcher {
  public:
@@ -180,6 +198,16 @@ class P2pBatcher {
 
   void post(Message m, Payload p) { held_.push_back({m, std::move(p)}); }
   bool held(Message m) const { return find(m) != held_.end(); }
+  // Held message m alone (it must be held).
+  Batch take(Message m) {
+    auto it = find(m);
+    DPML_REQUIRE(it != held_.end(), "pipeline: the " << flow_name(m.flow) << " of micro-batch " << m.micro_batch << " (chunk " << m.chunk
+                                                     << (m.send ? ") is to be sent" : ") is to be received")
+                                                     << " before it was posted (the message order does not fit the table)");
+    Batch b{std::move(*it)};
+    held_.erase(it);
+    return b;
+  }
   std::size_t held_receives() const {
     return static_cast<std::size_t>(std::count_if(held_.begin(), held_.end(), [](const Entry& e) { return !e.message.send; }));
   }
@@ -240,6 +268,17 @@ class BatchedTransport {
   // `chunks`: model chunks per rank (the interleaved schedule's v).
   explicit BatchedTransport(Launcher launcher, PeerBatches peer_batches = {}, int chunks = 1)
       : launcher_(std::move(launcher)), peer_batches_(std::move(peer_batches)), chunks_(chunks) {}
+  // Each message a group of its own, in `order` (the interleaved schedule; see the header comment),
+  // which must outlive the transport's use of it.
+  BatchedTransport(Launcher launcher, const MessageOrder* order, int chunks)
+      : launcher_(std::move(launcher)), order_(order), chunks_(chunks) {}
+
+  // The order of the table the executor runs next (a trainer's step, its evaluation and its
+  // probe each have one), or nullptr for PeerBatches' rounds. Between steps only.
+  void follow(const MessageOrder* order) {
+    DPML_REQUIRE(next_ == 0 && batcher_.held_receives() == 0, "pipeline: a transport's message order changed inside a step");
+    order_ = order;
+  }
 
   int rank() const noexcept { return launcher_.rank(); }
   int size() const noexcept { return launcher_.size(); }
@@ -256,16 +295,25 @@ class BatchedTransport {
     DPML_REQUIRE(batcher_.held(m) || launcher_.launched(m), "pipeline stage " << rank() << ": the " << flow_name(f) << " of micro-batch " << mb
                                                                               << " (chunk " << chunk
                                                                               << ") needed before its receive was posted (schedule not checked?)");
-    launch(batcher_.for_receive(m));
+    if (order_) launch_through(m);
+    else launch(batcher_.for_receive(m));
     launcher_.wait(m);
   }
   void wait_send(Flow f, int mb, int chunk = 0) {
     const Message m{f, mb, true, chunk};
-    if (batcher_.held(m)) launch(batcher_.take_sends());
+    if (batcher_.held(m)) {
+      if (order_) launch_through(m);
+      else launch(batcher_.take_sends());
+    }
     if (launcher_.launched(m)) launcher_.wait(m);
   }
   void finish() {
-    launch(batcher_.take_sends());
+    if (order_) {
+      if (!order_->messages.empty()) launch_through(order_->messages.back());
+      next_ = 0;
+    } else {
+      launch(batcher_.take_sends());
+    }
     launcher_.wait_all();
   }
   void abandon() noexcept { batcher_.clear(); }
@@ -299,8 +347,19 @@ class BatchedTransport {
       launcher_.launch(round);
     }
   }
+  // With a MessageOrder: the messages not yet launched this step up to m, one group each, in order.
+  void launch_through(Message m) {
+    const auto at = order_->at.find(key_of(m));
+    DPML_REQUIRE(at != order_->at.end(), "pipeline stage " << rank() << ": the " << flow_name(m.flow) << " of micro-batch "
+                                                            << m.micro_batch << " (chunk " << m.chunk
+                                                            << ") is not in the step's message order (schedule not checked?)");
+    for (; next_ <= at->second; ++next_) launcher_.launch(batcher_.take(order_->messages[next_]));
+  }
+
   Launcher launcher_;
   PeerBatches peer_batches_;
+  const MessageOrder* order_ = nullptr;
+  std::size_t next_ = 0;  // order_: the first message not launched this step
   int chunks_;
   P2pBatcher<Payload> batcher_;
 };
