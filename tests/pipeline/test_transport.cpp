@@ -81,8 +81,8 @@ std::vector<Batches> one_at_a_time(const pl::Schedule& schedule) {
 // Replays the stages' groups together: a stage runs its groups one after the other, and
 // start(s, group) records stage s's next group as started and says whether it completes now (what
 // it waits for has been posted). Called again for a group that waits. True when every stage finishes.
-template <class Start>
-bool replay(const std::vector<Batches>& stages, Start&& start) {
+template <class Stages, class Start>
+bool replay(const Stages& stages, Start&& start) {
   const std::size_t p = stages.size();
   std::vector<std::size_t> next(p, 0);
   for (bool progress = true; progress;) {
@@ -160,6 +160,96 @@ void check_each_launched_once(const pl::Schedule& schedule, const std::vector<Ba
   CHECK(messages == actions);
 }
 
+// ---- the hosts' side -------------------------------------------------------------------------
+// Where a host blocks: comm::Staged's calls return once matched, NCCL connects two peers on their
+// first message inside the launch, and the trainer's first step (its probe, first_forward) learns
+// each message's shape over MPI when it posts the receive, from the sender's post. A rank's host
+// events: its posts and its launches, in the order it makes them.
+struct HostEvent {
+  bool launch;                        // else a post
+  std::vector<pl::Message> messages;  // a post: its one message
+};
+using HostEvents = std::vector<HostEvent>;
+
+// A BatchedTransport launcher recording each group as a launch.
+struct HostLauncher {
+  using Mark = int;
+  int stage, stages;
+  HostEvents* out;
+  std::set<pl::MessageKey> launched_this_step;
+  Mark mark() { return 0; }
+  template <class Batch>
+  void launch(const Batch& b) {
+    HostEvent e{true, {}};
+    for (const auto& entry : b) {
+      e.messages.push_back(entry.message);
+      launched_this_step.insert(pl::key_of(entry.message));
+    }
+    out->push_back(std::move(e));
+  }
+  bool launched(pl::Message m) const { return launched_this_step.contains(pl::key_of(m)); }
+  void wait(pl::Message) {}
+  void wait_all() { launched_this_step.clear(); }
+  int rank() const { return stage; }
+  int size() const { return stages; }
+};
+
+// The transport the executor drives, recording each post before the launches it may cause.
+struct PostTap {
+  pl::BatchedTransport<char, HostLauncher>& inner;
+  HostEvents* out;
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  int chunks() const { return inner.chunks(); }
+  void post_recv(pl::Flow f, char* d, std::size_t n, int mb, int c) {
+    out->push_back({false, {{f, mb, false, c}}});
+    inner.post_recv(f, d, n, mb, c);
+  }
+  void post_send(pl::Flow f, const char* d, std::size_t n, int mb, int c) {
+    out->push_back({false, {{f, mb, true, c}}});
+    inner.post_send(f, d, n, mb, c);
+  }
+  void wait_recv(pl::Flow f, int mb, int c) { inner.wait_recv(f, mb, c); }
+  void wait_send(pl::Flow f, int mb, int c) { inner.wait_send(f, mb, c); }
+  void finish() { inner.finish(); }
+  void abandon() noexcept { inner.abandon(); }
+  std::size_t pending_receives() const { return inner.pending_receives(); }
+};
+
+// Each rank's host events for `tables` (every rank's) under the message order of those tables.
+std::vector<HostEvents> host_events(const pl::Schedule& tables) {
+  const int p = static_cast<int>(tables.size());
+  std::vector<HostEvents> all(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    const pl::MessageOrder order = pl::message_order(tables, s);
+    pl::BatchedTransport<char, HostLauncher> transport(HostLauncher{s, p, &all[static_cast<std::size_t>(s)], {}}, &order,
+                                                       pl::chunks_in(tables));
+    PostTap tap{transport, &all[static_cast<std::size_t>(s)]};
+    pl::detail::NullStage null;
+    pl::run_stage(tables[static_cast<std::size_t>(s)], null, tap);
+  }
+  return all;
+}
+
+// The hosts replayed together: a launch completes once each peer has started launching the
+// match of each of its messages; with `shapes`, posting a receive waits for the sender's post.
+bool hosts_finish(const std::vector<HostEvents>& hosts, int v, bool shapes) {
+  const int p = static_cast<int>(hosts.size());
+  std::set<Key> sends_posted, launched_sends, launched_recvs;
+  return replay(hosts, [&](int s, const HostEvent& e) {
+    if (!e.launch) {
+      const auto& m = e.messages.front();
+      const Key k = identify(s, m, p, v).first;
+      if (m.send) sends_posted.insert(k);
+      return m.send || !shapes || sends_posted.contains(k);
+    }
+    for (const auto& m : e.messages) (m.send ? launched_sends : launched_recvs).insert(identify(s, m, p, v).first);
+    return std::all_of(e.messages.begin(), e.messages.end(), [&](const pl::Message& m) {
+      return (m.send ? launched_recvs : launched_sends).contains(identify(s, m, p, v).first);
+    });
+  });
+}
+
 template <class Tag>
 void check_batches_complete(const char* name) {
   for (int p = 1; p <= 8; ++p)
@@ -205,6 +295,22 @@ TEST_CASE("batched transport: interleaved 1F1B's batches deadlock; its messages 
         CHECK(completes(singles, v));
         CHECK(completes_alike(singles, v));
         check_each_launched_once(table, singles);
+      }
+}
+TEST_CASE("batched transport: interleaved hosts that block in their calls finish (step, evaluation, shape probe)",
+          "[pipeline][interleaved]") {
+  // The first GPU run of the interleaved schedule (2×H200, NCCL) hung in the trainer's probe while
+  // the messages went out only at the waits: rank 0 waited in MPI for rank 1's shape before it had
+  // launched its first send, rank 1 waited inside NCCL's first launch for rank 0. Launching each
+  // message as soon as it and all before it are posted lets every host finish.
+  for (int p = 2; p <= 4; ++p)
+    for (int v = 2; v <= 3; ++v)
+      for (int m = p; m <= 3 * p; m += p) {
+        CAPTURE(p, v, m);
+        const auto step = pl::make_schedule(pl::Interleaved1F1B{v}, p, m);
+        CHECK(hosts_finish(host_events(step), v, false));
+        CHECK(hosts_finish(host_events(pl::forward_only(step)), v, false));
+        CHECK(hosts_finish(host_events(pl::first_forward(p, v)), v, true));
       }
 }
 TEST_CASE("batched transport: one message at a time deadlocks 1F1B (the replay sees it)", "[pipeline]") {

@@ -594,7 +594,8 @@ class Trainer {
         stage_(make_stage(model, std::move(loss), grid, options_)),
         optimizer_(make_optimizer(chunk_parameters(), grid, comms, *dev_, rule, dist)),
         schedule_(parallel::pipeline::make_schedule(schedule_tag(options_), grid.pp(), options.micro_batches)),
-        eval_tables_(forward_only(schedule_)), probe_tables_(probe_tables(grid.pp(), parallel::pipeline::chunks_in(schedule_))),
+        eval_tables_(parallel::pipeline::forward_only(schedule_)),
+        probe_tables_(parallel::pipeline::first_forward(grid.pp(), parallel::pipeline::chunks_in(schedule_))),
         step_(chunk_list(), ctx_, grid.comm(Axis::pipeline), chunk_slots()),
         transport_(Transport::make(grid, comms, *dev_, schedule_)) {
     if constexpr (requires { transport_.follow(nullptr); })
@@ -716,30 +717,6 @@ class Trainer {
     if constexpr (requires { transport_.follow(order); })
       if (orders_) transport_.follow(order);
     return parallel::pipeline::run_stage(tables[static_cast<std::size_t>(grid_.coord(Axis::pipeline))], step_, transport_, trace);
-  }
-  // Every rank's evaluation table: its step's forward actions.
-  static parallel::pipeline::Schedule forward_only(const parallel::pipeline::Schedule& schedule) {
-    using parallel::pipeline::Op;
-    parallel::pipeline::Schedule out(schedule.size());
-    for (std::size_t r = 0; r < schedule.size(); ++r)
-      for (const auto& a : schedule[r])
-        if (a.op == Op::Forward || a.op == Op::SendForward || a.op == Op::RecvForward) out[r].push_back(a);
-    return out;
-  }
-  // Every rank's probe table (see "Message shapes" at the top of the file): micro-batch 0 through
-  // each chunk, virtual stage c·p + s.
-  static parallel::pipeline::Schedule probe_tables(int p, int chunks) {
-    using parallel::pipeline::Op;
-    parallel::pipeline::Schedule out(static_cast<std::size_t>(p));
-    for (int s = 0; s < p; ++s)
-      for (int c = 0; c < chunks; ++c) {
-        const int k = parallel::pipeline::virtual_stage(s, c, p);
-        auto& probe = out[static_cast<std::size_t>(s)];
-        if (k > 0) probe.push_back({Op::RecvForward, 0, c});
-        probe.push_back({Op::Forward, 0, c});
-        if (k < p * chunks - 1) probe.push_back({Op::SendForward, 0, c});
-      }
-    return out;
   }
   struct TableOrders;
   const parallel::pipeline::MessageOrder* order(parallel::pipeline::MessageOrder TableOrders::*table) const {
@@ -873,7 +850,8 @@ class Trainer {
   [[no_unique_address]] StageStorage stage_;
   Optimizer optimizer_;
   parallel::pipeline::Schedule schedule_;
-  parallel::pipeline::Schedule eval_tables_, probe_tables_;  // every rank's forward-only and probe tables
+  // Every rank's evaluation table (forward actions) and probe table (see "Message shapes" at the top).
+  parallel::pipeline::Schedule eval_tables_, probe_tables_;
   detail::PipelineStep<Stage> step_;
   typename Transport::type transport_;
   // A rendezvous transport under the interleaved schedule: each table's global message order.

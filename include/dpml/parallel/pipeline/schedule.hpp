@@ -290,6 +290,31 @@ inline Schedule make_schedule(Interleaved1F1B tag, int stages, int micro_batches
       stages, true, [&](int s) { return detail::interleaved_compute(s, stages, micro_batches, v); }, v);
 }
 
+// Every rank's forward actions of `schedule` (its sends and receives of activations with them):
+// an evaluation pass over the same micro-batches.
+inline Schedule forward_only(const Schedule& schedule) {
+  Schedule out(schedule.size());
+  for (std::size_t r = 0; r < schedule.size(); ++r)
+    for (const Action& a : schedule[r])
+      if (a.op == Op::Forward || a.op == Op::SendForward || a.op == Op::RecvForward) out[r].push_back(a);
+  return out;
+}
+
+// Micro-batch 0 forward through every virtual stage, chunk by chunk: p ranks of `chunks` chunks
+// (train::Trainer's probe of the message shapes).
+inline Schedule first_forward(int p, int chunks) {
+  Schedule out(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s)
+    for (int c = 0; c < chunks; ++c) {
+      const int k = virtual_stage(s, c, p);
+      auto& row = out[static_cast<std::size_t>(s)];
+      if (k > 0) row.push_back({Op::RecvForward, 0, c});
+      row.push_back({Op::Forward, 0, c});
+      if (k < p * chunks - 1) row.push_back({Op::SendForward, 0, c});
+    }
+  return out;
+}
+
 // ---- simulation ------------------------------------------------------------------------------
 
 // Cost of each action, in any time unit; comm = latency from a send to the matching data being

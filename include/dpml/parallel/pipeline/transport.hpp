@@ -66,7 +66,11 @@
 // wait in the replay, hence in the rank's table). Why it cannot deadlock: a group's compute-side
 // dependencies (the marks of its posts) wait only for messages earlier in the order, and every
 // rank's groups run in that order, so the earliest message not yet done always has both ends
-// started. tests/pipeline/test_transport.cpp replays it for p ≤ 8, v ≤ 4.
+// started. The messages go out as soon as they and all before them are posted, not at the waits:
+// a host may block between a post and its wait (the trainer's first step learns the message
+// shapes over MPI; NCCL connects two peers on their first message; comm::Staged's calls return
+// once matched), and its peers may need what it posted before. tests/pipeline/test_transport.cpp
+// replays it for p ≤ 8, v ≤ 4.
 
 #include "dpml/comm/mpi.hpp"
 #include "dpml/core/error.hpp"
@@ -286,9 +290,11 @@ class BatchedTransport {
 
   void post_recv(Flow f, T* data, std::size_t n, int mb, int chunk = 0) {
     batcher_.post({f, mb, false, chunk}, {nullptr, data, n, launcher_.mark(), route(f, false, rank(), chunk, mb, size(), chunks_)});
+    if (order_) launch_posted();
   }
   void post_send(Flow f, const T* data, std::size_t n, int mb, int chunk = 0) {
     batcher_.post({f, mb, true, chunk}, {data, nullptr, n, launcher_.mark(), route(f, true, rank(), chunk, mb, size(), chunks_)});
+    if (order_) launch_posted();
   }
   void wait_recv(Flow f, int mb, int chunk = 0) {
     const Message m{f, mb, false, chunk};
@@ -347,7 +353,15 @@ class BatchedTransport {
       launcher_.launch(round);
     }
   }
-  // With a MessageOrder: the messages not yet launched this step up to m, one group each, in order.
+  // With a MessageOrder: as soon as the next messages of the order are posted, each alone — so a
+  // host that blocks elsewhere (the probe's shape exchange over MPI, NCCL connecting two peers on
+  // their first message, comm::Staged's calls) has launched everything its peers may wait for.
+  void launch_posted() {
+    while (next_ < order_->messages.size() && batcher_.held(order_->messages[next_]))
+      launcher_.launch(batcher_.take(order_->messages[next_++]));
+  }
+  // … and at a wait, every message up to m (all posted by then: launched already, unless the
+  // order does not fit the table, which take() reports).
   void launch_through(Message m) {
     const auto at = order_->at.find(key_of(m));
     DPML_REQUIRE(at != order_->at.end(), "pipeline stage " << rank() << ": the " << flow_name(m.flow) << " of micro-batch "
