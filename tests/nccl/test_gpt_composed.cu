@@ -263,6 +263,18 @@ void same_bf16_weights(Host& host, Device& gpu) {
   }
 }
 
+// A layout's run against the one-GPU reference by the layouts' criteria (the header comment): each
+// step's loss, the initial and final weights, and the data-parallel replicas alike.
+void check_layout(const Trained& run, const Trained& reference, const ProcessGrid& grid) {
+  for (int s = 0; s < kSteps; ++s) {
+    CAPTURE(s, run.losses[s], reference.losses[s]);
+    CHECK(std::abs(run.losses[s] - reference.losses[s]) <= 1e-2 * reference.losses[s]);
+  }
+  check_initial(run, reference);
+  check_weights(run, reference);
+  check_replicas(run, grid);
+}
+
 }  // namespace
 
 TEST_CASE("composed GPT: one GPU in bf16 against the host in float64, loss and every gradient", "[gpu][gpt]") {
@@ -328,14 +340,7 @@ TEST_CASE("composed GPT: dp, tp, pp (each schedule), ZeRO-1 and their pairs trai
     for (const auto& l : ranks == 4 ? pairs : singles) {
       const auto grid = ProcessGrid::create(test::world(), l.layout);
       CAPTURE(grid.tp(), grid.pp(), grid.dp(), l.schedule, l.zero);
-      const Trained run = train_composed<bf16, Comm>(grid, l.schedule, l.zero);
-      for (int s = 0; s < kSteps; ++s) {
-        CAPTURE(s, run.losses[s], reference.losses[s]);
-        CHECK(std::abs(run.losses[s] - reference.losses[s]) <= 1e-2 * reference.losses[s]);
-      }
-      check_initial(run, reference);
-      check_weights(run, reference);
-      check_replicas(run, grid);
+      check_layout(train_composed<bf16, Comm>(grid, l.schedule, l.zero), reference, grid);
     }
   });
 }
@@ -396,14 +401,7 @@ TEST_CASE("composed GPT: the interleaved schedule (2 chunks per rank) trains as 
     const Trained reference = train_composed<bf16, Comm>(ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {}), "1f1b", false);
     const auto grid = ProcessGrid::create(test::world(), {.pp = 2});
     CAPTURE(grid.pp(), grid.dp());
-    const Trained run = train_composed<bf16, Comm>(grid, "interleaved", false, {}, kMicro, false, 2);
-    for (int s = 0; s < kSteps; ++s) {
-      CAPTURE(s, run.losses[s], reference.losses[s]);
-      CHECK(std::abs(run.losses[s] - reference.losses[s]) <= 1e-2 * reference.losses[s]);
-    }
-    check_initial(run, reference);
-    check_weights(run, reference);
-    check_replicas(run, grid);
+    check_layout(train_composed<bf16, Comm>(grid, "interleaved", false, {}, kMicro, false, 2), reference, grid);
   });
 }
 
