@@ -3,6 +3,8 @@
 #include "grad_check.hpp"
 #include "test.hpp"
 
+#include <dpml/core/philox.hpp>
+#include <dpml/kernels/host/blas_threads.hpp>
 #include <dpml/layers/activation.hpp>
 #include <dpml/layers/conv2d.hpp>
 #include <dpml/layers/cross_entropy.hpp>
@@ -147,6 +149,27 @@ TEST_CASE("A parameter stored in another order is initialised by its logical ind
   CHECK(stored.value()[((1 * 2 + 1) * 5 + 3) * 4 + 2] == logical.value()(1, 2, 1, 3));
   CHECK(test::error_of([&] { stored.set_storage_order(StorageOrder(std::array<int, 4>{0, 2, 2, 1})); })
             .find("not a permutation") != std::string::npos);
+}
+
+TEST_CASE("A large parameter is drawn by several threads as by one", "[layers]") {
+  // 3.3 M elements: three threads of 1 M or more (layers/init.hpp), split inside a row.
+  const Shape shape{3, 1100007};
+  const Init init = Init::normal(0.5, 0.02);
+  Param<float> one("blk.7.mlp.fc.weight", shape, init), three("blk.7.mlp.fc.weight", shape, init);
+  const int before = kernels::host::blas_threads();
+  kernels::host::set_blas_threads(1);
+  layers::initialize(one, 11, nullptr);
+  kernels::host::set_blas_threads(3);
+  layers::initialize(three, 11, nullptr);
+  kernels::host::set_blas_threads(before);
+  CHECK(test::rel_error(one.value(), three.value()) == 0.0);
+  // Each element is Philox's normal at its index, from the seed and the name's stream.
+  const PhiloxStream rng(11, layers::name_stream("blk.7.mlp.fc.weight"));
+  for (std::int64_t i : {std::int64_t{0}, std::int64_t{1100006}, std::int64_t{1100007}, shape.numel() / 3, shape.numel() / 3 + 1,
+                         2 * ((shape.numel() + 2) / 3), shape.numel() - 1}) {
+    CAPTURE(i);
+    CHECK(three.value()[i] == static_cast<float>(0.5 + 0.02 * rng.normal(static_cast<std::uint64_t>(i))));
+  }
 }
 
 TEST_CASE("MaxPool2d, AvgPool2d, GlobalAvgPool: forward against window loops; gradients", "[layers]") {
