@@ -142,8 +142,8 @@ bool parse(int argc, char** argv, int rank, Options& o) {
             "output recomputed in the backward; attention keeps no (T, T) scores anyway) | full (each block keeps only "
             "its input and runs its forward again in the backward)",
             [](const std::string& v) {
-              DPML_REQUIRE_EVERYWHERE(v == "none" || v == "selective" || v == "full",
-                                      "gpt_train: --recompute-granularity " << v << " is not none, selective or full");
+              models::GptConfig c;
+              models::apply_recompute_granularity(v, c);
             })
       .flag("--precision", o.precision, "storage of weights, activations, gradients: bf16 | fp16 (dynamic loss scaling)")
       .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB per gradient all-reduce bucket",
@@ -157,8 +157,7 @@ bool parse(int argc, char** argv, int rank, Options& o) {
   const char* shape_flags[] = {"--layers", "--dim", "--heads", "--seq"};
   models::apply_gpt_preset(o.model_size, [&](int i) { return args.given(shape_flags[i]); }, o.model.layers, o.model.dim,
                            o.model.heads, o.seq);
-  o.model.recompute_gelu = recompute != "none";
-  o.model.recompute = recompute == "full";
+  models::apply_recompute_granularity(recompute, o.model);
   DPML_REQUIRE_EVERYWHERE(o.schedule == "gpipe" || o.schedule == "1f1b" || o.schedule == "zb-h1" || o.schedule == "zbh1",
                           "gpt_train: --pipeline-schedule " << o.schedule << " is not gpipe, 1f1b or zb-h1");
   DPML_REQUIRE_EVERYWHERE(o.precision == "bf16" || o.precision == "fp16", "gpt_train: --precision " << o.precision << " is not bf16 or fp16");

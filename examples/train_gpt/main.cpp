@@ -132,8 +132,8 @@ int main(int argc, char** argv) {
               "on GPUs anyway) | full (each block keeps only its input and runs its forward again in backward); "
               "default: selective with --device cuda, none on CPU ranks",
               [](const std::string& v) {
-                DPML_REQUIRE_EVERYWHERE(v == "none" || v == "selective" || v == "full",
-                                        "--recompute-granularity " << v << " is not one of none, selective, full");
+                models::GptConfig c;
+                models::apply_recompute_granularity(v, c);
               })
         .flag("--recompute-activations", f.recompute_activations, "Megatron's switch for --recompute-granularity selective");
     train::lm_schedule_flags(args, f.iters, f.lr, f.min_lr, f.warmup, f.weight_decay, f.clip)

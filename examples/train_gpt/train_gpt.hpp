@@ -145,10 +145,11 @@ inline std::function<void(std::int64_t)> failing_save(std::int64_t from_step, co
 
 // What --recompute-granularity (or --recompute-activations) asks of the model, on a GPU or not.
 inline models::GptConfig with_recompute(models::GptConfig c, const Flags& f, bool gpu) {
-  const std::string g = f.recompute_activations ? "selective" : f.recompute_granularity.empty() ? (gpu ? "selective" : "none")
-                                                                                                  : f.recompute_granularity;
-  c.recompute = g == "full";
-  c.recompute_gelu = g != "none";  // selective, and full (whose blocks' MLPs then share one GELU buffer)
+  models::apply_recompute_granularity(f.recompute_activations        ? "selective"
+                                      : !f.recompute_granularity.empty() ? f.recompute_granularity
+                                      : gpu                              ? "selective"
+                                                                         : "none",
+                                      c);
   return c;
 }
 

@@ -139,6 +139,17 @@ void apply_gpt_preset(const std::string& name, Given&& given, std::int64_t& laye
     if (!given(i)) *fields[i] = values[i];
 }
 
+// --recompute-granularity (Megatron's flag) into `c`: none | selective (the MLP's GELU output
+// recomputed in the backward; the GPU's flash attention keeps no (T, T) scores anyway) | full
+// (each block keeps only its input and runs its forward again in the backward; its MLPs share one
+// GELU buffer too). Anything else is refused on every rank.
+inline void apply_recompute_granularity(const std::string& granularity, GptConfig& c) {
+  DPML_REQUIRE_EVERYWHERE(granularity == "none" || granularity == "selective" || granularity == "full",
+                          "--recompute-granularity " << granularity << " is not one of none, selective, full");
+  c.recompute = granularity == "full";
+  c.recompute_gelu = granularity != "none";
+}
+
 // Blocks [first, first + count) of a pipeline stage (shared with the GPU model).
 using parallel::pipeline::StageBlocks;
 
