@@ -100,12 +100,12 @@ struct CallRecorder {
   std::size_t pending_receives() const { return 0; }
 };
 
-// A message as both ends name it: (activation?, the boundary it crosses — between virtual stages
-// low and low + 1 —, micro-batch); p ranks of v chunks.
+// A message as both ends name it (schedule.hpp's Wire of its action), as a map key; p ranks.
 inline std::tuple<bool, int, int> wire_key(const Message& m, int rank, int p) {
-  const int k = m.chunk * p + rank;
-  const bool up = (m.flow == Flow::forward) == m.send;  // towards k + 1
-  return {m.flow == Flow::forward, up ? k : k - 1, m.micro_batch};
+  const bool forward = m.flow == Flow::forward;
+  const Op op = m.send ? (forward ? Op::SendForward : Op::SendBackward) : (forward ? Op::RecvForward : Op::RecvBackward);
+  const Wire w = wire_of(Action{op, m.micro_batch, m.chunk}, rank, p);
+  return {w.activation, w.low, w.micro_batch};
 }
 }  // namespace detail
 
@@ -175,10 +175,7 @@ inline MessageOrder message_order(const Schedule& schedule, int stage) {
     }
   std::sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   MessageOrder order;
-  for (const auto& [time, m] : timed) {
-    order.at[key_of(m)] = order.messages.size();
-    order.messages.push_back(m);
-  }
+  for (const auto& [time, m] : timed) order.push_back(m);
   return order;
 }
 

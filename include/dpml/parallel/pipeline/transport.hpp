@@ -61,12 +61,12 @@
 // MessageOrder instead (message_order() in pipeline/peer_batches.hpp), BatchedTransport launches
 // each message as a group of its own, in one global order that every rank derives from the whole
 // table: a replay of all ranks' transport calls in which a wait blocks until the other end posted,
-// each message timed by the later of its two posts. A wait for message m launches this rank's
-// messages up to m in that order; all of them are posted by then (their posts come before the
-// wait in the replay, hence in the rank's table). Why it cannot deadlock: a group's compute-side
-// dependencies (the marks of its posts) wait only for messages earlier in the order, and every
-// rank's groups run in that order, so the earliest message not yet done always has both ends
-// started. The messages go out as soon as they and all before them are posted, not at the waits:
+// each message timed by the later of its two posts. By a wait for message m, this rank has
+// launched its messages up to m in that order: all of them are posted by then (their posts come
+// before the wait in the replay, hence in the rank's table). Why it cannot deadlock: a group's
+// compute-side dependencies (the marks of its posts) wait only for messages earlier in the order,
+// and every rank's groups run in that order, so the earliest message not yet done always has both
+// ends started. The messages go out as soon as they and all before them are posted, not at the waits:
 // a host may block between a post and its wait (the trainer's first step learns the message
 // shapes over MPI; NCCL connects two peers on their first message; comm::Staged's calls return
 // once matched), and its peers may need what it posted before. tests/pipeline/test_transport.cpp
@@ -186,10 +186,7 @@ inline MessageKey key_of(Message m) { return {static_cast<int>(m.flow), m.chunk,
 using PeerBatches = std::map<MessageKey, int>;
 
 // A rank's messages of one step in the order all ranks launch them (message_order()).
-struct MessageOrder {
-  std::vector<Message> messages;         // launch order
-  std::map<MessageKey, std::size_t> at;  // a message's place in it
-};
+using MessageOrder = std::vector<Message>;
 
 template <class Payload>
 class P2pBatcher {
@@ -301,21 +298,23 @@ class BatchedTransport {
     DPML_REQUIRE(batcher_.held(m) || launcher_.launched(m), "pipeline stage " << rank() << ": the " << flow_name(f) << " of micro-batch " << mb
                                                                               << " (chunk " << chunk
                                                                               << ") needed before its receive was posted (schedule not checked?)");
-    if (order_) launch_through(m);
+    if (order_) require_launched(m);
     else launch(batcher_.for_receive(m));
     launcher_.wait(m);
   }
   void wait_send(Flow f, int mb, int chunk = 0) {
     const Message m{f, mb, true, chunk};
     if (batcher_.held(m)) {
-      if (order_) launch_through(m);
+      if (order_) require_launched(m);
       else launch(batcher_.take_sends());
     }
     if (launcher_.launched(m)) launcher_.wait(m);
   }
   void finish() {
     if (order_) {
-      if (!order_->messages.empty()) launch_through(order_->messages.back());
+      DPML_REQUIRE(next_ == order_->size(), "pipeline stage " << rank() << ": the step ended with "
+                                                               << order_->size() - next_
+                                                               << " messages of its order not posted (the order does not fit the table)");
       next_ = 0;
     } else {
       launch(batcher_.take_sends());
@@ -357,17 +356,14 @@ class BatchedTransport {
   // host that blocks elsewhere (the probe's shape exchange over MPI, NCCL connecting two peers on
   // their first message, comm::Staged's calls) has launched everything its peers may wait for.
   void launch_posted() {
-    while (next_ < order_->messages.size() && batcher_.held(order_->messages[next_]))
-      launcher_.launch(batcher_.take(order_->messages[next_++]));
+    while (next_ < order_->size() && batcher_.held((*order_)[next_])) launcher_.launch(batcher_.take((*order_)[next_++]));
   }
-  // … and at a wait, every message up to m (all posted by then: launched already, unless the
-  // order does not fit the table, which take() reports).
-  void launch_through(Message m) {
-    const auto at = order_->at.find(key_of(m));
-    DPML_REQUIRE(at != order_->at.end(), "pipeline stage " << rank() << ": the " << flow_name(m.flow) << " of micro-batch "
-                                                            << m.micro_batch << " (chunk " << m.chunk
-                                                            << ") is not in the step's message order (schedule not checked?)");
-    for (; next_ <= at->second; ++next_) launcher_.launch(batcher_.take(order_->messages[next_]));
+  // … so that a wait finds its message launched (else the order does not fit the table).
+  void require_launched(Message m) const {
+    DPML_REQUIRE(!batcher_.held(m), "pipeline stage " << rank() << ": the " << flow_name(m.flow) << " of micro-batch " << m.micro_batch
+                                                      << " (chunk " << m.chunk
+                                                      << ") is waited for before the messages ahead of it in the order were posted "
+                                                         "(the order does not fit the table)");
   }
 
   Launcher launcher_;
