@@ -13,19 +13,33 @@
 #include <dpml/parallel/device_grid.hpp>
 #include <dpml/parallel/strategy.hpp>
 
+#include <type_traits>
+
 namespace train_gpt {
 template <class T, class Comm>
 int train_on_gpu(models::GptConfig config, const parallel::ProcessGrid& grid, const Run& run) {
   const Flags& f = run.f;
   config = on_gpu(config, f.tp);
   kernels::Device<CudaSpace> dev;
-  return parallel::with_strategy(parallel::staged_model_schedule(f.schedule), f.zero, f.axis.dp_allreduce, [&]<class Strategy>() {
-    const parallel::DeviceGrid<Comm, parallel::data_comm_t<Strategy, Comm>> comms(grid, dev);
-    models::Gpt<T, CudaSpace, Comm> model(config, comms);
-    layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to T
-    train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, Comm> trainer(model, comms, dev, adamw_of(f), {.clip = f.clip},
-                                                                          train_options_of(f));
-    return train_and_sample(trainer, run);
-  });
+  // One models::Gpt stage per pipeline rank, or v chunks per rank (models::GptChunks) under the
+  // interleaved schedule; the device grid's data communicator is the strategy's.
+  const auto train = [&]<class Model>(std::type_identity<Model>, const auto& schedule) {
+    return parallel::with_strategy(schedule, f.zero, f.axis.dp_allreduce, [&]<class Strategy>() {
+      using DataComm = parallel::data_comm_t<Strategy, Comm>;
+      const parallel::DeviceGrid<Comm, DataComm> comms(grid, dev);
+      Model model = [&] {
+        if constexpr (std::is_same_v<Model, models::GptChunks<T, CudaSpace, Comm>>) return Model(config, comms, f.virtual_stages);
+        else return Model(config, comms);
+      }();
+      layers::initialize_all(model.parameters(), f.seed, &grid);  // the CPU's initial weights, rounded to T
+      train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, Comm, DataComm, Model> trainer(model, comms, dev, adamw_of(f),
+                                                                                           {.clip = f.clip}, train_options_of(f));
+      return train_and_sample(trainer, run);
+    });
+  };
+  if (f.schedule == "interleaved")
+    return train(std::type_identity<models::GptChunks<T, CudaSpace, Comm>>{},
+                 parallel::schedule_among<parallel::pipeline::Interleaved1F1B>(f.schedule));
+  return train(std::type_identity<models::Gpt<T, CudaSpace, Comm>>{}, parallel::staged_model_schedule(f.schedule));
 }
 }  // namespace train_gpt

@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
         .flag("--min-loss-scale", f.min_loss_scale, "--fp16: the dynamic loss scale's floor", train::positive<double>())
         .flag("--tp", f.tp, "tensor-parallel degree", train::at_least(1))
         .flag("--pp", f.pp, "pipeline-parallel degree (stages)", train::at_least(1))
-        .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved (CPU ranks)")
+        .flag("--schedule", f.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved")
         .flag("--num-virtual-stages-per-pipeline-rank", f.virtual_stages,
               "--schedule interleaved: model chunks per pipeline rank (chunk c of rank r is virtual stage c·pp + r)",
               train::at_least(1))
@@ -180,12 +180,6 @@ int main(int argc, char** argv) {
     const bool interleaved = f.schedule == "interleaved";
     DPML_REQUIRE_EVERYWHERE(f.virtual_stages == 1 || interleaved, "--num-virtual-stages-per-pipeline-rank " << f.virtual_stages
                                                                                                         << " needs --schedule interleaved");
-    // The library's trainer runs the interleaved table on GPUs (single messages in one global order,
-    // pipeline::message_order); the example offers it there once tests/nccl/test_gpt_composed.cu
-    // "[interleaved]" has passed on GPUs.
-    DPML_REQUIRE_EVERYWHERE(!interleaved || f.device == "cpu",
-                            "--schedule interleaved runs on CPU ranks only for now (--device cpu): on GPUs it awaits its "
-                            "first check");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
                             "--inject-fault nan:N poisons a host weight: --device cpu only");
     train::require_writable_output("--metrics", f.metrics);
@@ -193,7 +187,7 @@ int main(int argc, char** argv) {
     train::require_writable_output("--loss-log", f.loss_log);
     train::require_writable_export("--export", f.export_path);
     train::require_writable_output("--trace-pipeline", f.trace_pipeline);
-    train::resolve_lr_warmup(f.warmup, f.iters);
+    train::resolve_lr_schedule(f.warmup, f.iters, f.lr, f.min_lr);
     const Faults faults = Faults::parse(f.faults);
     (void)train::parse_nonfinite(f.on_nonfinite);  // refused on every rank before anything is built
     comm::watchdog::set_timeout(f.collective_timeout);

@@ -48,7 +48,7 @@ using namespace dpml;
 struct Flags {
   int tp = 1, pp = 1;
   std::string schedule = "1f1b";
-  int virtual_stages = 1;  // --num-virtual-stages-per-pipeline-rank: the interleaved schedule's chunks (CPU ranks)
+  int virtual_stages = 1;  // --num-virtual-stages-per-pipeline-rank: the interleaved schedule's chunks
   bool zero = false;
   train::DataAxisFlags axis;  // --dp-allreduce, --ranks-per-node, --grad-compression and its sizes
   std::int64_t micro_batch = 4, global_batch = 32;
