@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
 #else
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu", "--device cuda: this train_bert was built without CUDA (build it with the cuda preset)");
 #endif
-    train::resolve_lr_warmup(f.warmup, f.iters);
+    train::resolve_lr_schedule(f.warmup, f.iters, f.lr, f.min_lr);
     train::require_writable_output("--metrics", f.metrics);
     train::require_writable_directory("--tensorboard", f.tensorboard);
     auto grid = ProcessGrid::create(world, {.tp = f.tp, .pp = f.pp});

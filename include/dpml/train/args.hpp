@@ -279,8 +279,9 @@ inline void require_writable_directory(std::string_view flag, const std::string&
 
 // The AdamW schedule flags of the language-model examples (train_gpt, train_lstm, train_bert):
 // one definition of their names, ranges and help, bound to the caller's fields (each program keeps
-// its defaults). After parse(), resolve_lr_warmup turns --lr-warmup-iters -1 into a tenth of the
-// run and refuses a warm-up as long as the run, on every rank.
+// its defaults). After parse(), resolve_lr_schedule turns --lr-warmup-iters -1 into a tenth of the
+// run and refuses a warm-up as long as the run or a --min-lr above --lr, on every rank (before a
+// large model is built, not when its optimizer is).
 inline Args& lm_schedule_flags(Args& args, std::int64_t& iters, double& lr, double& min_lr, std::int64_t& warmup,
                                double& weight_decay, double& clip) {
   return args.flag("--train-iters", iters, "optimizer steps", at_least<std::int64_t>(1))
@@ -299,9 +300,10 @@ inline Args& lm_reporting_flags(Args& args, std::int64_t& eval_interval, std::in
       .flag("--metrics", metrics, "JSON-lines metrics file (rank 0)")
       .flag("--tensorboard", tensorboard, "TensorBoard log directory: rank 0 writes this launch's scalars to a run directory in it");
 }
-inline void resolve_lr_warmup(std::int64_t& warmup, std::int64_t iters) {
+inline void resolve_lr_schedule(std::int64_t& warmup, std::int64_t iters, double lr, double min_lr) {
   if (warmup == -1) warmup = iters / 10;  // the default follows the run's length
   DPML_REQUIRE_EVERYWHERE(warmup >= 0 && warmup < iters, "--lr-warmup-iters " << warmup << " must be below --train-iters " << iters);
+  DPML_REQUIRE_EVERYWHERE(min_lr <= lr, "--min-lr " << min_lr << " exceeds --lr " << lr << " (the cosine decays from --lr to --min-lr)");
 }
 
 }  // namespace dpml::train
