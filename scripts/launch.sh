@@ -8,8 +8,10 @@
 #   flags: DPML_SRUN_FLAGS.
 # * Otherwise, on one host: `mpiexec -n RANKS <program> ...` (mpirun where mpiexec is missing);
 #   RANKS defaults to the number of GPUs nvidia-smi lists (1 without any). Under Open MPI it adds
-#   --allow-run-as-root when run as root and --oversubscribe when RANKS exceeds the cores. Extra
-#   flags: DPML_MPIEXEC_FLAGS.
+#   --allow-run-as-root when run as root, --oversubscribe when RANKS exceeds the cores, and
+#   --bind-to none unless DPML_MPIEXEC_FLAGS binds: Open MPI binds 2 ranks to a core each, which
+#   left a 6.7B GPT's initialisation (drawn on the rank's cores, layers/init.hpp) on one thread,
+#   ~3 minutes before the first step on 2 H200s; MPICH does not bind. Extra flags: DPML_MPIEXEC_FLAGS.
 # Each rank picks its GPU from its node-local rank (comm::select_device), so nothing here binds
 # GPUs (Slurm's --gpus-per-task=1 binding works too). NCCL_NVLS_ENABLE=0 is exported unless
 # already set (NVLink multicast stays off).
@@ -55,6 +57,7 @@ else
   if "$launcher" --version 2>&1 | grep -qiE 'open mpi|openrte'; then
     [[ "$(id -u)" -eq 0 ]] && cmd+=(--allow-run-as-root)
     [[ "$ranks" -gt "$(nproc)" ]] && cmd+=(--oversubscribe)
+    [[ "${DPML_MPIEXEC_FLAGS:-}" == *--bind-to* ]] || cmd+=(--bind-to none)
   fi
   # shellcheck disable=SC2206
   cmd+=(${DPML_MPIEXEC_FLAGS:-})
