@@ -109,6 +109,10 @@ int main(int argc, char** argv) {
         .flag("--num-virtual-stages-per-pipeline-rank", f.virtual_stages,
               "--schedule interleaved: model chunks per pipeline rank (chunk c of rank r is virtual stage c·pp + r)",
               train::at_least(1))
+        .flag("--decoder-first-pipeline-num-layers", f.first_stage_layers,
+              "blocks of the first pipeline stage (0: an even cut)", train::at_least<std::int64_t>(0))
+        .flag("--decoder-last-pipeline-num-layers", f.last_stage_layers,
+              "blocks of the last pipeline stage, which also runs the LM head (0: an even cut)", train::at_least<std::int64_t>(0))
         .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks")
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
@@ -218,7 +222,8 @@ int main(int argc, char** argv) {
                             "--recompute-activations means --recompute-granularity selective, not "
                                 << f.recompute_granularity << ": give one of the two");
     const models::GptConfig config = with_recompute({.vocab = f.vocab, .max_seq = f.seq, .layers = f.layers, .heads = f.heads,
-                                                     .dim = f.hidden}, f, f.device == "cuda");
+                                                     .dim = f.hidden, .first_stage_layers = f.first_stage_layers,
+                                                     .last_stage_layers = f.last_stage_layers}, f, f.device == "cuda");
     {  // the estimate per rank kind: printed (--dry-run), or a size that cannot fit refused now, not by
        // std::bad_alloc or cudaErrorMemoryAllocation later
       const bool gpu = f.device == "cuda";

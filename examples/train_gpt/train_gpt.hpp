@@ -49,6 +49,7 @@ struct Flags {
   int tp = 1, pp = 1;
   std::string schedule = "1f1b";
   int virtual_stages = 1;  // --num-virtual-stages-per-pipeline-rank: the interleaved schedule's chunks
+  std::int64_t first_stage_layers = 0, last_stage_layers = 0;  // --decoder-first/last-pipeline-num-layers (0: even)
   bool zero = false;
   train::DataAxisFlags axis;  // --dp-allreduce, --ranks-per-node, --grad-compression and its sizes
   std::int64_t micro_batch = 4, global_batch = 32;

@@ -33,8 +33,10 @@ constexpr double kTolerance = 1e-4;
 constexpr int kSteps = 5;
 constexpr std::int64_t kGlobalBatch = 24, kSeq = 8;  // 24: divisible by every dp of 1-8 ranks (1, 2, 3, 4, 8)
 
-models::GptConfig tiny(bool recompute) {
-  return {.vocab = 67, .max_seq = kSeq, .layers = 4, .heads = 4, .dim = 16, .recompute = recompute};
+// first, last: the blocks of the first and last pipeline stage (0: an even cut).
+models::GptConfig tiny(bool recompute, std::int64_t first = 0, std::int64_t last = 0) {
+  return {.vocab = 67, .max_seq = kSeq, .layers = 4, .heads = 4, .dim = 16, .recompute = recompute,
+          .first_stage_layers = first, .last_stage_layers = last};
 }
 
 // The global batch of step s: random inputs, and targets a fixed function of them (learnable,
@@ -63,9 +65,10 @@ struct Trained {
 };
 
 template <class AllReduce = parallel::Flat>
-Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool zero, bool recompute, std::int64_t micro_batch) {
+Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool zero, bool recompute, std::int64_t micro_batch,
+                   const models::GptConfig& config) {
   Trained out;
-  out.model = std::make_unique<models::Gpt<float>>(tiny(recompute), grid);
+  out.model = std::make_unique<models::Gpt<float>>(config, grid);
   layers::initialize_all(out.model->parameters(), 1234, &grid);
   parallel::with_strategy<AllReduce>(parallel::staged_model_schedule(schedule), zero, [&]<class Strategy>() {
     train::GptTrainer<Strategy, optim::AdamW> trainer(*out.model, grid, {.eps = 1e-3, .weight_decay = 0.1},
@@ -75,6 +78,10 @@ Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool ze
       out.losses.push_back(trainer.train_step(local_rows(global_batch(s), grid.coord(Axis::data), grid.dp()), 1e-2).loss);
   });
   return out;
+}
+template <class AllReduce = parallel::Flat>
+Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool zero, bool recompute, std::int64_t micro_batch) {
+  return train_tiny<AllReduce>(grid, schedule, zero, recompute, micro_batch, tiny(recompute));
 }
 
 // The same steps with the model cut into `chunks` chunks per pipeline rank (models::GptChunks),
@@ -169,6 +176,44 @@ TEST_CASE("gpt: 2 chunks per pipeline rank under the interleaved schedule equal 
         check_equals_reference(run, reference, grid);
       }
   }
+}
+
+TEST_CASE("gpt: uneven pipeline cuts (--decoder-first/last-pipeline-num-layers) equal the sequential run", "[gpt][layout]") {
+  const auto world = test::world();
+  const int n = world.size();
+  const auto self_grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  Trained reference = train_tiny(self_grid, "1f1b", false, false, 1);
+  struct Cut {
+    int pp;
+    std::int64_t first, last;
+    std::vector<std::int64_t> blocks;  // per stage
+  };
+  for (const Cut& cut : {Cut{2, 3, 0, {3, 1}}, Cut{2, 0, 1, {3, 1}}, Cut{2, 1, 3, {1, 3}}, Cut{3, 0, 1, {2, 1, 1}},
+                         Cut{3, 1, 2, {1, 1, 2}}}) {
+    if (n % cut.pp != 0 || kGlobalBatch % (n / cut.pp) != 0) continue;
+    auto grid = ProcessGrid::create(world, {.pp = cut.pp});
+    for (const std::string schedule : {"1f1b", "zb-h1"})
+      for (bool zero : {false, true}) {
+        CAPTURE(cut.pp, cut.first, cut.last, grid.dp(), schedule, zero);
+        Trained run = train_tiny(grid, schedule, zero, false, 1, tiny(false, cut.first, cut.last));
+        const int stage = grid.coord(Axis::pipeline);
+        CHECK(run.model->blocks_range().count == cut.blocks[static_cast<std::size_t>(stage)]);
+        check_equals_reference(run, reference, grid);
+      }
+  }
+}
+
+TEST_CASE("gpt: uneven pipeline cuts that leave a stage empty, or meet one stage or interleaving, are refused", "[gpt][layout]") {
+  const auto world = test::world();
+  const auto self_grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  CHECK(test::error_of([&] { models::Gpt<float>(tiny(false, 2, 0), self_grid); }).find("need --pp 2 or more") != std::string::npos);
+  if (world.size() != 2) return;
+  const auto grid = ProcessGrid::create(world, {.pp = 2});
+  CHECK(test::error_of([&] { models::Gpt<float>(tiny(false, 4, 0), grid); })
+            .find("--decoder-first-pipeline-num-layers 4 and --decoder-last-pipeline-num-layers 0 leave 0 of the model's 4 layers "
+                  "for the 1 other stages of --pp 2 (one each at least)") != std::string::npos);
+  CHECK(test::error_of([&] { models::Gpt<float>(tiny(false, 1, 2), grid); }).find("leave 1 of the model's 4 layers") != std::string::npos);
+  CHECK(test::error_of([&] { models::GptChunks<float>(tiny(false, 1, 0), grid, 2); }).find("evenly") != std::string::npos);
 }
 
 TEST_CASE("gpt: chunked models are refused where they cannot run", "[gpt][layout][interleaved]") {

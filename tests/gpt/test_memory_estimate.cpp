@@ -66,21 +66,23 @@ TEST_CASE("estimate_gpt_memory: each stage's parameters are the elements a Gpt o
   const auto world = test::world();
   for (int tp : {1, 2, 4})
     for (int pp : {1, 2})
-      for (std::int64_t pad : {1, 8}) {
-        if (world.size() % (tp * pp) != 0) continue;
-        const auto grid = ProcessGrid::create(world, {.tp = tp, .pp = pp});
-        const models::GptConfig c = small(pad);
-        models::Gpt<float> model(c, grid);
-        std::int64_t held = 0;
-        for (const auto* p : model.parameters()) held += p->numel();
-        const auto e = models::estimate_gpt_memory(c, {.tp = tp, .pp = pp, .dp = grid.dp()}, models::GptMemoryTerms::host());
-        const auto& stage = e.stages.at(static_cast<std::size_t>(grid.coord(Axis::pipeline)));
-        CAPTURE(tp, pp, pad, grid.coord(Axis::pipeline));
-        CHECK(stage.parameter_elements == held);
-        CHECK(stage.parameters == 4.0 * static_cast<double>(held));
-        CHECK(stage.gradients == 4.0 * static_cast<double>(held));
-        CHECK(stage.optimizer == 8.0 * static_cast<double>(held));  // float: two moments, no master copy
-      }
+      for (std::int64_t pad : {1, 8})
+        for (std::int64_t last : {0, 2}) {  // 2: an uneven cut, 1 + 2 blocks (the even one is 2 + 1)
+          if (world.size() % (tp * pp) != 0 || (last > 0 && pp == 1)) continue;
+          const auto grid = ProcessGrid::create(world, {.tp = tp, .pp = pp});
+          models::GptConfig c = small(pad);
+          c.last_stage_layers = last;
+          models::Gpt<float> model(c, grid);
+          std::int64_t held = 0;
+          for (const auto* p : model.parameters()) held += p->numel();
+          const auto e = models::estimate_gpt_memory(c, {.tp = tp, .pp = pp, .dp = grid.dp()}, models::GptMemoryTerms::host());
+          const auto& stage = e.stages.at(static_cast<std::size_t>(grid.coord(Axis::pipeline)));
+          CAPTURE(tp, pp, pad, last, grid.coord(Axis::pipeline));
+          CHECK(stage.parameter_elements == held);
+          CHECK(stage.parameters == 4.0 * static_cast<double>(held));
+          CHECK(stage.gradients == 4.0 * static_cast<double>(held));
+          CHECK(stage.optimizer == 8.0 * static_cast<double>(held));  // float: two moments, no master copy
+        }
 }
 
 TEST_CASE("estimate_gpt_memory: under the interleaved schedule each rank's parameters are its chunks'", "[gpt][memory]") {

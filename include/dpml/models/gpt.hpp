@@ -94,6 +94,10 @@ struct GptConfig {
                                    // backward (GPU: −1.2 GiB at GPT-2 124M, B=16, T=1024)
   bool masked_targets = false;     // targets < 0 count nothing (a masked LM's unmasked positions)
   bool count_hits = false;         // evaluation forwards count the targets predicted right (take_hits)
+  // Blocks of the first and the last pipeline stage (0: an even cut; Megatron's
+  // --decoder-first/last-pipeline-num-layers): the last stage also runs the head, which at GPT-2's
+  // vocabulary costs about five of 124M's blocks.
+  std::int64_t first_stage_layers = 0, last_stage_layers = 0;
 
   // Parameters of the whole (unsharded, unpadded) model.
   std::int64_t parameter_count() const {
@@ -152,6 +156,28 @@ inline void apply_recompute_granularity(const std::string& granularity, GptConfi
 
 // Blocks [first, first + count) of a pipeline stage (shared with the GPU model).
 using parallel::pipeline::StageBlocks;
+
+// The blocks of (virtual) pipeline stage `stage` of `stages`: the configured ends, the rest even.
+inline StageBlocks stage_blocks(const GptConfig& c, int stages, int stage) {
+  return StageBlocks::of(c.layers, stages, stage, c.first_stage_layers, c.last_stage_layers);
+}
+// Refused on every rank, naming the flags: an uneven cut that leaves a stage without a block, one
+// on a single stage, or one under the interleaved schedule (`chunks` per rank; its cut is even).
+inline void check_stage_cut(const GptConfig& c, int pp, int chunks) {
+  const std::int64_t first = c.first_stage_layers, last = c.last_stage_layers;
+  if (first == 0 && last == 0) return;
+  DPML_REQUIRE_EVERYWHERE(first >= 0 && last >= 0, "--decoder-first/last-pipeline-num-layers " << first << " / " << last
+                                                                                                << " must not be negative");
+  DPML_REQUIRE_EVERYWHERE(pp > 1, "--decoder-first/last-pipeline-num-layers need --pp 2 or more (one stage holds every block)");
+  DPML_REQUIRE_EVERYWHERE(chunks == 1, "--decoder-first/last-pipeline-num-layers and --schedule interleaved: the "
+                                       "interleaved schedule cuts its virtual stages evenly");
+  const int others = pp - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
+  const std::int64_t rest = c.layers - first - last;
+  DPML_REQUIRE_EVERYWHERE(others == 0 ? rest == 0 : rest >= others,
+                          "--decoder-first-pipeline-num-layers " << first << " and --decoder-last-pipeline-num-layers " << last
+                              << " leave " << rest << " of the model's " << c.layers << " layers for the " << others
+                              << " other stages of --pp " << pp << (others == 0 ? " (they must use all of them)" : " (one each at least)"));
+}
 
 // Which of this pipeline rank's model chunks a Gpt is, under the interleaved schedule
 // (GptChunks below): chunk `index` of `count` is virtual stage index·pp + rank of count·pp.
@@ -343,7 +369,7 @@ class Gpt {
   Gpt(const GptConfig& c, const parallel::ProcessGrid& grid, const Comm* tensor, VirtualStage chunk)
       : cfg_(validated(c, grid, chunk)), grid_(grid), region_(tensor), first_(grid.is_first_stage() && chunk.index == 0),
         last_(grid.is_last_stage() && chunk.index == chunk.count - 1),
-        range_(StageBlocks::of(c.layers, grid.pp() * chunk.count, chunk.index * grid.pp() + grid.coord(Axis::pipeline))) {
+        range_(stage_blocks(c, grid.pp() * chunk.count, chunk.index * grid.pp() + grid.coord(Axis::pipeline))) {
     if (first_)
       embedding_.emplace(layers::EmbeddingOptions{.vocab = c.vocab, .max_seq = c.max_seq, .dim = c.dim,
                                                   .pad_multiple = c.pad_multiple},
@@ -376,6 +402,7 @@ class Gpt {
                             "the model has " << c.layers << " layers, fewer than the " << grid.pp() * chunk.count
                                              << " virtual pipeline stages of --pp " << grid.pp()
                                              << " × --num-virtual-stages-per-pipeline-rank " << chunk.count);
+    check_stage_cut(c, grid.pp(), chunk.count);
     DPML_REQUIRE_EVERYWHERE(c.heads % grid.tp() == 0, "--num-attention-heads " << c.heads << " is not divisible by --tp " << grid.tp());
     DPML_REQUIRE_EVERYWHERE(c.dim % grid.tp() == 0, "--hidden-size " << c.dim << " is not divisible by --tp " << grid.tp());
     DPML_REQUIRE_EVERYWHERE(c.dim % c.heads == 0, "--hidden-size " << c.dim << " is not divisible by --num-attention-heads " << c.heads);

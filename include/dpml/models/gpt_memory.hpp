@@ -7,7 +7,7 @@
 // One row per rank kind: a pipeline stage (every tensor shard of a stage holds the same: heads,
 // MLP columns and the padded vocabulary split evenly). Its columns:
 //
-//   parameters   the stage's share (StageBlocks::of: blocks, the embedding on the first stage,
+//   parameters   the stage's share (stage_blocks: blocks, the embedding on the first stage,
 //                ln_f and — pp > 1 — the tied copy of wte on the last), vocabulary padded to
 //                tp · pad_multiple rows as VocabPartition pads it, in the storage type
 //   gradients    the same count in the storage type (FlatParameters' flat gradient buffer)
@@ -182,6 +182,7 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
   DPML_REQUIRE_EVERYWHERE(v >= 1 && c.layers >= l.pp * v, "the model has " << c.layers << " layers, fewer than the " << l.pp * v
                                                                           << " virtual pipeline stages of --pp " << l.pp << " × "
                                                                           << v << " chunks");
+  check_stage_cut(c, l.pp, v);
   const auto table = detail::schedule_table(l.schedule, l.pp, l.micro_batches, v);
 
   GptMemoryEstimate e{l, {}};
@@ -195,7 +196,7 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
     for (int ch = 0; ch < v; ++ch) {  // chunk ch: virtual stage ch·pp + s (one chunk but under the interleaved schedule)
       const bool first = s == 0 && ch == 0, last = s == l.pp - 1 && ch == v - 1;
       holds_last = holds_last || last;
-      const auto blocks = static_cast<double>(pl::StageBlocks::of(c.layers, l.pp * v, ch * l.pp + s).count);
+      const auto blocks = static_cast<double>(stage_blocks(c, l.pp * v, ch * l.pp + s).count);
       const auto chunk_actions = pl::of_chunk(actions, ch);
       const int in_flight =
           pl::plan_buffers(chunk_actions, l.micro_batches, {pl::Op::Forward, pl::Op::BackwardInput, pl::Op::BackwardWeight}).count;

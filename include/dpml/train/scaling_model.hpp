@@ -124,16 +124,17 @@ inline Prediction predict(const models::GptConfig& c, std::int64_t seq, const La
   const double mb_tokens = static_cast<double>(l.micro_batch * seq);
   const double act_bytes = mb_tokens * C * 2.0;  // one (B, T, C) bf16 tensor
   const double tp_ar = ring_allreduce_s(act_bytes, l.tp, links.intra_busbw_gbs, links.intra_latency_us);
-  // Stages: balanced blocks (the first ones take the remainder), embedding first, head last.
-  std::vector<int> blocks(static_cast<std::size_t>(l.pp), c.layers / l.pp);
-  for (int s = 0; s < c.layers % l.pp; ++s) ++blocks[static_cast<std::size_t>(s)];
+  // Stages: the model's cut (models::stage_blocks: even, or the configured ends), embedding first, head last.
+  models::check_stage_cut(c, l.pp, 1);
+  std::vector<std::int64_t> blocks(static_cast<std::size_t>(l.pp));
+  for (int s = 0; s < l.pp; ++s) blocks[static_cast<std::size_t>(s)] = models::stage_blocks(c, l.pp, s).count;
   // A message between stages crosses nodes when a stage's tp · dp ranks fill a node.
   const bool pp_inter = l.pp > 1 && l.tp * l.dp >= links.gpus_per_node;
   const double p2p_s = act_bytes / ((pp_inter ? links.inter_busbw_gbs : links.intra_busbw_gbs) * 1e9) +
                        (pp_inter ? links.inter_latency_us : links.intra_latency_us) * 1e-6;
   std::vector<parallel::pipeline::Costs> costs(static_cast<std::size_t>(l.pp));
   for (int s = 0; s < l.pp; ++s) {
-    const double b = blocks[static_cast<std::size_t>(s)];
+    const auto b = static_cast<double>(blocks[static_cast<std::size_t>(s)]);
     const double work = mb_tokens * (b * block_s + (s == l.pp - 1 ? head_s : 0.0));
     costs[static_cast<std::size_t>(s)] = {work / 3 + 2 * b * tp_ar, work / 3 + 2 * b * tp_ar, work / 3, p2p_s};
   }
@@ -151,14 +152,14 @@ inline Prediction predict(const models::GptConfig& c, std::int64_t seq, const La
     if (sim.stages[static_cast<std::size_t>(s)].busy > sim.stages[static_cast<std::size_t>(slowest)].busy) slowest = s;
   const auto& st = costs[static_cast<std::size_t>(slowest)];
   r.compute_s = sim.stages[static_cast<std::size_t>(slowest)].busy;
-  r.tp_comm_s = 4.0 * blocks[static_cast<std::size_t>(slowest)] * tp_ar * l.micro_batches;
+  r.tp_comm_s = 4.0 * static_cast<double>(blocks[static_cast<std::size_t>(slowest)]) * tp_ar * l.micro_batches;
   r.bubble_s = sim.makespan - r.compute_s;
 
   // Data parallel: the largest stage's gradient (first and last stages hold the tied embedding).
   double stage_params = 0;
   for (int s = 0; s < l.pp; ++s) {
     const double emb = (s == 0 || s == l.pp - 1) ? V * C : 0.0;
-    stage_params = std::max(stage_params, (blocks[static_cast<std::size_t>(s)] * (12 * C * C + 13 * C) + emb) / l.tp);
+    stage_params = std::max(stage_params, (static_cast<double>(blocks[static_cast<std::size_t>(s)]) * (12 * C * C + 13 * C) + emb) / l.tp);
   }
   const double grad_bytes = stage_params * l.wire_bytes * l.compression;
   const double last_bucket = V * C / l.tp * l.wire_bytes * l.compression;

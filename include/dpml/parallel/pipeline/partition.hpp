@@ -2,7 +2,8 @@
 // What one pipeline stage holds, read off the layout and the schedule table (schedule.hpp):
 //
 //   StageBlocks::of(L, p, s)   the contiguous blocks of stage s; when p does not divide L the first
-//                              L mod p stages take one block more (L = 14, p = 4: 4 4 3 3)
+//                              L mod p stages take one block more (L = 14, p = 4: 4 4 3 3);
+//                              of(L, p, s, first, last) sets the ends' counts (a head's stage lighter)
 //   partition(weights, cuttable, p, policy)
 //                              a chain of layers of any weights (their parameter counts) cut into p
 //                              contiguous stages: at the user's split points (Partition::at), or
@@ -45,6 +46,17 @@ struct StageBlocks {
   static StageBlocks of(std::int64_t layers, int stages, int stage) {
     const std::int64_t base = layers / stages, extra = layers % stages;
     return {stage * base + std::min<std::int64_t>(stage, extra), base + (stage < extra ? 1 : 0)};
+  }
+  // An uneven cut: `first_count` blocks on stage 0 and `last_count` on stage p − 1 (0: that end is
+  // one of the others), the blocks between spread over the other stages as of() does (L = 12,
+  // p = 4, last 1: 4 4 3 1). The caller checks that every stage gets a block.
+  static StageBlocks of(std::int64_t layers, int stages, int stage, std::int64_t first_count, std::int64_t last_count) {
+    if (stages == 1) return {0, layers};
+    if (first_count > 0 && stage == 0) return {0, first_count};
+    if (last_count > 0 && stage == stages - 1) return {layers - last_count, last_count};
+    const int lo = first_count > 0 ? 1 : 0, others = stages - lo - (last_count > 0 ? 1 : 0);
+    const StageBlocks b = of(layers - first_count - last_count, others, stage - lo);
+    return {first_count + b.first, b.count};
   }
 };
 
