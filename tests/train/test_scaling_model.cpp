@@ -74,6 +74,25 @@ TEST_CASE("scaling model: layouts it cannot place are refused, naming the size",
         std::string::npos);
   CHECK(dpml::test::message_of([&] { predict(kGpt2, 1024, {.tp = 3}, cal, links); }).find("tp 3 must divide the 8 GPUs") !=
         std::string::npos);
-  CHECK(dpml::test::message_of([&] { predict(kGpt2, 1024, {.pp = 2, .schedule = "interleaved"}, cal, links); })
-            .find("schedule 'interleaved'") != std::string::npos);
+  CHECK(dpml::test::message_of([&] { predict(kGpt2, 1024, {.pp = 2, .schedule = "looped"}, cal, links); })
+            .find("schedule 'looped' is not gpipe, 1f1b, zb-h1 or interleaved") != std::string::npos);
+  CHECK(dpml::test::message_of([&] { predict(kGpt2, 1024, {.pp = 4, .schedule = "interleaved", .virtual_stages = 4}, cal, links); })
+            .find("4 stages × 4 chunks exceed the 12 layers") != std::string::npos);
+}
+
+TEST_CASE("scaling model: the interleaved schedule's bubble is 1F1B's over v", "[scaling]") {
+  // Balanced stages (a 256-token head is 2 % of a block) and links without cost: the bubble over
+  // the busiest stage's compute is the schedule's (p−1)/(v·m), from the replayed table.
+  const dpml::models::GptConfig deep{.vocab = 256, .max_seq = 1024, .layers = 16, .heads = 16, .dim = 1024};
+  const Calibration cal{.tokens_per_s = 100'000, .batch = 32};
+  const Links free_links{.gpus_per_node = 8, .intra_busbw_gbs = 1e12, .intra_latency_us = 0};
+  double previous = 1e9;
+  for (int v : {1, 2, 4}) {
+    const Layout l{.pp = 4, .schedule = v == 1 ? "1f1b" : "interleaved", .virtual_stages = v, .micro_batches = 8, .micro_batch = 4};
+    const auto r = predict(deep, 1024, l, cal, free_links);
+    CAPTURE(v, r.bubble_s, r.compute_s);
+    CHECK(r.bubble_s / r.compute_s == dpml::test::Approx(3.0 / (v * 8.0)).epsilon(0.05));
+    CHECK(r.step_s < previous);  // more chunks, a shorter step
+    previous = r.step_s;
+  }
 }

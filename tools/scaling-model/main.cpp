@@ -49,7 +49,9 @@ int run(int argc, char** argv) {
       .flag("--dp", l.dp, "data-parallel ranks", t::at_least(1))
       .flag("--tp", l.tp, "tensor-parallel ranks (inside a node)", t::at_least(1))
       .flag("--pp", l.pp, "pipeline stages", t::at_least(1))
-      .flag("--schedule", l.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1")
+      .flag("--schedule", l.schedule, "pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved")
+      .flag("--num-virtual-stages-per-pipeline-rank", l.virtual_stages, "--schedule interleaved: model chunks per pipeline rank",
+            t::at_least(1))
       .flag("--micro-batches", l.micro_batches, "micro-batches per step and data rank", t::at_least(1))
       .flag("--micro-batch", l.micro_batch, "sequences per micro-batch", t::at_least<std::int64_t>(1))
       .flag("--zero", l.zero, "ZeRO-1: the optimizer's update split over the data ranks")
@@ -77,6 +79,8 @@ int run(int argc, char** argv) {
   DPML_REQUIRE(dp_allreduce == "flat" || dp_allreduce == "hierarchical", "--dp-allreduce " << dp_allreduce << " is not flat or hierarchical");
   DPML_REQUIRE(wire == "bf16" || wire == "fp32", "--grad-wire " << wire << " is not bf16 or fp32");
   DPML_REQUIRE(l.compression <= 1, "--compression " << l.compression << " is above 1 (the fraction of the bytes sent)");
+  DPML_REQUIRE(l.virtual_stages == 1 || l.schedule == "interleaved",
+               "--num-virtual-stages-per-pipeline-rank " << l.virtual_stages << " needs --schedule interleaved");
   l.hierarchical = dp_allreduce == "hierarchical";
   l.wire_bytes = wire == "bf16" ? 2 : 4;
   const dpml::models::GptConfig c{.vocab = vocab, .max_seq = seq, .layers = layers ? layers : size->layers,
@@ -84,11 +88,11 @@ int run(int argc, char** argv) {
   const auto r = scaling::predict(c, seq, l, cal, links);
   const int gpus = l.dp * l.tp * l.pp;
   std::printf("{\"tool\":\"dpml-scaling-model\",\"layers\":%lld,\"hidden\":%lld,\"seq\":%lld,\"gpus\":%d,\"dp\":%d,\"tp\":%d,\"pp\":%d,"
-              "\"schedule\":\"%s\",\"micro_batches\":%d,\"micro_batch\":%lld,\"dp_allreduce\":\"%s\",\"grad_wire\":\"%s\","
+              "\"schedule\":\"%s\",\"virtual_stages\":%d,\"micro_batches\":%d,\"micro_batch\":%lld,\"dp_allreduce\":\"%s\",\"grad_wire\":\"%s\","
               "\"compression\":%g,\"step_ms\":%.3f,\"tokens_per_s\":%.0f,\"scaling\":%.4f,\"compute_ms\":%.3f,\"tp_comm_ms\":%.3f,"
               "\"bubble_ms\":%.3f,\"dp_exposed_ms\":%.3f,\"optimizer_ms\":%.3f}\n",
               static_cast<long long>(c.layers), static_cast<long long>(c.dim), static_cast<long long>(seq), gpus, l.dp, l.tp,
-              l.pp, l.schedule.c_str(), l.micro_batches, static_cast<long long>(l.micro_batch), dp_allreduce.c_str(),
+              l.pp, l.schedule.c_str(), l.virtual_stages, l.micro_batches, static_cast<long long>(l.micro_batch), dp_allreduce.c_str(),
               wire.c_str(), l.compression, r.step_s * 1e3, r.tokens_per_s, r.scaling, r.compute_s * 1e3, r.tp_comm_s * 1e3,
               r.bubble_s * 1e3, r.dp_exposed_s * 1e3, r.optimizer_s * 1e3);
   std::printf("\n| GPUs | layout | step ms | tokens/s | scaling | compute (tp comm) | bubble | dp exposed | optimizer |\n"

@@ -21,7 +21,9 @@
 //             the input gradient), on the compute stream (ring_allreduce_s)
 //   pipeline  the schedule's own table (parallel/pipeline/schedule.hpp) replayed with these
 //             per-stage costs (the first stage's embedding, the last stage's head) and one
-//             (B, T, C) activation per message: makespan = compute + bubble
+//             (B, T, C) activation per message: makespan = compute + bubble; interleaved with v
+//             chunks, each chunk's F, B and W cost 1/v of its rank's (the head's share spread
+//             over the last rank's chunks) and every chunk boundary is a message
 //   dp        the stage's gradients (its parameters / tp, × wire bytes × compression) reduced
 //             in buckets during the last micro-batch's backward: exposed = the all-reduce's time
 //             beyond that backward, at least the last bucket's (the tied embedding's gradient
@@ -67,7 +69,8 @@ struct Calibration {
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
-  std::string schedule = "1f1b";   // gpipe | 1f1b | zb-h1
+  std::string schedule = "1f1b";   // gpipe | 1f1b | zb-h1 | interleaved
+  int virtual_stages = 1;          // interleaved: model chunks per pipeline rank
   int micro_batches = 1;           // per step and data rank
   std::int64_t micro_batch = 16;   // sequences per micro-batch
   bool hierarchical = false;       // data-parallel all-reduce
@@ -125,9 +128,13 @@ inline Prediction predict(const models::GptConfig& c, std::int64_t seq, const La
   const double act_bytes = mb_tokens * C * 2.0;  // one (B, T, C) bf16 tensor
   const double tp_ar = ring_allreduce_s(act_bytes, l.tp, links.intra_busbw_gbs, links.intra_latency_us);
   // Stages: the model's cut (models::stage_blocks: even, or the configured ends), embedding first, head last.
-  models::check_stage_cut(c, l.pp, 1);
-  std::vector<std::int64_t> blocks(static_cast<std::size_t>(l.pp));
-  for (int s = 0; s < l.pp; ++s) blocks[static_cast<std::size_t>(s)] = models::stage_blocks(c, l.pp, s).count;
+  const int v = l.schedule == "interleaved" ? l.virtual_stages : 1;
+  DPML_REQUIRE(v >= 1 && l.pp * v <= c.layers, "scaling model: " << l.pp << " stages × " << v << " chunks exceed the "
+                                                                  << c.layers << " layers");
+  models::check_stage_cut(c, l.pp, v);
+  std::vector<std::int64_t> blocks(static_cast<std::size_t>(l.pp));  // per rank, over its chunks
+  for (int s = 0; s < l.pp; ++s)
+    for (int ch = 0; ch < v; ++ch) blocks[static_cast<std::size_t>(s)] += models::stage_blocks(c, l.pp * v, ch * l.pp + s).count;
   // A message between stages crosses nodes when a stage's tp · dp ranks fill a node.
   const bool pp_inter = l.pp > 1 && l.tp * l.dp >= links.gpus_per_node;
   const double p2p_s = act_bytes / ((pp_inter ? links.inter_busbw_gbs : links.intra_busbw_gbs) * 1e9) +
@@ -136,14 +143,16 @@ inline Prediction predict(const models::GptConfig& c, std::int64_t seq, const La
   for (int s = 0; s < l.pp; ++s) {
     const auto b = static_cast<double>(blocks[static_cast<std::size_t>(s)]);
     const double work = mb_tokens * (b * block_s + (s == l.pp - 1 ? head_s : 0.0));
-    costs[static_cast<std::size_t>(s)] = {work / 3 + 2 * b * tp_ar, work / 3 + 2 * b * tp_ar, work / 3, p2p_s};
+    const double per_chunk = (work / 3 + 2 * b * tp_ar) / v;
+    costs[static_cast<std::size_t>(s)] = {per_chunk, per_chunk, work / 3 / v, p2p_s};
   }
   namespace pl = parallel::pipeline;
   pl::Schedule table;
   if (l.schedule == "gpipe") table = pl::make_schedule(pl::GPipe{}, l.pp, l.micro_batches);
   else if (l.schedule == "1f1b") table = pl::make_schedule(pl::OneFOneB{}, l.pp, l.micro_batches);
   else if (l.schedule == "zb-h1") table = pl::make_schedule(pl::ZeroBubbleH1{}, l.pp, l.micro_batches);
-  else DPML_REQUIRE(false, "scaling model: schedule '" << l.schedule << "' is not gpipe, 1f1b or zb-h1");
+  else if (l.schedule == "interleaved") table = pl::make_schedule(pl::Interleaved1F1B{v}, l.pp, l.micro_batches);
+  else DPML_REQUIRE(false, "scaling model: schedule '" << l.schedule << "' is not gpipe, 1f1b, zb-h1 or interleaved");
   const auto sim = pl::simulate(table, costs);
 
   Prediction r;
@@ -173,7 +182,7 @@ inline Prediction predict(const models::GptConfig& c, std::int64_t seq, const La
     return 2 * in_node + ring_allreduce_s(bytes / g, nodes, links.inter_busbw_gbs, links.inter_latency_us);
   };
   if (l.dp > 1) {
-    const double hidden_behind = st.backward_input + st.backward_weight;  // the last micro-batch's backward
+    const double hidden_behind = v * (st.backward_input + st.backward_weight);  // the last micro-batch's backward (all chunks)
     r.dp_exposed_s = std::max(dp_time(grad_bytes) - hidden_behind, dp_time(last_bucket)) + cal.dp_lock_step_ms * 1e-3;
   }
   const double all_params = L * (12 * C * C + 13 * C) + V * C;
