@@ -95,8 +95,8 @@ struct GptConfig {
   bool masked_targets = false;     // targets < 0 count nothing (a masked LM's unmasked positions)
   bool count_hits = false;         // evaluation forwards count the targets predicted right (take_hits)
   // Blocks of the first and the last pipeline stage (0: an even cut; Megatron's
-  // --decoder-first/last-pipeline-num-layers): the last stage also runs the head, which at GPT-2's
-  // vocabulary costs about five of 124M's blocks.
+  // --decoder-first/last-pipeline-num-layers), for stages the embedding or the head make heavier
+  // (on 2 H200s GPT-2 124M still ran fastest cut evenly: bench/RESULTS.md).
   std::int64_t first_stage_layers = 0, last_stage_layers = 0;
 
   // Parameters of the whole (unsharded, unpadded) model.
