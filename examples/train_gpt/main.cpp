@@ -113,7 +113,11 @@ int main(int argc, char** argv) {
               "blocks of the first pipeline stage (0: an even cut)", train::at_least<std::int64_t>(0))
         .flag("--decoder-last-pipeline-num-layers", f.last_stage_layers,
               "blocks of the last pipeline stage, which also runs the LM head (0: an even cut)", train::at_least<std::int64_t>(0))
-        .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks")
+        .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks (--zero-stage 1)")
+        .flag("--zero-stage", f.zero_stage,
+              "0 | 1 (the optimizer state sharded over the data-parallel ranks) | 2 (the gradients too: no whole "
+              "gradient buffer, each bucket reduce-scattered from a small pool of slots; CPU ranks)",
+              train::between(0, 2))
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
         .flag("--model-size", f.model_size,
@@ -182,6 +186,14 @@ int main(int argc, char** argv) {
     DPML_REQUIRE_EVERYWHERE(f.initial_loss_scale >= f.min_loss_scale, "--initial-loss-scale " << f.initial_loss_scale
                                                                       << " is below --min-loss-scale " << f.min_loss_scale);
     const bool interleaved = f.schedule == "interleaved";
+    if (f.zero && f.zero_stage == 0) f.zero_stage = 1;
+    f.zero = f.zero_stage >= 1;
+    DPML_REQUIRE_EVERYWHERE(f.zero_stage < 2 || f.axis.grad_compression == "none",
+                            "--grad-compression " << f.axis.grad_compression << " reduces whole buckets: not with --zero-stage 2");
+    // The library's ZeRO-2 runs on either space; the example offers it on GPUs once
+    // tests/nccl/test_gpt_composed.cu's ZeRO-2 layouts have passed there.
+    DPML_REQUIRE_EVERYWHERE(f.zero_stage < 2 || f.device == "cpu" || f.dry_run,
+                            "--zero-stage 2 runs on CPU ranks only for now (--device cpu): on GPUs it awaits its first check");
     DPML_REQUIRE_EVERYWHERE(f.virtual_stages == 1 || interleaved, "--num-virtual-stages-per-pipeline-rank " << f.virtual_stages
                                                                                                         << " needs --schedule interleaved");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
@@ -229,7 +241,8 @@ int main(int argc, char** argv) {
       const bool gpu = f.device == "cuda";
       const models::GptLayout layout{.tp = f.tp, .pp = f.pp, .dp = grid.dp(), .micro_batch = f.micro_batch,
                                      .micro_batches = static_cast<int>(std::max<std::int64_t>(1, f.global_batch / (f.micro_batch * grid.dp()))),
-                                     .schedule = f.schedule, .zero = f.zero, .virtual_stages = f.virtual_stages};
+                                     .schedule = f.schedule, .zero = f.zero, .shard_gradients = f.zero_stage == 2,
+                                     .virtual_stages = f.virtual_stages};
       const auto estimate = models::estimate_gpt_memory(gpu ? on_gpu(config, f.tp) : config, layout,
                                                         gpu ? models::GptMemoryTerms::gpu() : models::GptMemoryTerms::host());
       double have = gpu ? f.gpu_memory_gib * (1 << 30) : train::host_bytes_per_rank(world);
@@ -247,7 +260,7 @@ int main(int argc, char** argv) {
       constexpr double GiB = 1 << 30;
       what << "the GPT of --num-layers " << f.layers << ", --hidden-size " << f.hidden << ", --num-attention-heads " << f.heads
            << ", --vocab-size " << f.vocab << ", --seq-length " << f.seq << ", --micro-batch " << f.micro_batch << " on --tp "
-           << f.tp << " --pp " << f.pp << " (dp " << grid.dp() << ", --schedule " << f.schedule << (f.zero ? ", --zero" : "")
+           << f.tp << " --pp " << f.pp << " (dp " << grid.dp() << ", --schedule " << f.schedule << (f.zero ? ", --zero-stage " + std::to_string(f.zero_stage) : std::string())
            << ") — on pipeline stage " << big.stage << ": parameters " << big.parameters / GiB << ", gradients " << big.gradients / GiB
            << ", optimizer state " << big.optimizer / GiB << ", activations " << big.activations / GiB << " (micro-batches in flight: "
            << big.in_flight << "), buffers " << big.buffers / GiB << ", workspace " << big.workspace / GiB
@@ -269,7 +282,7 @@ int main(int argc, char** argv) {
 
     if (world.rank() == 0)
       std::printf("dpml train_gpt: %s%s | schedule %s%s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
-                  f.device == "cpu" ? "" : f.fp16 ? "GPUs (fp16) " : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), f.zero ? " + ZeRO-1" : "",
+                  f.device == "cpu" ? "" : f.fp16 ? "GPUs (fp16) " : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), !f.zero ? "" : f.zero_stage == 2 ? " + ZeRO-2" : " + ZeRO-1",
                   f.axis.describe(" | ").c_str(),
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
     bool own_gpus = false;  // MFU and power need a GPU per rank
@@ -285,7 +298,7 @@ int main(int argc, char** argv) {
     }
 #endif
     const parallel::DistributedOptimizerOptions dist{
-        .clip = f.clip, .compression = f.axis.compression(f.seed)};
+        .shard_gradients = f.zero_stage == 2, .clip = f.clip, .compression = f.axis.compression(f.seed)};
     // CPU ranks: one models::Gpt stage per pipeline rank, or v chunks per rank (models::GptChunks)
     // under the interleaved schedule.
     const auto train_on_cpus = [&](auto& model, const auto& schedule) {

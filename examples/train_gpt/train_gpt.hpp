@@ -50,7 +50,8 @@ struct Flags {
   std::string schedule = "1f1b";
   int virtual_stages = 1;  // --num-virtual-stages-per-pipeline-rank: the interleaved schedule's chunks
   std::int64_t first_stage_layers = 0, last_stage_layers = 0;  // --decoder-first/last-pipeline-num-layers (0: even)
-  bool zero = false;
+  bool zero = false;   // --zero: ZeRO-1 (after parsing: zero_stage >= 1)
+  int zero_stage = 0;  // --zero-stage: 0 none, 1 optimizer state sharded, 2 gradients too
   train::DataAxisFlags axis;  // --dp-allreduce, --ranks-per-node, --grad-compression and its sizes
   std::int64_t micro_batch = 4, global_batch = 32;
   std::int64_t layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0;

@@ -64,15 +64,16 @@ struct Trained {
   std::unique_ptr<models::Gpt<float>> model;
 };
 
+// zero: 0 none, 1 ZeRO-1, 2 ZeRO-2 (ZeRO-1's strategy with DistributedOptimizerOptions::shard_gradients).
 template <class AllReduce = parallel::Flat>
-Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool zero, bool recompute, std::int64_t micro_batch,
+Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, int zero, bool recompute, std::int64_t micro_batch,
                    const models::GptConfig& config) {
   Trained out;
   out.model = std::make_unique<models::Gpt<float>>(config, grid);
   layers::initialize_all(out.model->parameters(), 1234, &grid);
-  parallel::with_strategy<AllReduce>(parallel::staged_model_schedule(schedule), zero, [&]<class Strategy>() {
+  parallel::with_strategy<AllReduce>(parallel::staged_model_schedule(schedule), zero > 0, [&]<class Strategy>() {
     train::GptTrainer<Strategy, optim::AdamW> trainer(*out.model, grid, {.eps = 1e-3, .weight_decay = 0.1},
-                                                      {.bucket_bytes = 2048, .clip = 1.0},
+                                                      {.bucket_bytes = 2048, .shard_gradients = zero == 2, .clip = 1.0},
                                                       {.micro_batch = micro_batch, .global_batch = kGlobalBatch, .seed = 5});
     for (int s = 0; s < kSteps; ++s)
       out.losses.push_back(trainer.train_step(local_rows(global_batch(s), grid.coord(Axis::data), grid.dp()), 1e-2).loss);
@@ -80,7 +81,7 @@ Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool ze
   return out;
 }
 template <class AllReduce = parallel::Flat>
-Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, bool zero, bool recompute, std::int64_t micro_batch) {
+Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, int zero, bool recompute, std::int64_t micro_batch) {
   return train_tiny<AllReduce>(grid, schedule, zero, recompute, micro_batch, tiny(recompute));
 }
 
@@ -90,14 +91,14 @@ struct TrainedChunks {
   std::vector<double> losses;
   std::unique_ptr<models::GptChunks<float>> model;
 };
-TrainedChunks train_tiny_interleaved(const ProcessGrid& grid, int chunks, bool zero, bool recompute) {
+TrainedChunks train_tiny_interleaved(const ProcessGrid& grid, int chunks, int zero, bool recompute) {
   TrainedChunks out;
   out.model = std::make_unique<models::GptChunks<float>>(tiny(recompute), grid, chunks);
   layers::initialize_all(out.model->parameters(), 1234, &grid);
   const std::int64_t local = kGlobalBatch / grid.dp();  // one sequence per micro-batch: m = local, a multiple of pp
-  parallel::with_strategy(parallel::pipeline::Interleaved1F1B{chunks}, zero, [&]<class Strategy>() {
+  parallel::with_strategy(parallel::pipeline::Interleaved1F1B{chunks}, zero > 0, [&]<class Strategy>() {
     train::Trainer<models::GptChunks<float>, train::ModelLoss, Strategy, optim::AdamW> trainer(
-        *out.model, grid, {.eps = 1e-3, .weight_decay = 0.1}, {.bucket_bytes = 2048, .clip = 1.0},
+        *out.model, grid, {.eps = 1e-3, .weight_decay = 0.1}, {.bucket_bytes = 2048, .shard_gradients = zero == 2, .clip = 1.0},
         {.micro_batches = static_cast<int>(local), .global_batch = kGlobalBatch, .seed = 5, .virtual_stages = chunks});
     for (int s = 0; s < kSteps; ++s)
       out.losses.push_back(trainer.train_step(local_rows(global_batch(s), grid.coord(Axis::data), grid.dp()), 1e-2).loss);
@@ -133,8 +134,9 @@ TEST_CASE("gpt: every layout of this world equals the sequential run", "[gpt][la
       const std::vector<std::string> schedules = pp == 1 ? std::vector<std::string>{"1f1b"}
                                                          : std::vector<std::string>{"gpipe", "1f1b", "zb-h1"};
       for (const auto& schedule : schedules)
-        for (bool zero : {false, true})
+        for (int zero : {0, 1, 2})
           for (bool recompute : {false, true}) {
+            if (zero == 2 && recompute) continue;  // ZeRO-2 with m = 24 / dp rounds per bucket and step
             // Gradient accumulation: 2 sequences per micro-batch where the batch allows it.
             const std::int64_t micro_batch = (kGlobalBatch / dp) % 2 == 0 && recompute ? 2 : 1;
             CAPTURE(dp, tp, pp, schedule, zero, recompute, micro_batch);
@@ -153,7 +155,7 @@ TEST_CASE("gpt: a hierarchical data-parallel all-reduce equals the sequential ru
   const int tp = n / 4;
   auto grid = ProcessGrid::create(world, {.tp = tp, .pp = 1, .ranks_per_node = 2});
   REQUIRE(grid.dp() == 4);
-  for (bool zero : {false, true}) {
+  for (int zero : {0, 1, 2}) {
     CAPTURE(tp, zero);
     Trained run = train_tiny<parallel::Hierarchical>(grid, "1f1b", zero, false, 1);
     check_equals_reference(run, reference, grid);
@@ -169,7 +171,7 @@ TEST_CASE("gpt: 2 chunks per pipeline rank under the interleaved schedule equal 
   for (int tp : {1, 2}) {
     if (n % (2 * tp) != 0 || kGlobalBatch % (n / (2 * tp)) != 0) continue;
     auto grid = ProcessGrid::create(world, {.tp = tp, .pp = 2});
-    for (bool zero : {false, true})
+    for (int zero : {0, 1, 2})
       for (bool recompute : {false, true}) {
         CAPTURE(grid.dp(), tp, zero, recompute);
         TrainedChunks run = train_tiny_interleaved(grid, 2, zero, recompute);
@@ -193,7 +195,7 @@ TEST_CASE("gpt: uneven pipeline cuts (--decoder-first/last-pipeline-num-layers) 
     if (n % cut.pp != 0 || kGlobalBatch % (n / cut.pp) != 0) continue;
     auto grid = ProcessGrid::create(world, {.pp = cut.pp});
     for (const std::string schedule : {"1f1b", "zb-h1"})
-      for (bool zero : {false, true}) {
+      for (int zero : {0, 1, 2}) {
         CAPTURE(cut.pp, cut.first, cut.last, grid.dp(), schedule, zero);
         Trained run = train_tiny(grid, schedule, zero, false, 1, tiny(false, cut.first, cut.last));
         const int stage = grid.coord(Axis::pipeline);

@@ -134,14 +134,14 @@ std::vector<double> doubles(const std::vector<T>& v) {
 
 template <class Rule, class T, class Comm, class DataComm>
 void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<Comm, DataComm>& comms,
-                  kernels::Device<CudaSpace>& dev, bool zero, double clip) {
+                  kernels::Device<CudaSpace>& dev, int zero, double clip) {
   const char* rule = std::is_same_v<Rule, optim::AdamW> ? "adamw" : "sgd";  // CAPTURE splits on commas:
   const char* type = std::is_same_v<T, bf16> ? "bf16" : "float";            // no template arguments in it
   CAPTURE(rule, type, grid.tp(), grid.dp(), zero, clip);
   const double tol = std::is_same_v<T, bf16> ? test::kBf16Tol : test::kFp32Tol;
   const double norm_tol = std::is_same_v<T, bf16> ? test::kBf16Tol : 1e-6;
   Model<T> m(grid);
-  const parallel::DistributedOptimizerOptions o{.bucket_bytes = 512, .zero = zero, .clip = clip};
+  const parallel::DistributedOptimizerOptions o{.bucket_bytes = 512, .zero = zero > 0, .shard_gradients = zero == 2, .clip = clip};
   parallel::DistributedOptimizer<Rule, double> host(m.host_params(), &grid, options_of<Rule>(), o);
   parallel::DistributedOptimizer<Rule, T, CudaSpace, DataComm> device(m.device_params(), &grid, options_of<Rule>(), o, comms, dev);
   for (const auto* p : m.device_params()) {
@@ -182,10 +182,10 @@ void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<
 
 template <class Rule, class T, class Comm, class DataComm>
 void check_skip(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<Comm, DataComm>& comms,
-                kernels::Device<CudaSpace>& dev, bool zero) {
+                kernels::Device<CudaSpace>& dev, int zero) {
   CAPTURE(zero);
   Model<T> m(grid);
-  const parallel::DistributedOptimizerOptions o{.bucket_bytes = 512, .zero = zero, .clip = 1.0};
+  const parallel::DistributedOptimizerOptions o{.bucket_bytes = 512, .zero = zero > 0, .shard_gradients = zero == 2, .clip = 1.0};
   parallel::DistributedOptimizer<Rule, double> host(m.host_params(), &grid, options_of<Rule>(), o);
   parallel::DistributedOptimizer<Rule, T, CudaSpace, DataComm> device(m.device_params(), &grid, options_of<Rule>(), o, comms, dev);
   Tensor<T> before(Shape{device.flat().numel()}), after(Shape{device.flat().numel()});
@@ -211,19 +211,19 @@ void run_layout(parallel::Layout layout) {
     if (spanning) CHECK(comms.world().native() == spanning->native());
     else CHECK((comms.world().native() != comms.data().native() && comms.world().native() != comms.tensor().native()));
   }
-  for (const bool zero : {false, true})
+  for (const int zero : {0, 1, 2})  // 2: ZeRO-2 (the gradients in slots, reduce-scattered into shards)
     for (const double clip : {0.0, 0.5}) {
       check_layout<optim::AdamW, bf16>(grid, comms, dev, zero, clip);
       check_layout<optim::AdamW, float>(grid, comms, dev, zero, clip);
       check_layout<optim::Sgd, bf16>(grid, comms, dev, zero, clip);
       check_layout<optim::Sgd, float>(grid, comms, dev, zero, clip);
     }
-  for (const bool zero : {false, true}) check_skip<optim::AdamW, bf16>(grid, comms, dev, zero);
+  for (const int zero : {0, 1, 2}) check_skip<optim::AdamW, bf16>(grid, comms, dev, zero);
 }
 
 }  // namespace
 
-TEST_CASE("device runtime: data parallel, plain and ZeRO-1, equals the host runtime in float64", "[gpu][data][zero]") {
+TEST_CASE("device runtime: data parallel, plain, ZeRO-1 and ZeRO-2, equals the host runtime in float64", "[gpu][data][zero]") {
   test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) { run_layout<Comm>({}); });
 }
 

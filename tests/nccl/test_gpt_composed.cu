@@ -121,16 +121,19 @@ struct Trained {
 // `model` (models::Gpt or models::GptChunks on `comms`) trained by the library's trainer under the
 // schedules of `choice` (the one it names).
 template <class T, class Comm, class Model, class Choice>
+// zero: 0 none, 1 ZeRO-1, 2 ZeRO-2 (ZeRO-1's strategy with DistributedOptimizerOptions::shard_gradients).
 Trained train_model(Model& model, const Choice& choice, const parallel::DeviceGrid<Comm>& comms, kernels::Device<CudaSpace>& dev,
-                    bool zero, optim::LossScaling scaling, std::int64_t micro) {
+                    int zero, optim::LossScaling scaling, std::int64_t micro) {
   Trained out;
   const ProcessGrid& grid = comms.grid();
   layers::initialize_all(model.parameters(), kSeed, &grid);
   out.initial = weights_of(model.parameters(), grid);
   const std::int64_t local = kGlobalBatch / grid.dp(), first = local * grid.coord(Axis::data);
-  parallel::with_strategy(choice, zero, [&]<class Strategy>() {
+  parallel::DistributedOptimizerOptions dist = kDist;
+  dist.shard_gradients = zero == 2;
+  parallel::with_strategy(choice, zero > 0, [&]<class Strategy>() {
     train::GptTrainer<Strategy, optim::AdamW, T, CudaSpace, Comm, parallel::data_comm_t<Strategy, Comm>, Model> trainer(
-        model, comms, dev, kAdam, kDist,
+        model, comms, dev, kAdam, dist,
         {.micro_batch = micro, .global_batch = kGlobalBatch, .seed = 5, .loss_scaling = scaling});
     for (int s = 0; s < kSteps; ++s) {
       auto r = trainer.train_step(batch(s, first, local), kLr);
@@ -154,7 +157,7 @@ Trained train_model(Model& model, const Choice& choice, const parallel::DeviceGr
 // step whose scaled gradients overflowed (dynamic loss scaling) is retried on the same batch.
 // chunks > 1: models::GptChunks under the interleaved schedule (`schedule` "interleaved").
 template <class T, class Comm>
-Trained train_composed(const ProcessGrid& grid, const std::string& schedule, bool zero, optim::LossScaling scaling = {},
+Trained train_composed(const ProcessGrid& grid, const std::string& schedule, int zero, optim::LossScaling scaling = {},
                        std::int64_t micro = kMicro, bool recompute = false, int chunks = 1) {
   kernels::Device<CudaSpace> dev;
   const parallel::DeviceGrid<Comm> comms(grid, dev);
@@ -319,7 +322,7 @@ TEST_CASE("composed GPT: one GPU in bf16 against the host in float64, loss and e
 // Two ranks: every axis alone (dp 2 also with ZeRO-1, pp 2 under each schedule). Four ranks: two
 // axes at a time (tp 2 × pp 2 under 1F1B and ZB-H1, dp 2 × pp 2 with ZeRO-1, dp 2 × tp 2 with
 // ZeRO-1) — over NCCL where the node has four GPUs, else comm::Staged on one.
-TEST_CASE("composed GPT: dp, tp, pp (each schedule), ZeRO-1 and their pairs train as one GPU does", "[gpu][gpt][layout]") {
+TEST_CASE("composed GPT: dp, tp, pp (each schedule), ZeRO-1, ZeRO-2 and their pairs train as one GPU does", "[gpu][gpt][layout]") {
   const int ranks = test::world().size();
   if (ranks != 2 && ranks != 4) return;
   test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) {
@@ -328,15 +331,13 @@ TEST_CASE("composed GPT: dp, tp, pp (each schedule), ZeRO-1 and their pairs trai
     struct Layout {
       parallel::Layout layout;
       const char* schedule;
-      bool zero;
+      int zero;
     };
-    const std::vector<Layout> pairs = {{{.tp = 2, .pp = 2}, "1f1b", false},
-                                       {{.tp = 2, .pp = 2}, "zb-h1", false},
-                                       {{.pp = 2}, "1f1b", true},
-                                       {{.tp = 2}, "1f1b", true}};
-    const std::vector<Layout> singles = {{{}, "1f1b", false},        {{}, "1f1b", true},         {{.tp = 2}, "1f1b", false},
-                                         {{.pp = 2}, "gpipe", false}, {{.pp = 2}, "1f1b", false}, {{.pp = 2}, "zb-h1", false},
-                                         {{.pp = 2}, "1f1b", true}};
+    const std::vector<Layout> pairs = {{{.tp = 2, .pp = 2}, "1f1b", 0}, {{.tp = 2, .pp = 2}, "zb-h1", 0}, {{.pp = 2}, "1f1b", 1},
+                                       {{.tp = 2}, "1f1b", 1},          {{.pp = 2}, "1f1b", 2},           {{.tp = 2}, "1f1b", 2}};
+    const std::vector<Layout> singles = {{{}, "1f1b", 0},        {{}, "1f1b", 1},         {{}, "1f1b", 2},
+                                         {{.tp = 2}, "1f1b", 0}, {{.pp = 2}, "gpipe", 0}, {{.pp = 2}, "1f1b", 0},
+                                         {{.pp = 2}, "zb-h1", 0}, {{.pp = 2}, "1f1b", 1}, {{.pp = 2}, "zb-h1", 2}};
     for (const auto& l : ranks == 4 ? pairs : singles) {
       const auto grid = ProcessGrid::create(test::world(), l.layout);
       CAPTURE(grid.tp(), grid.pp(), grid.dp(), l.schedule, l.zero);

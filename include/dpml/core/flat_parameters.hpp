@@ -16,6 +16,8 @@
 //
 //   values (numel())  [ b_last … | pad ][ … | p_{k-1} pad p_k | pad ]      offsets()[i] = start of p_i
 //   grads  (numel())  the same layout                    buckets()[0] = the bucket at the end
+//                     (none under ZeRO-2: FlatLayout::grads false, the gradient buckets bind
+//                     each bucket's parameters to a slot of their own pool while it collects)
 //
 // Padding starts at zero in both buffers and stays zero (zero gradients leave zero values alone
 // under every update rule). With the default layout on the host (align 1, one shard, one bucket)
@@ -44,6 +46,7 @@ struct FlatLayout {
   std::int64_t align = 1;                                               // parameter offsets: multiples of this
   std::int64_t bucket_elements = std::numeric_limits<std::int64_t>::max();  // at least this many per bucket
   std::int64_t shards = 1;                                              // buckets split into this many equal parts
+  bool grads = true;  // a flat gradient buffer; false (ZeRO-2): none, the gradient buckets bind slots
 };
 
 // A bucket: parameters [first_param, last_param) in registration order, elements [offset, offset + count)
@@ -66,10 +69,10 @@ class FlatParameters {
     for (ParamT* p : params) params_.push_back(p);
     plan();
     values_ = Tensor<T, Space>(Shape{numel_});
-    grads_ = Tensor<T, Space>(Shape{numel_});
+    if (layout.grads) grads_ = Tensor<T, Space>(Shape{numel_});
     zero_padding();
     for (std::size_t i = 0; i < params_.size(); ++i)
-      params_[i]->bind(values_.data() + offsets_[i], grads_.data() + offsets_[i]);
+      params_[i]->bind(values_.data() + offsets_[i], layout.grads ? grads_.data() + offsets_[i] : nullptr);
   }
 
   FlatParameters(const FlatParameters&) = delete;
@@ -82,7 +85,7 @@ class FlatParameters {
 
   std::int64_t numel() const noexcept { return numel_; }  // padding included
   TensorView<T, Space> values() const noexcept { return values_.view(); }
-  TensorView<T, Space> grads() const noexcept { return grads_.view(); }
+  TensorView<T, Space> grads() const noexcept { return grads_.view(); }  // empty without one (FlatLayout::grads)
   const std::vector<ParamT*>& params() const noexcept { return params_; }
   const std::vector<std::int64_t>& offsets() const noexcept { return offsets_; }
   const FlatLayout& layout() const noexcept { return layout_; }
@@ -153,7 +156,8 @@ class FlatParameters {
     const std::vector<std::byte> zeros(static_cast<std::size_t>(widest) * sizeof(T), std::byte{0});
     for (const auto& [begin, end] : gaps)
       for (T* base : {values_.data(), grads_.data()})
-        SpaceCopy<Space, HostSpace>::copy(base + begin, zeros.data(), static_cast<std::size_t>(end - begin) * sizeof(T));
+        if (base != nullptr)
+          SpaceCopy<Space, HostSpace>::copy(base + begin, zeros.data(), static_cast<std::size_t>(end - begin) * sizeof(T));
   }
 
   FlatLayout layout_;

@@ -97,6 +97,18 @@ struct Sharding {
 // initialised and sharded, and its shape. Gradient-ready reports (layers::Context::grad_ready) and
 // the bucket bookkeeping of the parallel runtime speak of parameters through this base, so that
 // one hook serves fp32, fp64 and bf16 parameters on either space.
+class ParamBase;
+// Where a parameter without gradient storage gets some (ZeRO-2, parallel/data.hpp: gradients live
+// in a pool of bucket slots, bound while their bucket collects a round of them): provide(p) binds
+// p's gradient, and its bucket's, before p.grad() returns.
+class GradProvider {
+ public:
+  virtual void provide(ParamBase& p) = 0;
+
+ protected:
+  ~GradProvider() = default;
+};
+
 class ParamBase {
  public:
   ParamBase() = default;
@@ -119,7 +131,13 @@ class ParamBase {
   // so that the first writer of the step alone may overwrite. Left false, every write adds:
   // the same result, only slower.
   void mark_grad_zero(bool z = true) noexcept { grad_zero_ = z; }
-  bool take_grad_zero() noexcept { return std::exchange(grad_zero_, false); }
+  bool take_grad_zero() {
+    bind_grad();  // ZeRO-2: a round opened here is zeros, whichever of grad() and this a writer calls first
+    return std::exchange(grad_zero_, false);
+  }
+  // ZeRO-2: a parameter without gradient storage asks its provider (set_grad_provider) for some
+  // when its gradient is first written or read; the provider binds it and marks it zero.
+  void set_grad_provider(GradProvider* provider) noexcept { provider_ = provider; }
   const Sharding& sharding() const noexcept { return sharding_; }
   const Shape& shape() const noexcept { return shape_; }
   std::int64_t numel() const noexcept { return shape_.numel(); }
@@ -141,6 +159,13 @@ class ParamBase {
   StorageOrder order_;
   bool duplicate_ = false;
   bool grad_zero_ = false;
+
+ protected:
+  void bind_grad() {
+    if (grad_unbound_ && provider_ != nullptr) provider_->provide(*this);
+  }
+  GradProvider* provider_ = nullptr;
+  bool grad_unbound_ = false;  // no gradient storage (set by the derived Param)
 };
 
 namespace detail {
@@ -195,29 +220,44 @@ class Param : public ParamBase {
   Param& operator=(Param&&) noexcept = default;
 
   TensorView<T, Space> value() const noexcept { return value_; }
-  TensorView<T, Space> grad() const noexcept { return grad_; }
+  TensorView<T, Space> grad() const {
+    const_cast<Param&>(*this).bind_grad();
+    return grad_;
+  }
 
   // Move this parameter onto external storage (flat buffers); the current value is copied over
-  // and the own storage released. `value` and `grad` each hold numel() elements.
+  // and the own storage released. `value` and `grad` each hold numel() elements; grad nullptr:
+  // no gradient storage until a GradProvider binds some (ZeRO-2).
   void bind(T* value, T* grad) {
     TensorView<T, Space> v(value, shape()), g(grad, shape());
     copy(v, TensorView<const T, Space>(value_));
-    copy(g, TensorView<const T, Space>(grad_));
+    if (grad != nullptr) copy(g, TensorView<const T, Space>(grad_));
     value_ = v;
     grad_ = g;
+    grad_unbound_ = grad == nullptr;
     own_value_ = Tensor<T, Space>();
     own_grad_ = Tensor<T, Space>();
   }
-  // Back onto storage of its own (copying the current value and gradient), before the external
-  // storage goes away.
+  // Back onto storage of its own (copying the current value and gradient, zeros for a gradient
+  // that has none), before the external storage goes away.
   void unbind() {
     Tensor<T, Space> v(shape()), g(shape());
     copy(v.view(), TensorView<const T, Space>(value_));
-    copy(g.view(), TensorView<const T, Space>(grad_));
+    if (grad_.data() != nullptr) copy(g.view(), TensorView<const T, Space>(grad_));
+    else copy(g.view(), Tensor<T>(shape(), T(0)).cview());
     own_value_ = std::move(v);
     own_grad_ = std::move(g);
     value_ = own_value_.view();
     grad_ = own_grad_.view();
+    provider_ = nullptr;
+    grad_unbound_ = false;
+  }
+  // ZeRO-2: a parameter bound by bind(value, nullptr) has no gradient storage of its own; the
+  // provider binds some (set_grad_storage) when grad() or take_grad_zero() is first called, and
+  // unbinds it (nullptr) once its bucket's round has been reduced.
+  void set_grad_storage(T* grad) noexcept {
+    grad_ = TensorView<T, Space>(grad, shape());
+    grad_unbound_ = grad == nullptr;
   }
 
  private:

@@ -10,7 +10,9 @@
 //   parameters   the stage's share (stage_blocks: blocks, the embedding on the first stage,
 //                ln_f and — pp > 1 — the tied copy of wte on the last), vocabulary padded to
 //                tp · pad_multiple rows as VocabPartition pads it, in the storage type
-//   gradients    the same count in the storage type (FlatParameters' flat gradient buffer)
+//   gradients    the same count in the storage type (FlatParameters' flat gradient buffer); under
+//                ZeRO-2 the slot pool instead: up to 4 slots, each at most a bucket plus one more
+//                parameter (a c_fc weight, or wte on the end stages: parallel/data.hpp)
 //   optimizer    fp32 master (16-bit storage only) and AdamW's two moments; under ZeRO-1 a 1/dp
 //                shard of them plus the reduce-scattered gradient shard (parallel/data.hpp)
 //   activations  what a micro-batch keeps from its forward until its backward, per block
@@ -67,6 +69,8 @@ struct GptLayout {
   int micro_batches = 1;
   std::string schedule = "1f1b";
   bool zero = false;
+  bool shard_gradients = false;  // ZeRO-2 (with zero): no whole gradient buffer, a pool of bucket slots
+  std::int64_t bucket_bytes = std::int64_t{25} << 20;  // DistributedOptimizerOptions::bucket_bytes
   int virtual_stages = 1;  // chunks per pipeline rank: the interleaved schedule's v (models::GptChunks)
 };
 
@@ -223,6 +227,12 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
     const double shards = l.zero ? l.dp : 1;
     m.parameters = n * a;
     m.gradients = n * a;
+    if (l.zero && l.shard_gradients) {  // ZeRO-2: the slots, each at most a bucket and one more parameter
+      const double bucket = static_cast<double>(l.bucket_bytes) / a, wte = static_cast<double>(v_local) * C;
+      const bool holds_wte = s == 0 || holds_last;
+      const double slots = std::min(4.0, std::ceil(n / bucket));
+      m.gradients = std::min(n, (holds_wte ? wte + bucket : 0.0) + (slots - (holds_wte ? 1 : 0)) * (bucket + 4 * C * C / tp)) * a;
+    }
     m.optimizer = n * (t.master_bytes + 2 * t.moment_bytes) / shards + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);
 
     // Once per stage: the head, the Device's shared scratch, messages, the batch's tokens.
@@ -255,7 +265,7 @@ inline std::string memory_table(const GptMemoryEstimate& e, double have, const s
   std::snprintf(line, sizeof line,
                 "memory per rank (%s, GiB) of tp %d × pp %d × dp %d, micro-batch %lld × %d, schedule %s%s; every tensor shard of a stage alike\n",
                 memory.c_str(), l.tp, l.pp, l.dp, static_cast<long long>(l.micro_batch), l.micro_batches, l.schedule.c_str(),
-                l.zero ? ", ZeRO-1" : "");
+                !l.zero ? "" : l.shard_gradients ? ", ZeRO-2" : ", ZeRO-1");
   out += line;
   out += "| stage | parameters | gradients | optimizer | activations (per micro-batch × in flight) | buffers | workspace + comms | total |\n";
   out += "|---:|---:|---:|---:|---:|---:|---:|---:|\n";

@@ -20,6 +20,19 @@
 //                   `data ranks` equal, aligned parts), in shard_grads(); after the optimizer
 //                   updated the shard's values, all_gather_values() gives every rank the full
 //                   updated values.
+//   sharded_gradients
+//                   ZeRO-2: as reduce_scatter, but no flat gradient buffer (FlatLayout::grads
+//                   false). A parameter's first grad() of a round (core/parameter.hpp's
+//                   GradProvider) binds its whole bucket to a zeroed slot of a small pool (the
+//                   smallest free slot that holds the bucket; a new one while there are fewer than
+//                   4, or while every slot collects or none fits); once every
+//                   parameter of the bucket has been reported, this rank's part of the slot takes
+//                   the shard's earlier rounds (the add is exact bookkeeping: the reduce-scatter
+//                   then sums them in) and the slot is reduce-scattered into the shard, and freed
+//                   when that reduction is done. With micro-batches a bucket has one round per
+//                   micro-batch (DeepSpeed's ZeRO-2 reduces as often); a held bucket (a tied
+//                   weight) keeps its slot until finish(). Gradients exist whole only inside their
+//                   round: outside a step grad() is refused.
 // Over comm::Hierarchical (DataParallel<…, Hierarchical>) each reduction runs in two levels, inside
 // the node and across nodes; the shards then follow that communicator's rank order (node rank
 // major), and a reduce-scatter uses the bucket's gradients as its scratch (ZeRO-1 reads only
@@ -41,6 +54,7 @@
 #include "dpml/core/parameter.hpp"
 #include "dpml/core/tensor.hpp"
 #include "dpml/kernels/device.hpp"
+#include "dpml/kernels/ops.hpp"
 #include "dpml/parallel/comm_link.hpp"
 #include "dpml/parallel/compression.hpp"
 #include "dpml/parallel/tensor.hpp"  // default_comm_t
@@ -54,15 +68,17 @@
 #include <optional>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace dpml::parallel {
 
-enum class GradReduction { all_reduce, reduce_scatter };
+enum class GradReduction { all_reduce, reduce_scatter, sharded_gradients };
 
 template <class T, class Space = HostSpace, class Comm = default_comm_t<Space>, class Compression = NoCompression>
-class GradientBuckets {
+class GradientBuckets : GradProvider {
   using Link = CommLink<Comm, Space>;
+  using Ops = kernels::Ops<Space>;
   static_assert(is_compression<Compression>, "dpml: GradientBuckets' fourth parameter is a compression policy (parallel/compression/policy.hpp)");
   static constexpr bool compressed = !std::same_as<Compression, NoCompression>;
   struct NoCompressor {};
@@ -86,7 +102,7 @@ class GradientBuckets {
   GradientBuckets(FlatParameters<T, Space>& flat, const Comm* data_comm, GradReduction mode, kernels::Device<Space>& dev,
                   CompressionOptions compression = {})
       : flat_(flat), comm_(data_comm && data_comm->size() > 1 ? data_comm : nullptr), mode_(mode),
-        compression_start_(compression.start_step) {
+        compression_start_(compression.start_step), dev_(&dev) {
     if (comm_) link_.emplace(dev, *comm_);
     if constexpr (compressed)
       if (comm_) compressor_.emplace(flat, *comm_, mode == GradReduction::reduce_scatter, compression);
@@ -97,12 +113,29 @@ class GradientBuckets {
     if constexpr (!compressed && requires(Comm& c, void* p, std::size_t n) { c.register_buffer(p, n); })
       if (comm_ && mode == GradReduction::all_reduce)
         const_cast<Comm&>(*comm_).register_buffer(flat.grads().data(), static_cast<std::size_t>(flat.numel()) * sizeof(T));
-    DPML_REQUIRE(mode != GradReduction::reduce_scatter || flat.layout().shards == data_size(),
-                 "gradient buckets: ZeRO-1 over " << data_size() << " data ranks needs flat buffers laid out in "
-                                                  << data_size() << " shards, not " << flat.layout().shards);
+    DPML_REQUIRE(mode == GradReduction::all_reduce || flat.layout().shards == data_size(),
+                 "gradient buckets: ZeRO over " << data_size() << " data ranks needs flat buffers laid out in "
+                                                << data_size() << " shards, not " << flat.layout().shards);
+    DPML_REQUIRE(mode == GradReduction::sharded_gradients ? !flat.layout().grads : flat.layout().grads,
+                 "gradient buckets: ZeRO-2 (sharded gradients) needs flat buffers without a gradient buffer, the other "
+                 "reductions one with it");
+    if (mode == GradReduction::sharded_gradients) {
+      DPML_REQUIRE_EVERYWHERE(!compressed, "gradient compression reduces whole buckets: not with ZeRO-2's sharded gradients");
+      for (auto* p : flat.params()) p->set_grad_provider(this);
+      reported_.assign(flat.params().size(), 0);
+    }
     state_.resize(flat.buckets().size());
     reports_.assign(flat.params().size(), 0);
     build_segments();
+  }
+  GradientBuckets(const GradientBuckets&) = delete;
+  GradientBuckets& operator=(const GradientBuckets&) = delete;
+  ~GradientBuckets() {
+    if (mode_ != GradReduction::sharded_gradients) return;
+    for (auto* p : flat_.params()) {  // nothing may ask this object for storage any more
+      p->set_grad_provider(nullptr);
+      p->set_grad_storage(nullptr);
+    }
   }
 
   std::size_t bucket_count() const noexcept { return state_.size(); }
@@ -121,6 +154,10 @@ class GradientBuckets {
   // `step` (from 1, the trainer's count): a compression starts at CompressionOptions::start_step;
   // before it the buckets are all-reduced exactly.
   void begin_step(int reports_per_param, std::int64_t step = std::numeric_limits<std::int64_t>::max()) {
+    if (mode_ == GradReduction::sharded_gradients) {
+      Ops::zero(*dev_, shard_grads_.data(), shard_numel_);  // the rounds add into it
+      in_step_ = true;
+    }
     reports_per_param_ = reports_per_param;
     compress_ = step >= compression_start_;
     std::fill(reports_.begin(), reports_.end(), 0);
@@ -134,6 +171,17 @@ class GradientBuckets {
 
   // The Context::grad_ready hook: these parameters have one more micro-batch of gradient.
   void on_grad_ready(std::span<ParamBase* const> params) {
+    if (mode_ == GradReduction::sharded_gradients) {
+      for (auto* p : params) {
+        const std::size_t i = flat_.index_of(p), b = flat_.bucket_of(i);
+        State& st = state_[b];
+        if (st.slot < 0 || reported_[i]) continue;  // written in a round already reduced, or counted
+        reported_[i] = 1;
+        if (--st.unreported == 0 && !st.held) close(b);
+      }
+      progress();
+      return;
+    }
     for (auto* p : params) {
       const std::size_t i = flat_.index_of(p);
       if (++reports_[i] == reports_per_param_) {
@@ -155,8 +203,14 @@ class GradientBuckets {
   // host does not wait (comm::Staged aside), so it measures only the launch.
   void finish() {
     const auto t0 = std::chrono::steady_clock::now();
-    for (std::size_t b = 0; b < state_.size(); ++b)
-      if (!state_[b].started) start(b);
+    if (mode_ == GradReduction::sharded_gradients) {
+      for (std::size_t b = 0; b < state_.size(); ++b)  // the held ones, and rounds not all reported
+        if (state_[b].slot >= 0) close(b);
+      in_step_ = false;
+    } else {
+      for (std::size_t b = 0; b < state_.size(); ++b)
+        if (!state_[b].started) start(b);
+    }
     wait_all();
     exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -169,7 +223,7 @@ class GradientBuckets {
   // ZeRO-1, after the optimizer updated this rank's segments of the values: every rank gets all
   // (in place: each bucket's parts of all ranks, gathered into the bucket).
   void all_gather_values() {
-    if (mode_ != GradReduction::reduce_scatter || !comm_) return;
+    if (mode_ == GradReduction::all_reduce || !comm_) return;
     const auto t0 = std::chrono::steady_clock::now();
     T* values = flat_.values().data();
     for (std::size_t b = 0; b < state_.size(); ++b)
@@ -193,10 +247,12 @@ class GradientBuckets {
     bool started = false;
     bool held = false;
     std::optional<typename Link::Pending> pending;
+    int slot = -1;                // ZeRO-2: the slot of the open round (-1: none)
+    std::size_t unreported = 0;   // ZeRO-2: parameters of the open round not yet reported
   };
 
   void build_segments() {
-    sharded_ = mode_ == GradReduction::reduce_scatter && comm_;
+    sharded_ = mode_ == GradReduction::sharded_gradients || (mode_ == GradReduction::reduce_scatter && comm_);
     const std::int64_t p = data_size(), r = comm_ ? comm_->rank() : 0;
     std::int64_t shard = 0;
     for (const FlatBucket& b : flat_.buckets()) {
@@ -241,7 +297,87 @@ class GradientBuckets {
         b.pending.reset();
       }
     if (link_) link_->join();
+    for (const auto& [slot, bucket] : in_flight_) free_slots_.push_back(slot);
+    in_flight_.clear();
   }
+
+  // ---- ZeRO-2: the slot pool ----------------------------------------------------------------------
+  // A parameter without storage asked for its gradient: its bucket opens a round in a zeroed slot.
+  void provide(ParamBase& p) override {
+    DPML_REQUIRE(in_step_, "ZeRO-2: parameter '" << p.name() << "' has no gradient outside a training step (the "
+                                                 << "reduced gradients are the shards, GradientBuckets::shard_grads)");
+    const std::size_t b = flat_.bucket_of(flat_.index_of(&p));
+    const FlatBucket& bucket = flat_.buckets()[b];
+    const int s = acquire_slot(bucket.count);
+    T* base = slots_[static_cast<std::size_t>(s)].data();
+    Ops::zero(*dev_, base, bucket.count);
+    for (std::size_t i = bucket.first_param; i < bucket.last_param; ++i) {
+      flat_.params()[i]->set_grad_storage(base + (flat_.offsets()[i] - bucket.offset));
+      flat_.params()[i]->mark_grad_zero();  // the zeros are there: the first writer may overwrite
+      reported_[i] = 0;
+    }
+    state_[b].slot = s;
+    state_[b].unreported = bucket.last_param - bucket.first_param;
+  }
+  // A free slot of at least n elements: the smallest that fits; with kSlots or more slots, the
+  // reductions in flight finish first (host: their MPI requests; GPU: the compute stream waits
+  // for the communication stream); else a new slot of n. Bucket sizes repeat every step, so the
+  // pool settles in the first one.
+  int acquire_slot(std::int64_t n) {
+    const auto take_fitting = [&]() -> int {
+      auto best = free_slots_.end();
+      for (auto it = free_slots_.begin(); it != free_slots_.end(); ++it)
+        if (slots_[static_cast<std::size_t>(*it)].numel() >= n &&
+            (best == free_slots_.end() || slots_[static_cast<std::size_t>(*it)].numel() < slots_[static_cast<std::size_t>(*best)].numel()))
+          best = it;
+      if (best == free_slots_.end()) return -1;
+      const int s = *best;
+      free_slots_.erase(best);
+      return s;
+    };
+    int s = take_fitting();
+    if (s < 0 && !in_flight_.empty() && slots_.size() >= kSlots) {
+      wait_all();
+      s = take_fitting();
+    }
+    if (s >= 0) return s;
+    slots_.emplace_back(Shape{n});
+    return static_cast<int>(slots_.size()) - 1;
+  }
+  // Bucket b's round is complete: its parameters lose the slot, this rank's part of the slot takes
+  // the shard's earlier rounds, and the slot is reduce-scattered into the shard.
+  void close(std::size_t b) {
+    State& st = state_[b];
+    const FlatBucket& bucket = flat_.buckets()[b];
+    const Segment& seg = segments_[b];
+    T* slot = slots_[static_cast<std::size_t>(st.slot)].data();
+    T* shard = shard_grads_.data() + seg.shard_offset;
+    for (std::size_t i = bucket.first_param; i < bucket.last_param; ++i) flat_.params()[i]->set_grad_storage(nullptr);
+    if (st.pending) wait_all();  // the bucket's previous round still writes the shard this one reads
+    T* own = slot + (seg.flat_offset - bucket.offset);
+    if (comm_) {
+      const NvtxRange range('R', static_cast<long long>(b));
+      Ops::add(*dev_, own, shard, own, seg.count);
+      dense_bytes_ += wire_bytes::reduce_scatter(bucket.count, sizeof(T), comm_->size());
+      wire_bytes_ = dense_bytes_;
+      st.pending = link_->reduce_scatter(slot, shard, static_cast<std::size_t>(seg.count));
+      in_flight_.emplace_back(st.slot, b);
+    } else {
+      Ops::add(*dev_, shard, own, shard, seg.count);  // one data rank: the shard is the whole bucket
+      free_slots_.push_back(st.slot);
+    }
+    st.started = true;
+    st.slot = -1;
+  }
+ public:
+  // ZeRO-2: the slot pool's elements (what stands in for the whole gradient buffer).
+  std::int64_t slot_elements() const noexcept {
+    std::int64_t n = 0;
+    for (const auto& s : slots_) n += s.numel();
+    return n;
+  }
+
+ private:
 
   FlatParameters<T, Space>& flat_;
   const Comm* comm_;
@@ -259,6 +395,14 @@ class GradientBuckets {
   double exposed_seconds_ = 0;
   std::int64_t wire_bytes_ = 0, dense_bytes_ = 0;
   std::optional<Compressor> compressor_;  // compressed, over several data ranks
+  kernels::Device<Space>* dev_;
+  // ZeRO-2 (sharded_gradients)
+  static constexpr std::size_t kSlots = 4;
+  std::vector<Tensor<T, Space>> slots_;       // each (as large as the bucket it was made for)
+  std::vector<int> free_slots_;
+  std::vector<std::pair<int, std::size_t>> in_flight_;  // (slot, bucket) a reduce-scatter reads
+  std::vector<char> reported_;                // per parameter: reported in its bucket's open round
+  bool in_step_ = false;
 };
 
 }  // namespace dpml::parallel

@@ -10,7 +10,9 @@
 // Parameters live in one flat buffer (FlatParameters: 64-element-aligned offsets on a GPU, buckets
 // splitting into equal shards under ZeRO-1). Without ZeRO every data rank updates all of it, one
 // optimizer range per parameter; with ZeRO-1 (GradReduction::reduce_scatter) each data rank
-// updates only its segments, so the optimizer state (and fp32 master weights) is sharded dp ways.
+// updates only its segments, so the optimizer state (and fp32 master weights) is sharded dp ways;
+// ZeRO-2 (shard_gradients: GradReduction::sharded_gradients) drops the whole gradient buffer too,
+// the buckets collecting each round in a slot of a small pool and reducing it into the shard.
 //
 // The gradient norm counts every element of the global model once: a tensor replicated over the
 // tensor axis only on tensor rank 0, a shared copy (Param::is_duplicate, e.g. the tied embedding
@@ -76,6 +78,7 @@ namespace dpml::parallel {
 struct DistributedOptimizerOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's default
   bool zero = false;                                  // ZeRO-1: shard optimizer state over the data axis
+  bool shard_gradients = false;                       // ZeRO-2 (with zero): no whole gradient buffer either
   double clip = 0.0;                                  // max global gradient norm; 0 = off
   CompressionOptions compression{};                   // sizes of the Compression policy (if any)
 };
@@ -127,8 +130,10 @@ class DistributedOptimizer {
 
   // `step`: the trainer's step count (from 1), when the compression waits for a start step.
   void begin_step(int micro_batches, std::int64_t step = std::numeric_limits<std::int64_t>::max()) {
-    Ops::zero(*dev_, flat_.grads().data(), flat_.numel());
-    for (ParamBase* p : flat_.params()) p->mark_grad_zero();  // the first weight-gradient GEMM may overwrite
+    if (!options_.shard_gradients) {  // (ZeRO-2: each round's slot is zeroed when it opens)
+      Ops::zero(*dev_, flat_.grads().data(), flat_.numel());
+      for (ParamBase* p : flat_.params()) p->mark_grad_zero();  // the first weight-gradient GEMM may overwrite
+    }
     buckets_.begin_step(micro_batches, step);
   }
 
@@ -230,8 +235,7 @@ class DistributedOptimizer {
                        kernels::Device<Space>& dev)
       : grid_(grid), options_(options), dev_(&dev), data_(std::move(data)),
         flat_(std::forward<Params>(params), layout(options, data_.get())),
-        buckets_(flat_, data_.get(), options.zero ? GradReduction::reduce_scatter : GradReduction::all_reduce, dev,
-                 options.compression),
+        buckets_(flat_, data_.get(), reduction(checked(options)), dev, options.compression),
         optimizer_(make_ranges(), rule, dev), world_sum_(sum_over(world, dev)) {
     count_in_norm();
   }
@@ -248,7 +252,17 @@ class DistributedOptimizer {
   static FlatLayout layout(const DistributedOptimizerOptions& o, const Comm* data) {
     return {.align = flat_alignment<Space>,
             .bucket_elements = static_cast<std::int64_t>(std::max(o.bucket_bytes, sizeof(T)) / sizeof(T)),
-            .shards = o.zero && data ? data->size() : 1};
+            .shards = o.zero && data ? data->size() : 1,
+            .grads = !o.shard_gradients};
+  }
+  static const DistributedOptimizerOptions& checked(const DistributedOptimizerOptions& o) {
+    DPML_REQUIRE_EVERYWHERE(!o.shard_gradients || o.zero, "DistributedOptimizer: ZeRO-2's sharded gradients need ZeRO's "
+                                                          "sharded optimizer state (zero)");
+    return o;
+  }
+  static GradReduction reduction(const DistributedOptimizerOptions& o) {
+    if (!o.zero) return GradReduction::all_reduce;
+    return o.shard_gradients ? GradReduction::sharded_gradients : GradReduction::reduce_scatter;
   }
 
   // The norm's sum over the world (none on one process), ordered like the buckets' collectives.

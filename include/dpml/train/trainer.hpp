@@ -629,6 +629,9 @@ class Trainer {
                             "--loss-scale " << o.loss_scaling.scale << " must be finite and positive");
     DPML_REQUIRE_EVERYWHERE(!dist.zero || Strategy::zero,
                             "ZeRO-1 is chosen by the Strategy type (DataParallel<Zero1>), not by DistributedOptimizerOptions::zero");
+    DPML_REQUIRE_EVERYWHERE(!dist.shard_gradients || Strategy::zero,
+                            "ZeRO-2 (DistributedOptimizerOptions::shard_gradients) needs a ZeRO strategy: DataParallel<Zero1> "
+                            "or DataParallel<Zero2>");
     DPML_REQUIRE_EVERYWHERE(o.virtual_stages >= 1, "--num-virtual-stages-per-pipeline-rank " << o.virtual_stages << " must be at least 1");
     // Each condition reads the run-time v, so that no check is a constant (nvcc warns on those).
     const bool one = o.virtual_stages == 1;
@@ -648,6 +651,7 @@ class Trainer {
   }
   static parallel::DistributedOptimizerOptions with_zero(parallel::DistributedOptimizerOptions d) {
     d.zero = Strategy::zero;
+    d.shard_gradients = d.shard_gradients || Strategy::shard_gradients;
     return d;
   }
   static StageStorage make_stage(Model& model, Loss loss, const parallel::ProcessGrid& grid, const TrainOptions& options) {
