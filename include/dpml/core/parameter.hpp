@@ -6,7 +6,8 @@
 // A layer owns its Params. Each starts with storage of its own; flatten_parameters() (optim/…)
 // may later rebind every Param of a model onto two flat buffers (values, gradients), so that the
 // optimizer and the gradient buckets work on large contiguous ranges. Layers therefore always
-// read and write through value()/grad() views, never through a stored tensor.
+// read and write through value()/grad() views, never through a stored tensor (under ZeRO-2 a
+// gradient's storage changes from one round to the next: GradProvider below).
 //
 // Sharding says which dimension of the *global* tensor is split across which axis (tensor
 // parallel weights), or that the tensor is replicated. Every parameter is also replicated along
@@ -93,10 +94,6 @@ struct Sharding {
   bool is_replicated() const noexcept { return dim < 0; }
 };
 
-// What every parameter is, whatever its element type and memory space: a name, how it is
-// initialised and sharded, and its shape. Gradient-ready reports (layers::Context::grad_ready) and
-// the bucket bookkeeping of the parallel runtime speak of parameters through this base, so that
-// one hook serves fp32, fp64 and bf16 parameters on either space.
 class ParamBase;
 // Where a parameter without gradient storage gets some (ZeRO-2, parallel/data.hpp: gradients live
 // in a pool of bucket slots, bound while their bucket collects a round of them): provide(p) binds
@@ -109,6 +106,10 @@ class GradProvider {
   ~GradProvider() = default;
 };
 
+// What every parameter is, whatever its element type and memory space: a name, how it is
+// initialised and sharded, and its shape. Gradient-ready reports (layers::Context::grad_ready) and
+// the bucket bookkeeping of the parallel runtime speak of parameters through this base, so that
+// one hook serves fp32, fp64 and bf16 parameters on either space.
 class ParamBase {
  public:
   ParamBase() = default;
