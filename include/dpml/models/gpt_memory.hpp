@@ -11,7 +11,7 @@
 //                ln_f and — pp > 1 — the tied copy of wte on the last), vocabulary padded to
 //                tp · pad_multiple rows as VocabPartition pads it, in the storage type
 //   gradients    the same count in the storage type (FlatParameters' flat gradient buffer); under
-//                ZeRO-2 the slot pool instead: up to 4 slots, each at most a bucket plus one more
+//                ZeRO-2 the slot pool instead: up to kZero2Slots, each at most a bucket plus one more
 //                parameter (a c_fc weight, or wte on the end stages: parallel/data.hpp)
 //   optimizer    fp32 master (16-bit storage only) and AdamW's two moments; under ZeRO-1 a 1/dp
 //                shard of them plus the reduce-scattered gradient shard (parallel/data.hpp)
@@ -48,6 +48,7 @@
 
 #include "dpml/core/error.hpp"
 #include "dpml/models/gpt.hpp"
+#include "dpml/parallel/data.hpp"  // kZero2Slots
 #include "dpml/parallel/pipeline/partition.hpp"
 #include "dpml/parallel/pipeline/schedule.hpp"
 #include "dpml/parallel/strategy.hpp"
@@ -230,7 +231,7 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
     if (l.zero && l.shard_gradients) {  // ZeRO-2: the slots, each at most a bucket and one more parameter
       const double bucket = static_cast<double>(l.bucket_bytes) / a, wte = static_cast<double>(v_local) * C;
       const bool holds_wte = s == 0 || holds_last;
-      const double slots = std::min(4.0, std::ceil(n / bucket));
+      const double slots = std::min(static_cast<double>(parallel::kZero2Slots), std::ceil(n / bucket));
       m.gradients = std::min(n, (holds_wte ? wte + bucket : 0.0) + (slots - (holds_wte ? 1 : 0)) * (bucket + 4 * C * C / tp)) * a;
     }
     m.optimizer = n * (t.master_bytes + 2 * t.moment_bytes) / shards + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);

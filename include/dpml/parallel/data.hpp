@@ -75,6 +75,10 @@ namespace dpml::parallel {
 
 enum class GradReduction { all_reduce, reduce_scatter, sharded_gradients };
 
+// ZeRO-2's pool: slots made before a new round waits for the reductions in flight (the memory
+// estimate, models/gpt_memory.hpp, counts as many).
+inline constexpr std::size_t kZero2Slots = 4;
+
 template <class T, class Space = HostSpace, class Comm = default_comm_t<Space>, class Compression = NoCompression>
 class GradientBuckets : GradProvider {
   using Link = CommLink<Comm, Space>;
@@ -122,7 +126,6 @@ class GradientBuckets : GradProvider {
     if (mode == GradReduction::sharded_gradients) {
       DPML_REQUIRE_EVERYWHERE(!compressed, "gradient compression reduces whole buckets: not with ZeRO-2's sharded gradients");
       for (auto* p : flat.params()) p->set_grad_provider(this);
-      reported_.assign(flat.params().size(), 0);
     }
     state_.resize(flat.buckets().size());
     reports_.assign(flat.params().size(), 0);
@@ -175,8 +178,8 @@ class GradientBuckets : GradProvider {
       for (auto* p : params) {
         const std::size_t i = flat_.index_of(p), b = flat_.bucket_of(i);
         State& st = state_[b];
-        if (st.slot < 0 || reported_[i]) continue;  // written in a round already reduced, or counted
-        reported_[i] = 1;
+        if (st.slot < 0 || reports_[i] > 0) continue;  // written in a round already reduced, or counted
+        reports_[i] = 1;
         if (--st.unreported == 0 && !st.held) close(b);
       }
       progress();
@@ -219,6 +222,12 @@ class GradientBuckets : GradProvider {
   const std::vector<Segment>& own_segments() const noexcept { return segments_; }
   TensorView<T, Space> shard_grads() const noexcept { return sharded_ ? shard_grads_.view() : flat_.grads(); }
   std::int64_t shard_numel() const noexcept { return shard_numel_; }
+  // ZeRO-2: the slot pool's elements (what stands in for the whole gradient buffer).
+  std::int64_t slot_elements() const noexcept {
+    std::int64_t n = 0;
+    for (const auto& s : slots_) n += s.numel();
+    return n;
+  }
 
   // ZeRO-1, after the optimizer updated this rank's segments of the values: every rank gets all
   // (in place: each bucket's parts of all ranks, gathered into the bucket).
@@ -314,12 +323,12 @@ class GradientBuckets : GradProvider {
     for (std::size_t i = bucket.first_param; i < bucket.last_param; ++i) {
       flat_.params()[i]->set_grad_storage(base + (flat_.offsets()[i] - bucket.offset));
       flat_.params()[i]->mark_grad_zero();  // the zeros are there: the first writer may overwrite
-      reported_[i] = 0;
+      reports_[i] = 0;  // ZeRO-2: reported in this round yet
     }
     state_[b].slot = s;
     state_[b].unreported = bucket.last_param - bucket.first_param;
   }
-  // A free slot of at least n elements: the smallest that fits; with kSlots or more slots, the
+  // A free slot of at least n elements: the smallest that fits; with kZero2Slots or more slots, the
   // reductions in flight finish first (host: their MPI requests; GPU: the compute stream waits
   // for the communication stream); else a new slot of n. Bucket sizes repeat every step, so the
   // pool settles in the first one.
@@ -336,7 +345,7 @@ class GradientBuckets : GradProvider {
       return s;
     };
     int s = take_fitting();
-    if (s < 0 && !in_flight_.empty() && slots_.size() >= kSlots) {
+    if (s < 0 && !in_flight_.empty() && slots_.size() >= kZero2Slots) {
       wait_all();
       s = take_fitting();
     }
@@ -369,15 +378,6 @@ class GradientBuckets : GradProvider {
     st.started = true;
     st.slot = -1;
   }
- public:
-  // ZeRO-2: the slot pool's elements (what stands in for the whole gradient buffer).
-  std::int64_t slot_elements() const noexcept {
-    std::int64_t n = 0;
-    for (const auto& s : slots_) n += s.numel();
-    return n;
-  }
-
- private:
 
   FlatParameters<T, Space>& flat_;
   const Comm* comm_;
@@ -386,7 +386,7 @@ class GradientBuckets : GradProvider {
   bool compress_ = true;            // this step: compressed (at or past the start)
   std::optional<Link> link_;  // with a communicator of more than one rank
   std::vector<State> state_;  // per flat bucket, production order
-  std::vector<int> reports_;
+  std::vector<int> reports_;  // per parameter: reports this step (ZeRO-2: in its bucket's open round, 0 or 1)
   int reports_per_param_ = 1;
   std::vector<Segment> segments_;  // per flat bucket
   bool sharded_ = false;           // ZeRO-1 over several data ranks
@@ -397,11 +397,9 @@ class GradientBuckets : GradProvider {
   std::optional<Compressor> compressor_;  // compressed, over several data ranks
   kernels::Device<Space>* dev_;
   // ZeRO-2 (sharded_gradients)
-  static constexpr std::size_t kSlots = 4;
   std::vector<Tensor<T, Space>> slots_;       // each (as large as the bucket it was made for)
   std::vector<int> free_slots_;
   std::vector<std::pair<int, std::size_t>> in_flight_;  // (slot, bucket) a reduce-scatter reads
-  std::vector<char> reported_;                // per parameter: reported in its bucket's open round
   bool in_step_ = false;
 };
 
