@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
         .flag("--zero", f.zero, "ZeRO-1: shard the optimizer state over the data-parallel ranks (--zero-stage 1)")
         .flag("--zero-stage", f.zero_stage,
               "0 | 1 (the optimizer state sharded over the data-parallel ranks) | 2 (the gradients too: no whole "
-              "gradient buffer, each bucket reduce-scattered from a small pool of slots; CPU ranks)",
+              "gradient buffer, each bucket reduce-scattered from a small pool of slots)",
               train::between(0, 2))
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
@@ -190,10 +190,6 @@ int main(int argc, char** argv) {
     f.zero = f.zero_stage >= 1;
     DPML_REQUIRE_EVERYWHERE(f.zero_stage < 2 || f.axis.grad_compression == "none",
                             "--grad-compression " << f.axis.grad_compression << " reduces whole buckets: not with --zero-stage 2");
-    // The library's ZeRO-2 runs on either space; the example offers it on GPUs once
-    // tests/nccl/test_gpt_composed.cu's ZeRO-2 layouts have passed there.
-    DPML_REQUIRE_EVERYWHERE(f.zero_stage < 2 || f.device == "cpu" || f.dry_run,
-                            "--zero-stage 2 runs on CPU ranks only for now (--device cpu): on GPUs it awaits its first check");
     DPML_REQUIRE_EVERYWHERE(f.virtual_stages == 1 || interleaved, "--num-virtual-stages-per-pipeline-rank " << f.virtual_stages
                                                                                                         << " needs --schedule interleaved");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
