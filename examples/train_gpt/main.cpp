@@ -14,8 +14,9 @@
 // and small machines). --tp, --pp, --schedule, --zero as on the CPU; the GELU output is recomputed
 // in the backward (--recompute-granularity selective, the GPU's default; full recomputes whole
 // blocks) and the vocabulary padded to 128 rows per tensor rank. Head dim 32, 64 or 128.
-// --grad-compression bf16 | fp16 | powersgd | topk (CPU ranks, flat all-reduce; --powersgd-rank,
-// --topk-ratio) compresses the data axis' gradient buckets (parallel/compression/policy.hpp); the
+// --grad-compression bf16 | fp16 | powersgd | topk (flat all-reduce; --powersgd-rank, --topk-ratio)
+// compresses the data axis' gradient buckets (parallel/compression/policy.hpp): all four on CPU
+// ranks, PowerSGD and top-k on GPUs (under 1F1B; their buckets hold 16-bit gradients already); the
 // progress line shows the megabytes each rank sent per step.
 // --fp16 trains in IEEE fp16 instead (fp32 master weights and state) with dynamic loss scaling
 // (optim/loss_scale.hpp; Megatron's --initial-loss-scale, --loss-scale-window, --min-loss-scale):
@@ -180,7 +181,7 @@ int main(int argc, char** argv) {
     models::apply_gpt_preset(f.model_size, [&](int i) { return args.given(shape_flags[i]); }, f.layers, f.hidden, f.heads, f.seq);
 
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.device == "cuda", "--device " << f.device << " is not one of cpu, cuda");
-    f.axis.require_device(f.device);
+    f.axis.require_device(f.device, /*gpu_low_rank_and_topk*/ true);
     DPML_REQUIRE_EVERYWHERE(!f.fp16 || f.device == "cuda", "--fp16 trains IEEE fp16 on GPUs (--device cuda); CPU ranks train fp32 "
                                                            "(--loss-scale S still scales their gradients)");
     DPML_REQUIRE_EVERYWHERE(f.initial_loss_scale >= f.min_loss_scale, "--initial-loss-scale " << f.initial_loss_scale
@@ -190,6 +191,9 @@ int main(int argc, char** argv) {
     f.zero = f.zero_stage >= 1;
     DPML_REQUIRE_EVERYWHERE(f.zero_stage < 2 || f.axis.grad_compression == "none",
                             "--grad-compression " << f.axis.grad_compression << " reduces whole buckets: not with --zero-stage 2");
+    DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.axis.grad_compression == "none" || f.schedule == "1f1b",
+                            "--grad-compression " << f.axis.grad_compression << " on GPUs runs under --schedule 1f1b, not "
+                                                  << f.schedule);
     DPML_REQUIRE_EVERYWHERE(f.virtual_stages == 1 || interleaved, "--num-virtual-stages-per-pipeline-rank " << f.virtual_stages
                                                                                                         << " needs --schedule interleaved");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.faults.find("nan:") == std::string::npos,
@@ -293,8 +297,7 @@ int main(int argc, char** argv) {
       return train_on_gpus_bf16(config, grid, run, staged);
     }
 #endif
-    const parallel::DistributedOptimizerOptions dist{
-        .shard_gradients = f.zero_stage == 2, .clip = f.clip, .compression = f.axis.compression(f.seed)};
+    const parallel::DistributedOptimizerOptions dist = dist_of(f);
     // CPU ranks: one models::Gpt stage per pipeline rank, or v chunks per rank (models::GptChunks)
     // under the interleaved schedule.
     const auto train_on_cpus = [&](auto& model, const auto& schedule) {

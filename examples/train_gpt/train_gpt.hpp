@@ -330,6 +330,10 @@ inline optim::LossScaling loss_scaling_of(const Flags& f) {
         {.initial = f.initial_loss_scale, .window = f.loss_scale_window, .min = f.min_loss_scale});
   return {};
 }
+// The parallel runtime's options: ZeRO-2, clipping, the compression's sizes (both spaces).
+inline parallel::DistributedOptimizerOptions dist_of(const Flags& f) {
+  return {.shard_gradients = f.zero_stage == 2, .clip = f.clip, .compression = f.axis.compression(f.seed)};
+}
 inline train::GptTrainOptions train_options_of(const Flags& f) {
   return {.micro_batch = f.micro_batch, .global_batch = f.global_batch, .seed = f.seed,
           .on_nonfinite = train::parse_nonfinite(f.on_nonfinite), .loss_scaling = loss_scaling_of(f)};

@@ -43,9 +43,10 @@
 //
 // Compression (the fourth parameter, a policy of parallel/compression/policy.hpp: WirePrecision<W>,
 // PowerSgd, TopK; DataParallel<…, Policy>): a ready bucket goes to BucketCompressor<Policy, …>,
-// which reduces it to completion there and then (host buckets over comm::Mpi only; the primary
-// template refuses any other space or communicator at compile time). wire_bytes() counts what this
-// rank sent for the step's gradients, dense_bytes() what the same reductions send uncompressed.
+// which reduces it there and then through the buckets' CommLink (on the host to completion; on a
+// GPU in stream order, the compute stream waiting for the communication stream). wire_bytes()
+// counts what this rank sent for the step's gradients, dense_bytes() what the same reductions send
+// uncompressed.
 
 #include "dpml/comm/communicator.hpp"
 #include "dpml/core/error.hpp"
@@ -109,7 +110,7 @@ class GradientBuckets : GradProvider {
         compression_start_(compression.start_step), dev_(&dev) {
     if (comm_) link_.emplace(dev, *comm_);
     if constexpr (compressed)
-      if (comm_) compressor_.emplace(flat, *comm_, mode == GradReduction::reduce_scatter, compression);
+      if (comm_) compressor_.emplace(flat, dev, *link_, mode == GradReduction::reduce_scatter, compression);
     // A communicator that moves registered buffers itself (comm::CopyEngine: two GPUs of one host
     // all-reducing on their copy engines) is handed the gradients it reduces: one set of buckets
     // per such communicator. (The registration changes the communicator's shared state, not what
@@ -124,8 +125,10 @@ class GradientBuckets : GradProvider {
                  "gradient buckets: ZeRO-2 (sharded gradients) needs flat buffers without a gradient buffer, the other "
                  "reductions one with it");
     if (mode == GradReduction::sharded_gradients) {
-      DPML_REQUIRE_EVERYWHERE(!compressed, "gradient compression reduces whole buckets: not with ZeRO-2's sharded gradients");
-      for (auto* p : flat.params()) p->set_grad_provider(this);
+      if constexpr (compressed)
+        DPML_REQUIRE_EVERYWHERE(false, "gradient compression reduces whole buckets: not with ZeRO-2's sharded gradients");
+      else
+        for (auto* p : flat.params()) p->set_grad_provider(this);
     }
     state_.resize(flat.buckets().size());
     reports_.assign(flat.params().size(), 0);

@@ -8,7 +8,7 @@
 //   train::DataAxisFlags axis;
 //   train::data_axis_flags(args, axis);
 //   if (!args.parse(argc, argv, world.rank())) return 0;
-//   axis.require_device(device);                       // compression: CPU ranks only
+//   axis.require_device(device, true);                 // PowerSGD / top-k offered on GPUs too
 //   auto grid = ProcessGrid::create(world, {.ranks_per_node = axis.ranks_per_node});
 //   parallel::with_strategy(schedule, zero, axis.dp_allreduce, axis.grad_compression, body);
 
@@ -34,11 +34,16 @@ struct DataAxisFlags {
   parallel::CompressionOptions compression(std::uint64_t seed) const {
     return {.powersgd_rank = powersgd_rank, .topk_ratio = topk_ratio, .seed = seed, .start_step = compression_start_iter};
   }
-  // Refused on every rank: compression on a GPU (the device buckets have no compressor yet).
-  void require_device(const std::string& device) const {
-    DPML_REQUIRE_EVERYWHERE(device == "cpu" || grad_compression == "none",
-                            "--grad-compression " << grad_compression << " runs on CPU ranks only (--device cpu): the GPU "
-                                                  "buckets have no compression kernels yet");
+  // Refused on every rank: a compression that `device` cannot run. On a GPU the buckets hold bf16
+  // or fp16 gradients already, so bf16 / fp16 on the wire would change nothing; PowerSGD and top-k
+  // run on GPU buckets in a program whose GPU path offers them (`gpu_low_rank_and_topk`).
+  void require_device(const std::string& device, bool gpu_low_rank_and_topk = false) const {
+    if (device == "cpu" || grad_compression == "none") return;
+    DPML_REQUIRE_EVERYWHERE(grad_compression != "bf16" && grad_compression != "fp16",
+                            "--grad-compression " << grad_compression << " is for CPU ranks' fp32 gradients: on GPUs the "
+                                                  "buckets hold 16-bit gradients already");
+    DPML_REQUIRE_EVERYWHERE(gpu_low_rank_and_topk, "--grad-compression " << grad_compression
+                                                                         << " runs on CPU ranks only in this program (--device cpu)");
   }
   // For a banner: ", hierarchical all-reduce", ", --grad-compression topk [from step N]" or ""
   // (`sep` first).
@@ -60,7 +65,7 @@ inline Args& data_axis_flags(Args& args, DataAxisFlags& d) {
             "data-parallel ranks per node for --dp-allreduce hierarchical (0: the ranks sharing a host; K: consecutive data ranks by K)",
             at_least(0))
       .flag("--grad-compression", d.grad_compression,
-            "data-parallel gradients on the wire (CPU ranks, flat all-reduce): none | bf16 | fp16 (16-bit values, fp32 sums) | "
+            "data-parallel gradients on the wire (flat all-reduce): none | bf16 | fp16 (CPU ranks' fp32 gradients as 16-bit values, fp32 sums) | "
             "powersgd (rank --powersgd-rank, error feedback) | topk (--topk-ratio of each bucket, error feedback)",
             parallel::check_grad_compression)
       .flag("--powersgd-rank", d.powersgd_rank, "--grad-compression powersgd: columns of P and Q", between(1, 1024))

@@ -4,6 +4,7 @@
 // translation units only (kernels/ops.hpp includes this file under __CUDACC__).
 
 #include "dpml/kernels/cuda/attention.hpp"
+#include "dpml/kernels/cuda/compression.hpp"
 #include "dpml/kernels/cuda/conv/batch_norm.hpp"
 #include "dpml/kernels/cuda/conv/conv_ops.hpp"
 #include "dpml/kernels/cuda/conv/pool.hpp"
@@ -41,6 +42,7 @@ struct Ops<CudaSpace> : cuda::ElementwiseOps,
                         cuda::CrossEntropyOps,
                         cuda::IdCheckOps,
                         cuda::LstmOps,
-                        cuda::VisionOps {};
+                        cuda::VisionOps,
+                        cuda::CompressionOps {};
 
 }  // namespace dpml::kernels

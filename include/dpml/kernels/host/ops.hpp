@@ -5,6 +5,7 @@
 #include "dpml/kernels/host/activation.hpp"
 #include "dpml/kernels/host/attention.hpp"
 #include "dpml/kernels/host/batch_norm.hpp"
+#include "dpml/kernels/host/compression.hpp"
 #include "dpml/kernels/host/conv.hpp"
 #include "dpml/kernels/host/cross_entropy.hpp"
 #include "dpml/kernels/host/elementwise.hpp"
@@ -39,6 +40,7 @@ struct Ops<HostSpace> : host::ElementwiseOps,
                         host::CrossEntropyOps,
                         host::IdCheckOps,
                         host::VisionOps,
-                        host::LstmOps {};
+                        host::LstmOps,
+                        host::CompressionOps {};
 
 }  // namespace dpml::kernels

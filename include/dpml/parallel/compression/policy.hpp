@@ -17,9 +17,11 @@
 //
 // The type chooses the method; the sizes (PowerSGD's rank, top-k's fraction, the seed of PowerSGD's
 // first Q) come from the launch, in CompressionOptions. Each method is a specialisation of
-// BucketCompressor<Policy, T, Space, Comm>, whose primary template refuses at compile time: the
-// compressors are written for host buckets over comm::Mpi; a GPU (or comm::Hierarchical) data
-// axis has no compressor, and says so when a program asks for one.
+// BucketCompressor<Policy, T, Space, Comm>, whose primary template refuses at compile time.
+// PowerSgd and TopK are written once for both memory spaces (their kernels are Ops<Space>'
+// compression family, their collectives the buckets' CommLink); WirePrecision runs on host
+// buckets over comm::Mpi only. The flat all-reduce is their data axis (with_strategy refuses
+// comm::Hierarchical with a compression).
 //
 // Bytes on the wire are counted per rank as a ring (bandwidth-optimal) algorithm sends them, the
 // convention of nccl-tests' "bus bandwidth": an all-reduce of n elements of s bytes over p ranks
@@ -78,17 +80,19 @@ struct CompressionOptions {
 
 // ---- the extension point ------------------------------------------------------------------------
 // One compressor per bucket list:
-//   BucketCompressor(const FlatParameters<T, Space>&, const Comm& data, bool sharded, CompressionOptions)
+//   BucketCompressor(const FlatParameters<T, Space>&, kernels::Device<Space>&, CommLink<Comm, Space>&,
+//                    bool sharded, CompressionOptions)
 //   std::int64_t reduce(std::size_t bucket, T* grads, T* shard)
 //     grads: (bucket.count) this rank's gradients of the bucket; with shard == nullptr they become
 //     the reduced (summed) gradients of all ranks; else (ZeRO-1) shard: (bucket.count / p) gets
-//     this rank's part of the sum and grads are scratch. Returns the bytes this rank sent.
+//     this rank's part of the sum and grads are scratch. Returns the bytes this rank sent. The
+//     work is ordered after what the Device has queued, and what the Device queues next sees the
+//     result (host: done on return; GPU: stream order).
 template <class Policy, class T, class Space, class Comm>
 class BucketCompressor {
   static_assert(sizeof(Policy) == 0,
-                "dpml: no gradient compressor for this policy, memory space and communicator — compression runs on "
-                "host buckets over comm::Mpi (DataParallel<…, Flat>); the GPU path has no compression kernels "
-                "(see parallel/compression/policy.hpp)");
+                "dpml: no gradient compressor for this policy, memory space and communicator — PowerSgd and TopK run "
+                "on either space, WirePrecision on host buckets over comm::Mpi (see parallel/compression/policy.hpp)");
 };
 
 // ---- wire types ---------------------------------------------------------------------------------

@@ -30,6 +30,8 @@
 #include "dpml/core/error.hpp"
 #include "dpml/core/flat_parameters.hpp"
 #include "dpml/core/memory_space.hpp"
+#include "dpml/kernels/device.hpp"
+#include "dpml/parallel/comm_link.hpp"
 #include "dpml/parallel/compression/policy.hpp"
 
 #include <cstddef>
@@ -43,8 +45,9 @@ class BucketCompressor<WirePrecision<W>, float, HostSpace, comm::Mpi> {
   using Codec = WireCodec<W>;
 
  public:
-  BucketCompressor(const FlatParameters<float>& flat, const comm::Mpi& data, bool sharded, const CompressionOptions&)
-      : flat_(flat), comm_(data), sharded_(sharded) {}
+  BucketCompressor(const FlatParameters<float>& flat, kernels::Device<HostSpace>&, CommLink<comm::Mpi, HostSpace>& link,
+                   bool sharded, const CompressionOptions&)
+      : flat_(flat), comm_(link.comm()), sharded_(sharded) {}
 
   std::int64_t reduce(std::size_t b, float* grads, float* shard) {
     const int p = comm_.size(), me = comm_.rank();
