@@ -50,7 +50,12 @@ struct DeviceVec {
     DPML_CHECK_CUDA(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
   }
-  void poison() { DPML_CHECK_CUDA(cudaMemset(ptr, 0xFF, n * sizeof(T))); }
+  // Done before it returns: cudaMemset may run after the host goes on, on the legacy stream, which a
+  // Device's non-blocking stream does not wait for (a 120 MB poison landed after the kernel did).
+  void poison() {
+    DPML_CHECK_CUDA(cudaMemset(ptr, 0xFF, n * sizeof(T)));
+    DPML_CHECK_CUDA(cudaDeviceSynchronize());
+  }
 };
 
 inline double as_double(bf16 v) { return static_cast<double>(static_cast<float>(v)); }
