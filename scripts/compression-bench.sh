@@ -31,10 +31,7 @@ done
 build=build/cuda-openmpi
 results=${RESULTS:-$build/compression-bench}
 source scripts/lib/gpu-build.sh
-[[ -x $build/examples/train_gpt/train_gpt ]] || gpu_build "$build" "$results" train_gpt
-mkdir -p "$results"
-data=build-data/fortunes
-[[ -e $data ]] || data=/usr/share/games/fortunes
+train_gpt_bench_setup "$build" "$results"
 
 # run NAME [train_gpt flags...]: one training run on 2 GPUs, its metrics in $results/NAME.jsonl
 run() {

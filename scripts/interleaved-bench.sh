@@ -34,10 +34,7 @@ done
 build=build/cuda-openmpi
 results=${RESULTS:-$build/interleaved-bench}
 source scripts/lib/gpu-build.sh
-[[ -x $build/examples/train_gpt/train_gpt ]] || gpu_build "$build" "$results" train_gpt
-mkdir -p "$results"
-data=build-data/fortunes
-[[ -e $data ]] || data=/usr/share/games/fortunes
+train_gpt_bench_setup "$build" "$results"
 
 # run NAME RANKS SIZE [train_gpt flags...]: one training run, its metrics in $results/NAME.jsonl
 run() {

@@ -12,3 +12,15 @@ gpu_build() {
   cmake --preset cuda-openmpi -B "$build" >"$results/configure.log" 2>&1 || { cat "$results/configure.log"; return 1; }
   cmake --build "$build" --target "$@" -j "$(nproc)"
 }
+
+# The train_gpt benchmarks (interleaved-bench.sh, compression-bench.sh): train_gpt in BUILD, built
+# unless it is there, RESULTS made, and the fortunes text they train on in $data (build-data/fortunes,
+# what the device tool carries, else the system's).
+#
+#   train_gpt_bench_setup BUILD RESULTS
+train_gpt_bench_setup() {
+  [[ -x $1/examples/train_gpt/train_gpt ]] || gpu_build "$1" "$2" train_gpt
+  mkdir -p "$2"
+  data=build-data/fortunes
+  [[ -e $data ]] || data=/usr/share/games/fortunes
+}
