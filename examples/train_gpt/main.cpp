@@ -242,7 +242,8 @@ int main(int argc, char** argv) {
       const models::GptLayout layout{.tp = f.tp, .pp = f.pp, .dp = grid.dp(), .micro_batch = f.micro_batch,
                                      .micro_batches = static_cast<int>(std::max<std::int64_t>(1, f.global_batch / (f.micro_batch * grid.dp()))),
                                      .schedule = f.schedule, .zero = f.zero, .shard_gradients = f.zero_stage == 2,
-                                     .virtual_stages = f.virtual_stages};
+                                     .virtual_stages = f.virtual_stages, .compression = f.axis.grad_compression,
+                                     .powersgd_rank = f.axis.powersgd_rank, .topk_ratio = f.axis.topk_ratio};
       const auto estimate = models::estimate_gpt_memory(gpu ? on_gpu(config, f.tp) : config, layout,
                                                         gpu ? models::GptMemoryTerms::gpu() : models::GptMemoryTerms::host());
       double have = gpu ? f.gpu_memory_gib * (1 << 30) : train::host_bytes_per_rank(world);

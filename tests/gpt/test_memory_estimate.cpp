@@ -17,6 +17,7 @@
 #include <dpml/layers/init.hpp>
 #include <dpml/models/gpt.hpp>
 #include <dpml/models/gpt_memory.hpp>
+#include <dpml/parallel/data.hpp>
 
 #include <atomic>
 #include <cstdint>
@@ -142,6 +143,54 @@ TEST_CASE("estimate_gpt_memory: activations and buffers are the bytes a host for
     const double tokens_of_trainer = 2.0 * k.in_flight * B * c.max_seq * 4;  // the trainer's copy of the batch: not made here
     CHECK(kept == s.activations + s.buffers - tokens_of_trainer);
   }
+}
+
+TEST_CASE("estimate_gpt_memory: a compression's state is the bytes its compressor holds", "[gpt][memory][compression]") {
+  const auto world = test::world();
+  if (world.size() < 2) return;  // one data rank: no compressor, nothing counted (checked below)
+  for (const int tp : {1, 2})
+    for (const int pp : {1, 2}) {
+      if (world.size() % (tp * pp) != 0 || world.size() / (tp * pp) < 2) continue;
+      const auto grid = ProcessGrid::create(world, {.tp = tp, .pp = pp});
+      const models::GptConfig c = small(8);
+      models::Gpt<float> model(c, grid);
+      FlatParameters<float> flat(model.parameters());  // the host layout: one bucket of 25 MB holds it
+      REQUIRE(flat.buckets().size() == 1);
+      const auto& data = grid.comm(Axis::data);
+      const models::GptLayout layout{.tp = tp, .pp = pp, .dp = grid.dp()};
+      const auto stage = [&](const models::GptLayout& l) {
+        return models::estimate_gpt_memory(c, l, models::GptMemoryTerms::host()).stages.at(static_cast<std::size_t>(grid.coord(Axis::pipeline)));
+      };
+      const double plain = stage(layout).gradients;
+      // PowerSGD at ranks where every matrix is compressed, where some are not (r(n + m) ≥ n·m:
+      // attn.c_proj (16, 8) at rank 8 and tp 2), and where none is.
+      for (const int r : {1, 4, 8, 64}) {
+        const std::int64_t before = g_aligned_bytes.load();
+        parallel::GradientBuckets<float, HostSpace, comm::Mpi, PowerSgd> buckets(
+            flat, &data, parallel::GradReduction::all_reduce, {.powersgd_rank = r});
+        const double held = static_cast<double>(g_aligned_bytes.load() - before);
+        auto l = layout;
+        l.compression = "powersgd";
+        l.powersgd_rank = r;
+        CAPTURE(tp, pp, r);
+        CHECK(stage(l).gradients - plain == held);
+      }
+      for (const double ratio : {0.01, 0.3, 1.0}) {
+        const std::int64_t before = g_aligned_bytes.load();
+        parallel::GradientBuckets<float, HostSpace, comm::Mpi, TopK> buckets(flat, &data, parallel::GradReduction::all_reduce,
+                                                                              {.topk_ratio = ratio});
+        const double held = static_cast<double>(g_aligned_bytes.load() - before);
+        auto l = layout;
+        l.compression = "topk";
+        l.topk_ratio = ratio;
+        CAPTURE(tp, pp, ratio);
+        CHECK(stage(l).gradients - plain == held);
+      }
+    }
+  // One data rank: nothing to compress, nothing counted.
+  const models::GptLayout one{.compression = "topk"};
+  CHECK(models::estimate_gpt_memory(small(), one, models::GptMemoryTerms::host()).stages.at(0).gradients ==
+        models::estimate_gpt_memory(small(), {}, models::GptMemoryTerms::host()).stages.at(0).gradients);
 }
 
 TEST_CASE("estimate_gpt_memory: ZeRO-1 divides the optimizer state over the data ranks", "[gpt][memory]") {

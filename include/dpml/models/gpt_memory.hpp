@@ -12,7 +12,13 @@
 //                tp · pad_multiple rows as VocabPartition pads it, in the storage type
 //   gradients    the same count in the storage type (FlatParameters' flat gradient buffer); under
 //                ZeRO-2 the slot pool instead: up to kZero2Slots, each at most a bucket plus one more
-//                parameter (a c_fc weight, or wte on the end stages: parallel/data.hpp)
+//                parameter (a c_fc weight, or wte on the end stages: parallel/data.hpp). With a
+//                compression over dp > 1 (parallel/compression/) its state too: the residual (the
+//                gradients' count); PowerSGD's Qt (r·m per compressed (n, m) matrix) and its P
+//                message (r·n per matrix and the dense rest: exact for one bucket, an upper bound
+//                for several); top-k's gathered (index, value) pairs, dp·k of the largest bucket,
+//                and on a GPU the Device scratch of its sort (GptMemoryTerms::topk_scratch_bytes
+//                per element of that bucket)
 //   optimizer    fp32 master (16-bit storage only) and AdamW's two moments; under ZeRO-1 a 1/dp
 //                shard of them plus the reduce-scattered gradient shard (parallel/data.hpp)
 //   activations  what a micro-batch keeps from its forward until its backward, per block
@@ -54,9 +60,11 @@
 #include "dpml/parallel/strategy.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dpml::models {
@@ -73,6 +81,9 @@ struct GptLayout {
   bool shard_gradients = false;  // ZeRO-2 (with zero): no whole gradient buffer, a pool of bucket slots
   std::int64_t bucket_bytes = std::int64_t{25} << 20;  // DistributedOptimizerOptions::bucket_bytes
   int virtual_stages = 1;  // chunks per pipeline rank: the interleaved schedule's v (models::GptChunks)
+  std::string compression = "none";  // the data axis' gradients: none | powersgd | topk (bf16 / fp16 wire: no state)
+  int powersgd_rank = 4;
+  double topk_ratio = 0.01;
 };
 
 // Where the trainer runs, as bytes per element and the constants of the device.
@@ -86,6 +97,8 @@ struct GptMemoryTerms {
   double first_comm_bytes = 0;  // the process's first NCCL communicator, with its connections
   double comm_bytes = 0;        // each further NCCL communicator
   double p2p_bytes = 0;         // NCCL's point-to-point connections of a pipeline stage (pp > 1)
+  double topk_scratch_bytes = 0;  // top-k's selection, per element of a bucket, kept (a GPU's radix sort:
+                                  // two key and two index buffers, 2·value_bytes + 8; the host's is freed)
 
   // Host ranks, float or double: no master copy, no workspace (MPI's buffers are the library's).
   static constexpr GptMemoryTerms host(double bytes = 4) {
@@ -111,7 +124,8 @@ struct GptMemoryTerms {
   static constexpr GptMemoryTerms gpu() {
     constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
     return {.value_bytes = 2, .master_bytes = 4, .moment_bytes = 4, .stat_bytes = 4, .attention_probabilities = false,
-            .device_bytes = 0.033 * GiB, .first_comm_bytes = 0.90 * GiB, .comm_bytes = 0.25 * GiB, .p2p_bytes = 0.44 * GiB};
+            .device_bytes = 0.033 * GiB, .first_comm_bytes = 0.90 * GiB, .comm_bytes = 0.25 * GiB, .p2p_bytes = 0.44 * GiB,
+            .topk_scratch_bytes = 2 * 2 + 8};
   }
 };
 
@@ -157,6 +171,18 @@ inline int communicators(const GptLayout& l, int s) {
   return n;
 }
 
+// The weight matrices PowerSGD compresses (r(n + m) < n·m, as parallel/compression/powersgd.hpp
+// decides): Σ n, Σ m and Σ n·m over them.
+struct CompressedMatrices {
+  double rows = 0, cols = 0, elements = 0;
+  void add(std::int64_t n, std::int64_t m, int r) {
+    if (static_cast<std::int64_t>(r) * (n + m) >= n * m) return;
+    rows += static_cast<double>(n);
+    cols += static_cast<double>(m);
+    elements += static_cast<double>(n) * static_cast<double>(m);
+  }
+};
+
 }  // namespace detail
 
 // The bytes of every stage of `c` (as the trainer builds it: pad_multiple, recompute_gelu and
@@ -198,6 +224,7 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
     const auto& actions = table[static_cast<std::size_t>(s)];
     double once = 0;
     bool holds_last = false, any_deferred = false;
+    detail::CompressedMatrices matrices;
     for (int ch = 0; ch < v; ++ch) {  // chunk ch: virtual stage ch·pp + s (one chunk but under the interleaved schedule)
       const bool first = s == 0 && ch == 0, last = s == l.pp - 1 && ch == v - 1;
       holds_last = holds_last || last;
@@ -212,6 +239,12 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
       m.parameter_elements += static_cast<std::int64_t>(blocks) * block_params;
       if (first) m.parameter_elements += v_local * Ci + c.max_seq * Ci;  // wte shard, wpe
       if (last) m.parameter_elements += 2 * Ci + (l.pp > 1 ? v_local * Ci : 0);  // ln_f, the tied copy of wte
+      // The weight matrices (n, m) = (out, in) a compression sees: c_attn, attn.c_proj, c_fc, mlp.c_proj.
+      for (int b = 0; b < static_cast<int>(blocks); ++b)
+        for (const auto& [rows, cols] : {std::pair{3 * Ct, Ci}, std::pair{Ci, Ct}, std::pair{4 * Ct, Ci}, std::pair{Ci, 4 * Ct}})
+          matrices.add(rows, cols, l.powersgd_rank);
+      if (first) matrices.add(v_local, Ci, l.powersgd_rank), matrices.add(c.max_seq, Ci, l.powersgd_rank);
+      if (last && l.pp > 1) matrices.add(v_local, Ci, l.powersgd_rank);
 
       // Per micro-batch in flight; with recompute each block keeps y only, its children one set for all.
       double per_mb = c.recompute ? blocks * BTC * a : blocks * (block_kept + (deferred ? block_deferred : 0.0));
@@ -235,6 +268,15 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
       m.gradients = std::min(n, (holds_wte ? wte + bucket : 0.0) + (slots - (holds_wte ? 1 : 0)) * (bucket + 4 * C * C / tp)) * a;
     }
     m.optimizer = n * (t.master_bytes + 2 * t.moment_bytes) / shards + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);
+    if (l.dp > 1 && l.compression == "powersgd") {  // the residual, Qt, the P message with the dense rest
+      const double r = l.powersgd_rank;
+      m.gradients += (n + r * matrices.cols + r * matrices.rows + (n - matrices.elements)) * a;
+    } else if (l.dp > 1 && l.compression == "topk") {  // the residual, the gathered pairs, the sort's scratch
+      const bool holds_wte = s == 0 || holds_last;
+      const double largest = std::min(n, static_cast<double>(l.bucket_bytes) / a + (holds_wte ? static_cast<double>(v_local) * C : 4 * C * C / tp));
+      const double k = std::max(1.0, std::ceil(l.topk_ratio * largest));
+      m.gradients += n * a + l.dp * k * (4 + a) + largest * t.topk_scratch_bytes;
+    }
 
     // Once per stage: the head, the Device's shared scratch, messages, the batch's tokens.
     const bool last = holds_last, deferred = any_deferred;
@@ -264,9 +306,10 @@ inline std::string memory_table(const GptMemoryEstimate& e, double have, const s
   std::string out;
   char line[320];
   std::snprintf(line, sizeof line,
-                "memory per rank (%s, GiB) of tp %d × pp %d × dp %d, micro-batch %lld × %d, schedule %s%s; every tensor shard of a stage alike\n",
+                "memory per rank (%s, GiB) of tp %d × pp %d × dp %d, micro-batch %lld × %d, schedule %s%s%s%s; every tensor shard of a stage alike\n",
                 memory.c_str(), l.tp, l.pp, l.dp, static_cast<long long>(l.micro_batch), l.micro_batches, l.schedule.c_str(),
-                !l.zero ? "" : l.shard_gradients ? ", ZeRO-2" : ", ZeRO-1");
+                !l.zero ? "" : l.shard_gradients ? ", ZeRO-2" : ", ZeRO-1", l.compression == "none" ? "" : ", --grad-compression ",
+                l.compression == "none" ? "" : l.compression.c_str());
   out += line;
   out += "| stage | parameters | gradients | optimizer | activations (per micro-batch × in flight) | buffers | workspace + comms | total |\n";
   out += "|---:|---:|---:|---:|---:|---:|---:|---:|\n";
