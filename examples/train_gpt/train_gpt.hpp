@@ -51,7 +51,7 @@ struct Flags {
   int virtual_stages = 1;  // --num-virtual-stages-per-pipeline-rank: the interleaved schedule's chunks
   std::int64_t first_stage_layers = 0, last_stage_layers = 0;  // --decoder-first/last-pipeline-num-layers (0: even)
   bool zero = false;   // --zero: ZeRO-1 (after parsing: zero_stage >= 1)
-  int zero_stage = 0;  // --zero-stage: 0 none, 1 optimizer state sharded, 2 gradients too
+  int zero_stage = 0;  // --zero-stage: 0 none, 1 optimizer state sharded, 2 gradients too, 3 weights too
   train::DataAxisFlags axis;  // --dp-allreduce, --ranks-per-node, --grad-compression and its sizes
   std::int64_t micro_batch = 4, global_batch = 32;
   std::int64_t layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0;
@@ -330,9 +330,10 @@ inline optim::LossScaling loss_scaling_of(const Flags& f) {
         {.initial = f.initial_loss_scale, .window = f.loss_scale_window, .min = f.min_loss_scale});
   return {};
 }
-// The parallel runtime's options: ZeRO-2, clipping, the compression's sizes (both spaces).
+// The parallel runtime's options: ZeRO-2 and 3, clipping, the compression's sizes (both spaces).
 inline parallel::DistributedOptimizerOptions dist_of(const Flags& f) {
-  return {.shard_gradients = f.zero_stage == 2, .clip = f.clip, .compression = f.axis.compression(f.seed)};
+  return {.shard_gradients = f.zero_stage >= 2, .shard_values = f.zero_stage == 3, .clip = f.clip,
+          .compression = f.axis.compression(f.seed)};
 }
 inline train::GptTrainOptions train_options_of(const Flags& f) {
   return {.micro_batch = f.micro_batch, .global_batch = f.global_batch, .seed = f.seed,

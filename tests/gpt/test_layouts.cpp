@@ -1,5 +1,6 @@
 // Every layout equals sequential: a tiny GPT trained 5 steps under each (dp, tp, pp) that this
-// launch's world size allows, with every schedule, with and without ZeRO-1 and recomputation,
+// launch's world size allows, with every schedule, with and without ZeRO (stages 1, 2 and 3: the
+// final weights then come back from the value shards when the trainer goes) and recomputation,
 // gives the sequential run's losses and final weights; and with the hierarchical data-parallel
 // all-reduce (DataParallel<…, Hierarchical>), the data axis as nodes of 2 ranks; and under the
 // interleaved 1F1B schedule, the model cut into 2 chunks per pipeline rank (models::GptChunks).
@@ -64,7 +65,8 @@ struct Trained {
   std::unique_ptr<models::Gpt<float>> model;
 };
 
-// zero: 0 none, 1 ZeRO-1, 2 ZeRO-2 (ZeRO-1's strategy with DistributedOptimizerOptions::shard_gradients).
+// zero: 0 none, 1 ZeRO-1, 2 ZeRO-2, 3 ZeRO-3 (ZeRO-1's strategy with DistributedOptimizerOptions::shard_gradients,
+// and shard_values).
 template <class AllReduce = parallel::Flat>
 Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, int zero, bool recompute, std::int64_t micro_batch,
                    const models::GptConfig& config) {
@@ -73,7 +75,7 @@ Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, int zer
   layers::initialize_all(out.model->parameters(), 1234, &grid);
   parallel::with_strategy<AllReduce>(parallel::staged_model_schedule(schedule), zero > 0, [&]<class Strategy>() {
     train::GptTrainer<Strategy, optim::AdamW> trainer(*out.model, grid, {.eps = 1e-3, .weight_decay = 0.1},
-                                                      {.bucket_bytes = 2048, .shard_gradients = zero == 2, .clip = 1.0},
+                                                      {.bucket_bytes = 2048, .shard_gradients = zero >= 2, .shard_values = zero == 3, .clip = 1.0},
                                                       {.micro_batch = micro_batch, .global_batch = kGlobalBatch, .seed = 5});
     for (int s = 0; s < kSteps; ++s)
       out.losses.push_back(trainer.train_step(local_rows(global_batch(s), grid.coord(Axis::data), grid.dp()), 1e-2).loss);
@@ -98,7 +100,7 @@ TrainedChunks train_tiny_interleaved(const ProcessGrid& grid, int chunks, int ze
   const std::int64_t local = kGlobalBatch / grid.dp();  // one sequence per micro-batch: m = local, a multiple of pp
   parallel::with_strategy(parallel::pipeline::Interleaved1F1B{chunks}, zero > 0, [&]<class Strategy>() {
     train::Trainer<models::GptChunks<float>, train::ModelLoss, Strategy, optim::AdamW> trainer(
-        *out.model, grid, {.eps = 1e-3, .weight_decay = 0.1}, {.bucket_bytes = 2048, .shard_gradients = zero == 2, .clip = 1.0},
+        *out.model, grid, {.eps = 1e-3, .weight_decay = 0.1}, {.bucket_bytes = 2048, .shard_gradients = zero >= 2, .shard_values = zero == 3, .clip = 1.0},
         {.micro_batches = static_cast<int>(local), .global_batch = kGlobalBatch, .seed = 5, .virtual_stages = chunks});
     for (int s = 0; s < kSteps; ++s)
       out.losses.push_back(trainer.train_step(local_rows(global_batch(s), grid.coord(Axis::data), grid.dp()), 1e-2).loss);
@@ -134,9 +136,9 @@ TEST_CASE("gpt: every layout of this world equals the sequential run", "[gpt][la
       const std::vector<std::string> schedules = pp == 1 ? std::vector<std::string>{"1f1b"}
                                                          : std::vector<std::string>{"gpipe", "1f1b", "zb-h1"};
       for (const auto& schedule : schedules)
-        for (int zero : {0, 1, 2})
+        for (int zero : {0, 1, 2, 3})
           for (bool recompute : {false, true}) {
-            if (zero == 2 && recompute) continue;  // ZeRO-2 with m = 24 / dp rounds per bucket and step
+            if (zero >= 2 && recompute) continue;  // ZeRO-2 with m = 24 / dp rounds per bucket and step
             // Gradient accumulation: 2 sequences per micro-batch where the batch allows it.
             const std::int64_t micro_batch = (kGlobalBatch / dp) % 2 == 0 && recompute ? 2 : 1;
             CAPTURE(dp, tp, pp, schedule, zero, recompute, micro_batch);
@@ -155,7 +157,7 @@ TEST_CASE("gpt: a hierarchical data-parallel all-reduce equals the sequential ru
   const int tp = n / 4;
   auto grid = ProcessGrid::create(world, {.tp = tp, .pp = 1, .ranks_per_node = 2});
   REQUIRE(grid.dp() == 4);
-  for (int zero : {0, 1, 2}) {
+  for (int zero : {0, 1, 2, 3}) {
     CAPTURE(tp, zero);
     Trained run = train_tiny<parallel::Hierarchical>(grid, "1f1b", zero, false, 1);
     check_equals_reference(run, reference, grid);
@@ -171,7 +173,7 @@ TEST_CASE("gpt: 2 chunks per pipeline rank under the interleaved schedule equal 
   for (int tp : {1, 2}) {
     if (n % (2 * tp) != 0 || kGlobalBatch % (n / (2 * tp)) != 0) continue;
     auto grid = ProcessGrid::create(world, {.tp = tp, .pp = 2});
-    for (int zero : {0, 1, 2})
+    for (int zero : {0, 1, 2, 3})
       for (bool recompute : {false, true}) {
         CAPTURE(grid.dp(), tp, zero, recompute);
         TrainedChunks run = train_tiny_interleaved(grid, 2, zero, recompute);
@@ -195,7 +197,7 @@ TEST_CASE("gpt: uneven pipeline cuts (--decoder-first/last-pipeline-num-layers) 
     if (n % cut.pp != 0 || kGlobalBatch % (n / cut.pp) != 0) continue;
     auto grid = ProcessGrid::create(world, {.pp = cut.pp});
     for (const std::string schedule : {"1f1b", "zb-h1"})
-      for (int zero : {0, 1, 2}) {
+      for (int zero : {0, 1, 2, 3}) {
         CAPTURE(cut.pp, cut.first, cut.last, grid.dp(), schedule, zero);
         Trained run = train_tiny(grid, schedule, zero, false, 1, tiny(false, cut.first, cut.last));
         const int stage = grid.coord(Axis::pipeline);
@@ -203,6 +205,28 @@ TEST_CASE("gpt: uneven pipeline cuts (--decoder-first/last-pipeline-num-layers) 
         check_equals_reference(run, reference, grid);
       }
   }
+}
+
+TEST_CASE("gpt: the strategy type DataParallel<Zero3> trains as ZeRO-3 and equals the sequential run", "[gpt][layout]") {
+  const auto world = test::world();
+  if (kGlobalBatch % world.size() != 0) return;
+  const auto self_grid = ProcessGrid::create(comm::Mpi(MPI_COMM_SELF), {});
+  const Trained reference = train_tiny(self_grid, "1f1b", false, false, 1);
+  const auto grid = ProcessGrid::create(world, {});
+  Trained run;
+  run.model = std::make_unique<models::Gpt<float>>(tiny(false), grid);
+  layers::initialize_all(run.model->parameters(), 1234, &grid);
+  {
+    using Strategy = Parallel<TensorParallel, PipelineParallel<OneFOneB>, DataParallel<Zero3>>;
+    train::GptTrainer<Strategy, optim::AdamW> trainer(*run.model, grid, {.eps = 1e-3, .weight_decay = 0.1},
+                                                      {.bucket_bytes = 2048, .clip = 1.0},
+                                                      {.micro_batch = 1, .global_batch = kGlobalBatch, .seed = 5});
+    CHECK(trainer.optimizer().options().shard_values);
+    CHECK(trainer.optimizer().flat().values().data() == nullptr);
+    for (int s = 0; s < kSteps; ++s)
+      run.losses.push_back(trainer.train_step(local_rows(global_batch(s), grid.coord(Axis::data), grid.dp()), 1e-2).loss);
+  }
+  check_equals_reference(run, reference, grid);
 }
 
 TEST_CASE("gpt: uneven pipeline cuts that leave a stage empty, or meet one stage or interleaving, are refused", "[gpt][layout]") {

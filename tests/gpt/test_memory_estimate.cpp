@@ -210,6 +210,12 @@ TEST_CASE("estimate_gpt_memory: ZeRO-1 divides the optimizer state over the data
   CHECK(zero2.optimizer == zero.optimizer);
   CHECK(zero2.gradients < zero.gradients);
   CHECK(zero2.gradients >= 2.0 * 50304 * 768);
+  // ZeRO-3: the values too — their shard and a pool of gathered buckets.
+  const auto zero3 = models::estimate_gpt_memory(
+      c, {.dp = 4, .micro_batch = 4, .zero = true, .shard_gradients = true, .shard_values = true}, terms).stages.at(0);
+  CHECK(zero3.gradients == zero2.gradients);
+  CHECK(zero3.parameters < zero.parameters);
+  CHECK(zero3.parameters >= 2.0 * n / 4 + 2.0 * 50304 * 768);
   // 124M on one GPU, 16 sequences of 1024: what bench/gpt_train measured, 7.10 GiB (within 10 %).
   const auto one = models::estimate_gpt_memory(c, {.micro_batch = 16}, terms).largest().total() / (1 << 30);
   CHECK(one > 7.10 * 0.9);

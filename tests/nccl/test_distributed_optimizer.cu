@@ -5,7 +5,7 @@
 // comm::Nccl with a GPU per rank, over comm::Staged with the ranks sharing GPU 0 (nccl_fixture.hpp);
 // skipped without a GPU.
 //
-// Layouts: dp = world (plain and ZeRO-1, clipping at 0.5 or off) and, on an even world, tp 2 × dp
+// Layouts: dp = world (plain, ZeRO-1, 2 and 3, clipping at 0.5 or off) and, on an even world, tp 2 × dp
 // (a tensor-split parameter, replicated ones and a duplicate: the norm counts each element of the
 // global model once — the host reference counts the same elements). AdamW and SGD (Nesterov), bf16
 // (fp32 master weights and state) and float. Three steps; then
@@ -141,13 +141,15 @@ void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<
   const double tol = std::is_same_v<T, bf16> ? test::kBf16Tol : test::kFp32Tol;
   const double norm_tol = std::is_same_v<T, bf16> ? test::kBf16Tol : 1e-6;
   Model<T> m(grid);
-  const parallel::DistributedOptimizerOptions o{.bucket_bytes = 512, .zero = zero > 0, .shard_gradients = zero == 2, .clip = clip};
+  const parallel::DistributedOptimizerOptions o{.bucket_bytes = 512, .zero = zero > 0, .shard_gradients = zero >= 2,
+                                                .shard_values = zero == 3, .clip = clip};
   parallel::DistributedOptimizer<Rule, double> host(m.host_params(), &grid, options_of<Rule>(), o);
   parallel::DistributedOptimizer<Rule, T, CudaSpace, DataComm> device(m.device_params(), &grid, options_of<Rule>(), o, comms, dev);
-  for (const auto* p : m.device_params()) {
-    const auto at = reinterpret_cast<std::uintptr_t>(p->value().data()) - reinterpret_cast<std::uintptr_t>(device.flat().values().data());
-    CHECK(at % (64 * sizeof(T)) == 0);  // 64-element-aligned offsets
-  }
+  if (zero < 3)  // (ZeRO-3: no whole values buffer; a value lives in its bucket's gathered slot)
+    for (const auto* p : m.device_params()) {
+      const auto at = reinterpret_cast<std::uintptr_t>(p->value().data()) - reinterpret_cast<std::uintptr_t>(device.flat().values().data());
+      CHECK(at % (64 * sizeof(T)) == 0);  // 64-element-aligned offsets
+    }
   for (int step = 1; step <= 3; ++step) {
     CAPTURE(step);
     backward(grid, m, host, device, step);
@@ -211,7 +213,7 @@ void run_layout(parallel::Layout layout) {
     if (spanning) CHECK(comms.world().native() == spanning->native());
     else CHECK((comms.world().native() != comms.data().native() && comms.world().native() != comms.tensor().native()));
   }
-  for (const int zero : {0, 1, 2})  // 2: ZeRO-2 (the gradients in slots, reduce-scattered into shards)
+  for (const int zero : {0, 1, 2, 3})  // 2: ZeRO-2 (the gradients in slots, reduce-scattered into shards); 3: the values too
     for (const double clip : {0.0, 0.5}) {
       check_layout<optim::AdamW, bf16>(grid, comms, dev, zero, clip);
       check_layout<optim::AdamW, float>(grid, comms, dev, zero, clip);
@@ -223,7 +225,7 @@ void run_layout(parallel::Layout layout) {
 
 }  // namespace
 
-TEST_CASE("device runtime: data parallel, plain, ZeRO-1 and ZeRO-2, equals the host runtime in float64", "[gpu][data][zero]") {
+TEST_CASE("device runtime: data parallel, plain, ZeRO-1, 2 and 3, equals the host runtime in float64", "[gpu][data][zero]") {
   test::with_gpu_comm([&]<class Comm>(std::type_identity<Comm>) { run_layout<Comm>({}); });
 }
 

@@ -245,3 +245,54 @@ TEST_CASE("distributed optimizer: ZeRO-2 equals the sequential rule with micro-b
     CHECK(test::error_of([&] { (void)dist.ptrs[0]->grad(); }).find("has no gradient outside a training step") != std::string::npos);
   }
 }
+
+TEST_CASE("distributed optimizer: ZeRO-3 equals the sequential rule, its values gathered when read and kept when written", "[data][zero]") {
+  // Buckets of one element at least: every parameter a bucket of its own, more than the
+  // kZero3Slots a pool gathers at once, so reading them in turn gives slots back.
+  const auto world = test::world();
+  const int p = world.size();
+  auto grid = ProcessGrid::create(world, {});
+  Params dist, seq;
+  const std::size_t n = dist.ptrs.size();
+  std::vector<std::vector<double>> last(n);
+  {
+    parallel::DistributedOptimizer<optim::AdamW, double> opt(
+        dist.ptrs, &grid, options_of<optim::AdamW>(),
+        {.bucket_bytes = 8, .zero = true, .shard_gradients = true, .shard_values = true, .clip = 0.5});
+    REQUIRE(opt.flat().buckets().size() > parallel::kZero3Slots);
+    CHECK(opt.flat().values().data() == nullptr);  // no whole values buffer
+    auto ref = optim::Optimizer<optim::AdamW, double>::over(seq.ptrs, options_of<optim::AdamW>());
+    for (int step = 1; step <= 3; ++step) {
+      backward(opt, dist, world.rank(), step);
+      (void)opt.finish_step(1e-2);
+      for (std::size_t k = 0; k < n; ++k) {
+        auto g = seq.ptrs[k]->grad();
+        for (std::int64_t i = 0; i < g.numel(); ++i) {
+          g[i] = 0;
+          for (int r = 0; r < p; ++r) g[i] += grad_of(r, k, i, step);
+        }
+      }
+      optim::clip_grad_norm(seq.ptrs, 0.5);
+      ref.step(1e-2);
+      double worst = 0;  // every value read: each bucket gathered, the oldest given back
+      for (std::size_t k = 0; k < n; ++k) worst = std::max(worst, test::rel_error(dist.ptrs[k]->value(), seq.ptrs[k]->value()));
+      CAPTURE(step);
+      CHECK(worst < 1e-12);
+    }
+    // "master" by name is the values (no master copy in double), read from the shards.
+    for (std::size_t k = 0; k < n; ++k) {
+      const auto gathered = std::vector<double>(dist.ptrs[k]->value().begin(), dist.ptrs[k]->value().end());
+      CHECK(opt.read_state("master", *dist.ptrs[k]) == gathered);
+    }
+    // A write through a value (as a checkpoint's load writes) is kept once its bucket gives its slot back…
+    for (std::size_t k = 0; k < n; ++k) dist.ptrs[k]->value()[0] = 1000.0 + static_cast<double>(k);
+    for (std::size_t k = 0; k < n; ++k) CHECK(opt.read_state("master", *dist.ptrs[k])[0] == 1000.0 + static_cast<double>(k));
+    // … and one by name is what the next read of the value sees.
+    std::vector<double> written(static_cast<std::size_t>(dist.ptrs[2]->numel()), -1.5);
+    opt.write_state("master", *dist.ptrs[2], written);
+    CHECK(std::vector<double>(dist.ptrs[2]->value().begin(), dist.ptrs[2]->value().end()) == written);
+    for (std::size_t k = 0; k < n; ++k) last[k].assign(dist.ptrs[k]->value().begin(), dist.ptrs[k]->value().end());
+  }
+  // The optimizer gone, every parameter holds its whole value again.
+  for (std::size_t k = 0; k < n; ++k) CHECK(std::vector<double>(dist.ptrs[k]->value().begin(), dist.ptrs[k]->value().end()) == last[k]);
+}

@@ -99,6 +99,20 @@ class FlatParameters {
     return static_cast<std::size_t>(it - params_.begin());
   }
 
+  // ZeRO-3 (parallel/data.hpp keeps each data rank's shard of the values): the whole values buffer
+  // goes away, the parameters left without value storage until their bucket is gathered.
+  void drop_values() {
+    for (ParamT* p : params_) p->set_value_storage(nullptr);
+    values_ = Tensor<T, Space>();
+  }
+  // ZeRO-3's end: a whole values buffer again, each parameter bound to its place in it (zeros in
+  // the padding); the caller fills it. Returns it.
+  TensorView<T, Space> restore_values() {
+    values_ = Tensor<T, Space>(Shape{numel_});
+    for (std::size_t i = 0; i < params_.size(); ++i) params_[i]->set_value_storage(values_.data() + offsets_[i]);
+    return values_.view();
+  }
+
   void zero_grads() const
     requires(Space::host_accessible)
   {

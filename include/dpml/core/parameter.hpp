@@ -7,7 +7,8 @@
 // may later rebind every Param of a model onto two flat buffers (values, gradients), so that the
 // optimizer and the gradient buckets work on large contiguous ranges. Layers therefore always
 // read and write through value()/grad() views, never through a stored tensor (under ZeRO-2 a
-// gradient's storage changes from one round to the next: GradProvider below).
+// gradient's storage changes from one round to the next: GradProvider below; under ZeRO-3 a
+// value's too: ValueProvider), and use a view only while the operation that asked for it runs.
 //
 // Sharding says which dimension of the *global* tensor is split across which axis (tensor
 // parallel weights), or that the tensor is replicated. Every parameter is also replicated along
@@ -106,6 +107,19 @@ class GradProvider {
   ~GradProvider() = default;
 };
 
+// Where a parameter without value storage gets it (ZeRO-3, parallel/data.hpp: each data rank holds
+// a shard of the values; a bucket's whole values are all-gathered into a slot of a small pool when
+// one of its parameters is read): provide_value(p) binds p's value, and its bucket's, before
+// p.value() returns. The call is collective over the data axis: every data rank reads the same
+// parameters in the same order (the model's forward and backward do).
+class ValueProvider {
+ public:
+  virtual void provide_value(ParamBase& p) = 0;
+
+ protected:
+  ~ValueProvider() = default;
+};
+
 // What every parameter is, whatever its element type and memory space: a name, how it is
 // initialised and sharded, and its shape. Gradient-ready reports (layers::Context::grad_ready) and
 // the bucket bookkeeping of the parallel runtime speak of parameters through this base, so that
@@ -139,6 +153,8 @@ class ParamBase {
   // ZeRO-2: a parameter without gradient storage asks its provider (set_grad_provider) for some
   // when its gradient is first written or read; the provider binds it and marks it zero.
   void set_grad_provider(GradProvider* provider) noexcept { provider_ = provider; }
+  // ZeRO-3: a parameter without value storage asks its provider for it when its value is read.
+  void set_value_provider(ValueProvider* provider) noexcept { value_provider_ = provider; }
   const Sharding& sharding() const noexcept { return sharding_; }
   const Shape& shape() const noexcept { return shape_; }
   std::int64_t numel() const noexcept { return shape_.numel(); }
@@ -165,8 +181,13 @@ class ParamBase {
   void bind_grad() {
     if (grad_unbound_ && provider_ != nullptr) provider_->provide(*this);
   }
+  void bind_value() {
+    if (value_unbound_ && value_provider_ != nullptr) value_provider_->provide_value(*this);
+  }
   GradProvider* provider_ = nullptr;
   bool grad_unbound_ = false;  // no gradient storage (set by the derived Param)
+  ValueProvider* value_provider_ = nullptr;
+  bool value_unbound_ = false;  // no value storage (ZeRO-3; set by the derived Param)
 };
 
 namespace detail {
@@ -220,7 +241,10 @@ class Param : public ParamBase {
   Param(Param&&) noexcept = default;
   Param& operator=(Param&&) noexcept = default;
 
-  TensorView<T, Space> value() const noexcept { return value_; }
+  TensorView<T, Space> value() const {
+    const_cast<Param&>(*this).bind_value();
+    return value_;
+  }
   TensorView<T, Space> grad() const {
     const_cast<Param&>(*this).bind_grad();
     return grad_;
@@ -243,6 +267,7 @@ class Param : public ParamBase {
   // that has none), before the external storage goes away.
   void unbind() {
     Tensor<T, Space> v(shape()), g(shape());
+    bind_value();  // ZeRO-3: the value gathered once more, to be kept
     copy(v.view(), TensorView<const T, Space>(value_));
     if (grad_.data() != nullptr) copy(g.view(), TensorView<const T, Space>(grad_));
     else copy(g.view(), Tensor<T>(shape(), T(0)).cview());
@@ -252,6 +277,8 @@ class Param : public ParamBase {
     grad_ = own_grad_.view();
     provider_ = nullptr;
     grad_unbound_ = false;
+    value_provider_ = nullptr;
+    value_unbound_ = false;
   }
   // ZeRO-2: a parameter bound by bind(value, nullptr) has no gradient storage of its own; the
   // provider binds some (set_grad_storage) when grad() or take_grad_zero() is first called, and
@@ -259,6 +286,12 @@ class Param : public ParamBase {
   void set_grad_storage(T* grad) noexcept {
     grad_ = TensorView<T, Space>(grad, shape());
     grad_unbound_ = grad == nullptr;
+  }
+  // ZeRO-3: the value's storage in its bucket's gathered slot, or none (nullptr) when the slot is
+  // given back; the provider binds it again when the value is next read.
+  void set_value_storage(T* value) noexcept {
+    value_ = TensorView<T, Space>(value, shape());
+    value_unbound_ = value == nullptr;
   }
 
  private:

@@ -9,7 +9,9 @@
 //
 //   parameters   the stage's share (stage_blocks: blocks, the embedding on the first stage,
 //                ln_f and — pp > 1 — the tied copy of wte on the last), vocabulary padded to
-//                tp · pad_multiple rows as VocabPartition pads it, in the storage type
+//                tp · pad_multiple rows as VocabPartition pads it, in the storage type; under
+//                ZeRO-3 a 1/dp shard of it and the pool of gathered buckets (kZero3Slots, each at
+//                most a bucket plus one more parameter)
 //   gradients    the same count in the storage type (FlatParameters' flat gradient buffer); under
 //                ZeRO-2 the slot pool instead: up to kZero2Slots, each at most a bucket plus one more
 //                parameter (a c_fc weight, or wte on the end stages: parallel/data.hpp). With a
@@ -79,6 +81,7 @@ struct GptLayout {
   std::string schedule = "1f1b";
   bool zero = false;
   bool shard_gradients = false;  // ZeRO-2 (with zero): no whole gradient buffer, a pool of bucket slots
+  bool shard_values = false;     // ZeRO-3 (with shard_gradients): the values' 1/dp shard and a pool of gathered buckets
   std::int64_t bucket_bytes = std::int64_t{25} << 20;  // DistributedOptimizerOptions::bucket_bytes
   int virtual_stages = 1;  // chunks per pipeline rank: the interleaved schedule's v (models::GptChunks)
   std::string compression = "none";  // the data axis' gradients: none | powersgd | topk (bf16 / fp16 wire: no state)
@@ -261,12 +264,15 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
     const double shards = l.zero ? l.dp : 1;
     m.parameters = n * a;
     m.gradients = n * a;
-    if (l.zero && l.shard_gradients) {  // ZeRO-2: the slots, each at most a bucket and one more parameter
+    // A pool of `most` bucket slots, each at most a bucket and one more parameter (wte's on the end stages).
+    const auto pool = [&](std::size_t most) {
       const double bucket = static_cast<double>(l.bucket_bytes) / a, wte = static_cast<double>(v_local) * C;
       const bool holds_wte = s == 0 || holds_last;
-      const double slots = std::min(static_cast<double>(parallel::kZero2Slots), std::ceil(n / bucket));
-      m.gradients = std::min(n, (holds_wte ? wte + bucket : 0.0) + (slots - (holds_wte ? 1 : 0)) * (bucket + 4 * C * C / tp)) * a;
-    }
+      const double slots = std::min(static_cast<double>(most), std::ceil(n / bucket));
+      return std::min(n, (holds_wte ? wte + bucket : 0.0) + (slots - (holds_wte ? 1 : 0)) * (bucket + 4 * C * C / tp)) * a;
+    };
+    if (l.zero && l.shard_gradients) m.gradients = pool(parallel::kZero2Slots);  // ZeRO-2's slots
+    if (l.zero && l.shard_values) m.parameters = n * a / l.dp + pool(parallel::kZero3Slots);  // ZeRO-3: shard, gathered buckets
     m.optimizer = n * (t.master_bytes + 2 * t.moment_bytes) / shards + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);
     if (l.dp > 1 && l.compression == "powersgd") {  // the residual, Qt, the P message with the dense rest
       const double r = l.powersgd_rank;
@@ -308,7 +314,7 @@ inline std::string memory_table(const GptMemoryEstimate& e, double have, const s
   std::snprintf(line, sizeof line,
                 "memory per rank (%s, GiB) of tp %d × pp %d × dp %d, micro-batch %lld × %d, schedule %s%s%s%s; every tensor shard of a stage alike\n",
                 memory.c_str(), l.tp, l.pp, l.dp, static_cast<long long>(l.micro_batch), l.micro_batches, l.schedule.c_str(),
-                !l.zero ? "" : l.shard_gradients ? ", ZeRO-2" : ", ZeRO-1", l.compression == "none" ? "" : ", --grad-compression ",
+                !l.zero ? "" : l.shard_values ? ", ZeRO-3" : l.shard_gradients ? ", ZeRO-2" : ", ZeRO-1", l.compression == "none" ? "" : ", --grad-compression ",
                 l.compression == "none" ? "" : l.compression.c_str());
   out += line;
   out += "| stage | parameters | gradients | optimizer | activations (per micro-batch × in flight) | buffers | workspace + comms | total |\n";

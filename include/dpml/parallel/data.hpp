@@ -33,6 +33,18 @@
 //                   micro-batch (DeepSpeed's ZeRO-2 reduces as often); a held bucket (a tied
 //                   weight) keeps its slot until finish(). Gradients exist whole only inside their
 //                   round: outside a step grad() is refused.
+//   sharded_parameters
+//                   ZeRO-3: as sharded_gradients, and the values sharded too — each data rank keeps
+//                   its part of every bucket's values (value_shard(), what the optimizer updates);
+//                   the flat values buffer is dropped. A parameter's value() without storage
+//                   (core/parameter.hpp's ValueProvider) all-gathers its whole bucket into a slot
+//                   of a pool of kZero3Slots gathered buckets, binding every parameter of the
+//                   bucket; when the pool is full the least recently gathered bucket gives its slot
+//                   back (its parameters unbound, its own part written back into the shard, so
+//                   that a write through value() — a checkpoint's load — is kept). Forward gathers
+//                   the buckets in turn, backward again; release_values() gives every slot back
+//                   before the optimizer updates the shards. No prefetch: a gather runs when its
+//                   bucket is first read.
 // Over comm::Hierarchical (DataParallel<…, Hierarchical>) each reduction runs in two levels, inside
 // the node and across nodes; the shards then follow that communicator's rank order (node rank
 // major), and a reduce-scatter uses the bucket's gradients as its scratch (ZeRO-1 reads only
@@ -74,14 +86,22 @@
 
 namespace dpml::parallel {
 
-enum class GradReduction { all_reduce, reduce_scatter, sharded_gradients };
+enum class GradReduction { all_reduce, reduce_scatter, sharded_gradients, sharded_parameters };
+
+// Whether a reduction keeps gradients in ZeRO-2's slot pool (ZeRO-2, and ZeRO-3 on top of it).
+constexpr bool gradients_in_slots(GradReduction m) {
+  return m == GradReduction::sharded_gradients || m == GradReduction::sharded_parameters;
+}
 
 // ZeRO-2's pool: slots made before a new round waits for the reductions in flight (the memory
 // estimate, models/gpt_memory.hpp, counts as many).
 inline constexpr std::size_t kZero2Slots = 4;
+// ZeRO-3's: buckets whose whole values are held gathered at once (the least recently gathered
+// gives its slot back when another is needed).
+inline constexpr std::size_t kZero3Slots = 3;
 
 template <class T, class Space = HostSpace, class Comm = default_comm_t<Space>, class Compression = NoCompression>
-class GradientBuckets : GradProvider {
+class GradientBuckets : GradProvider, ValueProvider {
   using Link = CommLink<Comm, Space>;
   using Ops = kernels::Ops<Space>;
   static_assert(is_compression<Compression>, "dpml: GradientBuckets' fourth parameter is a compression policy (parallel/compression/policy.hpp)");
@@ -121,10 +141,10 @@ class GradientBuckets : GradProvider {
     DPML_REQUIRE(mode == GradReduction::all_reduce || flat.layout().shards == data_size(),
                  "gradient buckets: ZeRO over " << data_size() << " data ranks needs flat buffers laid out in "
                                                 << data_size() << " shards, not " << flat.layout().shards);
-    DPML_REQUIRE(mode == GradReduction::sharded_gradients ? !flat.layout().grads : flat.layout().grads,
-                 "gradient buckets: ZeRO-2 (sharded gradients) needs flat buffers without a gradient buffer, the other "
+    DPML_REQUIRE(gradients_in_slots(mode) ? !flat.layout().grads : flat.layout().grads,
+                 "gradient buckets: ZeRO-2 and 3 (sharded gradients) need flat buffers without a gradient buffer, the other "
                  "reductions one with it");
-    if (mode == GradReduction::sharded_gradients) {
+    if (gradients_in_slots(mode)) {
       if constexpr (compressed)
         DPML_REQUIRE_EVERYWHERE(false, "gradient compression reduces whole buckets: not with ZeRO-2's sharded gradients");
       else
@@ -133,11 +153,13 @@ class GradientBuckets : GradProvider {
     state_.resize(flat.buckets().size());
     reports_.assign(flat.params().size(), 0);
     build_segments();
+    if (mode == GradReduction::sharded_parameters) shard_values();
   }
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets() {
-    if (mode_ != GradReduction::sharded_gradients) return;
+    if (mode_ == GradReduction::sharded_parameters) unshard_values();
+    if (!gradients_in_slots(mode_)) return;
     for (auto* p : flat_.params()) {  // nothing may ask this object for storage any more
       p->set_grad_provider(nullptr);
       p->set_grad_storage(nullptr);
@@ -160,7 +182,7 @@ class GradientBuckets : GradProvider {
   // `step` (from 1, the trainer's count): a compression starts at CompressionOptions::start_step;
   // before it the buckets are all-reduced exactly.
   void begin_step(int reports_per_param, std::int64_t step = std::numeric_limits<std::int64_t>::max()) {
-    if (mode_ == GradReduction::sharded_gradients) {
+    if (gradients_in_slots(mode_)) {
       Ops::zero(*dev_, shard_grads_.data(), shard_numel_);  // the rounds add into it
       in_step_ = true;
     }
@@ -177,7 +199,7 @@ class GradientBuckets : GradProvider {
 
   // The Context::grad_ready hook: these parameters have one more micro-batch of gradient.
   void on_grad_ready(std::span<ParamBase* const> params) {
-    if (mode_ == GradReduction::sharded_gradients) {
+    if (gradients_in_slots(mode_)) {
       for (auto* p : params) {
         const std::size_t i = flat_.index_of(p), b = flat_.bucket_of(i);
         State& st = state_[b];
@@ -209,7 +231,7 @@ class GradientBuckets : GradProvider {
   // host does not wait (comm::Staged aside), so it measures only the launch.
   void finish() {
     const auto t0 = std::chrono::steady_clock::now();
-    if (mode_ == GradReduction::sharded_gradients) {
+    if (gradients_in_slots(mode_)) {
       for (std::size_t b = 0; b < state_.size(); ++b)  // the held ones, and rounds not all reported
         if (state_[b].slot >= 0) close(b);
       in_step_ = false;
@@ -235,7 +257,7 @@ class GradientBuckets : GradProvider {
   // ZeRO-1, after the optimizer updated this rank's segments of the values: every rank gets all
   // (in place: each bucket's parts of all ranks, gathered into the bucket).
   void all_gather_values() {
-    if (mode_ == GradReduction::all_reduce || !comm_) return;
+    if (mode_ == GradReduction::all_reduce || mode_ == GradReduction::sharded_parameters || !comm_) return;
     const auto t0 = std::chrono::steady_clock::now();
     T* values = flat_.values().data();
     for (std::size_t b = 0; b < state_.size(); ++b)
@@ -243,6 +265,16 @@ class GradientBuckets : GradProvider {
                                            static_cast<std::size_t>(segments_[b].count));
     wait_all();
     exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // ZeRO-3: this rank's part of every bucket's values, laid out as shard_grads().
+  TensorView<T, Space> value_shard() const noexcept { return value_shard_.view(); }
+  // ZeRO-3: every gathered bucket gives its slot back (its own part written back into the shard);
+  // the next read of a value gathers again. Before anything writes the shards (the optimizer's
+  // update, a checkpoint's state) or reads them as the values.
+  void release_values() {
+    for (std::size_t b = 0; b < state_.size(); ++b)
+      if (state_[b].vslot >= 0) give_back_values(b);
   }
 
   double exposed_seconds() const noexcept { return exposed_seconds_; }
@@ -261,10 +293,12 @@ class GradientBuckets : GradProvider {
     std::optional<typename Link::Pending> pending;
     int slot = -1;                // ZeRO-2: the slot of the open round (-1: none)
     std::size_t unreported = 0;   // ZeRO-2: parameters of the open round not yet reported
+    int vslot = -1;               // ZeRO-3: the slot holding the bucket's gathered values (-1: none)
+    std::uint64_t gathered = 0;   // ZeRO-3: when (gathers_) the bucket was last gathered
   };
 
   void build_segments() {
-    sharded_ = mode_ == GradReduction::sharded_gradients || (mode_ == GradReduction::reduce_scatter && comm_);
+    sharded_ = gradients_in_slots(mode_) || (mode_ == GradReduction::reduce_scatter && comm_);
     const std::int64_t p = data_size(), r = comm_ ? comm_->rank() : 0;
     std::int64_t shard = 0;
     for (const FlatBucket& b : flat_.buckets()) {
@@ -382,6 +416,78 @@ class GradientBuckets : GradProvider {
     st.slot = -1;
   }
 
+  // ---- ZeRO-3: the values' shards and the pool of gathered buckets -------------------------------
+  // This rank's part of every bucket's values out of the flat buffer, which then goes away.
+  void shard_values() {
+    value_shard_ = Tensor<T, Space>(Shape{shard_numel_});
+    for (std::size_t b = 0; b < state_.size(); ++b)
+      Ops::copy(*dev_, flat_.values().data() + segments_[b].flat_offset, value_shard_.data() + segments_[b].shard_offset,
+                segments_[b].count);
+    flat_.drop_values();
+    for (auto* p : flat_.params()) p->set_value_provider(this);
+  }
+  // The end: the whole values gathered back into a flat values buffer, for the parameters to keep.
+  void unshard_values() {
+    release_values();
+    const TensorView<T, Space> full = flat_.restore_values();
+    for (std::size_t b = 0; b < state_.size(); ++b) gather_into(b, full.data() + flat_.buckets()[b].offset);
+    if (link_) link_->join();
+    for (auto* p : flat_.params()) p->set_value_provider(nullptr);
+  }
+  // bucket b's whole values (count) ← every rank's part of it, in rank order.
+  void gather_into(std::size_t b, T* out) {
+    const Segment& seg = segments_[b];
+    if (comm_) link_->allgather(value_shard_.data() + seg.shard_offset, out, static_cast<std::size_t>(seg.count)).wait();
+    else Ops::copy(*dev_, value_shard_.data() + seg.shard_offset, out, seg.count);
+  }
+  void provide_value(ParamBase& p) override {
+    const std::size_t b = flat_.bucket_of(flat_.index_of(&p));
+    const FlatBucket& bucket = flat_.buckets()[b];
+    std::size_t held = 0;
+    for (const auto& st : state_) held += st.vslot >= 0;
+    while (held >= kZero3Slots) {  // the least recently gathered gives its slot back
+      std::size_t oldest = state_.size();
+      for (std::size_t k = 0; k < state_.size(); ++k)
+        if (state_[k].vslot >= 0 && (oldest == state_.size() || state_[k].gathered < state_[oldest].gathered)) oldest = k;
+      give_back_values(oldest);
+      --held;
+    }
+    auto best = vfree_.end();  // the smallest free slot that holds the bucket, else a new one
+    for (auto it = vfree_.begin(); it != vfree_.end(); ++it)
+      if (vslots_[static_cast<std::size_t>(*it)].numel() >= bucket.count &&
+          (best == vfree_.end() || vslots_[static_cast<std::size_t>(*it)].numel() < vslots_[static_cast<std::size_t>(*best)].numel()))
+        best = it;
+    int s = -1;
+    if (best != vfree_.end()) {
+      s = *best;
+      vfree_.erase(best);
+    } else {
+      vslots_.emplace_back(Shape{bucket.count});
+      s = static_cast<int>(vslots_.size()) - 1;
+    }
+    T* slot = vslots_[static_cast<std::size_t>(s)].data();
+    {
+      const NvtxRange range('G', static_cast<long long>(b));  // the gather of bucket b's values
+      gather_into(b, slot);
+      if (link_) link_->join();
+    }
+    for (std::size_t i = bucket.first_param; i < bucket.last_param; ++i)
+      flat_.params()[i]->set_value_storage(slot + (flat_.offsets()[i] - bucket.offset));
+    state_[b].vslot = s;
+    state_[b].gathered = ++gathers_;
+  }
+  // Bucket b's gathered values go: its own part back into the shard, its parameters unbound.
+  void give_back_values(std::size_t b) {
+    State& st = state_[b];
+    const FlatBucket& bucket = flat_.buckets()[b];
+    const Segment& seg = segments_[b];
+    T* slot = vslots_[static_cast<std::size_t>(st.vslot)].data();
+    Ops::copy(*dev_, slot + (seg.flat_offset - bucket.offset), value_shard_.data() + seg.shard_offset, seg.count);
+    for (std::size_t i = bucket.first_param; i < bucket.last_param; ++i) flat_.params()[i]->set_value_storage(nullptr);
+    vfree_.push_back(st.vslot);
+    st.vslot = -1;
+  }
+
   FlatParameters<T, Space>& flat_;
   const Comm* comm_;
   GradReduction mode_;
@@ -404,6 +510,11 @@ class GradientBuckets : GradProvider {
   std::vector<int> free_slots_;
   std::vector<std::pair<int, std::size_t>> in_flight_;  // (slot, bucket) a reduce-scatter reads
   bool in_step_ = false;
+  // ZeRO-3 (sharded_parameters)
+  Tensor<T, Space> value_shard_;        // (shard_numel): this rank's part of every bucket's values
+  std::vector<Tensor<T, Space>> vslots_;  // gathered buckets' values, each as large as the bucket it was made for
+  std::vector<int> vfree_;
+  std::uint64_t gathers_ = 0;
 };
 
 }  // namespace dpml::parallel

@@ -12,7 +12,10 @@
 // optimizer range per parameter; with ZeRO-1 (GradReduction::reduce_scatter) each data rank
 // updates only its segments, so the optimizer state (and fp32 master weights) is sharded dp ways;
 // ZeRO-2 (shard_gradients: GradReduction::sharded_gradients) drops the whole gradient buffer too,
-// the buckets collecting each round in a slot of a small pool and reducing it into the shard.
+// the buckets collecting each round in a slot of a small pool and reducing it into the shard;
+// ZeRO-3 (shard_values: GradReduction::sharded_parameters) the whole values buffer as well: the
+// update writes this rank's value shard, and the buckets gather a bucket's values when a layer
+// reads them (parallel/data.hpp).
 //
 // The gradient norm counts every element of the global model once: a tensor replicated over the
 // tensor axis only on tensor rank 0, a shared copy (Param::is_duplicate, e.g. the tied embedding
@@ -79,6 +82,7 @@ struct DistributedOptimizerOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's default
   bool zero = false;                                  // ZeRO-1: shard optimizer state over the data axis
   bool shard_gradients = false;                       // ZeRO-2 (with zero): no whole gradient buffer either
+  bool shard_values = false;                          // ZeRO-3 (with shard_gradients): no whole values buffer either
   double clip = 0.0;                                  // max global gradient norm; 0 = off
   CompressionOptions compression{};                   // sizes of the Compression policy (if any)
 };
@@ -149,6 +153,7 @@ class DistributedOptimizer {
     if (world_sum_) world_sum_(norm_sq_.data());
     Ops::clip_scale(*dev_, static_cast<const double*>(norm_sq_.data()), scale_.data(),
                     options_.clip > 0.0 ? options_.clip : std::numeric_limits<double>::infinity(), inv_scale);
+    buckets_.release_values();  // ZeRO-3: the shards are about to change
     optimizer_.step(lr, scale_.data());
     buckets_.all_gather_values();
     double squared = 0.0;  // the step's one synchronisation on a GPU
@@ -184,8 +189,9 @@ class DistributedOptimizer {
   std::vector<master_type> read_state(std::string_view slot, std::int64_t offset, std::int64_t count) {
     check_range("read", offset, count);
     std::vector<master_type> out(static_cast<std::size_t>(count), master_type(0));
+    buckets_.release_values();  // ZeRO-3: a write through a parameter's value is in the shard
     if constexpr (!Optimizer::keeps_master)
-      if (slot == "master") {  // the values: every rank holds all of them
+      if (slot == "master" && !options_.shard_values) {  // the values: every rank holds all of them
         SpaceCopy<HostSpace, Space>::copy(out.data(), flat_.values().data() + offset, static_cast<std::size_t>(count) * sizeof(T));
         return out;
       }
@@ -208,8 +214,9 @@ class DistributedOptimizer {
   void write_state(std::string_view slot, std::int64_t offset, std::span<const master_type> values) {
     const auto count = static_cast<std::int64_t>(values.size());
     check_range("write", offset, count);
+    buckets_.release_values();  // ZeRO-3: no gathered slot may later write back what this replaces
     if constexpr (!Optimizer::keeps_master)
-      if (slot == "master") {
+      if (slot == "master" && !options_.shard_values) {
         SpaceCopy<Space, HostSpace>::copy(flat_.values().data() + offset, values.data(), static_cast<std::size_t>(count) * sizeof(T));
         return;
       }
@@ -226,7 +233,10 @@ class DistributedOptimizer {
   }
   // Mixed precision: the master weights again from the values, after something other than the
   // update wrote them (a checkpoint's weights). Synchronous.
-  void reload_master() { optimizer_.reload_master(); }
+  void reload_master() {
+    buckets_.release_values();
+    optimizer_.reload_master();
+  }
 
  private:
   template <std::ranges::range Params, class WorldComm>
@@ -258,10 +268,13 @@ class DistributedOptimizer {
   static const DistributedOptimizerOptions& checked(const DistributedOptimizerOptions& o) {
     DPML_REQUIRE_EVERYWHERE(!o.shard_gradients || o.zero, "DistributedOptimizer: ZeRO-2's sharded gradients need ZeRO's "
                                                           "sharded optimizer state (zero)");
+    DPML_REQUIRE_EVERYWHERE(!o.shard_values || o.shard_gradients, "DistributedOptimizer: ZeRO-3's sharded values need ZeRO-2's "
+                                                                  "sharded gradients (shard_gradients)");
     return o;
   }
   static GradReduction reduction(const DistributedOptimizerOptions& o) {
     if (!o.zero) return GradReduction::all_reduce;
+    if (o.shard_values) return GradReduction::sharded_parameters;
     return o.shard_gradients ? GradReduction::sharded_gradients : GradReduction::reduce_scatter;
   }
 
@@ -292,10 +305,11 @@ class DistributedOptimizer {
       return ranges;
     }
     const T* shard = buckets_.shard_grads().data();
+    T* value_shard = buckets_.value_shard().data();  // ZeRO-3: the values' shard, laid out as the gradients'
     for (const auto& s : buckets_.own_segments()) {
       const auto n = static_cast<std::size_t>(s.count);
-      ranges.push_back({"shard@" + std::to_string(s.flat_offset), std::span<T>(values + s.flat_offset, n),
-                        std::span<const T>(shard + s.shard_offset, n)});
+      T* v = options_.shard_values ? value_shard + s.shard_offset : values + s.flat_offset;
+      ranges.push_back({"shard@" + std::to_string(s.flat_offset), std::span<T>(v, n), std::span<const T>(shard + s.shard_offset, n)});
       range_offsets_.push_back(s.flat_offset);
     }
     return ranges;
@@ -338,8 +352,7 @@ class DistributedOptimizer {
   }
 
   std::size_t slot_index(std::string_view slot) const {
-    if constexpr (Optimizer::keeps_master)
-      if (slot == "master") return Optimizer::kStates;
+    if (slot == "master") return Optimizer::kStates;  // the master weights, or (ZeRO-3, no master) the value shard
     for (std::size_t k = 0; k < Optimizer::kStates; ++k)
       if (slot == Rule::state_names[k]) return k;
     std::string known;
@@ -361,7 +374,7 @@ class DistributedOptimizer {
       if (lo >= hi) continue;
       std::span<master_type> state;
       if constexpr (Optimizer::keeps_master) state = k == Optimizer::kStates ? optimizer_.master(i) : optimizer_.state(i, k);
-      else state = optimizer_.state(i, k);
+      else state = k == Optimizer::kStates ? optimizer_.range(i).value : optimizer_.state(i, k);  // ZeRO-3: the value shard
       f(state, at, lo, hi - lo);
     }
   }

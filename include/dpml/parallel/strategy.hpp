@@ -12,9 +12,11 @@
 //   each stage runs (parallel/pipeline/schedule.hpp).
 // DataParallel<Policies…>: at most one of each, in any order —
 //   sharding   gradient buckets all-reduced during backward (Replicated, the default), ZeRO-1
-//              (Zero1: reduce-scatter, update own shard, all-gather) or ZeRO-2 (Zero2: the same
+//              (Zero1: reduce-scatter, update own shard, all-gather), ZeRO-2 (Zero2: the same
 //              without a whole gradient buffer — DistributedOptimizerOptions::shard_gradients,
-//              which a program may also set at run time on a Zero1 strategy)
+//              which a program may also set at run time on a Zero1 strategy) or ZeRO-3 (Zero3:
+//              without a whole values buffer either, each bucket's values gathered when read —
+//              DistributedOptimizerOptions::shard_values, likewise)
 //   all-reduce one collective over the data axis' communicator (Flat, the default), or two levels
 //              over its nodes (Hierarchical: inside each node, across nodes, inside each node —
 //              comm::Hierarchical; nodes from the launch's hosts or Layout::ranks_per_node). The
@@ -46,6 +48,7 @@ struct PipelineParallel {
 struct Replicated {};  // plain data parallelism: every data rank holds all optimizer state
 struct Zero1 {};       // ZeRO stage 1: optimizer state sharded over the data axis
 struct Zero2 {};       // ZeRO stage 2: gradients too (parallel/data.hpp's sharded_gradients)
+struct Zero3 {};       // ZeRO stage 3 (FSDP): values too (parallel/data.hpp's sharded_parameters)
 
 struct Flat {};          // one all-reduce over the data axis
 struct Hierarchical {};  // inside each node, across nodes, inside each node (comm/hierarchical.hpp)
@@ -68,14 +71,15 @@ struct DataParallel {
   template <class... Of>  // how many of the policies are one of Of
   static constexpr int count = (0 + ... + static_cast<int>(detail::is_one_of<Policies, Of...>));
   static constexpr int compressions = (0 + ... + static_cast<int>(is_compression<Policies>));
-  static_assert(count<Replicated, Zero1, Zero2, Flat, Hierarchical> + compressions == sizeof...(Policies),
-                "dpml: DataParallel takes a sharding (Replicated, Zero1, Zero2), an all-reduce (Flat, Hierarchical) and a "
+  static_assert(count<Replicated, Zero1, Zero2, Zero3, Flat, Hierarchical> + compressions == sizeof...(Policies),
+                "dpml: DataParallel takes a sharding (Replicated, Zero1, Zero2, Zero3), an all-reduce (Flat, Hierarchical) and a "
                 "compression (NoCompression, WirePrecision<bf16 | Fp16>, PowerSgd, TopK)");
-  static_assert(count<Replicated, Zero1, Zero2> <= 1 && count<Flat, Hierarchical> <= 1 && compressions <= 1,
-                "dpml: DataParallel takes at most one sharding (Replicated, Zero1, Zero2), one all-reduce (Flat, Hierarchical) "
+  static_assert(count<Replicated, Zero1, Zero2, Zero3> <= 1 && count<Flat, Hierarchical> <= 1 && compressions <= 1,
+                "dpml: DataParallel takes at most one sharding (Replicated, Zero1, Zero2, Zero3), one all-reduce (Flat, Hierarchical) "
                 "and one compression");
-  static constexpr bool zero = count<Zero1, Zero2> == 1;
-  static constexpr bool shard_gradients = count<Zero2> == 1;
+  static constexpr bool zero = count<Zero1, Zero2, Zero3> == 1;
+  static constexpr bool shard_gradients = count<Zero2, Zero3> == 1;
+  static constexpr bool shard_values = count<Zero3> == 1;
   static constexpr bool hierarchical = count<Hierarchical> == 1;
   using compression = typename detail::FirstCompression<Policies...>::type;
   static constexpr bool compressed = !std::is_same_v<compression, NoCompression>;
@@ -83,7 +87,7 @@ struct DataParallel {
                 "dpml: gradient compression runs over one flat data communicator: DataParallel<…, Flat, Compression>");
   static_assert(!(approximates<compression> && zero),
                 "dpml: PowerSgd and TopK keep whole buckets on every rank (error feedback): not with Zero1");
-  static_assert(!(compressed && shard_gradients), "dpml: gradient compression reduces whole buckets: not with Zero2");
+  static_assert(!(compressed && shard_gradients), "dpml: gradient compression reduces whole buckets: not with Zero2 or Zero3");
   // The data axis' communicator over communicators of type Comm.
   template <class Comm>
   using comm_t = std::conditional_t<hierarchical, comm::Hierarchical<Comm>, Comm>;
@@ -97,6 +101,7 @@ struct Parallel {
   using data = DP;
   static constexpr bool zero = DP::zero;
   static constexpr bool shard_gradients = DP::shard_gradients;
+  static constexpr bool shard_values = DP::shard_values;
 };
 
 // What the gradient buckets reduce over: Comm, or comm::Hierarchical<Comm> under DataParallel<…, Hierarchical>.
@@ -236,6 +241,7 @@ using parallel::Replicated;
 using parallel::TensorParallel;
 using parallel::Zero1;
 using parallel::Zero2;
+using parallel::Zero3;
 using parallel::pipeline::GPipe;
 using parallel::pipeline::Interleaved1F1B;
 using parallel::pipeline::OneFOneB;

@@ -152,6 +152,13 @@ using state_t = typename std::remove_reference_t<decltype(std::declval<Trainer&>
 // Whether the trainer's parameters live in device memory (their state is then read and written by name).
 template <class Trainer>
 inline constexpr bool on_device = !Trainer::ParamT::space::host_accessible;
+// Whether the weights travel as one whole flat buffer on the host (read_weights, write_weights: by
+// name, collective over the data axis), not through each parameter's value: on a GPU, and under
+// ZeRO-3, where a value is only a view of a gathered bucket that the next gather may take back.
+template <class Trainer>
+bool flat_weights(Trainer& t) {
+  return on_device<Trainer> || t.optimizer().options().shard_values;
+}
 
 // Any model: only the global batch (samples per step; 0 where the batches carry it).
 template <class Model>
@@ -288,8 +295,8 @@ void scatter_flat_state(Trainer& t, std::size_t k, const std::vector<T>& full) {
 
 inline std::string state_tensor_name(const std::string& param, const char* slot) { return param + "." + slot; }
 
-// A GPU trainer's weights as saved: the whole flat buffer of its fp32 master weights on the host
-// (collective over the data axis under ZeRO-1).
+// A GPU (or ZeRO-3) trainer's weights as saved: the whole flat buffer of its (fp32 master) weights
+// on the host (collective over the data axis under ZeRO).
 template <class Trainer>
 std::vector<state_t<Trainer>> read_weights(Trainer& t) {
   return t.optimizer().read_state("master", 0, t.optimizer().flat().numel());
@@ -308,11 +315,12 @@ void write_weights(Trainer& t, const std::vector<state_t<Trainer>>& w) {
   }
 }
 // Where parameter i's elements are read from or written to: its own values on the host, its
-// range of `flat` (a whole flat buffer on the host) on a GPU.
+// range of `flat` (a whole flat buffer on the host) on a GPU or under ZeRO-3 (flat_weights).
 template <class Trainer, class S>
 S* weights_of(Trainer& t, std::size_t i, std::vector<S>& flat) {
-  if constexpr (on_device<Trainer>) return flat.data() + t.optimizer().flat().offsets()[i];
-  else return t.optimizer().flat().params()[i]->value().data();
+  if constexpr (!on_device<Trainer>)
+    if (!flat_weights(t)) return t.optimizer().flat().params()[i]->value().data();
+  return flat.data() + t.optimizer().flat().offsets()[i];
 }
 
 template <class Trainer>
@@ -388,13 +396,13 @@ class Checkpointer {
                              std::span<const T>(state, static_cast<std::size_t>(checkpoint::volume(b.slice))));
       }
     }
-    if constexpr (detail::on_device<Trainer>) held_weights_ = detail::read_weights(t);  // read in place until the commit
+    if (detail::flat_weights(t)) held_weights_ = detail::read_weights(t);  // read in place until the commit
     for (std::size_t i = 0; i < params.size(); ++i) {
       const auto* p = params[i];
       if (p->is_duplicate()) continue;
       const auto b = detail::block_of(*p, t.grid(), model);
       const std::span<const T> value(detail::weights_of(t, i, held_weights_), static_cast<std::size_t>(checkpoint::volume(b.slice)));
-      if (options_.in_place || detail::on_device<Trainer>) writer_.add_in_place(p->name(), b.shape, b.slice, value);
+      if (options_.in_place || detail::flat_weights(t)) writer_.add_in_place(p->name(), b.shape, b.slice, value);
       else writer_.add(p->name(), b.shape, b.slice, value);
     }
     checkpoint::SaveInfo info;
@@ -535,7 +543,7 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
   std::string error;
   // A GPU's weights on the host, read first (collective) so that padding keeps its values.
   std::vector<detail::state_t<Trainer>> weights;
-  if constexpr (detail::on_device<Trainer>) weights = detail::read_weights(t);
+  if (detail::flat_weights(t)) weights = detail::read_weights(t);
   try {
     const checkpoint::CheckpointReader reader(dir);
     const auto& config = reader.manifest().config;
@@ -591,7 +599,7 @@ TrainPosition load_checkpoint(Trainer& t, const std::string& dir, std::int64_t s
     error = e.message();
   }
   detail::raise_collected(world, error, "loading checkpoint '" + dir + "'");
-  if constexpr (detail::on_device<Trainer>) detail::write_weights(t, weights);
+  if (detail::flat_weights(t)) detail::write_weights(t, weights);
   t.optimizer().optimizer().set_step_count(optimizer_step);
   t.set_step(pos.step);
   if (loss_scale) t.dynamic_loss_scale()->set(loss_scale->first, loss_scale->second);
@@ -663,7 +671,7 @@ void export_gpt2(Trainer& t, const std::string& path) {
   const auto& cfg = model.config();
   {
     std::vector<detail::state_t<Trainer>> weights;  // a GPU's (collective)
-    if constexpr (detail::on_device<Trainer>) weights = detail::read_weights(t);
+    if (detail::flat_weights(t)) weights = detail::read_weights(t);
     checkpoint::CheckpointWriter writer(world, parts, {.keep_last = 1});
     const auto& params = t.optimizer().flat().params();
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -723,7 +731,7 @@ void import_gpt2(Trainer& t, const std::string& path) {
     for (std::size_t at = 0, end; (end = theirs.find('\n', at)) != std::string::npos; at = end + 1)
       names.insert(theirs.substr(at, end - at));
   std::vector<detail::state_t<Trainer>> weights;  // a GPU's (collective, first: padding keeps its values)
-  if constexpr (detail::on_device<Trainer>) weights = detail::read_weights(t);
+  if (detail::flat_weights(t)) weights = detail::read_weights(t);
   try {
     const Gpt2Source source = resolve_gpt2_import(path);
     if (!source.config.empty()) check_hf_gpt2_config(read_json_file(source.config), source.config, cfg);
@@ -784,7 +792,7 @@ void import_gpt2(Trainer& t, const std::string& path) {
     error = e.message();
   }
   detail::raise_collected(t.grid().world(), error, "importing '" + path + "'");
-  if constexpr (detail::on_device<Trainer>) detail::write_weights(t, weights);
+  if (detail::flat_weights(t)) detail::write_weights(t, weights);
 }
 
 }  // namespace dpml::train

@@ -632,6 +632,9 @@ class Trainer {
     DPML_REQUIRE_EVERYWHERE(!dist.shard_gradients || Strategy::zero,
                             "ZeRO-2 (DistributedOptimizerOptions::shard_gradients) needs a ZeRO strategy: DataParallel<Zero1> "
                             "or DataParallel<Zero2>");
+    DPML_REQUIRE_EVERYWHERE(!dist.shard_values || Strategy::zero,
+                            "ZeRO-3 (DistributedOptimizerOptions::shard_values) needs a ZeRO strategy: DataParallel<Zero1> "
+                            "or DataParallel<Zero3>");
     DPML_REQUIRE_EVERYWHERE(o.virtual_stages >= 1, "--num-virtual-stages-per-pipeline-rank " << o.virtual_stages << " must be at least 1");
     // Each condition reads the run-time v, so that no check is a constant (nvcc warns on those).
     const bool one = o.virtual_stages == 1;
@@ -651,7 +654,8 @@ class Trainer {
   }
   static parallel::DistributedOptimizerOptions with_zero(parallel::DistributedOptimizerOptions d) {
     d.zero = Strategy::zero;
-    d.shard_gradients = d.shard_gradients || Strategy::shard_gradients;
+    d.shard_values = d.shard_values || Strategy::shard_values;
+    d.shard_gradients = d.shard_gradients || Strategy::shard_gradients || d.shard_values;
     return d;
   }
   static StageStorage make_stage(Model& model, Loss loss, const parallel::ProcessGrid& grid, const TrainOptions& options) {
