@@ -162,30 +162,23 @@ TEST_CASE("estimate_gpt_memory: a compression's state is the bytes its compresso
         return models::estimate_gpt_memory(c, l, models::GptMemoryTerms::host()).stages.at(static_cast<std::size_t>(grid.coord(Axis::pipeline)));
       };
       const double plain = stage(layout).gradients;
+      // What gradient buckets compressed by Policy with `options` allocate, against the estimate of
+      // `compression` with those sizes.
+      const auto check = [&]<class Policy>(Policy, const char* compression, parallel::CompressionOptions options) {
+        const std::int64_t before = g_aligned_bytes.load();
+        parallel::GradientBuckets<float, HostSpace, comm::Mpi, Policy> buckets(flat, &data, parallel::GradReduction::all_reduce, options);
+        const double held = static_cast<double>(g_aligned_bytes.load() - before);
+        auto l = layout;
+        l.compression = compression;
+        l.powersgd_rank = options.powersgd_rank;
+        l.topk_ratio = options.topk_ratio;
+        CAPTURE(tp, pp, compression, options.powersgd_rank, options.topk_ratio);
+        CHECK(stage(l).gradients - plain == held);
+      };
       // PowerSGD at ranks where every matrix is compressed, where some are not (r(n + m) ≥ n·m:
       // attn.c_proj (16, 8) at rank 8 and tp 2), and where none is.
-      for (const int r : {1, 4, 8, 64}) {
-        const std::int64_t before = g_aligned_bytes.load();
-        parallel::GradientBuckets<float, HostSpace, comm::Mpi, PowerSgd> buckets(
-            flat, &data, parallel::GradReduction::all_reduce, {.powersgd_rank = r});
-        const double held = static_cast<double>(g_aligned_bytes.load() - before);
-        auto l = layout;
-        l.compression = "powersgd";
-        l.powersgd_rank = r;
-        CAPTURE(tp, pp, r);
-        CHECK(stage(l).gradients - plain == held);
-      }
-      for (const double ratio : {0.01, 0.3, 1.0}) {
-        const std::int64_t before = g_aligned_bytes.load();
-        parallel::GradientBuckets<float, HostSpace, comm::Mpi, TopK> buckets(flat, &data, parallel::GradReduction::all_reduce,
-                                                                              {.topk_ratio = ratio});
-        const double held = static_cast<double>(g_aligned_bytes.load() - before);
-        auto l = layout;
-        l.compression = "topk";
-        l.topk_ratio = ratio;
-        CAPTURE(tp, pp, ratio);
-        CHECK(stage(l).gradients - plain == held);
-      }
+      for (const int r : {1, 4, 8, 64}) check(PowerSgd{}, "powersgd", {.powersgd_rank = r});
+      for (const double ratio : {0.01, 0.3, 1.0}) check(TopK{}, "topk", {.topk_ratio = ratio});
     }
   // One data rank: nothing to compress, nothing counted.
   const models::GptLayout one{.compression = "topk"};
