@@ -370,25 +370,28 @@ class GradientBuckets : GradProvider, ValueProvider {
   // for the communication stream); else a new slot of n. Bucket sizes repeat every step, so the
   // pool settles in the first one.
   int acquire_slot(std::int64_t n) {
-    const auto take_fitting = [&]() -> int {
-      auto best = free_slots_.end();
-      for (auto it = free_slots_.begin(); it != free_slots_.end(); ++it)
-        if (slots_[static_cast<std::size_t>(*it)].numel() >= n &&
-            (best == free_slots_.end() || slots_[static_cast<std::size_t>(*it)].numel() < slots_[static_cast<std::size_t>(*best)].numel()))
-          best = it;
-      if (best == free_slots_.end()) return -1;
-      const int s = *best;
-      free_slots_.erase(best);
-      return s;
-    };
-    int s = take_fitting();
+    int s = take_fitting(free_slots_, slots_, n);
     if (s < 0 && !in_flight_.empty() && slots_.size() >= kZero2Slots) {
       wait_all();
-      s = take_fitting();
+      s = take_fitting(free_slots_, slots_, n);
     }
-    if (s >= 0) return s;
-    slots_.emplace_back(Shape{n});
-    return static_cast<int>(slots_.size()) - 1;
+    return s >= 0 ? s : new_slot(slots_, n);
+  }
+  // Of the free slots (indices into `slots`), the smallest that holds n elements, taken out of
+  // `free`; -1 if none does. (Both pools, ZeRO-2's and ZeRO-3's.)
+  static int take_fitting(std::vector<int>& free, const std::vector<Tensor<T, Space>>& slots, std::int64_t n) {
+    const auto size = [&](int k) { return slots[static_cast<std::size_t>(k)].numel(); };
+    auto best = free.end();
+    for (auto it = free.begin(); it != free.end(); ++it)
+      if (size(*it) >= n && (best == free.end() || size(*it) < size(*best))) best = it;
+    if (best == free.end()) return -1;
+    const int s = *best;
+    free.erase(best);
+    return s;
+  }
+  static int new_slot(std::vector<Tensor<T, Space>>& slots, std::int64_t n) {
+    slots.emplace_back(Shape{n});
+    return static_cast<int>(slots.size()) - 1;
   }
   // Bucket b's round is complete: its parameters lose the slot, this rank's part of the slot takes
   // the shard's earlier rounds, and the slot is reduce-scattered into the shard.
@@ -443,28 +446,14 @@ class GradientBuckets : GradProvider, ValueProvider {
   void provide_value(ParamBase& p) override {
     const std::size_t b = flat_.bucket_of(flat_.index_of(&p));
     const FlatBucket& bucket = flat_.buckets()[b];
-    std::size_t held = 0;
-    for (const auto& st : state_) held += st.vslot >= 0;
-    while (held >= kZero3Slots) {  // the least recently gathered gives its slot back
+    while (vslots_.size() - vfree_.size() >= kZero3Slots) {  // the least recently gathered gives its slot back
       std::size_t oldest = state_.size();
       for (std::size_t k = 0; k < state_.size(); ++k)
         if (state_[k].vslot >= 0 && (oldest == state_.size() || state_[k].gathered < state_[oldest].gathered)) oldest = k;
       give_back_values(oldest);
-      --held;
     }
-    auto best = vfree_.end();  // the smallest free slot that holds the bucket, else a new one
-    for (auto it = vfree_.begin(); it != vfree_.end(); ++it)
-      if (vslots_[static_cast<std::size_t>(*it)].numel() >= bucket.count &&
-          (best == vfree_.end() || vslots_[static_cast<std::size_t>(*it)].numel() < vslots_[static_cast<std::size_t>(*best)].numel()))
-        best = it;
-    int s = -1;
-    if (best != vfree_.end()) {
-      s = *best;
-      vfree_.erase(best);
-    } else {
-      vslots_.emplace_back(Shape{bucket.count});
-      s = static_cast<int>(vslots_.size()) - 1;
-    }
+    int s = take_fitting(vfree_, vslots_, bucket.count);
+    if (s < 0) s = new_slot(vslots_, bucket.count);
     T* slot = vslots_[static_cast<std::size_t>(s)].data();
     {
       const NvtxRange range('G', static_cast<long long>(b));  // the gather of bucket b's values
