@@ -420,7 +420,7 @@ class Checkpointer {
     if (options_.extra_config) options_.extra_config(info.config);
     const auto& g = t.grid();
     info.layout = {.tp = g.tp(), .pp = g.pp(), .dp = g.dp(),
-                   .zero = !Trainer::zero ? 0 : t.optimizer().options().shard_gradients ? 2 : 1};
+                   .zero = !Trainer::zero ? 0 : t.optimizer().options().shard_values ? 3 : t.optimizer().options().shard_gradients ? 2 : 1};
     writer_.save_async(info);
     started_ = t0;
     blocking_seconds_ += seconds_since(t0);
