@@ -10,7 +10,7 @@
 //   parameters   the stage's share (stage_blocks: blocks, the embedding on the first stage,
 //                ln_f and — pp > 1 — the tied copy of wte on the last), vocabulary padded to
 //                tp · pad_multiple rows as VocabPartition pads it, in the storage type; under
-//                ZeRO-3 a 1/dp shard of it and the pool of gathered buckets (kZero3Slots, each at
+//                ZeRO-3 a 1/dp shard of it and the pool of gathered buckets (kZero3Slots and one prefetched, each at
 //                most a bucket plus one more parameter)
 //   gradients    the same count in the storage type (FlatParameters' flat gradient buffer); under
 //                ZeRO-2 the slot pool instead: up to kZero2Slots, each at most a bucket plus one more
@@ -272,7 +272,7 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
       return std::min(n, (holds_wte ? wte + bucket : 0.0) + (slots - (holds_wte ? 1 : 0)) * (bucket + 4 * C * C / tp)) * a;
     };
     if (l.zero && l.shard_gradients) m.gradients = pool(parallel::kZero2Slots);  // ZeRO-2's slots
-    if (l.zero && l.shard_values) m.parameters = n * a / l.dp + pool(parallel::kZero3Slots);  // ZeRO-3: shard, gathered buckets
+    if (l.zero && l.shard_values) m.parameters = n * a / l.dp + pool(parallel::kZero3Slots + parallel::kZero3PrefetchSlots);  // ZeRO-3: shard, gathered buckets
     m.optimizer = n * (t.master_bytes + 2 * t.moment_bytes) / shards + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);
     if (l.dp > 1 && l.compression == "powersgd") {  // the residual, Qt, the P message with the dense rest
       const double r = l.powersgd_rank;

@@ -19,6 +19,10 @@
 //   auto p = link.allreduce(grads, n);   // start
 //   p.wait(); link.join();               // the result is visible to what runs next on this space
 //
+// A Fence marks the communicator's position after one collective (mark), so that compute can
+// later wait for that one alone (join(fence)), not for what was enqueued after it: ZeRO-3's
+// prefetched gather, waited for when its bucket is read while later reductions still run.
+//
 // Reductions sum (the runtime's one gradient convention: losses divide by the global batch).
 
 #include "dpml/comm/communicator.hpp"
@@ -62,6 +66,9 @@ class CommLink {
     return comm_->iallgather(send, recv, n);
   }
   void join() {}
+  struct Fence {};  // the host waits on each collective's Pending instead
+  void mark(Fence&) {}
+  void join(const Fence&) {}
 
  private:
   const Comm* comm_;

@@ -59,6 +59,13 @@ class CommLink<Comm, CudaSpace> {
     done_.record(comm_->stream());
     Stream::borrow(compute_).wait(done_);
   }
+  // The compute stream's later work waits for what was enqueued on the communicator's stream up
+  // to mark(f), and not for what came after it.
+  struct Fence {
+    Event done;
+  };
+  void mark(Fence& f) { f.done.record(comm_->stream()); }
+  void join(const Fence& f) { Stream::borrow(compute_).wait(f.done); }
 
  private:
   void after_compute() {

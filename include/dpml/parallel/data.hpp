@@ -43,8 +43,13 @@
 //                   back (its parameters unbound, its own part written back into the shard, so
 //                   that a write through value() — a checkpoint's load — is kept). Forward gathers
 //                   the buckets in turn, backward again; release_values() gives every slot back
-//                   before the optimizer updates the shards. No prefetch: a gather runs when its
-//                   bucket is first read.
+//                   before the optimizer updates the shards. Prefetch: the buckets are gathered in
+//                   the same order every step (the order of the model's reads and of the pool's
+//                   evictions does not change), so the order of the last step's gathers is kept,
+//                   and while a bucket is read the next one of that order is all-gathered into one
+//                   more slot (on a GPU on the communication stream, behind the compute enqueued so
+//                   far, so it overlaps the layer now enqueued); its first read binds it, waiting
+//                   for that gather alone (CommLink's Fence). Off that order, nothing is guessed.
 // Over comm::Hierarchical (DataParallel<…, Hierarchical>) each reduction runs in two levels, inside
 // the node and across nodes; the shards then follow that communicator's rank order (node rank
 // major), and a reduce-scatter uses the bucket's gradients as its scratch (ZeRO-1 reads only
@@ -99,6 +104,8 @@ inline constexpr std::size_t kZero2Slots = 4;
 // ZeRO-3's: buckets whose whole values are held gathered at once (the least recently gathered
 // gives its slot back when another is needed).
 inline constexpr std::size_t kZero3Slots = 3;
+// ZeRO-3's slots for buckets gathered ahead of their first read (prefetch), beside kZero3Slots.
+inline constexpr std::size_t kZero3PrefetchSlots = 1;
 
 template <class T, class Space = HostSpace, class Comm = default_comm_t<Space>, class Compression = NoCompression>
 class GradientBuckets : GradProvider, ValueProvider {
@@ -275,7 +282,12 @@ class GradientBuckets : GradProvider, ValueProvider {
   void release_values() {
     for (std::size_t b = 0; b < state_.size(); ++b)
       if (state_[b].vslot >= 0) give_back_values(b);
+    drop_prefetch();  // it reads the shards
+    if (!gathered_now_.empty()) gather_order_ = std::move(gathered_now_);
+    gathered_now_.clear();
   }
+  // ZeRO-3: first reads of a bucket served by a gather started ahead of them (since construction).
+  std::int64_t prefetched_reads() const noexcept { return prefetched_reads_; }
 
   double exposed_seconds() const noexcept { return exposed_seconds_; }
   // Bytes this rank sent for the gradients of this step (ring algorithms: compression/policy.hpp),
@@ -446,24 +458,61 @@ class GradientBuckets : GradProvider, ValueProvider {
   void provide_value(ParamBase& p) override {
     const std::size_t b = flat_.bucket_of(flat_.index_of(&p));
     const FlatBucket& bucket = flat_.buckets()[b];
-    while (vslots_.size() - vfree_.size() >= kZero3Slots) {  // the least recently gathered gives its slot back
+    // The least recently gathered gives its slot back (the prefetched bucket is not yet read).
+    while (vslots_.size() - vfree_.size() - (prefetch_ ? 1 : 0) >= kZero3Slots) {
       std::size_t oldest = state_.size();
       for (std::size_t k = 0; k < state_.size(); ++k)
         if (state_[k].vslot >= 0 && (oldest == state_.size() || state_[k].gathered < state_[oldest].gathered)) oldest = k;
       give_back_values(oldest);
     }
-    int s = take_fitting(vfree_, vslots_, bucket.count);
-    if (s < 0) s = new_slot(vslots_, bucket.count);
-    T* slot = vslots_[static_cast<std::size_t>(s)].data();
-    {
+    int s = -1;
+    if (prefetch_ && prefetch_->bucket == b) {  // gathered ahead: wait for that gather alone
+      s = prefetch_->slot;
+      prefetch_->pending.wait();
+      link_->join(*fence_);
+      prefetch_.reset();
+      ++prefetched_reads_;
+    } else {
+      s = take_fitting(vfree_, vslots_, bucket.count);
+      if (s < 0) s = new_slot(vslots_, bucket.count);
       const NvtxRange range('G', static_cast<long long>(b));  // the gather of bucket b's values
-      gather_into(b, slot);
+      gather_into(b, vslots_[static_cast<std::size_t>(s)].data());
       if (link_) link_->join();
     }
+    T* slot = vslots_[static_cast<std::size_t>(s)].data();
     for (std::size_t i = bucket.first_param; i < bucket.last_param; ++i)
       flat_.params()[i]->set_value_storage(slot + (flat_.offsets()[i] - bucket.offset));
     state_[b].vslot = s;
     state_[b].gathered = ++gathers_;
+    if (gathered_now_.size() < kZero3OrderLimit * state_.size()) gathered_now_.push_back(b);
+    prefetch_after(b);
+  }
+  // Bucket b was just gathered, the k-th of this step: if the last step's k-th gather was b too,
+  // start the gather of the bucket that followed it there into a free slot.
+  void prefetch_after(std::size_t b) {
+    const std::size_t k = gathered_now_.size();
+    if (!comm_ || k == 0 || k >= gather_order_.size() || gather_order_[k - 1] != b) return;
+    const std::size_t next = gather_order_[k];
+    if (state_[next].vslot >= 0 || (prefetch_ && prefetch_->bucket == next)) return;
+    drop_prefetch();  // a guess the reads did not take
+    int s = take_fitting(vfree_, vslots_, flat_.buckets()[next].count);
+    if (s < 0) s = new_slot(vslots_, flat_.buckets()[next].count);
+    const NvtxRange range('P', static_cast<long long>(next));  // the gather of bucket `next` ahead of its read
+    const Segment& seg = segments_[next];
+    prefetch_.emplace(Prefetch{next, s, link_->allgather(value_shard_.data() + seg.shard_offset,
+                                                         vslots_[static_cast<std::size_t>(s)].data(),
+                                                         static_cast<std::size_t>(seg.count))});
+    if (!fence_) fence_.emplace();
+    link_->mark(*fence_);
+  }
+  // A prefetched bucket nobody read: its gather finished (it reads the shard, writes the slot),
+  // the slot free again.
+  void drop_prefetch() {
+    if (!prefetch_) return;
+    prefetch_->pending.wait();
+    link_->join(*fence_);
+    vfree_.push_back(prefetch_->slot);
+    prefetch_.reset();
   }
   // Bucket b's gathered values go: its own part back into the shard, its parameters unbound.
   void give_back_values(std::size_t b) {
@@ -504,6 +553,18 @@ class GradientBuckets : GradProvider, ValueProvider {
   std::vector<Tensor<T, Space>> vslots_;  // gathered buckets' values, each as large as the bucket it was made for
   std::vector<int> vfree_;
   std::uint64_t gathers_ = 0;
+  // The buckets gathered on first read since the last release_values() (this step) and in the
+  // window before (the order prefetch follows); recorded up to kZero3OrderLimit per bucket.
+  static constexpr std::size_t kZero3OrderLimit = 64;
+  std::vector<std::size_t> gathered_now_, gather_order_;
+  struct Prefetch {
+    std::size_t bucket;
+    int slot;
+    typename Link::Pending pending;
+  };
+  std::optional<Prefetch> prefetch_;           // the gather started ahead of its bucket's first read
+  std::optional<typename Link::Fence> fence_;  // the position after the prefetch's gather (GPU)
+  std::int64_t prefetched_reads_ = 0;
 };
 
 }  // namespace dpml::parallel
