@@ -120,6 +120,9 @@ int main(int argc, char** argv) {
               "gradient buffer, each bucket reduce-scattered from a small pool of slots) | 3 (the weights too: each bucket "
               "all-gathered when its layers run)",
               train::between(0, 3))
+        .flag("--zero3-prefetch", f.zero3_prefetch,
+              "--zero-stage 3: all-gather the next bucket of weights while the current one is used (the order of the "
+              "last step's gathers); off: each bucket is gathered when it is first read")
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
         .flag("--model-size", f.model_size,
@@ -244,7 +247,7 @@ int main(int argc, char** argv) {
       const models::GptLayout layout{.tp = f.tp, .pp = f.pp, .dp = grid.dp(), .micro_batch = f.micro_batch,
                                      .micro_batches = static_cast<int>(std::max<std::int64_t>(1, f.global_batch / (f.micro_batch * grid.dp()))),
                                      .schedule = f.schedule, .zero = f.zero, .shard_gradients = f.zero_stage >= 2,
-                                     .shard_values = f.zero_stage == 3,
+                                     .shard_values = f.zero_stage == 3, .prefetch_values = f.zero3_prefetch,
                                      .virtual_stages = f.virtual_stages, .compression = f.axis.grad_compression,
                                      .powersgd_rank = f.axis.powersgd_rank, .topk_ratio = f.axis.topk_ratio};
       const auto estimate = models::estimate_gpt_memory(gpu ? on_gpu(config, f.tp) : config, layout,

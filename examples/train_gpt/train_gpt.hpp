@@ -52,6 +52,7 @@ struct Flags {
   std::int64_t first_stage_layers = 0, last_stage_layers = 0;  // --decoder-first/last-pipeline-num-layers (0: even)
   bool zero = false;   // --zero: ZeRO-1 (after parsing: zero_stage >= 1)
   int zero_stage = 0;  // --zero-stage: 0 none, 1 optimizer state sharded, 2 gradients too, 3 weights too
+  bool zero3_prefetch = true;  // --zero3-prefetch: ZeRO-3 gathers the next bucket ahead of its read
   train::DataAxisFlags axis;  // --dp-allreduce, --ranks-per-node, --grad-compression and its sizes
   std::int64_t micro_batch = 4, global_batch = 32;
   std::int64_t layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0;
@@ -332,7 +333,8 @@ inline optim::LossScaling loss_scaling_of(const Flags& f) {
 }
 // The parallel runtime's options: ZeRO-2 and 3, clipping, the compression's sizes (both spaces).
 inline parallel::DistributedOptimizerOptions dist_of(const Flags& f) {
-  return {.shard_gradients = f.zero_stage >= 2, .shard_values = f.zero_stage == 3, .clip = f.clip,
+  return {.shard_gradients = f.zero_stage >= 2, .shard_values = f.zero_stage == 3, .prefetch_values = f.zero3_prefetch,
+          .clip = f.clip,
           .compression = f.axis.compression(f.seed)};
 }
 inline train::GptTrainOptions train_options_of(const Flags& f) {

@@ -216,6 +216,12 @@ TEST_CASE("estimate_gpt_memory: ZeRO-1 divides the optimizer state over the data
   const auto large_zero3 = models::estimate_gpt_memory(
       large, {.dp = 4, .micro_batch = 1, .zero = true, .shard_gradients = true, .shard_values = true}, terms).stages.at(0);
   CHECK(large_zero3.parameters < 0.5 * large_zero.parameters);
+  // Without prefetch the pool holds one bucket fewer.
+  const auto large_no_prefetch = models::estimate_gpt_memory(
+      large, {.dp = 4, .micro_batch = 1, .zero = true, .shard_gradients = true, .shard_values = true, .prefetch_values = false},
+      terms).stages.at(0);
+  CHECK(large_no_prefetch.parameters < large_zero3.parameters);
+  CHECK(large_no_prefetch.parameters > large_zero3.parameters - 2.0 * (50304.0 * 2048 + (25 << 20) / 2.0));
   // 124M on one GPU, 16 sequences of 1024: what bench/gpt_train measured, 7.10 GiB (within 10 %).
   const auto one = models::estimate_gpt_memory(c, {.micro_batch = 16}, terms).largest().total() / (1 << 30);
   CHECK(one > 7.10 * 0.9);

@@ -82,6 +82,7 @@ struct GptLayout {
   bool zero = false;
   bool shard_gradients = false;  // ZeRO-2 (with zero): no whole gradient buffer, a pool of bucket slots
   bool shard_values = false;     // ZeRO-3 (with shard_gradients): the values' 1/dp shard and a pool of gathered buckets
+  bool prefetch_values = true;   // ZeRO-3: one more gathered bucket, the next one, gathered ahead of its read
   std::int64_t bucket_bytes = std::int64_t{25} << 20;  // DistributedOptimizerOptions::bucket_bytes
   int virtual_stages = 1;  // chunks per pipeline rank: the interleaved schedule's v (models::GptChunks)
   std::string compression = "none";  // the data axis' gradients: none | powersgd | topk (bf16 / fp16 wire: no state)
@@ -272,7 +273,7 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
       return std::min(n, (holds_wte ? wte + bucket : 0.0) + (slots - (holds_wte ? 1 : 0)) * (bucket + 4 * C * C / tp)) * a;
     };
     if (l.zero && l.shard_gradients) m.gradients = pool(parallel::kZero2Slots);  // ZeRO-2's slots
-    if (l.zero && l.shard_values) m.parameters = n * a / l.dp + pool(parallel::kZero3Slots + parallel::kZero3PrefetchSlots);  // ZeRO-3: shard, gathered buckets
+    if (l.zero && l.shard_values) m.parameters = n * a / l.dp + pool(parallel::kZero3Slots + (l.prefetch_values ? parallel::kZero3PrefetchSlots : 0));  // ZeRO-3: shard, gathered buckets
     m.optimizer = n * (t.master_bytes + 2 * t.moment_bytes) / shards + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);
     if (l.dp > 1 && l.compression == "powersgd") {  // the residual, Qt, the P message with the dense rest
       const double r = l.powersgd_rank;

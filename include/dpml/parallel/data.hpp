@@ -288,6 +288,11 @@ class GradientBuckets : GradProvider, ValueProvider {
   }
   // ZeRO-3: first reads of a bucket served by a gather started ahead of them (since construction).
   std::int64_t prefetched_reads() const noexcept { return prefetched_reads_; }
+  // ZeRO-3: gather the next bucket ahead of its read (the default), or each only when read.
+  void set_prefetch(bool on) {
+    drop_prefetch();
+    prefetch_on_ = on;
+  }
 
   double exposed_seconds() const noexcept { return exposed_seconds_; }
   // Bytes this rank sent for the gradients of this step (ring algorithms: compression/policy.hpp),
@@ -491,7 +496,7 @@ class GradientBuckets : GradProvider, ValueProvider {
   // start the gather of the bucket that followed it there into a free slot.
   void prefetch_after(std::size_t b) {
     const std::size_t k = gathered_now_.size();
-    if (!comm_ || k == 0 || k >= gather_order_.size() || gather_order_[k - 1] != b) return;
+    if (!prefetch_on_ || !comm_ || k == 0 || k >= gather_order_.size() || gather_order_[k - 1] != b) return;
     const std::size_t next = gather_order_[k];
     if (state_[next].vslot >= 0 || (prefetch_ && prefetch_->bucket == next)) return;
     drop_prefetch();  // a guess the reads did not take
@@ -565,6 +570,7 @@ class GradientBuckets : GradProvider, ValueProvider {
   std::optional<Prefetch> prefetch_;           // the gather started ahead of its bucket's first read
   std::optional<typename Link::Fence> fence_;  // the position after the prefetch's gather (GPU)
   std::int64_t prefetched_reads_ = 0;
+  bool prefetch_on_ = true;
 };
 
 }  // namespace dpml::parallel

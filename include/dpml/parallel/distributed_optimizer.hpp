@@ -83,6 +83,7 @@ struct DistributedOptimizerOptions {
   bool zero = false;                                  // ZeRO-1: shard optimizer state over the data axis
   bool shard_gradients = false;                       // ZeRO-2 (with zero): no whole gradient buffer either
   bool shard_values = false;                          // ZeRO-3 (with shard_gradients): no whole values buffer either
+  bool prefetch_values = true;                        // ZeRO-3: gather the next bucket ahead of its first read
   double clip = 0.0;                                  // max global gradient norm; 0 = off
   CompressionOptions compression{};                   // sizes of the Compression policy (if any)
 };
@@ -247,6 +248,7 @@ class DistributedOptimizer {
         flat_(std::forward<Params>(params), layout(options, data_.get())),
         buckets_(flat_, data_.get(), reduction(checked(options)), dev, options.compression),
         optimizer_(make_ranges(), rule, dev), world_sum_(sum_over(world, dev)) {
+    buckets_.set_prefetch(options.prefetch_values);
     count_in_norm();
   }
 
