@@ -246,6 +246,26 @@ TEST_CASE("distributed optimizer: ZeRO-2 equals the sequential rule with micro-b
   }
 }
 
+TEST_CASE("distributed optimizer: ZeRO-3 counts its gathers of the weights in the step's bytes", "[data][zero]") {
+  // One read of every value inside the step: each bucket gathered once (its 1/p part sent to the
+  // p − 1 others), beside the reduce-scatter of its gradient.
+  const auto world = test::world();
+  const int p = world.size();
+  auto grid = ProcessGrid::create(world, {});
+  Params dist;
+  parallel::DistributedOptimizer<optim::AdamW, double> opt(
+      dist.ptrs, &grid, options_of<optim::AdamW>(),
+      {.bucket_bytes = 8, .zero = true, .shard_gradients = true, .shard_values = true, .clip = 0.5});
+  backward(opt, dist, world.rank(), 1);
+  for (auto* q : dist.ptrs) (void)q->value();
+  const auto report = opt.finish_step(1e-2);
+  std::int64_t want = 0;
+  for (const auto& b : opt.flat().buckets())
+    want += parallel::wire_bytes::reduce_scatter(b.count, 8, p) + parallel::wire_bytes::allgather(b.count / p, 8, p);
+  CHECK(report.wire_bytes == (p > 1 ? want : 0));
+  CHECK(report.dense_bytes == report.wire_bytes);
+}
+
 TEST_CASE("distributed optimizer: ZeRO-3 equals the sequential rule, its values gathered when read and kept when written", "[data][zero]") {
   // Buckets of one element at least: every parameter a bucket of its own, more than the
   // kZero3Slots a pool gathers at once, so reading them in turn gives slots back.

@@ -62,8 +62,8 @@
 // PowerSgd, TopK; DataParallel<…, Policy>): a ready bucket goes to BucketCompressor<Policy, …>,
 // which reduces it there and then through the buckets' CommLink (on the host to completion; on a
 // GPU in stream order, the compute stream waiting for the communication stream). wire_bytes()
-// counts what this rank sent for the step's gradients, dense_bytes() what the same reductions send
-// uncompressed.
+// counts what this rank sent for the step's gradients (and ZeRO-3's gathers of the weights),
+// dense_bytes() what the same collectives send uncompressed.
 
 #include "dpml/comm/communicator.hpp"
 #include "dpml/core/error.hpp"
@@ -295,8 +295,9 @@ class GradientBuckets : GradProvider, ValueProvider {
   }
 
   double exposed_seconds() const noexcept { return exposed_seconds_; }
-  // Bytes this rank sent for the gradients of this step (ring algorithms: compression/policy.hpp),
-  // and what the same reductions send uncompressed; both 0 on one data rank.
+  // Bytes this rank sent over the data axis since begin_step (ring algorithms:
+  // compression/policy.hpp): the gradients' reductions and ZeRO-3's gathers of the weights (the
+  // prefetched ones too), and what the same collectives send uncompressed; both 0 on one data rank.
   std::int64_t wire_bytes() const noexcept { return wire_bytes_; }
   std::int64_t dense_bytes() const noexcept { return dense_bytes_; }
   // The compressor (compressed buckets over several data ranks; tests read its residuals).
@@ -457,8 +458,16 @@ class GradientBuckets : GradProvider, ValueProvider {
   // bucket b's whole values (count) ← every rank's part of it, in rank order.
   void gather_into(std::size_t b, T* out) {
     const Segment& seg = segments_[b];
-    if (comm_) link_->allgather(value_shard_.data() + seg.shard_offset, out, static_cast<std::size_t>(seg.count)).wait();
-    else Ops::copy(*dev_, value_shard_.data() + seg.shard_offset, out, seg.count);
+    if (!comm_) {
+      Ops::copy(*dev_, value_shard_.data() + seg.shard_offset, out, seg.count);
+      return;
+    }
+    count_gather(seg);
+    link_->allgather(value_shard_.data() + seg.shard_offset, out, static_cast<std::size_t>(seg.count)).wait();
+  }
+  void count_gather(const Segment& seg) {
+    dense_bytes_ += wire_bytes::allgather(seg.count, sizeof(T), comm_->size());
+    wire_bytes_ = dense_bytes_;  // (no compression with ZeRO-3)
   }
   void provide_value(ParamBase& p) override {
     const std::size_t b = flat_.bucket_of(flat_.index_of(&p));
@@ -504,6 +513,7 @@ class GradientBuckets : GradProvider, ValueProvider {
     if (s < 0) s = new_slot(vslots_, flat_.buckets()[next].count);
     const NvtxRange range('P', static_cast<long long>(next));  // the gather of bucket `next` ahead of its read
     const Segment& seg = segments_[next];
+    count_gather(seg);
     prefetch_.emplace(Prefetch{next, s, link_->allgather(value_shard_.data() + seg.shard_offset,
                                                          vslots_[static_cast<std::size_t>(s)].data(),
                                                          static_cast<std::size_t>(seg.count))});

@@ -92,7 +92,7 @@ struct StepReport {
   double grad_norm = 0.0;          // before clipping, without the loss scale
   double exposed_comm_seconds = 0.0;  // host time waiting for collectives (GPU streams: the launches only)
   bool skipped = false;            // a non-finite norm: no update, the step count unchanged
-  std::int64_t wire_bytes = 0;     // gradient bytes this rank sent (GradientBuckets::wire_bytes)
+  std::int64_t wire_bytes = 0;     // bytes this rank sent for the step: gradients, ZeRO-3's weights (GradientBuckets::wire_bytes)
   std::int64_t dense_bytes = 0;    // … and would have sent uncompressed
 };
 
