@@ -8,7 +8,8 @@
 // Layouts: dp = world (plain, ZeRO-1, 2 and 3, clipping at 0.5 or off) and, on an even world, tp 2 × dp
 // (a tensor-split parameter, replicated ones and a duplicate: the norm counts each element of the
 // global model once — the host reference counts the same elements). AdamW and SGD (Nesterov), bf16
-// (fp32 master weights and state) and float. Three steps; then
+// (fp32 master weights and state) and float; AdamW with the optimizer offloaded to the host
+// (ZeRO-Offload) under plain, ZeRO-1 and ZeRO-3. Three steps; then
 //   norm       each step's within 1e-6 relative (float) / kBf16Tol (bf16: NCCL sums the bf16
 //              gradients in bf16 over the data axis, the host in double)
 //   weights    relative L2 per parameter within kFp32Tol (float) / kBf16Tol (bf16)
@@ -134,17 +135,19 @@ std::vector<double> doubles(const std::vector<T>& v) {
 
 template <class Rule, class T, class Comm, class DataComm>
 void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<Comm, DataComm>& comms,
-                  kernels::Device<CudaSpace>& dev, int zero, double clip) {
+                  kernels::Device<CudaSpace>& dev, int zero, double clip, bool offload = false) {
   const char* rule = std::is_same_v<Rule, optim::AdamW> ? "adamw" : "sgd";  // CAPTURE splits on commas:
   const char* type = std::is_same_v<T, bf16> ? "bf16" : "float";            // no template arguments in it
-  CAPTURE(rule, type, grid.tp(), grid.dp(), zero, clip);
+  CAPTURE(rule, type, grid.tp(), grid.dp(), zero, clip, offload);
   const double tol = std::is_same_v<T, bf16> ? test::kBf16Tol : test::kFp32Tol;
   const double norm_tol = std::is_same_v<T, bf16> ? test::kBf16Tol : 1e-6;
   Model<T> m(grid);
   const parallel::DistributedOptimizerOptions o{.bucket_bytes = 512, .zero = zero > 0, .shard_gradients = zero >= 2,
                                                 .shard_values = zero == 3, .clip = clip};
   parallel::DistributedOptimizer<Rule, double> host(m.host_params(), &grid, options_of<Rule>(), o);
-  parallel::DistributedOptimizer<Rule, T, CudaSpace, DataComm> device(m.device_params(), &grid, options_of<Rule>(), o, comms, dev);
+  parallel::DistributedOptimizerOptions od = o;
+  od.offload_optimizer = offload;  // the device's state and update on the host (ZeRO-Offload)
+  parallel::DistributedOptimizer<Rule, T, CudaSpace, DataComm> device(m.device_params(), &grid, options_of<Rule>(), od, comms, dev);
   if (zero < 3)  // (ZeRO-3: no whole values buffer; a value lives in its bucket's gathered slot)
     for (const auto* p : m.device_params()) {
       const auto at = reinterpret_cast<std::uintptr_t>(p->value().data()) - reinterpret_cast<std::uintptr_t>(device.flat().values().data());
@@ -237,6 +240,10 @@ void run_layout(parallel::Layout layout) {
       check_layout<optim::Sgd, bf16>(grid, comms, dev, zero, clip);
       check_layout<optim::Sgd, float>(grid, comms, dev, zero, clip);
     }
+  for (const int zero : {0, 1, 3}) {  // the optimizer offloaded to the host
+    check_layout<optim::AdamW, bf16>(grid, comms, dev, zero, 0.5, true);
+    check_layout<optim::AdamW, float>(grid, comms, dev, zero, 0.5, true);
+  }
   for (const int zero : {0, 1, 2}) check_skip<optim::AdamW, bf16>(grid, comms, dev, zero);
 }
 

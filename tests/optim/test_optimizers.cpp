@@ -1,7 +1,8 @@
 // SGD and AdamW against steps written out by hand (PyTorch's formulas, in double), in double and
 // float parameters; Optimizer over parameters and over sub-ranges of a flat buffer (as ZeRO-1 runs it);
 // bf16 parameters with fp32 master weights (mixed precision); the gradient scale and the skip on a
-// non-finite one.
+// non-finite one; the offloaded optimizer (state and update on the host) and the host update's
+// threads against the plain one.
 #include "test.hpp"
 
 #include <dpml/core/bf16.hpp>
@@ -10,7 +11,9 @@
 #include <dpml/optim/schedule.hpp>
 #include <dpml/optim/sgd.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
@@ -214,4 +217,94 @@ TEST_CASE("optimizer: a gradient scale multiplies the gradients; a non-finite on
   scaled.step(0.1, &inf);
   CHECK(v == kept);
   CHECK(scaled.state(0, 0)[0] == halved.state(0, 0)[0]);
+}
+
+TEMPLATE_TEST_CASE("optimizer: offloaded (state and update on the host, over mirrors) equals the plain one bit for bit",
+                   "[optim][offload]", float, bf16) {
+  // Two ranges, AdamW, a gradient scale, a skipped step, a reload of the master from the values:
+  // the offloaded optimizer's values, state and master are the plain one's.
+  using T = TestType;
+  const std::size_t n = 29, m = 7;
+  auto gen = dpml::test::rng(5);
+  std::vector<float> init(n + m);
+  test::fill_uniform<float>(init.begin(), init.end(), gen);
+  std::vector<T> va(init.begin(), init.end()), vb = va, ga(n + m), gb(n + m);
+  const auto ranges = [&](std::vector<T>& v, std::vector<T>& g) {
+    return std::vector<optim::Range<T>>{{"a", std::span<T>(v.data(), n), std::span<const T>(g.data(), n)},
+                                        {"b", std::span<T>(v.data() + n, m), std::span<const T>(g.data() + n, m)}};
+  };
+  using Opt = optim::Optimizer<optim::AdamW, T>;
+  const optim::AdamWOptions o{.weight_decay = 0.1};
+  Opt plain(ranges(va, ga), o, kernels::host_device()), offloaded(ranges(vb, gb), o, kernels::host_device(), true);
+  CHECK((plain.state_on_host() && offloaded.state_on_host()));  // on the host either way
+  using M = typename Opt::master_type;
+  const M half = M(0.5), inf = std::numeric_limits<M>::infinity();
+  for (int s = 0; s < 4; ++s) {
+    for (std::size_t i = 0; i < n + m; ++i) ga[i] = gb[i] = T(static_cast<float>(std::cos(0.7 * i + s)));
+    const M* scale = s == 1 ? &half : s == 2 ? &inf : nullptr;  // step 3 skips
+    plain.step(0.05, scale);
+    offloaded.step(0.05, scale);
+    if (s == 2) {  // a skipped step does not count (as DistributedOptimizer does)
+      plain.set_step_count(plain.step_count() - 1);
+      offloaded.set_step_count(offloaded.step_count() - 1);
+    }
+  }
+  vb[2] = va[2] = T(2.5f);  // a checkpoint wrote a value (and, with master weights, reloads them)
+  if constexpr (Opt::keeps_master) {
+    plain.reload_master();
+    offloaded.reload_master();
+  }
+  for (std::size_t i = 0; i < n + m; ++i) ga[i] = gb[i] = T(0.125f);
+  plain.step(0.05);
+  offloaded.step(0.05);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n + m; ++i) bad += std::memcmp(&va[i], &vb[i], sizeof(T)) != 0;
+  for (std::size_t r = 0; r < 2; ++r)
+    for (std::size_t k = 0; k < Opt::kStates; ++k) {
+      const auto x = plain.state(r, k), y = offloaded.state(r, k);
+      bad += !std::equal(x.begin(), x.end(), y.begin());
+    }
+  if constexpr (Opt::keeps_master)
+    for (std::size_t r = 0; r < 2; ++r) {
+      const auto x = plain.master(r), y = offloaded.master(r);
+      bad += !std::equal(x.begin(), x.end(), y.begin());
+    }
+  CHECK(bad == 0);
+  CHECK(offloaded.step_count() == plain.step_count());
+  CHECK(va[0] != T(init[0]));  // it trained
+}
+
+TEST_CASE("optimizer: the host update over several threads equals one thread bit for bit", "[optim]") {
+  // Enough elements for 3 threads (4 Mi each at least), in spans whose ends do not meet the cut.
+  const std::int64_t sizes[] = {5'000'001, 3, 7'654'321};
+  std::vector<std::vector<float>> v1, g, v3;
+  auto gen = dpml::test::rng(9);
+  for (auto n : sizes) {
+    v1.emplace_back(static_cast<std::size_t>(n));
+    g.emplace_back(static_cast<std::size_t>(n));
+    test::fill_uniform<float>(v1.back().begin(), v1.back().end(), gen);
+    test::fill_uniform<float>(g.back().begin(), g.back().end(), gen);
+  }
+  v3 = v1;
+  const auto ranges = [&](std::vector<std::vector<float>>& v) {
+    std::vector<optim::Range<float>> r;
+    for (std::size_t i = 0; i < v.size(); ++i) r.push_back({std::to_string(i), v[i], g[i]});
+    return r;
+  };
+  optim::Optimizer<optim::AdamW, float> one(ranges(v1), {.weight_decay = 0.1}), three(ranges(v3), {.weight_decay = 0.1});
+  const int before = kernels::host::blas_threads();
+  kernels::host::set_blas_threads(1);
+  one.step(0.01);
+  one.step(0.01);
+  kernels::host::set_blas_threads(3);
+  three.step(0.01);
+  three.step(0.01);
+  kernels::host::set_blas_threads(before);
+  std::size_t differ = 0;  // (counted: Catch2 would print the vectors)
+  for (std::size_t i = 0; i < 3; ++i) {
+    differ += !std::equal(v1[i].begin(), v1[i].end(), v3[i].begin());
+    differ += !std::equal(one.state(i, 1).begin(), one.state(i, 1).end(), three.state(i, 1).begin());
+  }
+  CHECK(differ == 0);
+  CHECK(v1[2][7'000'000] != g[2][7'000'000]);  // (it updated)
 }

@@ -16,7 +16,16 @@
 //
 // State access (state(i, k), master(i), step_count / set_step_count) is what a checkpoint saves
 // and restores: range names key the tensors, state_names() name the slots. The spans it returns
-// are in the optimizer's memory space (read them on the host only for HostSpace).
+// are in the optimizer's memory space (read them on the host only for HostSpace), or on the host
+// when the state is offloaded (state_on_host()).
+//
+// Offload (ZeRO-Offload; the constructor's `offload`): the state and the master weights live in
+// host memory and the update runs there, an Optimizer<Rule, T, HostSpace> over host mirrors of the
+// ranges. Each step copies the gradients (and, without master weights, the values) to the mirrors,
+// updates on the host, and copies the values back: the GPU keeps only the 16-bit values and
+// gradients. The same update element runs, so the result equals the GPU's update up to its
+// arithmetic (bitwise on the host, where offload only adds the copies). The copies are synchronous
+// and the mirrors pageable (not page-locked).
 //
 //   auto opt = Optimizer<AdamW, float>::over(model.parameters(), {.weight_decay = 0.1});
 //   opt.step(schedule(opt.step_count() + 1));    // or opt.step(schedule)
@@ -34,6 +43,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <ranges>
 #include <span>
 #include <string>
@@ -73,7 +83,8 @@ class Optimizer {
     requires std::same_as<Space, HostSpace>
       : Optimizer(std::move(ranges), options, kernels::host_device()) {}
   // Any space: the kernels run on `dev` (its stream on a GPU), which must outlive the optimizer.
-  Optimizer(std::vector<Range<T>> ranges, Options options, kernels::Device<Space>& dev)
+  // `offload`: the state and the update on the host (above).
+  Optimizer(std::vector<Range<T>> ranges, Options options, kernels::Device<Space>& dev, bool offload = false)
       : ranges_(std::move(ranges)), options_(options), dev_(&dev) {
     Rule::validate(options_);
     before_.push_back(0);
@@ -81,6 +92,10 @@ class Optimizer {
       DPML_REQUIRE(r.value.size() == r.grad.size(), "optimizer range '" << r.name << "': value has " << r.value.size()
                                                                         << " elements, gradient " << r.grad.size());
       before_.push_back(before_.back() + static_cast<std::int64_t>(r.value.size()));
+    }
+    if (offload) {
+      offload_to_host();
+      return;
     }
     for (auto& s : state_) {
       s = Tensor<master_type, Space>(Shape{total()});
@@ -117,6 +132,10 @@ class Optimizer {
   void step(double lr, const master_type* grad_scale = nullptr) {
     DPML_REQUIRE(std::isfinite(lr) && lr >= 0.0, "learning rate " << lr << " at step " << steps_ + 1 << " is not a finite, non-negative number");
     ++steps_;
+    if (host_) {
+      step_on_host(lr, grad_scale);
+      return;
+    }
     Ops::update(*dev_, Rule::template step<master_type>(options_, lr, steps_), spans_.data(), spans_.numel(), arrays(),
                 grad_scale);
   }
@@ -137,7 +156,10 @@ class Optimizer {
   void set_options(const Options& o) {
     Rule::validate(o);
     options_ = o;
+    if (host_) host_->set_options(o);
   }
+  // The state and master weights live in host memory (offload), whatever the space.
+  bool state_on_host() const noexcept { return std::same_as<Space, HostSpace> || host_ != nullptr; }
 
   std::size_t range_count() const noexcept { return ranges_.size(); }
   const Range<T>& range(std::size_t i) const { return ranges_.at(i); }
@@ -146,6 +168,7 @@ class Optimizer {
   std::span<master_type> state(std::size_t i, std::size_t k) {
     DPML_REQUIRE(i < ranges_.size() && k < kStates, "optimizer state (" << i << ", " << k << ") out of "
                                                                          << ranges_.size() << " ranges x " << kStates << " slots");
+    if (host_) return host_->state(i, k);
     return {state_[k].data() + before_[i], ranges_[i].value.size()};
   }
   // Range i's master weights (mixed precision only).
@@ -153,11 +176,17 @@ class Optimizer {
     requires keeps_master
   {
     DPML_REQUIRE(i < ranges_.size(), "optimizer master weights of range " << i << " out of " << ranges_.size());
+    if (host_) return host_->master(i);
     return {master_.data() + before_[i], ranges_[i].value.size()};
   }
   // The master weights again from the values (mixed precision), after something other than step()
   // wrote the values: initialisation, a checkpoint's weights. Synchronous.
   void reload_master() {
+    if (host_) {
+      to_mirror(&Range<T>::value, mirror_values_.data());
+      host_->reload_master();
+      return;
+    }
     if constexpr (keeps_master) {
       std::vector<T> v;
       std::vector<master_type> m;
@@ -174,6 +203,45 @@ class Optimizer {
 
  private:
   std::int64_t total() const noexcept { return before_.back(); }
+
+  // ---- offload ------------------------------------------------------------------------------------
+  // The host optimizer over mirrors of the ranges, laid out as the state ([range 0 | range 1 | …]).
+  void offload_to_host() {
+    mirror_values_ = Tensor<T>(Shape{total()});
+    mirror_grads_ = Tensor<T>(Shape{total()});
+    to_mirror(&Range<T>::value, mirror_values_.data());
+    std::vector<Range<T>> mirrored;
+    for (std::size_t i = 0; i < ranges_.size(); ++i) {
+      const std::size_t n = ranges_[i].value.size();
+      mirrored.push_back({ranges_[i].name, std::span<T>(mirror_values_.data() + before_[i], n),
+                          std::span<const T>(mirror_grads_.data() + before_[i], n)});
+    }
+    host_ = std::make_unique<Optimizer<Rule, T, HostSpace>>(std::move(mirrored), options_, kernels::host_device());
+  }
+  // Each range's `field` (&Range::value or &Range::grad) into the mirror at `mirror`.
+  template <class Field>
+  void to_mirror(Field field, T* mirror) {
+    for (std::size_t i = 0; i < ranges_.size(); ++i) {
+      const auto span = ranges_[i].*field;
+      SpaceCopy<HostSpace, Space>::copy(mirror + before_[i], span.data(), span.size() * sizeof(T));
+    }
+  }
+  void values_from_mirror() {
+    for (std::size_t i = 0; i < ranges_.size(); ++i)
+      SpaceCopy<Space, HostSpace>::copy(ranges_[i].value.data(), mirror_values_.data() + before_[i],
+                                        ranges_[i].value.size() * sizeof(T));
+  }
+  // The update on the host: gradients (and the values, when they are the weights) over, the host
+  // optimizer's step at this step count, the values back.
+  void step_on_host(double lr, const master_type* grad_scale) {
+    to_mirror(&Range<T>::grad, mirror_grads_.data());
+    if constexpr (!keeps_master) to_mirror(&Range<T>::value, mirror_values_.data());
+    master_type scale = 1;
+    if (grad_scale) SpaceCopy<HostSpace, Space>::copy(&scale, grad_scale, sizeof(scale));
+    host_->set_step_count(steps_ - 1);
+    host_->step(lr, &scale);
+    values_from_mirror();
+  }
 
   // The ranges cut into spans the space's update takes (the device gives each span one block).
   void build_spans() {
@@ -203,6 +271,9 @@ class Optimizer {
   Tensor<master_type, Space> master_;                       // (total) mixed precision only
   Tensor<kernels::UpdateSpan<T>, Space> spans_;
   std::int64_t steps_ = 0;
+  // Offload: the host optimizer and its mirrors of the ranges' values and gradients (total each).
+  std::unique_ptr<Optimizer<Rule, T, HostSpace>> host_;
+  Tensor<T> mirror_values_, mirror_grads_;
 };
 
 }  // namespace dpml::optim

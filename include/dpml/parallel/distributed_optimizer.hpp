@@ -84,6 +84,7 @@ struct DistributedOptimizerOptions {
   bool shard_gradients = false;                       // ZeRO-2 (with zero): no whole gradient buffer either
   bool shard_values = false;                          // ZeRO-3 (with shard_gradients): no whole values buffer either
   bool prefetch_values = true;                        // ZeRO-3: gather the next bucket ahead of its first read
+  bool offload_optimizer = false;                     // ZeRO-Offload: optimizer state and update on the host
   double clip = 0.0;                                  // max global gradient norm; 0 = off
   CompressionOptions compression{};                   // sizes of the Compression policy (if any)
 };
@@ -197,9 +198,10 @@ class DistributedOptimizer {
         return out;
       }
     const std::size_t k = slot_index(slot);
-    for_each_owned(offset, count, [&](std::span<master_type> state, std::int64_t at, std::int64_t lo, std::int64_t n) {
-      SpaceCopy<HostSpace, Space>::copy(out.data() + (lo - offset), state.data() + (lo - at),
-                                        static_cast<std::size_t>(n) * sizeof(master_type));
+    for_each_owned(offset, count, [&](std::span<master_type> state, bool on_host, std::int64_t at, std::int64_t lo, std::int64_t n) {
+      const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(master_type);
+      if (on_host) SpaceCopy<HostSpace, HostSpace>::copy(out.data() + (lo - offset), state.data() + (lo - at), bytes);
+      else SpaceCopy<HostSpace, Space>::copy(out.data() + (lo - offset), state.data() + (lo - at), bytes);
     }, k);
     if (options_.zero && grid_ && grid_->dp() > 1)
       grid_->comm(Axis::data).allreduce(out.data(), out.size(), comm::ReduceOp::sum);  // one owner each
@@ -221,9 +223,10 @@ class DistributedOptimizer {
         SpaceCopy<Space, HostSpace>::copy(flat_.values().data() + offset, values.data(), static_cast<std::size_t>(count) * sizeof(T));
         return;
       }
-    for_each_owned(offset, count, [&](std::span<master_type> state, std::int64_t at, std::int64_t lo, std::int64_t n) {
-      SpaceCopy<Space, HostSpace>::copy(state.data() + (lo - at), values.data() + (lo - offset),
-                                        static_cast<std::size_t>(n) * sizeof(master_type));
+    for_each_owned(offset, count, [&](std::span<master_type> state, bool on_host, std::int64_t at, std::int64_t lo, std::int64_t n) {
+      const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(master_type);
+      if (on_host) SpaceCopy<HostSpace, HostSpace>::copy(state.data() + (lo - at), values.data() + (lo - offset), bytes);
+      else SpaceCopy<Space, HostSpace>::copy(state.data() + (lo - at), values.data() + (lo - offset), bytes);
     }, slot_index(slot));
   }
   void write_state(std::string_view slot, const ParamBase& p, std::span<const master_type> values) {
@@ -247,7 +250,7 @@ class DistributedOptimizer {
       : grid_(grid), options_(options), dev_(&dev), data_(std::move(data)),
         flat_(std::forward<Params>(params), layout(options, data_.get())),
         buckets_(flat_, data_.get(), reduction(checked(options)), dev, options.compression),
-        optimizer_(make_ranges(), rule, dev), world_sum_(sum_over(world, dev)) {
+        optimizer_(make_ranges(), rule, dev, options.offload_optimizer), world_sum_(sum_over(world, dev)) {
     buckets_.set_prefetch(options.prefetch_values);
     count_in_norm();
   }
@@ -366,8 +369,9 @@ class DistributedOptimizer {
                  "DistributedOptimizer: " << what << " of state elements [" << offset << ", " << offset + count
                                           << ") beyond the flat buffer's " << flat_.numel());
   }
-  // f(slot k's span of range i (this space), range i's flat offset, first common element, count)
-  // for every optimizer range meeting [offset, offset + count); k = kStates: the master weights.
+  // f(slot k's span of range i, whether it is in host memory (offloaded state) or this space, range
+  // i's flat offset, first common element, count) for every optimizer range meeting
+  // [offset, offset + count); k = kStates: the master weights.
   template <class F>
   void for_each_owned(std::int64_t offset, std::int64_t count, F&& f, std::size_t k) {
     for (std::size_t i = 0; i < optimizer_.range_count(); ++i) {
@@ -375,9 +379,16 @@ class DistributedOptimizer {
       const std::int64_t lo = std::max(offset, at), hi = std::min(offset + count, at + n);
       if (lo >= hi) continue;
       std::span<master_type> state;
-      if constexpr (Optimizer::keeps_master) state = k == Optimizer::kStates ? optimizer_.master(i) : optimizer_.state(i, k);
-      else state = k == Optimizer::kStates ? optimizer_.range(i).value : optimizer_.state(i, k);  // ZeRO-3: the value shard
-      f(state, at, lo, hi - lo);
+      bool on_host = optimizer_.state_on_host();
+      if constexpr (Optimizer::keeps_master) {
+        state = k == Optimizer::kStates ? optimizer_.master(i) : optimizer_.state(i, k);
+      } else if (k == Optimizer::kStates) {  // the values themselves (ZeRO-3: the value shard)
+        state = optimizer_.range(i).value;
+        on_host = Space::host_accessible;
+      } else {
+        state = optimizer_.state(i, k);
+      }
+      f(state, on_host, at, lo, hi - lo);
     }
   }
 
