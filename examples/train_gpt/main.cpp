@@ -123,6 +123,9 @@ int main(int argc, char** argv) {
         .flag("--zero3-prefetch", f.zero3_prefetch,
               "--zero-stage 3: all-gather the next bucket of weights while the current one is used (the order of the "
               "last step's gathers); off: each bucket is gathered when it is first read")
+        .flag("--optimizer-cpu-offload", f.optimizer_offload,
+              "ZeRO-Offload: the optimizer's fp32 master weights and moments in host memory and its update on the "
+              "host's cores, the gradients and weights copied over each step (any --zero-stage)")
         .flag("--micro-batch", f.micro_batch, "sequences per micro-batch", train::at_least(1))
         .flag("--global-batch", f.global_batch, "sequences per step over all data-parallel ranks", train::at_least(1))
         .flag("--model-size", f.model_size,
@@ -196,6 +199,9 @@ int main(int argc, char** argv) {
     DPML_REQUIRE_EVERYWHERE(f.zero_stage < 2 || f.axis.grad_compression == "none",
                             "--grad-compression " << f.axis.grad_compression << " reduces whole buckets: not with --zero-stage "
                                                   << f.zero_stage);
+    DPML_REQUIRE_EVERYWHERE(!f.optimizer_offload || f.device == "cpu" || f.dry_run,
+                            "--optimizer-cpu-offload on GPUs awaits its first check (test_device_runtime's offload "
+                            "cases); --dry-run shows what it saves");
     DPML_REQUIRE_EVERYWHERE(f.device == "cpu" || f.axis.grad_compression == "none" || f.schedule == "1f1b",
                             "--grad-compression " << f.axis.grad_compression << " on GPUs runs under --schedule 1f1b, not "
                                                   << f.schedule);
@@ -248,6 +254,7 @@ int main(int argc, char** argv) {
                                      .micro_batches = static_cast<int>(std::max<std::int64_t>(1, f.global_batch / (f.micro_batch * grid.dp()))),
                                      .schedule = f.schedule, .zero = f.zero, .shard_gradients = f.zero_stage >= 2,
                                      .shard_values = f.zero_stage == 3, .prefetch_values = f.zero3_prefetch,
+                                     .offload_optimizer = f.optimizer_offload,
                                      .virtual_stages = f.virtual_stages, .compression = f.axis.grad_compression,
                                      .powersgd_rank = f.axis.powersgd_rank, .topk_ratio = f.axis.topk_ratio};
       const auto estimate = models::estimate_gpt_memory(gpu ? on_gpu(config, f.tp) : config, layout,
@@ -288,9 +295,9 @@ int main(int argc, char** argv) {
     const double unigram = lm.unigram_entropy;
 
     if (world.rank() == 0)
-      std::printf("dpml train_gpt: %s%s | schedule %s%s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
+      std::printf("dpml train_gpt: %s%s | schedule %s%s%s%s | %lld parameters | %lld train tokens | unigram entropy %.3f nats\n",
                   f.device == "cpu" ? "" : f.fp16 ? "GPUs (fp16) " : "GPUs (bf16) ", grid.describe().c_str(), f.schedule.c_str(), !f.zero ? "" : f.zero_stage == 3 ? " + ZeRO-3" : f.zero_stage == 2 ? " + ZeRO-2" : " + ZeRO-1",
-                  f.axis.describe(" | ").c_str(),
+                  f.optimizer_offload ? " + optimizer on the host" : "", f.axis.describe(" | ").c_str(),
                   static_cast<long long>(config.parameter_count()), static_cast<long long>(train_data.tokens()), unigram);
     bool own_gpus = false;  // MFU and power need a GPU per rank
 #ifdef DPML_WITH_CUDA

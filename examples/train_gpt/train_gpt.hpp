@@ -53,6 +53,7 @@ struct Flags {
   bool zero = false;   // --zero: ZeRO-1 (after parsing: zero_stage >= 1)
   int zero_stage = 0;  // --zero-stage: 0 none, 1 optimizer state sharded, 2 gradients too, 3 weights too
   bool zero3_prefetch = true;  // --zero3-prefetch: ZeRO-3 gathers the next bucket ahead of its read
+  bool optimizer_offload = false;  // --optimizer-cpu-offload: the optimizer's state and update on the host
   train::DataAxisFlags axis;  // --dp-allreduce, --ranks-per-node, --grad-compression and its sizes
   std::int64_t micro_batch = 4, global_batch = 32;
   std::int64_t layers = 4, hidden = 128, heads = 4, seq = 64, vocab = 0;
@@ -334,7 +335,7 @@ inline optim::LossScaling loss_scaling_of(const Flags& f) {
 // The parallel runtime's options: ZeRO-2 and 3, clipping, the compression's sizes (both spaces).
 inline parallel::DistributedOptimizerOptions dist_of(const Flags& f) {
   return {.shard_gradients = f.zero_stage >= 2, .shard_values = f.zero_stage == 3, .prefetch_values = f.zero3_prefetch,
-          .clip = f.clip,
+          .offload_optimizer = f.optimizer_offload, .clip = f.clip,
           .compression = f.axis.compression(f.seed)};
 }
 inline train::GptTrainOptions train_options_of(const Flags& f) {

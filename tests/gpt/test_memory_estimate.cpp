@@ -198,6 +198,13 @@ TEST_CASE("estimate_gpt_memory: ZeRO-1 divides the optimizer state over the data
   CHECK(zero.parameters == plain.parameters);
   CHECK(zero.gradients == plain.gradients);
   CHECK(zero.activations == plain.activations);
+  // ZeRO-Offload: a GPU keeps only the gradient shard of the optimizer column; host ranks keep it all.
+  const auto offloaded = models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true, .offload_optimizer = true}, terms).stages.at(0);
+  CHECK(offloaded.optimizer == 2.0 * n / 4);
+  CHECK(offloaded.parameters == zero.parameters);
+  const auto host = models::GptMemoryTerms::host();
+  CHECK(models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true, .offload_optimizer = true}, host).stages.at(0).optimizer ==
+        models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true}, host).stages.at(0).optimizer);
   // ZeRO-2: no whole gradient buffer, a pool of bucket slots (one of them holds wte's bucket).
   const auto zero2 = models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true, .shard_gradients = true}, terms).stages.at(0);
   CHECK(zero2.optimizer == zero.optimizer);

@@ -22,7 +22,8 @@
 //                and on a GPU the Device scratch of its sort (GptMemoryTerms::topk_scratch_bytes
 //                per element of that bucket)
 //   optimizer    fp32 master (16-bit storage only) and AdamW's two moments; under ZeRO-1 a 1/dp
-//                shard of them plus the reduce-scattered gradient shard (parallel/data.hpp)
+//                shard of them plus the reduce-scattered gradient shard (parallel/data.hpp); a
+//                GPU's offloaded optimizer (offload_optimizer) leaves only that shard on the GPU
 //   activations  what a micro-batch keeps from its forward until its backward, per block
 //                (B, T, ·): ln_1 C, qkv 3C/tp, attention out C/tp, r C, ln_2 C, pre 4C/tp,
 //                GELU out 4C/tp (not with recompute_gelu), y C, two row statistics per
@@ -83,6 +84,7 @@ struct GptLayout {
   bool shard_gradients = false;  // ZeRO-2 (with zero): no whole gradient buffer, a pool of bucket slots
   bool shard_values = false;     // ZeRO-3 (with shard_gradients): the values' 1/dp shard and a pool of gathered buckets
   bool prefetch_values = true;   // ZeRO-3: one more gathered bucket, the next one, gathered ahead of its read
+  bool offload_optimizer = false;  // a GPU's optimizer state in host memory (ZeRO-Offload)
   std::int64_t bucket_bytes = std::int64_t{25} << 20;  // DistributedOptimizerOptions::bucket_bytes
   int virtual_stages = 1;  // chunks per pipeline rank: the interleaved schedule's v (models::GptChunks)
   std::string compression = "none";  // the data axis' gradients: none | powersgd | topk (bf16 / fp16 wire: no state)
@@ -101,6 +103,7 @@ struct GptMemoryTerms {
   double first_comm_bytes = 0;  // the process's first NCCL communicator, with its connections
   double comm_bytes = 0;        // each further NCCL communicator
   double p2p_bytes = 0;         // NCCL's point-to-point connections of a pipeline stage (pp > 1)
+  bool device = false;          // the terms of a GPU (an offloaded optimizer leaves it); else host ranks
   double topk_scratch_bytes = 0;  // top-k's selection, per element of a bucket, kept (a GPU's radix sort:
                                   // two key and two index buffers, 2·value_bytes + 8; the host's is freed)
 
@@ -129,7 +132,7 @@ struct GptMemoryTerms {
     constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
     return {.value_bytes = 2, .master_bytes = 4, .moment_bytes = 4, .stat_bytes = 4, .attention_probabilities = false,
             .device_bytes = 0.033 * GiB, .first_comm_bytes = 0.90 * GiB, .comm_bytes = 0.25 * GiB, .p2p_bytes = 0.44 * GiB,
-            .topk_scratch_bytes = 2 * 2 + 8};
+            .device = true, .topk_scratch_bytes = 2 * 2 + 8};
   }
 };
 
@@ -274,7 +277,8 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
     };
     if (l.zero && l.shard_gradients) m.gradients = pool(parallel::kZero2Slots);  // ZeRO-2's slots
     if (l.zero && l.shard_values) m.parameters = n * a / l.dp + pool(parallel::kZero3Slots + (l.prefetch_values ? parallel::kZero3PrefetchSlots : 0));  // ZeRO-3: shard, gathered buckets
-    m.optimizer = n * (t.master_bytes + 2 * t.moment_bytes) / shards + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);
+    const bool offloaded = l.offload_optimizer && t.device;  // the state in host memory
+    m.optimizer = (offloaded ? 0.0 : n * (t.master_bytes + 2 * t.moment_bytes) / shards) + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);
     if (l.dp > 1 && l.compression == "powersgd") {  // the residual, Qt, the P message with the dense rest
       const double r = l.powersgd_rank;
       m.gradients += (n + r * matrices.cols + r * matrices.rows + (n - matrices.elements)) * a;
@@ -313,10 +317,10 @@ inline std::string memory_table(const GptMemoryEstimate& e, double have, const s
   std::string out;
   char line[320];
   std::snprintf(line, sizeof line,
-                "memory per rank (%s, GiB) of tp %d × pp %d × dp %d, micro-batch %lld × %d, schedule %s%s%s%s; every tensor shard of a stage alike\n",
+                "memory per rank (%s, GiB) of tp %d × pp %d × dp %d, micro-batch %lld × %d, schedule %s%s%s%s%s; every tensor shard of a stage alike\n",
                 memory.c_str(), l.tp, l.pp, l.dp, static_cast<long long>(l.micro_batch), l.micro_batches, l.schedule.c_str(),
                 !l.zero ? "" : l.shard_values ? ", ZeRO-3" : l.shard_gradients ? ", ZeRO-2" : ", ZeRO-1", l.compression == "none" ? "" : ", --grad-compression ",
-                l.compression == "none" ? "" : l.compression.c_str());
+                l.compression == "none" ? "" : l.compression.c_str(), l.offload_optimizer ? ", optimizer on the host" : "");
   out += line;
   out += "| stage | parameters | gradients | optimizer | activations (per micro-batch × in flight) | buffers | workspace + comms | total |\n";
   out += "|---:|---:|---:|---:|---:|---:|---:|---:|\n";
