@@ -1,7 +1,7 @@
 // Every layout equals sequential: a tiny GPT trained 5 steps under each (dp, tp, pp) that this
 // launch's world size allows, with every schedule, with and without ZeRO (stages 1, 2 and 3: the
 // final weights then come back from the value shards when the trainer goes) and recomputation,
-// gives the sequential run's losses and final weights; and with the hierarchical data-parallel
+// gives the sequential run's losses, evaluations between steps and final weights; and with the hierarchical data-parallel
 // all-reduce (DataParallel<…, Hierarchical>), the data axis as nodes of 2 ranks; and under the
 // interleaved 1F1B schedule, the model cut into 2 chunks per pipeline rank (models::GptChunks).
 //
@@ -61,9 +61,18 @@ data::TokenBatch local_rows(const data::TokenBatch& g, int r, int dp) {
 }
 
 struct Trained {
-  std::vector<double> losses;
+  std::vector<double> losses, evals;
   std::unique_ptr<models::Gpt<float>> model;
 };
+
+// Step s on this rank's rows of the global batch; after steps 1 and 3 an evaluation of a held-out
+// batch, between steps (its reads of the weights follow no step's order: ZeRO-3's prefetch).
+template <class Trainer, class Out>
+void step(Trainer& trainer, const ProcessGrid& grid, int s, Out& out) {
+  const int r = grid.coord(Axis::data), dp = grid.dp();
+  out.losses.push_back(trainer.train_step(local_rows(global_batch(s), r, dp), 1e-2).loss);
+  if (s % 2 == 1) out.evals.push_back(trainer.evaluate(local_rows(global_batch(1000 + s), r, dp)));
+}
 
 // zero: 0 none, 1 ZeRO-1, 2 ZeRO-2, 3 ZeRO-3 (ZeRO-1's strategy with DistributedOptimizerOptions::shard_gradients,
 // and shard_values).
@@ -77,8 +86,7 @@ Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, int zer
     train::GptTrainer<Strategy, optim::AdamW> trainer(*out.model, grid, {.eps = 1e-3, .weight_decay = 0.1},
                                                       {.bucket_bytes = 2048, .shard_gradients = zero >= 2, .shard_values = zero == 3, .clip = 1.0},
                                                       {.micro_batch = micro_batch, .global_batch = kGlobalBatch, .seed = 5});
-    for (int s = 0; s < kSteps; ++s)
-      out.losses.push_back(trainer.train_step(local_rows(global_batch(s), grid.coord(Axis::data), grid.dp()), 1e-2).loss);
+    for (int s = 0; s < kSteps; ++s) step(trainer, grid, s, out);
   });
   return out;
 }
@@ -90,7 +98,7 @@ Trained train_tiny(const ProcessGrid& grid, const std::string& schedule, int zer
 // The same steps with the model cut into `chunks` chunks per pipeline rank (models::GptChunks),
 // under the interleaved 1F1B schedule.
 struct TrainedChunks {
-  std::vector<double> losses;
+  std::vector<double> losses, evals;
   std::unique_ptr<models::GptChunks<float>> model;
 };
 TrainedChunks train_tiny_interleaved(const ProcessGrid& grid, int chunks, int zero, bool recompute) {
@@ -102,18 +110,23 @@ TrainedChunks train_tiny_interleaved(const ProcessGrid& grid, int chunks, int ze
     train::Trainer<models::GptChunks<float>, train::ModelLoss, Strategy, optim::AdamW> trainer(
         *out.model, grid, {.eps = 1e-3, .weight_decay = 0.1}, {.bucket_bytes = 2048, .shard_gradients = zero >= 2, .shard_values = zero == 3, .clip = 1.0},
         {.micro_batches = static_cast<int>(local), .global_batch = kGlobalBatch, .seed = 5, .virtual_stages = chunks});
-    for (int s = 0; s < kSteps; ++s)
-      out.losses.push_back(trainer.train_step(local_rows(global_batch(s), grid.coord(Axis::data), grid.dp()), 1e-2).loss);
+    for (int s = 0; s < kSteps; ++s) step(trainer, grid, s, out);
   });
   return out;
 }
 
-// Each step's loss and the final weights of `run` against the sequential run's.
+// Each step's loss, the evaluations between steps and the final weights of `run` against the
+// sequential run's.
 template <class Run>
 void check_equals_reference(const Run& run, const Trained& reference, const ProcessGrid& grid) {
   for (int s = 0; s < kSteps; ++s) {
     CAPTURE(s, run.losses[s], reference.losses[s]);
     CHECK(std::abs(run.losses[s] - reference.losses[s]) <= kTolerance * std::abs(reference.losses[s]));
+  }
+  REQUIRE(run.evals.size() == reference.evals.size());
+  for (std::size_t e = 0; e < run.evals.size(); ++e) {
+    CAPTURE(e, run.evals[e], reference.evals[e]);
+    CHECK(std::abs(run.evals[e] - reference.evals[e]) <= kTolerance * std::abs(reference.evals[e]));
   }
   test::worst_weight_error(*run.model, grid, *reference.model, kTolerance);
 }
@@ -223,8 +236,7 @@ TEST_CASE("gpt: the strategy type DataParallel<Zero3> trains as ZeRO-3 and equal
                                                       {.micro_batch = 1, .global_batch = kGlobalBatch, .seed = 5});
     CHECK(trainer.optimizer().options().shard_values);
     CHECK(trainer.optimizer().flat().values().data() == nullptr);
-    for (int s = 0; s < kSteps; ++s)
-      run.losses.push_back(trainer.train_step(local_rows(global_batch(s), grid.coord(Axis::data), grid.dp()), 1e-2).loss);
+    for (int s = 0; s < kSteps; ++s) step(trainer, grid, s, run);
   }
   check_equals_reference(run, reference, grid);
 }
