@@ -395,6 +395,11 @@ class GradientBuckets : GradProvider, ValueProvider {
     }
     return s >= 0 ? s : new_slot(slots_, n);
   }
+  // The smallest free slot that holds n elements, else a new one of n (ZeRO-3's gathers).
+  static int fitting_or_new(std::vector<int>& free, std::vector<Tensor<T, Space>>& slots, std::int64_t n) {
+    const int s = take_fitting(free, slots, n);
+    return s >= 0 ? s : new_slot(slots, n);
+  }
   // Of the free slots (indices into `slots`), the smallest that holds n elements, taken out of
   // `free`; -1 if none does. (Both pools, ZeRO-2's and ZeRO-3's.)
   static int take_fitting(std::vector<int>& free, const std::vector<Tensor<T, Space>>& slots, std::int64_t n) {
@@ -487,8 +492,7 @@ class GradientBuckets : GradProvider, ValueProvider {
       prefetch_.reset();
       ++prefetched_reads_;
     } else {
-      s = take_fitting(vfree_, vslots_, bucket.count);
-      if (s < 0) s = new_slot(vslots_, bucket.count);
+      s = fitting_or_new(vfree_, vslots_, bucket.count);
       const NvtxRange range('G', static_cast<long long>(b));  // the gather of bucket b's values
       gather_into(b, vslots_[static_cast<std::size_t>(s)].data());
       if (link_) link_->join();
@@ -509,8 +513,7 @@ class GradientBuckets : GradProvider, ValueProvider {
     const std::size_t next = gather_order_[k];
     if (state_[next].vslot >= 0 || (prefetch_ && prefetch_->bucket == next)) return;
     drop_prefetch();  // a guess the reads did not take
-    int s = take_fitting(vfree_, vslots_, flat_.buckets()[next].count);
-    if (s < 0) s = new_slot(vslots_, flat_.buckets()[next].count);
+    const int s = fitting_or_new(vfree_, vslots_, flat_.buckets()[next].count);
     const NvtxRange range('P', static_cast<long long>(next));  // the gather of bucket `next` ahead of its read
     const Segment& seg = segments_[next];
     count_gather(seg);
