@@ -7,6 +7,7 @@
 
 #include <dpml/core/bf16.hpp>
 #include <dpml/core/cuda_error.hpp>
+#include <dpml/core/cuda_space.hpp>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -41,13 +42,13 @@ struct DeviceVec {
   explicit DeviceVec(const std::vector<T>& h) : DeviceVec(h.size()) { upload(h); }
   DeviceVec(const DeviceVec&) = delete;
   ~DeviceVec() { cudaFree(ptr); }
-  void upload(const std::vector<T>& h) {
-    DPML_CHECK_CUDA(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
+  // Both copies are done before they return (core/cuda_space.hpp's SpaceCopy: from pageable
+  // memory a plain cudaMemcpy may return while its DMA still runs, which a Device's non-blocking
+  // stream does not wait for).
+  void upload(const std::vector<T>& h) { SpaceCopy<CudaSpace, HostSpace>::copy(ptr, h.data(), h.size() * sizeof(T)); }
   std::vector<T> download() const {
     std::vector<T> h(n);
-    DPML_CHECK_CUDA(cudaDeviceSynchronize());
-    DPML_CHECK_CUDA(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    SpaceCopy<HostSpace, CudaSpace>::copy(h.data(), ptr, n * sizeof(T));
     return h;
   }
   // Done before it returns: cudaMemset may run after the host goes on, on the legacy stream, which a
