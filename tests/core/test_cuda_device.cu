@@ -10,7 +10,9 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <bit>
+#include <concepts>
 #include <cstdint>
 #include <vector>
 
@@ -79,4 +81,24 @@ TEST_CASE("tensor: host → device → host copies keep every element", "[tensor
   copy(d2.view(), d.cview());
   auto back = to_space<HostSpace>(d2.cview());
   CHECK(test::rel_error(back, h) == 0.0);
+}
+
+TEST_CASE("pinned host memory: page-locked, and copies through it keep every element", "[tensor][gpu]") {
+  static_assert(std::same_as<host_mirror_space_t<CudaSpace>, PinnedHostSpace>);
+  static_assert(std::same_as<host_mirror_space_t<HostSpace>, HostSpace>);
+  const std::int64_t n = 1000003;
+  Tensor<float, PinnedHostSpace> pinned(Shape{n});
+  cudaPointerAttributes attributes{};
+  REQUIRE(cudaPointerGetAttributes(&attributes, pinned.data()) == cudaSuccess);
+  CHECK(attributes.type == cudaMemoryTypeHost);  // pageable memory reads cudaMemoryTypeUnregistered
+  auto gen = test::rng(4);
+  const auto h = test::random_tensor<float>(Shape{n}, gen);
+  std::copy(h.data(), h.data() + n, pinned.data());
+  Tensor<float, CudaSpace> d(Shape{n});
+  SpaceCopy<CudaSpace, HostSpace>::copy(d.data(), pinned.data(), static_cast<std::size_t>(n) * sizeof(float));
+  Tensor<float, PinnedHostSpace> back(Shape{n});
+  SpaceCopy<HostSpace, CudaSpace>::copy(back.data(), d.data(), static_cast<std::size_t>(n) * sizeof(float));
+  std::int64_t differ = 0;
+  for (std::int64_t i = 0; i < n; ++i) differ += back.data()[i] != h.data()[i];
+  CHECK(differ == 0);
 }

@@ -74,6 +74,28 @@ struct SpaceCopy<CudaSpace, CudaSpace> {
   static void copy(void* d, const void* s, std::size_t n) { detail::cuda_copy(d, s, n, cudaMemcpyDeviceToDevice); }
 };
 
+// Page-locked host memory (cudaMallocHost): host-accessible, and copied to and from the GPU by
+// DMA at the link's speed (a copy from pageable memory goes through the driver's bounce buffer at
+// a fraction of it). CudaSpace's HostMirror: offloaded optimizers keep their mirrors here.
+struct PinnedHostSpace {
+  static constexpr std::string_view name = "pinned host";
+  static constexpr bool host_accessible = true;
+
+  static void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    DPML_CHECK_CUDA(cudaMallocHost(&p, bytes));
+    return p;
+  }
+  static void deallocate(void* p, std::size_t) noexcept {
+    if (p) cudaFreeHost(p);
+  }
+};
+template <>
+struct HostMirror<CudaSpace> {
+  using type = PinnedHostSpace;
+};
+
 // Number of usable CUDA devices; 0 where the driver or a device is missing (any error means none).
 inline int cuda_device_count() noexcept {
   int n = 0;

@@ -41,6 +41,16 @@ struct HostSpace {
   }
 };
 
+// The host memory a space's buffers are mirrored in when their copies cross to the host each step
+// (ZeRO-Offload's gradients and weights): plain host memory here; core/cuda_space.hpp makes
+// CudaSpace's page-locked, so that those copies run at the link's DMA speed.
+template <class Space>
+struct HostMirror {
+  using type = HostSpace;
+};
+template <class Space>
+using host_mirror_space_t = typename HostMirror<Space>::type;
+
 template <class>
 inline constexpr bool dependent_false = false;
 

@@ -24,8 +24,9 @@
 // ranges. Each step copies the gradients (and, without master weights, the values) to the mirrors,
 // updates on the host, and copies the values back: the GPU keeps only the 16-bit values and
 // gradients. The same update element runs, so the result equals the GPU's update up to its
-// arithmetic (bitwise on the host, where offload only adds the copies). The copies are synchronous
-// and the mirrors pageable (not page-locked).
+// arithmetic (bitwise on the host, where offload only adds the copies). The copies are synchronous;
+// the mirrors are in the space's host_mirror_space_t (page-locked for a GPU: DMA at the link's
+// speed).
 //
 //   auto opt = Optimizer<AdamW, float>::over(model.parameters(), {.weight_decay = 0.1});
 //   opt.step(schedule(opt.step_count() + 1));    // or opt.step(schedule)
@@ -207,8 +208,8 @@ class Optimizer {
   // ---- offload ------------------------------------------------------------------------------------
   // The host optimizer over mirrors of the ranges, laid out as the state ([range 0 | range 1 | …]).
   void offload_to_host() {
-    mirror_values_ = Tensor<T>(Shape{total()});
-    mirror_grads_ = Tensor<T>(Shape{total()});
+    mirror_values_ = Mirror(Shape{total()});
+    mirror_grads_ = Mirror(Shape{total()});
     to_mirror(&Range<T>::value, mirror_values_.data());
     std::vector<Range<T>> mirrored;
     for (std::size_t i = 0; i < ranges_.size(); ++i) {
@@ -272,8 +273,9 @@ class Optimizer {
   Tensor<kernels::UpdateSpan<T>, Space> spans_;
   std::int64_t steps_ = 0;
   // Offload: the host optimizer and its mirrors of the ranges' values and gradients (total each).
+  using Mirror = Tensor<T, host_mirror_space_t<Space>>;
   std::unique_ptr<Optimizer<Rule, T, HostSpace>> host_;
-  Tensor<T> mirror_values_, mirror_grads_;
+  Mirror mirror_values_, mirror_grads_;
 };
 
 }  // namespace dpml::optim
