@@ -324,6 +324,31 @@ TEST_CASE("distributed optimizer: ZeRO-3 equals the sequential rule, its values 
   for (std::size_t k = 0; k < n; ++k) CHECK(std::vector<double>(dist.ptrs[k]->value().begin(), dist.ptrs[k]->value().end()) == last[k]);
 }
 
+TEST_CASE("distributed optimizer: ZeRO-3 keeps the values one operation reads, whatever the pool gathered before", "[data][zero]") {
+  // A linear layer reads its weight and its bias, then runs: two buckets at once. Here w0, w1, w2
+  // fill the pool's kZero3Slots slots; then one operation reads w0 (still gathered, gathered
+  // first), w3 and w4. Giving back the bucket gathered longest ago would hand w0's slot to w3 while
+  // w0's view is still to be used; the bucket read longest ago (w1, then w2) goes instead.
+  static_assert(parallel::kZero3Slots == 3, "the reads below fill exactly the pool");
+  const bool prefetch = GENERATE(true, false);
+  CAPTURE(prefetch);
+  const auto world = test::world();
+  auto grid = ProcessGrid::create(world, {});
+  Params dist, want;
+  parallel::DistributedOptimizer<optim::AdamW, double> opt(
+      dist.ptrs, &grid, options_of<optim::AdamW>(),
+      {.bucket_bytes = 8, .zero = true, .shard_gradients = true, .shard_values = true, .prefetch_values = prefetch});
+  REQUIRE(opt.flat().buckets().size() == dist.ptrs.size());  // a bucket each
+  for (const std::size_t k : {0, 1, 2}) (void)dist.ptrs[k]->value();
+  const TensorView<double> operands[] = {dist.ptrs[0]->value(), dist.ptrs[3]->value(), dist.ptrs[4]->value()};
+  const std::size_t read[] = {0, 3, 4};
+  for (std::size_t i = 0; i < std::size(read); ++i) {
+    CAPTURE(read[i]);
+    CHECK(std::vector<double>(operands[i].begin(), operands[i].end()) ==
+          std::vector<double>(want.ptrs[read[i]]->value().begin(), want.ptrs[read[i]]->value().end()));
+  }
+}
+
 TEST_CASE("distributed optimizer: the optimizer offloaded to the host equals it in place, under every ZeRO stage", "[data][zero][offload]") {
   // On CPU ranks offload only adds the copies to and from the mirrors, so the two runs agree bit for
   // bit: values, state by name, and after a write of the weights by name (a checkpoint's load).

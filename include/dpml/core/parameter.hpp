@@ -111,10 +111,14 @@ class GradProvider {
 // a shard of the values; a bucket's whole values are all-gathered into a slot of a small pool when
 // one of its parameters is read): provide_value(p) binds p's value, and its bucket's, before
 // p.value() returns. The call is collective over the data axis: every data rank reads the same
-// parameters in the same order (the model's forward and backward do).
+// parameters in the same order (the model's forward and backward do). value_read(p) hears every
+// other read of a value the provider bound, so that the pool gives back the bucket read least
+// recently: one operation reads its weight and bias (two buckets) before it runs, and the second
+// read must not take the first one's slot.
 class ValueProvider {
  public:
   virtual void provide_value(ParamBase& p) = 0;
+  virtual void value_read(const ParamBase& p) = 0;
 
  protected:
   ~ValueProvider() = default;
@@ -182,7 +186,9 @@ class ParamBase {
     if (grad_unbound_ && provider_ != nullptr) provider_->provide(*this);
   }
   void bind_value() {
-    if (value_unbound_ && value_provider_ != nullptr) value_provider_->provide_value(*this);
+    if (value_provider_ == nullptr) return;
+    if (value_unbound_) value_provider_->provide_value(*this);
+    else value_provider_->value_read(*this);
   }
   GradProvider* provider_ = nullptr;
   bool grad_unbound_ = false;  // no gradient storage (set by the derived Param)

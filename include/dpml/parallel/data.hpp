@@ -39,9 +39,11 @@
 //                   the flat values buffer is dropped. A parameter's value() without storage
 //                   (core/parameter.hpp's ValueProvider) all-gathers its whole bucket into a slot
 //                   of a pool of kZero3Slots gathered buckets, binding every parameter of the
-//                   bucket; when the pool is full the least recently gathered bucket gives its slot
+//                   bucket; when the pool is full the bucket read least recently gives its slot
 //                   back (its parameters unbound, its own part written back into the shard, so
-//                   that a write through value() — a checkpoint's load — is kept). Forward gathers
+//                   that a write through value() — a checkpoint's load — is kept). Least recently
+//                   read, not gathered: an operation reads all its parameters (a weight, then a
+//                   bias in another bucket) before it runs, so the two buckets read last stay. Forward gathers
 //                   the buckets in turn, backward again; release_values() gives every slot back
 //                   before the optimizer updates the shards. Prefetch: the buckets are gathered in
 //                   the same order every step (the order of the model's reads and of the pool's
@@ -312,7 +314,7 @@ class GradientBuckets : GradProvider, ValueProvider {
     int slot = -1;                // ZeRO-2: the slot of the open round (-1: none)
     std::size_t unreported = 0;   // ZeRO-2: parameters of the open round not yet reported
     int vslot = -1;               // ZeRO-3: the slot holding the bucket's gathered values (-1: none)
-    std::uint64_t gathered = 0;   // ZeRO-3: when (gathers_) the bucket was last gathered
+    std::uint64_t read = 0;       // ZeRO-3: when (reads_) a value of the bucket was last read
   };
 
   void build_segments() {
@@ -477,11 +479,11 @@ class GradientBuckets : GradProvider, ValueProvider {
   void provide_value(ParamBase& p) override {
     const std::size_t b = flat_.bucket_of(flat_.index_of(&p));
     const FlatBucket& bucket = flat_.buckets()[b];
-    // The least recently gathered gives its slot back (the prefetched bucket is not yet read).
+    // The least recently read gives its slot back (the prefetched bucket is not yet read).
     while (vslots_.size() - vfree_.size() - (prefetch_ ? 1 : 0) >= kZero3Slots) {
       std::size_t oldest = state_.size();
       for (std::size_t k = 0; k < state_.size(); ++k)
-        if (state_[k].vslot >= 0 && (oldest == state_.size() || state_[k].gathered < state_[oldest].gathered)) oldest = k;
+        if (state_[k].vslot >= 0 && (oldest == state_.size() || state_[k].read < state_[oldest].read)) oldest = k;
       give_back_values(oldest);
     }
     int s = -1;
@@ -501,10 +503,11 @@ class GradientBuckets : GradProvider, ValueProvider {
     for (std::size_t i = bucket.first_param; i < bucket.last_param; ++i)
       flat_.params()[i]->set_value_storage(slot + (flat_.offsets()[i] - bucket.offset));
     state_[b].vslot = s;
-    state_[b].gathered = ++gathers_;
+    state_[b].read = ++reads_;
     if (gathered_now_.size() < kZero3OrderLimit * state_.size()) gathered_now_.push_back(b);
     prefetch_after(b);
   }
+  void value_read(const ParamBase& p) override { state_[flat_.bucket_of(flat_.index_of(&p))].read = ++reads_; }
   // Bucket b was just gathered, the k-th of this step: if the last step's k-th gather was b too,
   // start the gather of the bucket that followed it there into a free slot.
   void prefetch_after(std::size_t b) {
@@ -570,7 +573,7 @@ class GradientBuckets : GradProvider, ValueProvider {
   Tensor<T, Space> value_shard_;        // (shard_numel): this rank's part of every bucket's values
   std::vector<Tensor<T, Space>> vslots_;  // gathered buckets' values, each as large as the bucket it was made for
   std::vector<int> vfree_;
-  std::uint64_t gathers_ = 0;
+  std::uint64_t reads_ = 0;  // values read (provide_value, value_read) since construction
   // The buckets gathered on first read since the last release_values() (this step) and in the
   // window before (the order prefetch follows); recorded up to kZero3OrderLimit per bucket.
   static constexpr std::size_t kZero3OrderLimit = 64;
