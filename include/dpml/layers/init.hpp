@@ -7,14 +7,14 @@
 // from bit-identical global weights, and a pipeline stage's blocks (named by global block index)
 // get the same weights as in the sequential model.
 //
-// Large tensors are drawn by this rank's share of the host's cores (kernels::host::blas_threads(),
-// which dpml::run sizes from the node's ranks), each thread a contiguous range of elements: the
-// values do not depend on the split. A GPT of 6.7B parameters took minutes on one thread.
+// Large tensors are drawn by this rank's share of the host's cores (kernels::host::parallel_ranges),
+// each thread a contiguous range of elements: the values do not depend on the split. A GPT of
+// 6.7B parameters took minutes on one thread.
 
 #include "dpml/core/philox.hpp"
 #include "dpml/core/tensor.hpp"
 #include "dpml/core/parameter.hpp"
-#include "dpml/kernels/host/blas_threads.hpp"
+#include "dpml/kernels/host/parallel_ranges.hpp"
 #include "dpml/parallel/grid.hpp"
 
 #include <algorithm>
@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <ranges>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -94,17 +93,7 @@ void initialize(Param<T, Space>& p, std::uint64_t seed, const parallel::ProcessG
       }
     }
   };
-  constexpr std::int64_t kPerThread = std::int64_t{1} << 20;  // below this, one thread
-  const std::int64_t n = value.numel();
-  const auto threads = static_cast<std::int64_t>(std::clamp<std::int64_t>(n / kPerThread, 1, std::max(1, kernels::host::blas_threads())));
-  if (threads == 1) {
-    draw(0, n);
-  } else {
-    const std::int64_t share = (n + threads - 1) / threads;
-    std::vector<std::jthread> pool;
-    for (std::int64_t t = 1; t < threads; ++t) pool.emplace_back(draw, t * share, std::min(n, (t + 1) * share));
-    draw(0, std::min(n, share));
-  }  // the pool joins here
+  kernels::host::parallel_ranges(value.numel(), std::int64_t{1} << 20, draw);
   if (in_place) return;
   if (!p.storage_order().is_identity()) {
     Tensor<T> stored(local);

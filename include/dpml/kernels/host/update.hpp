@@ -3,19 +3,17 @@
 // the spans, in order. The device family (kernels/cuda/update.hpp) runs the same element in a
 // kernel, one block per span; an update rule's functor is the same on both. A large update (an
 // offloaded GPU optimizer's: billions of elements) is cut into contiguous ranges of the spans run
-// by this rank's share of the cores (blas_threads()); each element's result does not depend on the
-// cut.
+// by this rank's share of the cores (parallel_ranges); each element's result does not depend on
+// the cut.
 
 #include "dpml/kernels/device.hpp"
-#include "dpml/kernels/host/blas_threads.hpp"
+#include "dpml/kernels/host/parallel_ranges.hpp"
 #include "dpml/kernels/update.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <thread>
-#include <vector>
 
 namespace dpml::kernels::host {
 
@@ -41,16 +39,7 @@ struct UpdateOps {
         for (std::int64_t i = std::max(lo - before, std::int64_t{0}); i < std::min(hi - before, spans[s].count); ++i)
           update_element(step, spans[s], state, i, gs);
     };
-    constexpr std::int64_t kPerThread = std::int64_t{1} << 22;  // below this, one thread
-    const auto threads = std::clamp<std::int64_t>(total / kPerThread, 1, std::max(1, blas_threads()));
-    if (threads == 1) {
-      run(0, total);
-      return;
-    }
-    const std::int64_t share = (total + threads - 1) / threads;
-    std::vector<std::jthread> pool;
-    for (std::int64_t t = 1; t < threads; ++t) pool.emplace_back(run, t * share, std::min(total, (t + 1) * share));
-    run(0, share);
+    parallel_ranges(total, std::int64_t{1} << 22, run);
   }
 };
 
