@@ -16,6 +16,9 @@
 //   state      read_state by name (collective under ZeRO) against the host's, same bounds
 //   master     (bf16) the fp32 master weights against the host weights within kBf16Tol, and the
 //              bf16 values equal to the master rounded, bit for bit
+// ZeRO-3 also runs a validation's reads between steps (two forward passes, every value copied on
+// the device's stream as it is read, over more buckets than the pool holds, with prefetch): each
+// copy equal, bit for bit, to the value read synchronously afterwards.
 // A gradient overflowing on one rank makes every rank skip the step (StepReport::skipped), the
 // weights bit-identical and the step count unchanged. On two ranks with a GPU each, the data axis
 // once more over comm::CopyEngine (the gradient buffer registered: all-reduces on the copy engines);
@@ -54,6 +57,8 @@ typename Rule::Options options_of() {
 }
 template <class Rule>
 constexpr double kLr = std::is_same_v<Rule, optim::AdamW> ? 1e-2 : 0.1;
+// ZeRO-3: the forward passes of the validation run between steps (two micro-batches).
+constexpr int kValidationPasses = 2;
 
 // The model: sizes not multiples of 64, one tensor-split parameter, one duplicate.
 struct Spec {
@@ -142,7 +147,9 @@ void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<
   const double tol = std::is_same_v<T, bf16> ? test::kBf16Tol : test::kFp32Tol;
   const double norm_tol = std::is_same_v<T, bf16> ? test::kBf16Tol : 1e-6;
   Model<T> m(grid);
-  const parallel::DistributedOptimizerOptions o{.bucket_bytes = 512, .zero = zero > 0, .shard_gradients = zero >= 2,
+  // ZeRO-3: buckets of a parameter or two, more than the pool holds, so that reading the values in
+  // turn gives slots back and gathers again.
+  const parallel::DistributedOptimizerOptions o{.bucket_bytes = zero == 3 ? 8u : 512u, .zero = zero > 0, .shard_gradients = zero >= 2,
                                                 .shard_values = zero == 3, .clip = clip};
   parallel::DistributedOptimizer<Rule, double> host(m.host_params(), &grid, options_of<Rule>(), o);
   parallel::DistributedOptimizerOptions od = o;
@@ -164,20 +171,42 @@ void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<
     // gathered ahead of its read; the last step's reads are checked. (After one step, d — a single
     // element that starts at sin 3.1 ≈ 0.04 — differs from the host's by the bf16 rounding of its
     // update over a hierarchy of 4 ranks, 2.5 % of so small a value on 2026-11-28.)
-    if (zero == 3)
+    if (zero == 3) {
+      // A validation between steps, as train_gpt runs one: the values read in two forward passes,
+      // each copied on the device's stream as a layer would read it, nothing synchronised while the
+      // pool gives slots back and prefetches. Each copy must equal the value read afterwards.
+      std::vector<Tensor<T, CudaSpace>> seen;
+      for (int pass = 0; pass < kValidationPasses; ++pass)
+        for (const Spec& spec : kSpecs) seen.emplace_back(Shape{spec.n});
+      for (std::size_t k = 0; k < seen.size(); ++k) {
+        const auto v = m.device[k % std::size(kSpecs)]->value();
+        kernels::Ops<CudaSpace>::copy(dev, v.data(), seen[k].data(), v.numel());
+      }
       for (std::size_t p = 0; p < std::size(kSpecs); ++p) {
         Tensor<T> got(Shape{kSpecs[p].n});
         copy(got.view(), TensorView<const T, CudaSpace>(m.device[p]->value()));
+        for (int pass = 0; pass < kValidationPasses; ++pass) {
+          Tensor<T> early(Shape{kSpecs[p].n});
+          copy(early.view(), seen[static_cast<std::size_t>(pass) * std::size(kSpecs) + p].cview());
+          CAPTURE(kSpecs[p].name, pass);
+          CHECK(std::memcmp(early.data(), got.data(), static_cast<std::size_t>(kSpecs[p].n) * sizeof(T)) == 0);
+        }
         if (step < 3) continue;
         CAPTURE(kSpecs[p].name);
         CHECK(test::rel_l2(std::vector<T>(got.begin(), got.end()),
                            std::vector<double>(m.host[p]->value().begin(), m.host[p]->value().end())) <= tol);
       }
+    }
   }
   CHECK(device.optimizer().step_count() == 3);
-  if (zero == 3) {  // steps 2 and 3 gathered each bucket but the first ahead (one data rank: nothing to gather)
+  if (zero == 3) {
+    // Every pass over the values (the validation's and the step's) gathers every bucket again: the
+    // pool holds fewer. Steps 2 and 3 read in step 1's order, so each gather but a step's first is
+    // started ahead of its read (one data rank gathers nothing).
     const auto buckets = static_cast<std::int64_t>(device.flat().buckets().size());
-    CHECK(device.buckets().prefetched_reads() == (grid.dp() > 1 ? 2 * (buckets - 1) : 0));
+    REQUIRE(buckets > static_cast<std::int64_t>(parallel::kZero3Slots));
+    const std::int64_t gathers = (kValidationPasses + 1) * buckets;
+    CHECK(device.buckets().prefetched_reads() == (grid.dp() > 1 ? 2 * (gathers - 1) : 0));
   }
   for (std::size_t p = 0; p < std::size(kSpecs); ++p) {
     CAPTURE(kSpecs[p].name);
