@@ -261,8 +261,10 @@ int main(int argc, char** argv) {
 #ifdef DPML_WITH_CUDA
       if (gpu && f.gpu_memory_gib == 0) have = gpus->bytes_per_rank, memory = train::kDeviceMemory;
 #endif
+      // An optimizer offloaded from the GPUs lives in the node's memory: its ranks share it.
+      const double host_have = gpu && f.optimizer_offload ? train::host_bytes_per_rank(world) : 0.0;
       if (f.dry_run) {
-        if (world.rank() == 0) std::fputs(models::memory_table(estimate, have, gpu ? "GPU" : "host").c_str(), stdout);
+        if (world.rank() == 0) std::fputs(models::memory_table(estimate, have, gpu ? "GPU" : "host", host_have).c_str(), stdout);
         return 0;
       }
       const models::GptStageMemory& big = estimate.largest();
@@ -277,6 +279,11 @@ int main(int argc, char** argv) {
            << big.in_flight << "), buffers " << big.buffers / GiB << ", workspace " << big.workspace / GiB
            << " GiB, --dry-run shows every rank kind —";
       train::require_fits(world, big.total(), have, what.str(), memory);
+      if (host_have > 0)
+        train::require_fits(world, estimate.largest_host_optimizer(), host_have,
+                            "--optimizer-cpu-offload's fp32 master weights, moments and mirrors of the values and gradients of "
+                            "the same GPT (--zero-stage " + std::to_string(f.zero_stage) + ", dp " + std::to_string(grid.dp()) +
+                                ": ZeRO shards them over dp; --dry-run shows them) —");
     }
     if (shards) {  // memory-mapped: each rank reads only its windows (every id checked once, validation part included)
       const auto all = data::TokenStore::map_shards({f.data}, f.vocab);

@@ -198,13 +198,20 @@ TEST_CASE("estimate_gpt_memory: ZeRO-1 divides the optimizer state over the data
   CHECK(zero.parameters == plain.parameters);
   CHECK(zero.gradients == plain.gradients);
   CHECK(zero.activations == plain.activations);
-  // ZeRO-Offload: a GPU keeps only the gradient shard of the optimizer column; host ranks keep it all.
-  const auto offloaded = models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true, .offload_optimizer = true}, terms).stages.at(0);
-  CHECK(offloaded.optimizer == 2.0 * n / 4);
-  CHECK(offloaded.parameters == zero.parameters);
+  // ZeRO-Offload: a GPU keeps only the gradient shard of the optimizer column; the host holds the
+  // shard's master weights and moments and the mirrors of its bf16 values and gradients (16 bytes
+  // a parameter). Host ranks keep all of it in their own column, mirrors (of float) included.
+  const auto offloaded = models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true, .offload_optimizer = true}, terms);
+  CHECK(offloaded.stages.at(0).optimizer == 2.0 * n / 4);
+  CHECK(offloaded.stages.at(0).host_optimizer == (12.0 + 2 * 2.0) * n / 4);
+  CHECK(offloaded.largest_host_optimizer() == offloaded.stages.at(0).host_optimizer);
+  CHECK(offloaded.stages.at(0).parameters == zero.parameters);
+  CHECK(zero.host_optimizer == 0);
   const auto host = models::GptMemoryTerms::host();
-  CHECK(models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true, .offload_optimizer = true}, host).stages.at(0).optimizer ==
-        models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true}, host).stages.at(0).optimizer);
+  const auto host_offloaded = models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true, .offload_optimizer = true}, host).stages.at(0);
+  CHECK(host_offloaded.optimizer ==
+        models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true}, host).stages.at(0).optimizer + 2 * 4.0 * n / 4);
+  CHECK(host_offloaded.host_optimizer == 0);
   // ZeRO-2: no whole gradient buffer, a pool of bucket slots (one of them holds wte's bucket).
   const auto zero2 = models::estimate_gpt_memory(c, {.dp = 4, .micro_batch = 4, .zero = true, .shard_gradients = true}, terms).stages.at(0);
   CHECK(zero2.optimizer == zero.optimizer);

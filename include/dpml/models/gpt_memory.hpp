@@ -22,8 +22,10 @@
 //                and on a GPU the Device scratch of its sort (GptMemoryTerms::topk_scratch_bytes
 //                per element of that bucket)
 //   optimizer    fp32 master (16-bit storage only) and AdamW's two moments; under ZeRO-1 a 1/dp
-//                shard of them plus the reduce-scattered gradient shard (parallel/data.hpp); a
-//                GPU's offloaded optimizer (offload_optimizer) leaves only that shard on the GPU
+//                shard of them plus the reduce-scattered gradient shard (parallel/data.hpp); an
+//                offloaded optimizer (offload_optimizer) also keeps host mirrors of the values and
+//                gradients it updates (optim/optimizer.hpp); on a GPU it leaves only the gradient
+//                shard there, its state and mirrors counted in host_optimizer (host memory)
 //   activations  what a micro-batch keeps from its forward until its backward, per block
 //                (B, T, ·): ln_1 C, qkv 3C/tp, attention out C/tp, r C, ln_2 C, pre 4C/tp,
 //                GELU out 4C/tp (not with recompute_gelu), y C, two row statistics per
@@ -147,6 +149,7 @@ struct GptStageMemory {
   double activations = 0;                 // activation_per_micro_batch × in_flight (+ recompute's shared set);
                                           // interleaved: the sum of each chunk's
   double buffers = 0, workspace = 0;
+  double host_optimizer = 0;  // a GPU's offloaded optimizer, in host memory (not in total())
   double total() const noexcept { return parameters + gradients + optimizer + activations + buffers + workspace; }
 };
 
@@ -156,6 +159,12 @@ struct GptMemoryEstimate {
   const GptStageMemory& largest() const {
     return *std::max_element(stages.begin(), stages.end(),
                              [](const GptStageMemory& a, const GptStageMemory& b) { return a.total() < b.total(); });
+  }
+  // The most host memory a rank's offloaded optimizer takes (0: none offloaded from a GPU).
+  double largest_host_optimizer() const {
+    double most = 0;
+    for (const auto& s : stages) most = std::max(most, s.host_optimizer);
+    return most;
   }
 };
 
@@ -277,8 +286,10 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
     };
     if (l.zero && l.shard_gradients) m.gradients = pool(parallel::kZero2Slots);  // ZeRO-2's slots
     if (l.zero && l.shard_values) m.parameters = n * a / l.dp + pool(parallel::kZero3Slots + (l.prefetch_values ? parallel::kZero3PrefetchSlots : 0));  // ZeRO-3: shard, gathered buckets
-    const bool offloaded = l.offload_optimizer && t.device;  // the state in host memory
-    m.optimizer = (offloaded ? 0.0 : n * (t.master_bytes + 2 * t.moment_bytes) / shards) + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);
+    const double owned = n / shards;  // the elements this rank's optimizer updates
+    const double state = owned * (t.master_bytes + 2 * t.moment_bytes) + (l.offload_optimizer ? 2 * owned * a : 0.0);
+    if (l.offload_optimizer && t.device) m.host_optimizer = state;  // the state and mirrors in host memory
+    m.optimizer = (l.offload_optimizer && t.device ? 0.0 : state) + (l.zero && l.dp > 1 ? n * a / l.dp : 0.0);
     if (l.dp > 1 && l.compression == "powersgd") {  // the residual, Qt, the P message with the dense rest
       const double r = l.powersgd_rank;
       m.gradients += (n + r * matrices.cols + r * matrices.rows + (n - matrices.elements)) * a;
@@ -310,8 +321,9 @@ inline GptMemoryEstimate estimate_gpt_memory(const GptConfig& c, const GptLayout
 }
 
 // The estimate as a table, one row per stage, in GiB, beside `have` bytes of `memory` ("GPU",
-// "host") per rank (≤ 0: not known).
-inline std::string memory_table(const GptMemoryEstimate& e, double have, const std::string& memory) {
+// "host") per rank (≤ 0: not known); with a GPU's offloaded optimizer, a line of its host memory
+// beside `host_have` bytes per rank.
+inline std::string memory_table(const GptMemoryEstimate& e, double have, const std::string& memory, double host_have = 0) {
   constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
   const GptLayout& l = e.layout;
   std::string out;
@@ -338,6 +350,18 @@ inline std::string memory_table(const GptMemoryEstimate& e, double have, const s
   else
     std::snprintf(line, sizeof line, "largest rank: %.3f GiB\n", need / GiB);
   out += line;
+  const double host = e.largest_host_optimizer();
+  if (host > 0) {
+    std::snprintf(line, sizeof line,
+                  "offloaded optimizer (fp32 master weights, moments, mirrors of the values and gradients) in host memory: "
+                  "%.3f GiB per rank%s",
+                  host / GiB, host_have > 0 ? "" : "\n");
+    out += line;
+    if (host_have > 0) {
+      std::snprintf(line, sizeof line, " of the %.3f GiB a rank has: %s\n", host_have / GiB, host <= host_have ? "fits" : "does NOT fit");
+      out += line;
+    }
+  }
   return out;
 }
 
