@@ -354,13 +354,14 @@ inline std::string memory_table(const GptMemoryEstimate& e, double have, const s
   if (host > 0) {
     std::snprintf(line, sizeof line,
                   "offloaded optimizer (fp32 master weights, moments, mirrors of the values and gradients) in host memory: "
-                  "%.3f GiB per rank%s",
-                  host / GiB, host_have > 0 ? "" : "\n");
+                  "%.3f GiB per rank",
+                  host / GiB);
     out += line;
     if (host_have > 0) {
-      std::snprintf(line, sizeof line, " of the %.3f GiB a rank has: %s\n", host_have / GiB, host <= host_have ? "fits" : "does NOT fit");
+      std::snprintf(line, sizeof line, " of the %.3f GiB a rank has: %s", host_have / GiB, host <= host_have ? "fits" : "does NOT fit");
       out += line;
     }
+    out += '\n';
   }
   return out;
 }
