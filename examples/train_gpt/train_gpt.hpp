@@ -311,6 +311,11 @@ int train_and_sample(Trainer& trainer, const Run& run) {
                 f.vocab == data::kByteVocab ? "byte" : "token", run.unigram);
     if (scaled) std::printf(" | loss scale %g", trainer.loss_scale());
     std::printf("\n");
+    if (f.optimizer_offload) {
+      const auto t = trainer.optimizer().optimizer().offload_seconds();
+      std::printf("offloaded optimizer, last step on rank 0: %.3f s waiting for the gradients' copies, %.3f s updating on the host\n",
+                  t.waiting, t.updating);
+    }
   }
   if (f.sample_tokens > 0) {
     std::vector<std::int32_t> prompt;

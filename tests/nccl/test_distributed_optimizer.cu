@@ -155,6 +155,7 @@ void check_layout(const parallel::ProcessGrid& grid, const parallel::DeviceGrid<
   parallel::DistributedOptimizerOptions od = o;
   od.offload_optimizer = offload;  // the device's state and update on the host (ZeRO-Offload)
   parallel::DistributedOptimizer<Rule, T, CudaSpace, DataComm> device(m.device_params(), &grid, options_of<Rule>(), od, comms, dev);
+  if (offload) device.optimizer().set_offload_chunk(7);  // the host's pipeline over many chunks, across ranges
   if (zero < 3)  // (ZeRO-3: no whole values buffer; a value lives in its bucket's gathered slot)
     for (const auto* p : m.device_params()) {
       const auto at = reinterpret_cast<std::uintptr_t>(p->value().data()) - reinterpret_cast<std::uintptr_t>(device.flat().values().data());

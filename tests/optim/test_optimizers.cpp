@@ -221,9 +221,13 @@ TEST_CASE("optimizer: a gradient scale multiplies the gradients; a non-finite on
 
 TEMPLATE_TEST_CASE("optimizer: offloaded (state and update on the host, over mirrors) equals the plain one bit for bit",
                    "[optim][offload]", float, bf16) {
-  // Two ranges, AdamW, a gradient scale, a skipped step, a reload of the master from the values:
-  // the offloaded optimizer's values, state and master are the plain one's.
+  // Two ranges and an empty one between them, AdamW, a gradient scale, a skipped step, a reload of
+  // the master from the values: the offloaded optimizer's values, state and master are the plain
+  // one's, with the whole update in one chunk of its pipeline and in chunks of 5 elements (the
+  // host update of one chunk at a time; a chunk across the ranges' boundary).
   using T = TestType;
+  const std::int64_t chunk = GENERATE(std::int64_t{0}, std::int64_t{5});
+  CAPTURE(chunk);
   const std::size_t n = 29, m = 7;
   auto gen = dpml::test::rng(5);
   std::vector<float> init(n + m);
@@ -231,12 +235,14 @@ TEMPLATE_TEST_CASE("optimizer: offloaded (state and update on the host, over mir
   std::vector<T> va(init.begin(), init.end()), vb = va, ga(n + m), gb(n + m);
   const auto ranges = [&](std::vector<T>& v, std::vector<T>& g) {
     return std::vector<optim::Range<T>>{{"a", std::span<T>(v.data(), n), std::span<const T>(g.data(), n)},
+                                        {"empty", std::span<T>(v.data() + n, 0), std::span<const T>(g.data() + n, 0)},
                                         {"b", std::span<T>(v.data() + n, m), std::span<const T>(g.data() + n, m)}};
   };
   using Opt = optim::Optimizer<optim::AdamW, T>;
   const optim::AdamWOptions o{.weight_decay = 0.1};
   Opt plain(ranges(va, ga), o, kernels::host_device()), offloaded(ranges(vb, gb), o, kernels::host_device(), true);
   CHECK((plain.state_on_host() && offloaded.state_on_host()));  // on the host either way
+  if (chunk > 0) offloaded.set_offload_chunk(chunk);
   using M = typename Opt::master_type;
   const M half = M(0.5), inf = std::numeric_limits<M>::infinity();
   for (int s = 0; s < 4; ++s) {
@@ -259,13 +265,13 @@ TEMPLATE_TEST_CASE("optimizer: offloaded (state and update on the host, over mir
   offloaded.step(0.05);
   std::size_t bad = 0;
   for (std::size_t i = 0; i < n + m; ++i) bad += std::memcmp(&va[i], &vb[i], sizeof(T)) != 0;
-  for (std::size_t r = 0; r < 2; ++r)
+  for (std::size_t r = 0; r < 3; ++r)
     for (std::size_t k = 0; k < Opt::kStates; ++k) {
       const auto x = plain.state(r, k), y = offloaded.state(r, k);
       bad += !std::equal(x.begin(), x.end(), y.begin());
     }
   if constexpr (Opt::keeps_master)
-    for (std::size_t r = 0; r < 2; ++r) {
+    for (std::size_t r = 0; r < 3; ++r) {
       const auto x = plain.master(r), y = offloaded.master(r);
       bad += !std::equal(x.begin(), x.end(), y.begin());
     }

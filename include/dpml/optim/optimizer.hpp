@@ -24,9 +24,15 @@
 // ranges. Each step copies the gradients (and, without master weights, the values) to the mirrors,
 // updates on the host, and copies the values back: the GPU keeps only the 16-bit values and
 // gradients. The same update element runs, so the result equals the GPU's update up to its
-// arithmetic (bitwise on the host, where offload only adds the copies). The copies are synchronous;
-// the mirrors are in the space's host_mirror_space_t (page-locked for a GPU: DMA at the link's
-// speed).
+// arithmetic (bitwise on the host, where offload only adds the copies). The mirrors are in the
+// space's host_mirror_space_t (page-locked for a GPU: DMA at the link's speed), and a step is a
+// pipeline over chunks of elements (set_offload_chunk) on the device's stream:
+//
+//   stream   grads→mirror c0 | c1 | c2 | …                 values→device c0 | c1 | …
+//   host                 wait c0, update c0 ─┘ wait c1, update c1 ─┘ …
+//
+// so the copies of the other chunks run while the host updates one; the device's next work (the
+// next step's forward) follows the last copy back in stream order.
 //
 //   auto opt = Optimizer<AdamW, float>::over(model.parameters(), {.weight_decay = 0.1});
 //   opt.step(schedule(opt.step_count() + 1));    // or opt.step(schedule)
@@ -40,6 +46,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -161,6 +168,32 @@ class Optimizer {
   }
   // The state and master weights live in host memory (offload), whatever the space.
   bool state_on_host() const noexcept { return std::same_as<Space, HostSpace> || host_ != nullptr; }
+  // Offload: the last step's host time in seconds, waiting for the gradients' copies and updating.
+  struct OffloadSeconds {
+    double waiting = 0, updating = 0;
+  };
+  OffloadSeconds offload_seconds() const noexcept { return offload_seconds_; }
+  // Offload: the pipeline's chunk in elements (kOffloadChunk, 64 Mi, by default). A smaller chunk
+  // starts the host's update sooner, but under 4 Mi elements a core it leaves cores idle.
+  void set_offload_chunk(std::int64_t elements) {
+    DPML_REQUIRE(elements > 0, "offload chunk of " << elements << " elements: give at least 1");
+    offload_chunk_ = elements;
+  }
+
+  // One update of elements [first, last) of the ranges laid end to end, at step count step_count()
+  // (not advanced): an offloaded optimizer's host side updates a chunk at a time, each as soon as
+  // its gradients have arrived. Host optimizers only.
+  void update_elements(double lr, const master_type* grad_scale, std::int64_t first, std::int64_t last)
+    requires std::same_as<Space, HostSpace>
+  {
+    std::vector<kernels::UpdateSpan<T>> spans;
+    for_parts(first, last, [&](std::size_t i, std::int64_t at, std::int64_t n) {
+      const std::int64_t off = at - before_[i];
+      spans.push_back({ranges_[i].value.data() + off, ranges_[i].grad.data() + off, at, n});
+    });
+    Ops::update(*dev_, Rule::template step<master_type>(options_, lr, steps_), spans.data(),
+                static_cast<std::int64_t>(spans.size()), arrays(), grad_scale);
+  }
 
   std::size_t range_count() const noexcept { return ranges_.size(); }
   const Range<T>& range(std::size_t i) const { return ranges_.at(i); }
@@ -204,6 +237,16 @@ class Optimizer {
 
  private:
   std::int64_t total() const noexcept { return before_.back(); }
+  // f(range i, its first element `at` in the ranges laid end to end, count) for each range's part
+  // of elements [lo, hi).
+  template <class F>
+  void for_parts(std::int64_t lo, std::int64_t hi, F&& f) const {
+    auto i = static_cast<std::size_t>(std::upper_bound(before_.begin(), before_.end(), lo) - before_.begin()) - 1;
+    for (; i < ranges_.size() && before_[i] < hi; ++i) {
+      const std::int64_t a = std::max(lo, before_[i]), b = std::min(hi, before_[i + 1]);
+      if (b > a) f(i, a, b - a);
+    }
+  }
 
   // ---- offload ------------------------------------------------------------------------------------
   // The host optimizer over mirrors of the ranges, laid out as the state ([range 0 | range 1 | …]).
@@ -227,21 +270,36 @@ class Optimizer {
       SpaceCopy<HostSpace, Space>::copy(mirror + before_[i], span.data(), span.size() * sizeof(T));
     }
   }
-  void values_from_mirror() {
-    for (std::size_t i = 0; i < ranges_.size(); ++i)
-      SpaceCopy<Space, HostSpace>::copy(ranges_[i].value.data(), mirror_values_.data() + before_[i],
-                                        ranges_[i].value.size() * sizeof(T));
-  }
-  // The update on the host: gradients (and the values, when they are the weights) over, the host
-  // optimizer's step at this step count, the values back.
+  // The update on the host, the pipeline at the top: every chunk's gradients (and values, when
+  // they are the weights) queued for the mirrors, then chunk by chunk the host's update once its
+  // copies landed and its values queued back.
   void step_on_host(double lr, const master_type* grad_scale) {
-    to_mirror(&Range<T>::grad, mirror_grads_.data());
-    if constexpr (!keeps_master) to_mirror(&Range<T>::value, mirror_values_.data());
+    using Clock = std::chrono::steady_clock;
     master_type scale = 1;
     if (grad_scale) SpaceCopy<HostSpace, Space>::copy(&scale, grad_scale, sizeof(scale));
-    host_->set_step_count(steps_ - 1);
-    host_->step(lr, &scale);
-    values_from_mirror();
+    host_->set_step_count(steps_);
+    const std::int64_t chunk = offload_chunk_, chunks = (total() + chunk - 1) / chunk;
+    if (static_cast<std::int64_t>(landed_.size()) < chunks) landed_.resize(static_cast<std::size_t>(chunks));
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      for_parts(c * chunk, (c + 1) * chunk, [&](std::size_t i, std::int64_t at, std::int64_t n) {
+        const std::int64_t off = at - before_[i];
+        Ops::copy_to_host(*dev_, ranges_[i].grad.data() + off, mirror_grads_.data() + at, n);
+        if constexpr (!keeps_master) Ops::copy_to_host(*dev_, ranges_[i].value.data() + off, mirror_values_.data() + at, n);
+      });
+      Ops::mark(*dev_, landed_[static_cast<std::size_t>(c)]);
+    }
+    offload_seconds_ = {};
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const auto t0 = Clock::now();
+      Ops::wait_for(landed_[static_cast<std::size_t>(c)]);
+      const auto t1 = Clock::now();
+      host_->update_elements(lr, &scale, c * chunk, std::min(total(), (c + 1) * chunk));
+      offload_seconds_.waiting += std::chrono::duration<double>(t1 - t0).count();
+      offload_seconds_.updating += std::chrono::duration<double>(Clock::now() - t1).count();
+      for_parts(c * chunk, (c + 1) * chunk, [&](std::size_t i, std::int64_t at, std::int64_t n) {
+        Ops::copy_from_host(*dev_, mirror_values_.data() + at, ranges_[i].value.data() + (at - before_[i]), n);
+      });
+    }
   }
 
   // The ranges cut into spans the space's update takes (the device gives each span one block).
@@ -272,10 +330,17 @@ class Optimizer {
   Tensor<master_type, Space> master_;                       // (total) mixed precision only
   Tensor<kernels::UpdateSpan<T>, Space> spans_;
   std::int64_t steps_ = 0;
-  // Offload: the host optimizer and its mirrors of the ranges' values and gradients (total each).
+  // Offload: the host optimizer and its mirrors of the ranges' values and gradients (total each);
+  // per chunk of the pipeline, the mark of its copies to the mirrors. The host update splits a
+  // call over cores in parts of at least 4 Mi elements (kernels/host/update.hpp), so a chunk holds
+  // 4 Mi per core of a large host: with 16 Mi, 16 cores updated GPT 2.7B 3.7× slower (RESULTS.md).
+  static constexpr std::int64_t kOffloadChunk = std::int64_t{1} << 26;
   using Mirror = Tensor<T, host_mirror_space_t<Space>>;
   std::unique_ptr<Optimizer<Rule, T, HostSpace>> host_;
   Mirror mirror_values_, mirror_grads_;
+  std::int64_t offload_chunk_ = kOffloadChunk;
+  std::vector<typename Ops::Mark> landed_;
+  OffloadSeconds offload_seconds_;
 };
 
 }  // namespace dpml::optim

@@ -5,7 +5,8 @@
 // cudaMemcpyAsync, cudaMemcpy2DAsync for a block of columns into or out of a wider matrix) and
 // upload: a step's input from pageable host memory, staged through pinned memory the Device keeps
 // (detail::UploadStaging), so that the copy is one asynchronous DMA on the stream and the host
-// does not wait for it.
+// does not wait for it; copy_to_host / copy_from_host to and from page-locked memory (an
+// offloaded optimizer's mirrors) with a Mark the host can wait for.
 //
 // The element-wise kernels are memory-bound: they move 4–6 bytes per element in bf16 and do a few
 // flops, so the floor is bytes / bandwidth. Each thread handles 8 consecutive elements through
@@ -248,6 +249,24 @@ struct ElementwiseOps {
     DPML_CHECK_CUDA(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, dev.stream()));
     staging.copied(dev.stream());
   }
+  // host (n, page-locked) = src (n, device) and dst (n, device) = host (n, page-locked): one
+  // asynchronous copy each on the stream (DMA at the link's speed). A Mark is an event recorded
+  // on the stream (mark); wait_for holds the host until the stream passed it.
+  template <class T>
+  static void copy_to_host(Dev& dev, const T* src, T* host, std::int64_t n) {
+    if (n)
+      DPML_CHECK_CUDA(cudaMemcpyAsync(host, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost,
+                                      dev.stream()));
+  }
+  template <class T>
+  static void copy_from_host(Dev& dev, const T* host, T* dst, std::int64_t n) {
+    if (n)
+      DPML_CHECK_CUDA(cudaMemcpyAsync(dst, host, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyHostToDevice,
+                                      dev.stream()));
+  }
+  using Mark = Event;
+  static void mark(Dev& dev, Mark& m) { m.record(dev.stream()); }
+  static void wait_for(const Mark& m) { m.synchronize(); }
   template <class T>
   static void add(Dev& dev, const T* a, const T* b, T* y, std::int64_t n) {
     cuda::add(a, b, y, n, dev.stream());

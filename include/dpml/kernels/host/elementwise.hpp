@@ -3,8 +3,9 @@
 // (rows, cols) activations (Linear: a bias per column) and NCHW images (Conv2d, BatchNorm: a value
 // per channel). Plain contiguous loops; the inner loop runs over the fastest dimension so the
 // compiler vectorises it. Gradients accumulate (+=), as parameter gradients do. ElementwiseOps
-// adds the copies: whole buffers, blocks of columns into or out of a wider matrix, and upload
-// (host memory into the space's: a plain copy here).
+// adds the copies: whole buffers, blocks of columns into or out of a wider matrix, upload (host
+// memory into the space's: a plain copy here) and the copies to and from page-locked memory with
+// the Mark a GPU's host waits for (plain copies and no-ops here).
 
 #include "dpml/kernels/device.hpp"
 
@@ -76,6 +77,20 @@ struct ElementwiseOps {
   static void upload(Dev&, const T* host, T* dst, std::int64_t n) {
     std::copy_n(host, n, dst);
   }
+  // host (n) = src (n) and dst (n) = host (n), host in page-locked memory, in the order of the
+  // device's work (the GPU's are asynchronous copies on its stream; here, plain copies). A Mark
+  // records the position reached (mark), and wait_for holds the host until the device passed it.
+  template <class T>
+  static void copy_to_host(Dev&, const T* src, T* host, std::int64_t n) {
+    std::copy_n(src, n, host);
+  }
+  template <class T>
+  static void copy_from_host(Dev&, const T* host, T* dst, std::int64_t n) {
+    std::copy_n(host, n, dst);
+  }
+  struct Mark {};
+  static void mark(Dev&, Mark&) noexcept {}
+  static void wait_for(const Mark&) noexcept {}
   // y (n) = a + b; y may alias a or b
   template <class T>
   static void add(Dev&, const T* a, const T* b, T* y, std::int64_t n) {
