@@ -186,11 +186,7 @@ class Optimizer {
   void update_elements(double lr, const master_type* grad_scale, std::int64_t first, std::int64_t last)
     requires std::same_as<Space, HostSpace>
   {
-    std::vector<kernels::UpdateSpan<T>> spans;
-    for_parts(first, last, [&](std::size_t i, std::int64_t at, std::int64_t n) {
-      const std::int64_t off = at - before_[i];
-      spans.push_back({ranges_[i].value.data() + off, ranges_[i].grad.data() + off, at, n});
-    });
+    const auto spans = spans_of(first, last);
     Ops::update(*dev_, Rule::template step<master_type>(options_, lr, steps_), spans.data(),
                 static_cast<std::int64_t>(spans.size()), arrays(), grad_scale);
   }
@@ -302,15 +298,20 @@ class Optimizer {
     }
   }
 
+  // Elements [lo, hi) of the ranges laid end to end, as spans of at most Ops::max_update_span.
+  std::vector<kernels::UpdateSpan<T>> spans_of(std::int64_t lo, std::int64_t hi) const {
+    std::vector<kernels::UpdateSpan<T>> spans;
+    for_parts(lo, hi, [&](std::size_t i, std::int64_t at, std::int64_t n) {
+      for (std::int64_t d = 0; d < n; d += Ops::max_update_span) {
+        const std::int64_t off = at - before_[i] + d;
+        spans.push_back({ranges_[i].value.data() + off, ranges_[i].grad.data() + off, at + d, std::min(Ops::max_update_span, n - d)});
+      }
+    });
+    return spans;
+  }
   // The ranges cut into spans the space's update takes (the device gives each span one block).
   void build_spans() {
-    std::vector<kernels::UpdateSpan<T>> spans;
-    for (std::size_t i = 0; i < ranges_.size(); ++i) {
-      const auto n = static_cast<std::int64_t>(ranges_[i].value.size());
-      for (std::int64_t at = 0; at < n; at += Ops::max_update_span)
-        spans.push_back({ranges_[i].value.data() + at, ranges_[i].grad.data() + at, before_[i] + at,
-                         std::min(Ops::max_update_span, n - at)});
-    }
+    const auto spans = spans_of(0, total());
     spans_ = Tensor<kernels::UpdateSpan<T>, Space>(Shape{static_cast<std::int64_t>(spans.size())});
     SpaceCopy<Space, HostSpace>::copy(spans_.data(), spans.data(), spans.size() * sizeof(spans[0]));
   }
