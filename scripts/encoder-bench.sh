@@ -64,11 +64,11 @@ for p in sorted(d.glob("*.txt")):
             runs[key] = j
         elif j["bench"] == "encoder_train_family":
             fams.setdefault(f"{key[0]} {key[1]}", {})[j["family"]] = j["ms"]
-print("| model | impl | device | samples/s | ms/step | MFU | memory GiB | loss first → last |")
-print("|---|---|---|---|---|---|---|---|")
+print("| model | impl | device | samples/s | ms/step | MFU | memory GiB | power W | samples/J | loss first → last |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for (model, impl), j in runs.items():
     print(f"| {model} | {impl} | {j['device']} | {j['samples_per_s']:.0f} | {j['ms_per_step']:.2f} | {100 * j['mfu']:.1f} % | "
-          f"{j['mem_gib']:.2f} | {j['loss_first']:.3f} → {j['loss_last']:.3f} |")
+          f"{j['mem_gib']:.2f} | {j.get('power_w') or ''} | {j.get('samples_per_j') or ''} | {j['loss_first']:.3f} → {j['loss_last']:.3f} |")
 print()
 print("| ratio | samples/s | memory |")
 print("|---|---|---|")

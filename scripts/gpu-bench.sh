@@ -155,12 +155,13 @@ if (d / "llmc.txt").exists():
     (d / "llmc.json").write_text(json.dumps(j) + "\n")
     runs["llm.c-cudnn"] = j
 cell = lambda v, fmt, scale=1: "" if v is None else format(v * scale, fmt)
-print("| impl | tokens/s | ms/step | MFU | peak GEMM TFLOP/s | memory GiB | loss first → last |")
-print("|---|---|---|---|---|---|---|")
+print("| impl | tokens/s | ms/step | MFU | peak GEMM TFLOP/s | memory GiB | power W | tokens/J | loss first → last |")
+print("|---|---|---|---|---|---|---|---|---|")
 for impl, r in runs.items():
     mem = cell(r["mem_gib"], ".2f") + ("*" if impl.startswith("llm.c") and r["mem_gib"] is not None else "")
     print(f"| {impl} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | {cell(r['mfu'], '.1f', 100)}% "
-          f"| {cell(r['peak_tflops'], '.0f')} | {mem} | {r['loss_first']:.3f} → {r['loss_last']:.3f} |")
+          f"| {cell(r['peak_tflops'], '.0f')} | {mem} | {cell(r.get('power_w'), '.0f')} | {cell(r.get('tokens_per_j'), '.0f')} "
+          f"| {r['loss_first']:.3f} → {r['loss_last']:.3f} |")
 llmc = runs.get("llm.c-cudnn")
 if llmc:
     print(f"\nllm.c: median step {llmc['step_ms_median']:.2f} ms, fastest {llmc['step_ms_min']:.2f} ms; MFU over the GEMM "

@@ -278,8 +278,8 @@ def dir_date(path):
 
 
 def load_gpu(specs):
-    """Benchmark records (deduplicated) and metrics runs of every --gpu DIR[=COMMAND]."""
-    bench, metrics, seen = [], [], set()
+    """Benchmark records (deduplicated), metrics runs and gemm_reduce records of every --gpu DIR[=COMMAND]."""
+    bench, metrics, gemm, seen = [], [], [], set()
     for spec in specs:
         directory, _, command = spec.partition("=")
         command = command or f"RESULTS={directory} scripts/*-bench.sh"
@@ -300,6 +300,8 @@ def load_gpu(specs):
                     metrics.append({"path": path, "steps": steps, "ranks": world, "command": command,
                                     "date": dir_date(directory), "_dir": directory})
                 for r in records:
+                    if r.get("example") == "gemm_reduce" and r.get("device") == "cuda":
+                        gemm.append(dict(r, _path=path, _command=command, _date=dir_date(directory), _dir=directory))
                     if r.get("bench") not in ("gpt_train", "resnet_train", "resnet50", "encoder_train"):
                         continue
                     device = device or r.get("device")
@@ -310,12 +312,19 @@ def load_gpu(specs):
                     seen.add(key)
                     bench.append(dict(r, ranks=r.get("ranks", 1), _path=path, _command=command,
                                       _date=dir_date(directory), _rate=rate, _dir=directory))
-        # Records without a device (llm.c's, the metrics files) ran on the GPUs of their job.
+        # Records without a GPU's name (llm.c's, the metrics files, gemm_reduce's) ran on the GPUs of their
+        # job: the name a bench record gives, else the one report.sh --gpu-run wrote beside them.
+        named = os.path.join(directory, "device.txt")
+        if not device and os.path.exists(named):
+            device = open(named).read().strip() or None
         device = device or "GPU (device not recorded)"
         for item in bench + metrics:
             if item["_dir"] == directory:
                 item.setdefault("device", device)
-    return bench, metrics
+        for item in gemm:
+            if item["_dir"] == directory:
+                item["gpu"] = device
+    return bench, metrics, gemm
 
 
 def gpu_source(items, path_key, command_key, date_key, device_of):
@@ -444,12 +453,18 @@ def gpu_seed003(report, bench):
                       and os.path.dirname(o["_path"]) == os.path.dirname(r["_path"])
                       and r["impl"].startswith(o["impl"])), key=lambda o: len(o["impl"]))
         scaling = f"{r['_rate'] / (r['ranks'] * one[-1]['_rate']):.1%}" if r["ranks"] > 1 and one else None
+        watts = r.get("power_w")
         rows.append([model_of(r), run_name(r), str(r["ranks"]), r["_rate"], r.get("ms_per_step"),
-                     r.get("mfu"), r.get("mem_gib"), scaling, r["device"], job(r)])
+                     r.get("mfu"), r.get("mem_gib"), scaling, watts, r["_rate"] / watts if watts else None,
+                     r["device"], job(r)])
     report.add(table(["model", "run", "GPUs", "throughput", "ms/step", "MFU", "memory GiB", "scaling efficiency",
-                      "device", "job (bench/results/…)"], rows))
+                      "power W", "per joule", "device", "job (bench/results/…)"], rows))
     report.add("Scaling efficiency: the run's throughput over GPUs × the same implementation's 1-GPU "
-               "throughput in the same job (each GPU keeps its batch).")
+               "throughput in the same job (each GPU keeps its batch). Power: the run's GPUs' mean power "
+               "while it trained 3 s more after its timed steps, from NVML's energy counters, read alike for "
+               "dpml (bench/support/power.cuh) and PyTorch (bench/reference/gpu_power.py); per joule: "
+               "throughput ÷ power, in the throughput's unit (tokens, sequences, images). Jobs before "
+               "2026-11-29 did not meter power (—).")
     models = sorted({model_of(r) for r in records})
     cols = min(len(models), 2)
     rows_n = (len(models) + cols - 1) // cols
@@ -469,6 +484,39 @@ def gpu_seed003(report, bench):
                                                               lambda r: r["device"]))
 
 
+def gemm_figure(report, name, records, caption):
+    """The slowest rank's GEMM and the combine, stacked, beside one rank's GEMM, per (split, ranks)."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    labels = [f"{g['split']}, {g['ranks']}" for g in records]
+    gemm_ms = [g["gemm_ms"] for g in records]
+    ax.bar(labels, gemm_ms, color="tab:blue", label="GEMM")
+    ax.bar(labels, [g["combine_ms"] for g in records], bottom=gemm_ms, color="tab:orange", label="combine (all-reduce / gather)")
+    ax.plot(labels, [g["one_rank_ms"] for g in records], "k_", markersize=22, mew=2, label="one rank, same launch")
+    ax.set_xlabel("split, ranks")
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=8)
+    report.figure(fig, name, caption)
+
+
+def gpu_seed004(report, gemm):
+    if not gemm:
+        return
+    gemm = sorted(gemm, key=lambda g: (g["split"], g["ranks"]))
+    g0 = gemm[0]
+    report.add(f"### GPUs (examples/gemm_reduce --device cuda, C = A · B with M = N = K = {g0['m']}, float)")
+    rows = [[g["split"], str(g["ranks"]), g["comm"], g["one_rank_ms"], g["gemm_ms"], g["combine_ms"], g["total_ms"],
+             f"{g['speedup']:.2f}×", g["gflops"], f"{g['max_abs_error']:.1e}", g["gpu"]] for g in gemm]
+    report.add(table(["split", "ranks", "combine over", "one rank ms", "GEMM ms (slowest rank)", "combine ms", "total ms",
+                      "speedup", "GFLOP/s", "max error vs float64", "device"], rows))
+    report.add("Each rank multiplies its part with dpml's GPU GEMM (cuBLASLt, fp32). Ranks with a GPU each "
+               "combine over NCCL; ranks sharing one GPU (the seed's setting) over comm::Staged, through "
+               "host memory — there the parts' GEMMs queue on the one GPU, so the split cannot beat one "
+               "rank, and the combine is host copies and MPI.")
+    gemm_figure(report, "gpu-gemm-reduce.png", gemm,
+                "C = A · B split over ranks on GPUs: the slowest rank's GEMM and the combine, stacked, beside "
+                "one rank's GEMM in the same launch.\n\n" + gpu_source(gemm, "_path", "_command", "_date", lambda g: g["gpu"]))
+
+
 def cpu_seed004(report, runs, device):
     gemm = sorted((r for r in runs if r["study"] == "gemm" and r["gemm"]), key=lambda r: (r["gemm"]["split"], r["ranks"]))
     if not gemm:
@@ -483,20 +531,10 @@ def cpu_seed004(report, runs, device):
                "partial C that an all-reduce sums (M·N elements on the wire per rank), along M a block of "
                "rows that a gather collects (M·N/ranks each). \"one rank\" is rank 0 alone in the same "
                "launch, so it slows when the launch oversubscribes the cores; speedup is one rank's time "
-               "over the split's total. Times are medians of 5 repetitions. The GPU form (`--device cuda`: "
-               "NCCL, or comm::Staged for ranks sharing one GPU) has not run on a GPU yet.")
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    labels = [f"{r['gemm']['split']}, {r['ranks']}" for r in gemm]
-    gemm_ms = [r["gemm"]["gemm_ms"] for r in gemm]
-    ax.bar(labels, gemm_ms, color="tab:blue", label="GEMM")
-    ax.bar(labels, [r["gemm"]["combine_ms"] for r in gemm], bottom=gemm_ms, color="tab:orange", label="combine (all-reduce / gather)")
-    ax.plot(labels, [r["gemm"]["one_rank_ms"] for r in gemm], "k_", markersize=22, mew=2, label="one rank, same launch")
-    ax.set_xlabel("split, ranks")
-    ax.set_ylabel("ms")
-    ax.legend(fontsize=8)
-    report.figure(fig, "cpu-gemm-reduce.png",
-                  "C = A · B split over ranks: the slowest rank's GEMM and the combine, stacked, beside one "
-                  "rank's GEMM in the same launch.\n\n" + source_line(gemm, device))
+               "over the split's total. Times are medians of 5 repetitions.")
+    gemm_figure(report, "cpu-gemm-reduce.png", [dict(r["gemm"], ranks=r["ranks"]) for r in gemm],
+                "C = A · B split over ranks: the slowest rank's GEMM and the combine, stacked, beside one "
+                "rank's GEMM in the same launch.\n\n" + source_line(gemm, device))
 
 
 # ---------------------------------------------------------------------------- main
@@ -513,7 +551,7 @@ def main():
 
     report = Report(args.out)
     runs = load_cpu_runs(args.cpu_work)
-    bench, metrics = load_gpu(args.gpu)
+    bench, metrics, gemm = load_gpu(args.gpu)
     report.add(f"# dpml: the seeds' studies\n\nWritten by `{args.invocation}` on "
                f"{datetime.date.today().isoformat()} (scripts/report.sh's header says how to regenerate "
                "each part). Raw numbers behind the GPU figures and longer narratives: "
@@ -541,10 +579,14 @@ def main():
     report.add("## Seed 004: C = A · B over ranks, its parts summed or gathered")
     if runs:
         cpu_seed004(report, runs, args.cpu_device)
-    report.add("## Not in this report yet\n\n"
-               "CPU ranks beyond 4 and GPUs beyond 2; BERT-base and ViT-B/16 on 2 GPUs; power and "
-               "samples per joule of ResNet-50 and of the layouts; bytes of tensor- and "
-               "pipeline-parallel traffic; the seed 004 study on a GPU.")
+    gpu_seed004(report, gemm)
+    missing = ["CPU ranks beyond 4 and GPUs beyond 2", "BERT-base and ViT-B/16 on 2 GPUs",
+               "power of the tensor- and pipeline-parallel layouts", "bytes of tensor- and pipeline-parallel traffic"]
+    if not any(r.get("power_w") for r in bench):
+        missing.append("power and samples per joule of the seed 003 models")
+    if not gemm:
+        missing.append("the seed 004 study on a GPU")
+    report.add("## Not in this report yet\n\n" + "; ".join(missing) + ".")
     report.write()
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The seeds' studies as one report: docs/report.md with PNG figures under docs/report/.
 #
-#   scripts/report.sh [--cpu] [--gpu RESULTS_DIR]... [--out DIR]
+#   scripts/report.sh [--cpu] [--gpu RESULTS_DIR]... [--out DIR]      (any machine)
+#   scripts/report.sh --gpu-run [--parts "..."] [--out DIR]           (a GPU machine)
 #
 # * CPU part (--cpu; the default when neither --cpu nor --gpu is given): builds fashion_mnist and
 #   train_gpt with the "cpu" preset unless DPML_BUILD_DIR names a build that has them, then runs
@@ -26,6 +27,18 @@
 #     RESULTS=out/enc   scripts/encoder-bench.sh          # BERT-base and ViT-B/16, 1 GPU: dpml, PyTorch
 #     scripts/gpu-metrics-check.sh --dir out/metrics      # train_gpt metrics: power, memory, loss
 #   then: scripts/report.sh --gpu out/gpt --gpu out/rn --gpu out/scale --gpu out/metrics
+# * GPU run (--gpu-run, on a GPU machine: the one command there): runs the GPU studies, each part
+#   into $DPML_REPORT_GPU_WORK/PART (default build/report/gpu; the part's command in command.txt,
+#   the GPU's name in device.txt), then renders every part found there, the CPU section from
+#   $DPML_REPORT_WORK as above. Every dpml and PyTorch run also meters its GPUs' power (power_w,
+#   per joule). --parts picks some (default all; ~25 minutes on one H200 with llm.c staged):
+#     gpt      scripts/gpu-bench.sh                   GPT-2 124M: dpml, PyTorch eager and compiled, llm.c
+#     resnet   scripts/resnet-bench.sh --compile      ResNet-50: dpml, PyTorch (dp 2 beside DDP on 2 GPUs)
+#     encoder  scripts/encoder-bench.sh --modes compile   BERT-base and ViT-B/16 beside torch.compile
+#     metrics  scripts/gpu-metrics-check.sh           train_gpt on 1 and all GPUs: power, memory, loss
+#     scaling  scripts/scaling-bench.sh --no-tests    GPT-2 data parallel beside DDP (2 GPUs or more)
+#     gemm     gemm_reduce --device cuda, 4096³, on 1 and 2 ranks (sharing one GPU over comm::Staged,
+#              or one GPU each over NCCL), K and M splits
 # * --out DIR: where report.md and report/*.png go (default docs).
 # With --gpu but without --cpu the CPU section is rendered from the raw files of an earlier CPU
 # part in $DPML_REPORT_WORK when they are there, and says it was not run otherwise.
@@ -39,10 +52,17 @@ usage() {
 }
 
 invocation="scripts/report.sh${*:+ $*}"
-cpu=0 out=docs gpu_dirs=()
+cpu=0 out=docs gpu_dirs=() gpu_run=0 parts="gpt resnet encoder metrics scaling gemm"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cpu) cpu=1; shift ;;
+    --gpu-run) gpu_run=1; shift ;;
+    --parts)
+      [[ $# -ge 2 ]] || { echo "report.sh: --parts needs a list" >&2; exit 2; }
+      for p in $2; do
+        [[ " gpt resnet encoder metrics scaling gemm " == *" $p "* ]] || { echo "report.sh: --parts: no part $p" >&2; exit 2; }
+      done
+      parts=$2; shift 2 ;;
     --gpu)
       [[ $# -ge 2 ]] || { echo "report.sh: --gpu needs a results directory" >&2; exit 2; }
       [[ -d "${2%%=*}" ]] || { echo "report.sh: --gpu ${2%%=*}: not a directory" >&2; exit 2; }
@@ -54,7 +74,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "report.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-if [[ $cpu -eq 0 && ${#gpu_dirs[@]} -eq 0 ]]; then
+if [[ $cpu -eq 0 && ${#gpu_dirs[@]} -eq 0 && $gpu_run -eq 0 ]]; then
   cpu=1
   # The committed raw GPU files, each with the command that wrote it (bench/RESULTS.md's sections).
   gpu_dirs=(
@@ -133,7 +153,58 @@ if [[ $cpu -eq 1 ]]; then
   echo "CPU part: $(( $(date +%s) - started )) s"
 fi
 
+status=0
+if [[ $gpu_run -eq 1 ]]; then
+  gwork=${DPML_REPORT_GPU_WORK:-build/report/gpu}
+  gpus="$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)"
+  [[ $gpus -ge 1 ]] || { echo "report.sh: --gpu-run: nvidia-smi lists no GPU" >&2; exit 2; }
+  export NCCL_NVLS_ENABLE=0  # NVLink multicast off (TOOLCHAIN.md)
+  # gpu_part NAME SHOWN COMMAND...: the command with RESULTS=$gwork/NAME (the bench scripts' JSON
+  # lines land there); SHOWN is what the report names as its source
+  gpu_part() {
+    local name=$1 shown=$2 dir=$gwork/$1
+    shift 2
+    rm -rf "$dir" && mkdir -p "$dir"
+    echo "== report.sh: $name: $shown"
+    RESULTS=$dir "$@" >"$dir/run.log" 2>&1 || { tail -30 "$dir/run.log"; echo "report.sh: part $name failed" >&2; status=1; }
+    grep -A40 '^== summary' "$dir/run.log" || tail -5 "$dir/run.log"
+    mkdir -p "$dir"  # a script may have replaced its folder
+    echo "$shown" >"$dir/command.txt"
+    nvidia-smi --id=0 --query-gpu=name --format=csv,noheader >"$dir/device.txt" 2>/dev/null || true
+  }
+  # seed 004 on GPUs: C = A · B of 4096³ over 1 and 2 ranks, each split
+  gemm_runs() {
+    source scripts/lib/gpu-build.sh
+    gpu_build build/cuda-openmpi "$RESULTS" gemm_reduce
+    for k in 1 2; do
+      for split in k m; do
+        scripts/launch.sh -n "$k" build/cuda-openmpi/examples/gemm_reduce/gemm_reduce --device cuda --m 4096 --n 4096 \
+          --k 4096 --split "$split" --repeat 5 --metrics "$RESULTS/gemm-$split-$k.jsonl" || return 1
+      done
+    done
+  }
+  script() { gpu_part "$1" "${*:2}" "${@:2}"; }  # a part that is one script: shown as typed
+  for p in $parts; do
+    case $p in
+      gpt) script gpt scripts/gpu-bench.sh ;;
+      resnet) script resnet scripts/resnet-bench.sh --compile ;;
+      encoder) script encoder scripts/encoder-bench.sh --modes compile ;;
+      metrics) gpu_part metrics scripts/gpu-metrics-check.sh scripts/gpu-metrics-check.sh --dir "$gwork/metrics/run" ;;
+      scaling)
+        if [[ $gpus -ge 2 ]]; then script scaling scripts/scaling-bench.sh --ranks 2 --no-tests
+        else echo "== report.sh: scaling skipped: nvidia-smi lists $gpus GPU, 2 are needed"; fi ;;
+      gemm)
+        gpu_part gemm "scripts/launch.sh -n 1|2 gemm_reduce --device cuda --m 4096 --n 4096 --k 4096 --split k|m --repeat 5 (scripts/report.sh --gpu-run --parts gemm)" gemm_runs ;;
+    esac
+  done
+  for d in "$gwork"/*/; do
+    d=${d%/}
+    [[ -f $d/command.txt ]] && gpu_dirs+=("$d=$(cat "$d/command.txt")")
+  done
+fi
+
 device="$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^model name[[:space:]]*: //'), $(nproc) cores"
 args=(--out "$out" --cpu-work "$work" --cpu-device "$device" --invocation "$invocation")
 for d in "${gpu_dirs[@]}"; do args+=(--gpu "$d"); done
 python3 scripts/report.py "${args[@]}"
+exit $status

@@ -96,14 +96,14 @@ for f in ("dpml-composed-cudnn.txt", "dpml-composed-own.txt", "torch.txt", "dpml
             ips = j["images_per_s"]
         else:
             continue
-        runs[j["impl"]] = (ips, j["ms_per_step"], j["mem_gib"])
+        runs[j["impl"]] = (ips, j["ms_per_step"], j["mem_gib"], j.get("power_w"))
         k = j.get("ranks", 1)
         base = j["impl"].removesuffix(f"-dp{k}").removesuffix(f"-ddp{k}")
         by_ranks[(base, k)] = (ips, j.get("exposed_comm_ms"))
-print("| impl | img/s | ms/step | memory GiB |")
-print("|---|---|---|---|")
-for impl, (ips, ms, mem) in runs.items():
-    print(f"| {impl} | {ips:.0f} | {ms:.2f} | {mem:.2f} |")
+print("| impl | img/s | ms/step | memory GiB | power W | img/J |")
+print("|---|---|---|---|---|---|")
+for impl, (ips, ms, mem, watts) in runs.items():
+    print(f"| {impl} | {ips:.0f} | {ms:.2f} | {mem:.2f} | {watts or ''} | {f'{ips / watts:.2f}' if watts else ''} |")
 scaling = [(b, k) for (b, k) in by_ranks if k > 1 and (b, 1) in by_ranks]
 if scaling:
     print()

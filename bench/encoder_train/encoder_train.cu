@@ -25,12 +25,15 @@
 //              measured in the same run (bench/support/peak.cuh)
 //   memory     device memory this process took (cudaMemGetInfo before the model and after the
 //              run); encoder_train_memory lines split it by set-up phase
+//   power      power_w: the GPUs' summed mean power while training --energy-seconds more after the
+//              timed steps (bench/support/power.cuh; null where not read), samples_per_j = samples/s ÷ W
 //   ranks      under scripts/launch.sh -n K: one GPU per rank, each replica on its own batch of B,
 //              gradients summed by the trainer's buckets while the backward runs
 //
 // Flags: train::Args (--help lists them with their defaults; a bad value exits 1 naming it).
 #include "../support/memory_phases.cuh"
 #include "../support/peak.cuh"
+#include "../support/power.cuh"
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -81,6 +84,7 @@ struct Options {
   int recompute_gelu = 1;
   double bucket_mb = 25;
   bool cuda_profile = false;  // one more step between cudaProfilerStart/Stop (bench/timeline's CUPTI tracer, ncu)
+  double energy_seconds = 3;  // after the timed steps, this long more to meter the GPUs' power (0: none)
   bool bert() const { return model == "bert"; }
   std::int64_t tokens() const { return bert() ? seq : (image / patch) * (image / patch) + 1; }  // per sample
 };
@@ -112,7 +116,10 @@ bool parse(int argc, char** argv, int rank, Options& o) {
       .flag("--bucket-mb", o.bucket_mb, "data parallel: MB per gradient all-reduce bucket", train::positive<double>())
       .flag("--cuda-profile", o.cuda_profile,
             "after the timed steps, one more step between cudaProfilerStart and cudaProfilerStop (bench/timeline's "
-            "CUPTI tracer, ncu --profile-from-start off)");
+            "CUPTI tracer, ncu --profile-from-start off)")
+      .flag("--energy-seconds", o.energy_seconds,
+            "after the timed steps, train this many seconds more to meter the GPUs' mean power (bench/support/power.cuh; "
+            "0: not measured)", train::at_least(0.0));
   if (!args.parse(argc, argv, rank)) return false;
   if (o.batch == 0) o.batch = o.bert() ? 32 : 128;
   DPML_REQUIRE_EVERYWHERE(o.mask_token < o.vocab, "encoder_train: [MASK] (" << o.mask_token << ") is not below --vocab " << o.vocab);
@@ -149,7 +156,8 @@ data::MaskedLmBatch masked_batch(const Options& o, std::int64_t step, int rank, 
 
 struct Measured {
   double ms_step = 0, mem_gib = 0;
-  std::vector<double> losses;
+  double power_w = NAN;        // all GPUs, while training on after the timed steps
+  std::vector<double> losses;  // the warm-up and timed steps'
   dpml::bench::MemoryPhases::Phases mem_parts;
 };
 
@@ -176,6 +184,7 @@ Measured time_steps(const Options& o, const comm::Mpi& world, Gpu& gpu, Step&& s
   for (int i = 0; i < o.warmup; ++i) next();
   if (world.size() > 1) world.barrier();
   m.ms_step = world.allreduce(dpml::bench::ms_per_step(o.steps, gpu.dev.stream(), next), comm::ReduceOp::max);
+  m.power_w = dpml::bench::mean_power_w(world, o.energy_seconds, m.ms_step, [&] { (void)step(++s); });
   if (o.cuda_profile) dpml::bench::profiled_step([&] { (void)step(++s); });
   gpu.dev.synchronize();
   m.mem_gib = world.allreduce(gpu.memory.gib(), comm::ReduceOp::max);
@@ -256,11 +265,12 @@ int run(const Options& o, const comm::Mpi& world) {
   std::printf("{\"bench\":\"encoder_train\",\"model\":\"%s\",\"impl\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"tokens\":%lld,"
               "\"layers\":%lld,\"dim\":%lld,\"heads\":%lld,\"params\":%.0f,\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,"
               "\"samples_per_s\":%.1f,\"model_tflops\":%.2f,\"peak_tflops\":%.1f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
-              "\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"ranks\":%d}\n",
+              "\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"ranks\":%d,\"power_w\":%s,\"samples_per_j\":%s}\n",
               o.model.c_str(), impl.c_str(), prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.tokens()),
               static_cast<long long>(o.layers), static_cast<long long>(o.dim), static_cast<long long>(o.heads), n_params, o.steps,
               o.warmup, r.ms_step, samples_s, tflops, peak, tflops / peak, r.mem_gib, r.losses.front(), r.losses.back(),
-              finite ? "true" : "false", ranks);
+              finite ? "true" : "false", ranks, dpml::bench::json_number(r.power_w).c_str(),
+              dpml::bench::json_number(samples_s / r.power_w, 2).c_str());
   dpml::bench::print_memory_phases("encoder_train_memory", impl.c_str(), r.mem_parts);
   std::printf("\n%s (L=%lld d=%lld H=%lld, %lld tokens per sample) B=%lld on %d × %s, bf16 + fp32 master, AdamW, clip 1.0\n",
               o.bert() ? "BERT (masked LM)" : "ViT (classifier)", static_cast<long long>(o.layers), static_cast<long long>(o.dim),

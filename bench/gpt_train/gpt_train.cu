@@ -37,10 +37,14 @@
 //   sizes      --model-size 124m|350m|1.3b|2.7b|6.7b (models/gpt.hpp); --dry-run prints the memory
 //              estimate per rank kind (models/gpt_memory.hpp) and exits; every run prints it beside
 //              the measured phases (gpt_train_memory "after":"estimate": the largest rank's)
+//   power      power_w: the GPUs' summed mean power while training --energy-seconds more after the
+//              timed steps (bench/support/power.cuh: NVML's energy counters; null where not read),
+//              and tokens_per_j = tokens/s ÷ power_w
 //   profile    --cuda-profile: one more step between cudaProfilerStart and cudaProfilerStop, for
 //              ncu --profile-from-start off (bench/gpt_train/kernel-diff.sh compares two such runs)
 #include "../support/memory_phases.cuh"
 #include "../support/peak.cuh"
+#include "../support/power.cuh"
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -99,6 +103,7 @@ struct Options {
   std::int64_t micro_batch = 0;       // sequences per micro-batch (0: --batch, one micro-batch)
   std::string schedule = "1f1b";      // pipeline schedule
   bool cuda_profile = false;          // one more step between cudaProfilerStart/Stop (ncu --profile-from-start off)
+  double energy_seconds = 3;          // after the timed steps, this long more to meter the GPUs' power (0: none)
   std::string model_size;             // a named shape (models::kGptPresets); --layers/--dim/--heads/--seq override it
   bool dry_run = false;               // print the memory estimate and exit before any CUDA call
   int micro_batches() const { return static_cast<int>(batch / micro_batch); }
@@ -152,7 +157,10 @@ bool parse(int argc, char** argv, int rank, Options& o) {
             "ZeRO-1: shard the fp32 master weights and AdamW moments over the data-parallel ranks")
       .flag("--cuda-profile", o.cuda_profile,
             "after the timed steps, one more step between cudaProfilerStart and cudaProfilerStop, for ncu "
-            "--profile-from-start off (bench/gpt_train/kernel-diff.sh: per-kernel time of two runs)");
+            "--profile-from-start off (bench/gpt_train/kernel-diff.sh: per-kernel time of two runs)")
+      .flag("--energy-seconds", o.energy_seconds,
+            "after the timed steps, train this many seconds more to meter the GPUs' mean power (bench/support/power.cuh; "
+            "0: not measured)", train::at_least(0.0));
   if (!args.parse(argc, argv, rank)) return false;
   const char* shape_flags[] = {"--layers", "--dim", "--heads", "--seq"};
   models::apply_gpt_preset(o.model_size, [&](int i) { return args.given(shape_flags[i]); }, o.model.layers, o.model.dim,
@@ -228,7 +236,8 @@ class Batches {
 // What one run measured, on every rank alike (the slowest rank's times, the largest memory).
 struct Measured {
   double ms_step = 0, exposed_ms = 0, ms_min = 0, ms_median = 0, launch_median = 0, mem_gib = 0, buffers_gib = 0;
-  std::vector<double> losses;     // per step (the last pipeline stage's, broadcast)
+  double power_w = NAN;           // all GPUs, while training on after the timed steps
+  std::vector<double> losses;     // per step of the warm-up and the timed steps (the last pipeline stage's, broadcast)
   std::int64_t skipped = 0;       // steps without an update (fp16 overflows)
   dpml::bench::MemoryPhases::Phases mem_parts;  // GiB taken by the end of each set-up phase
 };
@@ -301,7 +310,10 @@ Measured run_model(const Options& o, const comm::Mpi& world, const parallel::Pro
     };
     time_steps(o, world, dev.stream(), step_ms, launch_ms, train_step, m);
     m.exposed_ms = world.allreduce(exposed_s * 1e3, comm::ReduceOp::max);
+    const std::size_t timed = m.losses.size();
+    m.power_w = dpml::bench::mean_power_w(world, o.energy_seconds, m.ms_step, train_step);
     if (o.cuda_profile) dpml::bench::profiled_step(train_step);
+    m.losses.resize(timed);
     auto& opt = trainer.optimizer();
     std::size_t owned = 0;  // elements of optimizer state this rank holds (its shard under ZeRO-1)
     for (std::size_t i = 0; i < opt.optimizer().range_count(); ++i) owned += opt.optimizer().range(i).value.size();
@@ -362,7 +374,8 @@ int run(const Options& o, const comm::Mpi& world) {
               finite ? "true" : "false", o.precision.c_str(), static_cast<long long>(r.skipped), ranks, o.tp, dp, o.pp,
               o.pp > 1 || m > 1 ? o.schedule.c_str() : "none", static_cast<long long>(o.micro_batch), m, o.bucket_mb,
               o.distributed_optimizer ? "true" : "false",
-              r.exposed_ms, r.ms_min, r.ms_median, r.launch_median);
+              r.exposed_ms, r.ms_min, r.ms_median, r.launch_median, dpml::bench::json_number(r.power_w).c_str(),
+              dpml::bench::json_number(tok_s / r.power_w).c_str());
   dpml::bench::print_memory_phases("gpt_train_memory", impl, r.mem_parts);  // rank 0's
   std::printf("{\"bench\":\"gpt_train_memory\",\"impl\":\"%s\",\"after\":\"estimate\",\"gib\":%.3f}\n", impl,
               estimate(o, ranks).largest().total() / (1 << 30));  // models/gpt_memory.hpp's, beside mem_gib (the largest rank's)

@@ -20,7 +20,8 @@ Prints a JSON line {"bench":"encoder_train","model":...,"impl":"torch-eager"|"to
 "torchvision-…",...} with samples/s, ms/step, peak memory (torch.cuda.max_memory_allocated over the
 timed steps) and MFU by encoder_train's formula ((6N + 12·L·T·d) FLOPs per token, N without padding,
 T = 512 or 197), then {"bench":"encoder_train_family",...} lines: one profiled step's CUDA kernel
-time by family (torch_gpt.py's grouping).
+time by family (torch_gpt.py's grouping). power_w and samples_per_j: the GPU's mean power while training
+--energy-seconds more after the timed steps (gpu_power.py, the rule of the dpml benches).
 """
 import argparse
 import json
@@ -30,6 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpu_power import mean_power_w, per_joule
 from torch_gpt import Block, make_train_step, peak_tflops, profile_families, time_steps
 
 
@@ -108,6 +110,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--energy-seconds", type=float, default=3.0,
+                    help="after the timed steps, train this long more to meter the GPU's power (0: not measured)")
     a = ap.parse_args()
     bert = a.model == "bert"
     batch = a.batch or (32 if bert else 128)
@@ -143,6 +147,7 @@ def main():
     fwd = torch.compile(model) if a.mode == "compile" else model
     train_step = make_train_step(fwd, model, opt, next_batch, a.lr, a.warmup)
     losses, warm_s, ms, mem = time_steps(train_step, a.warmup, a.steps)
+    watts = mean_power_w(train_step, a.energy_seconds, ms)
 
     samples_s = batch / (ms * 1e-3)
     fpt = 6 * n_params + 12 * a.layers * tokens * a.dim
@@ -155,7 +160,8 @@ def main():
                       "ms_per_step": round(ms, 3), "samples_per_s": round(samples_s, 1), "model_tflops": round(tflops, 2),
                       "peak_tflops": round(peak, 1), "mfu": round(tflops / peak, 4), "mem_gib": round(mem, 3),
                       "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
-                      "finite": all(math.isfinite(l) for l in losses), "ranks": 1}), flush=True)
+                      "finite": all(math.isfinite(l) for l in losses), "ranks": 1,
+                      "power_w": watts and round(watts, 1), "samples_per_j": per_joule(samples_s, watts)}), flush=True)
     total = sum(fam.values()) or 1.0
     for f, t in sorted(fam.items(), key=lambda kv: -kv[1]):
         print(json.dumps({"bench": "encoder_train_family", "model": a.model, "impl": impl, "family": f, "ms": round(t, 3),

@@ -15,7 +15,9 @@ Prints JSON lines: {"bench":"gpt_train","impl":"torch-eager"|"torch-compile",...
 ms/step, peak memory (torch.cuda.max_memory_allocated over the timed steps), and
 {"bench":"gpt_train_family",...} from torch.profiler over one step (CUDA kernel time grouped by
 kernel name into families). MFU uses the same formula as gpt_train: (6N + 12·L·T·d) FLOPs per
-token, N the parameter count without padding, against a bf16 8192³ matmul measured here.
+token, N the parameter count without padding, against a bf16 8192³ matmul measured here. power_w and
+tokens_per_j: the GPUs' mean power while training --energy-seconds more after the timed steps (gpu_power.py,
+the rule of the dpml benches).
 """
 import argparse
 import json
@@ -29,6 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gpu_power import mean_power_w, per_joule
 
 
 class Block(nn.Module):
@@ -183,6 +187,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--energy-seconds", type=float, default=3.0,
+                    help="after the timed steps, train this long more to meter the GPUs' power (0: not measured)")
     a = ap.parse_args()
 
     ranks = int(os.environ.get("WORLD_SIZE", "1"))
@@ -215,6 +221,7 @@ def main():
         t = torch.tensor([ms], device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         ms = t.item()
+    watts = mean_power_w(train_step, a.energy_seconds, ms)
 
     tok_s = a.batch * a.seq * ranks / (ms * 1e-3)
     fpt = 6 * n_params + 12 * a.layers * a.seq * a.dim
@@ -231,7 +238,8 @@ def main():
                       "ms_per_step": round(ms, 3), "tokens_per_s": round(tok_s, 1), "model_tflops": round(tflops, 2),
                       "peak_tflops": round(peak, 1), "mfu": round(tflops / peak, 4), "mem_gib": round(mem, 3),
                       "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
-                      "finite": all(math.isfinite(l) for l in losses), "ranks": ranks}), flush=True)
+                      "finite": all(math.isfinite(l) for l in losses), "ranks": ranks,
+                      "power_w": watts and round(watts, 1), "tokens_per_j": per_joule(tok_s, watts, 1)}), flush=True)
     total = sum(fam.values()) or 1.0
     for f, t in sorted(fam.items(), key=lambda kv: -kv[1]):
         print(json.dumps({"bench": "gpt_train_family", "impl": impl, "family": f, "ms": round(t, 3),

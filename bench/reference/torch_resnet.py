@@ -21,7 +21,8 @@ so. On one rank (no process group) SyncBatchNorm runs as plain BatchNorm.
 Steps are timed with CUDA events after the warm-up, with no host synchronisation between steps.
 Prints one JSON line per mode, {"bench":"resnet50","impl":"torch-eager"|"torch-compile",...}, with
 img/s, ms/step and peak memory (torch.cuda.max_memory_allocated over the timed steps, GiB), then a
-short table (not with --json-only). Reference figure (H100, eager, B=256, 224 px): 3911 img/s, 11.0 GiB.
+short table (not with --json-only). power_w and images_per_j: the GPUs' mean power while training
+--energy-seconds more after the timed steps (gpu_power.py, the rule of the dpml benches). Reference figure (H100, eager, B=256, 224 px): 3911 img/s, 11.0 GiB.
 """
 import argparse
 import json
@@ -33,6 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gpu_power import mean_power_w, per_joule
 
 
 class Bottleneck(nn.Module):
@@ -125,6 +128,7 @@ def measure(a, mode, images, labels, ranks):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         ms = t.item()
     mem = torch.cuda.max_memory_allocated() / 2**30
+    watts = mean_power_w(train_step, a.energy_seconds, ms)
     losses = [l.item() for l in losses]
     impl = "torch-" + mode + (f"-ddp{ranks}" if ranks > 1 else "") + ("-syncbn" if a.sync_bn else "")
     return {"bench": "resnet50", "impl": impl, "device": torch.cuda.get_device_name(),
@@ -133,7 +137,8 @@ def measure(a, mode, images, labels, ranks):
             "warmup_s": round(warm_s, 1), "ms_per_step": round(ms, 3),
             "images_per_s": round(a.batch * ranks / (ms * 1e-3), 1), "mem_gib": round(mem, 3),
             "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
-            "finite": all(math.isfinite(l) for l in losses), "ranks": ranks, "sync_bn": a.sync_bn}
+            "finite": all(math.isfinite(l) for l in losses), "ranks": ranks, "sync_bn": a.sync_bn,
+            "power_w": watts and round(watts, 1), "images_per_j": per_joule(a.batch * ranks / (ms * 1e-3), watts)}
 
 
 def main():
@@ -150,6 +155,8 @@ def main():
     ap.add_argument("--sync-bn", action="store_true",
                     help="synchronised BatchNorm over the ranks (nn.SyncBatchNorm.convert_sync_batchnorm)")
     ap.add_argument("--json-only", action="store_true", help="print the JSON lines only, no table")
+    ap.add_argument("--energy-seconds", type=float, default=3.0,
+                    help="after the timed steps, train this long more to meter the GPUs' power (0: not measured)")
     a = ap.parse_args()
     if a.steps < 1:
         ap.error("--steps must be at least 1")

@@ -27,6 +27,8 @@
 //              communicators", "model" (the layers' parameters), "optimizer" (the flat buffers,
 //              master weights and momentum), "batch", "first step" (the layers' activations, the
 //              Device's scratch and shared gradient buffers, the cuDNN workspace)
+//   power      power_w: the GPUs' summed mean power while training --energy-seconds more after the
+//              timed steps (bench/support/power.cuh; null where not read), img_per_j = img/s ÷ W
 //   ranks      K: under scripts/launch.sh -n K (mpirun/srun), one GPU per rank, each on its own
 //              batch of B images (seeded by its rank); gradients summed by the
 //              DistributedOptimizer's buckets (--bucket-mb; the loss divides by K · B) while the
@@ -39,6 +41,7 @@
 // (The model's agreement with the float64 host model, one step and an SGD loss curve, is
 // tests/cuda/test_resnet_composed.cu's.)
 #include "../support/memory_phases.cuh"
+#include "../support/power.cuh"
 #include "../support/train_timing.cuh"
 
 #include <dpml/comm/launch.hpp>
@@ -94,6 +97,7 @@ struct Options {
   std::string conv = DPML_HAS_CUDNN ? "cudnn" : "own";
   double bucket_mb = 25;  // data parallel: gradient all-reduce bucket (PyTorch DDP's default)
   bool sync_bn = false;   // BatchNorm statistics over all ranks' batches
+  double energy_seconds = 3;  // after the timed steps, this long more to meter the GPUs' power (0: none)
 };
 
 // Flags, parsed by train::Args (--help lists them with their defaults, printed by rank 0); false
@@ -117,7 +121,9 @@ bool parse(int argc, char** argv, Options& o, int rank) {
       .flag("--conv", o.conv, DPML_HAS_CUDNN ? "convolutions: own (dpml's implicit GEMM) | cudnn"
                                              : "convolutions: own (dpml's implicit GEMM; built without cuDNN)")
       .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB of gradients per all-reduce bucket", dpml::train::positive<double>())
-      .flag("--sync-bn", o.sync_bn, "synchronised BatchNorm: statistics of all ranks' batches (SyncBatchNorm)");
+      .flag("--sync-bn", o.sync_bn, "synchronised BatchNorm: statistics of all ranks' batches (SyncBatchNorm)")
+      .flag("--energy-seconds", o.energy_seconds, "after the timed steps, train this many seconds more to meter the GPUs' "
+            "mean power (bench/support/power.cuh; 0: not measured)", dpml::train::at_least(0.0));
   if (!args.parse(argc, argv, rank)) return false;
   std::istringstream in(blocks);
   std::string part;
@@ -259,6 +265,7 @@ class Composed {
 struct Result {
   std::string impl;
   double ms_step = 0, exposed_ms = 0, mem_gib = 0, buffers_gib = 0, flops_per_image = 0;
+  double power_w = NAN;  // all GPUs, while training on after the timed steps
   std::int64_t params = 0;
   std::vector<double> losses;
   dpml::bench::MemoryPhases::Phases memory;  // GiB taken by the end of each set-up phase
@@ -296,6 +303,7 @@ Result run_composed(const Options& o, const comm::Mpi& world) {
     return loss;
   });
   r.exposed_ms = world.allreduce(model.exposed_ms(), comm::ReduceOp::max);
+  r.power_w = dpml::bench::mean_power_w(world, o.energy_seconds, r.ms_step, [&] { (void)model.step(); });
   DPML_CHECK_CUDA(cudaDeviceSynchronize());
   r.mem_gib = memory.gib() - memory.phases().front().second;  // without the Device and communicators, as before
   r.memory = memory.phases();
@@ -325,14 +333,15 @@ int report(const Options& o, const comm::Mpi& world, const Result& r) {
               "\"image\":%lld,\"width\":%lld,\"blocks\":[%lld,%lld,%lld,%lld],\"classes\":%lld,\"params\":%lld,"
               "\"steps\":%d,\"warmup\":%d,\"ms_per_step\":%.3f,\"img_per_s\":%.1f,\"model_tflops\":%.2f,"
               "\"mem_gib\":%.3f,\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,"
-              "\"ranks\":%d,\"bucket_mb\":%.1f,\"exposed_comm_ms\":%.3f,\"sync_bn\":%s}\n",
+              "\"ranks\":%d,\"bucket_mb\":%.1f,\"exposed_comm_ms\":%.3f,\"sync_bn\":%s,\"power_w\":%s,\"img_per_j\":%s}\n",
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.image),
               static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
               static_cast<long long>(o.model.blocks[1]), static_cast<long long>(o.model.blocks[2]),
               static_cast<long long>(o.model.blocks[3]), static_cast<long long>(o.model.classes),
               static_cast<long long>(r.params), o.steps, o.warmup, r.ms_step, img_s, tflops, r.mem_gib, r.buffers_gib,
               r.losses.front(), r.losses.back(), finite ? "true" : "false", ranks, o.bucket_mb, r.exposed_ms,
-              o.sync_bn ? "true" : "false");
+              o.sync_bn ? "true" : "false", dpml::bench::json_number(r.power_w).c_str(),
+              dpml::bench::json_number(img_s / r.power_w, 2).c_str());
   dpml::bench::print_memory_phases("resnet_train_memory", impl, r.memory);
   std::printf("\nResNet (width %lld, blocks %lld,%lld,%lld,%lld) B=%lld %lldpx on %s, bf16 + fp32 master, SGD, %s\n",
               static_cast<long long>(o.model.width), static_cast<long long>(o.model.blocks[0]),
