@@ -85,6 +85,11 @@ if [[ $cpu -eq 0 && ${#gpu_dirs[@]} -eq 0 && $gpu_run -eq 0 ]]; then
     "bench/results/h100-2026-11-28-encoder-bench=scripts/encoder-bench.sh --models 'bert vit' --modes compile"
     "bench/results/h200x2-2026-11-28-encoder-bench=scripts/encoder-bench.sh --models bert; scripts/encoder-bench.sh --models vit"
   )
+  # scripts/report.sh --gpu-run's parts, each with the command.txt it wrote
+  for d in bench/results/h200-2026-11-29-report/*/; do
+    d=${d%/}
+    gpu_dirs+=("$d=scripts/report.sh --gpu-run: $(cat "$d/command.txt")")
+  done
 fi
 
 work=${DPML_REPORT_WORK:-build/report/cpu}
