@@ -242,27 +242,44 @@ def cpu_seed001(report, runs, device):
         m = re.search(r"--(tp|pp) 2", run["command"])
         run["layout"] = "1 rank" if run["ranks"] == 1 else (f"{m.group(1)} 2" if m else "dp 2")
         peak = max((r.get("peak_memory_gib") or 0 for r in run["steps"]), default=0)
-        rows.append([run["layout"], run["tok_s"], f"{run['tok_s'] / reference['tok_s']:.2f}×", peak,
-                     median([r.get("wire_bytes") for r in steps]),
+        run["sent"] = [median([r.get(k) for r in steps]) or 0 for k in ("wire_bytes", "tensor_bytes", "pipeline_bytes")]
+        rows.append([run["layout"], run["tok_s"], f"{run['tok_s'] / reference['tok_s']:.2f}×", peak, *run["sent"],
                      median([r.get("exposed_comm_s") for r in steps]),
                      median([r.get("pipeline_wait_s") for r in steps]),
                      run["steps"][-1]["loss"], max_abs_diff(run, reference), load(run)])
     report.add(table(["layout", "tokens/s (median step)", "vs 1 rank", "peak memory GiB (rank 0)",
-                      "wire bytes / step", "exposed comm s / step", "pipeline wait s / step",
+                      "bytes sent / step: gradients (data axis)", "activations (tensor axis)", "pipeline messages",
+                      "exposed comm s / step", "pipeline wait s / step",
                       "final loss", "max |Δloss| vs 1 rank", "load avg before → after"], rows))
     report.add("Same model, data, seed and global batch in each layout; every column is rank 0's "
-               "metrics file (peak_memory_gib, wire_bytes, exposed_comm_s, pipeline_wait_s). "
-               "wire bytes count the data-parallel gradient traffic only, so tp 2 and pp 2 show 0.")
-    fig, (tax, max_) = plt.subplots(1, 2, figsize=(10, 3.4))
+               "metrics file (peak_memory_gib, wire_bytes, tensor_bytes, pipeline_bytes, exposed_comm_s, "
+               "pipeline_wait_s). Bytes are what rank 0 sent in a step: the gradient buckets' all-reduce "
+               "and the tensor-parallel layers' all-reduces and all-gathers counted as ring algorithms send "
+               "them (parallel/wire_bytes.hpp), the pipeline's activations and gradients as sent. "
+               "Data parallelism sends the gradients once a step, whatever the batch; tensor parallelism "
+               "sends activations, four all-reduces of a micro-batch's (rows, C) per block, so "
+               "its traffic grows with the batch and the sequence; the pipeline sends one activation "
+               "and one gradient per micro-batch and stage boundary. On a fast link the layout with the "
+               "least exposed time wins; the bytes say which wins as links slow down or models grow.")
+    fig, (tax, max_, bax) = plt.subplots(1, 3, figsize=(13, 3.4))
     names = [r["layout"] for r in layouts]
     tax.bar(names, [r["tok_s"] for r in layouts], color="tab:blue")
     tax.set_ylabel("tokens/s")
     max_.bar(names, [max((s.get("peak_memory_gib") or 0 for s in r["steps"]), default=0) for r in layouts],
              color="tab:orange")
     max_.set_ylabel("peak memory GiB (rank 0)")
+    bottom = [0.0] * len(layouts)
+    for i, (what, color) in enumerate((("gradients", "tab:green"), ("activations (tp)", "tab:purple"),
+                                       ("pipeline", "tab:brown"))):
+        mb = [r["sent"][i] / 1e6 for r in layouts]
+        bax.bar(names, mb, bottom=bottom, color=color, label=what)
+        bottom = [b + m for b, m in zip(bottom, mb)]
+    bax.set_ylabel("MB sent per step (rank 0)")
+    bax.legend(fontsize=8)
     report.figure(fig, "cpu-layouts.png",
-                  "Throughput (left) and rank 0's memory (right) of data, tensor and pipeline "
-                  "parallelism on 2 ranks against 1 rank.\n\n" + source_line(layouts, device))
+                  "Throughput (left), rank 0's memory (middle) and the bytes rank 0 sent per step, by "
+                  "axis (right), of data, tensor and pipeline parallelism on 2 ranks against 1 rank.\n\n"
+                  + source_line(layouts, device))
     loss_figure(report, "cpu-loss-layouts.png", layouts, reference, lambda r: r["layout"],
                 "Loss of each layout against the 1-rank run (left) and the per-step difference "
                 "(right): the layouts train the same model on the same batches.\n\n"
@@ -581,7 +598,9 @@ def main():
         cpu_seed004(report, runs, args.cpu_device)
     gpu_seed004(report, gemm)
     missing = ["CPU ranks beyond 4 and GPUs beyond 2", "BERT-base and ViT-B/16 on 2 GPUs",
-               "power of the tensor- and pipeline-parallel layouts", "bytes of tensor- and pipeline-parallel traffic"]
+               "power of the tensor- and pipeline-parallel layouts"]
+    if not any(s.get("tensor_bytes") for r in runs or [] for s in r["steps"]):
+        missing.append("bytes of tensor- and pipeline-parallel traffic")
     if not any(r.get("power_w") for r in bench):
         missing.append("power and samples per joule of the seed 003 models")
     if not gemm:

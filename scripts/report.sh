@@ -11,7 +11,8 @@
 #     seed 000: fashion_mnist --model mlp (one epoch, no augmentation) on 1, 2 and 4 ranks with a
 #               fixed global batch of 128 (strong scaling) and 64 images per rank (weak scaling)
 #     seed 001: train_gpt (4 layers, C 128, 4 heads, T 64, global batch 32) on 1 rank and on 2
-#               ranks as dp 2, tp 2 and pp 2
+#               ranks as dp 2, tp 2 and pp 2 (the bytes each axis sent: the metrics' wire_bytes,
+#               tensor_bytes, pipeline_bytes)
 #     seed 004: gemm_reduce (C = A · B, 1024³) on 1, 2 and 4 ranks, K split (partial products
 #               summed) and M split (row blocks gathered)
 #   The raw files (metrics JSON lines, programs' output, runs.jsonl: one line per run with its
@@ -31,7 +32,9 @@
 #   into $DPML_REPORT_GPU_WORK/PART (default build/report/gpu; the part's command in command.txt,
 #   the GPU's name in device.txt), then renders every part found there, the CPU section from
 #   $DPML_REPORT_WORK as above. Every dpml and PyTorch run also meters its GPUs' power (power_w,
-#   per joule). --parts picks some (default all; ~25 minutes on one H200 with llm.c staged):
+#   per joule). --parts picks some (default all). Each part's script builds the targets it needs;
+#   on one H200 (16 cores), after a build of every target (7.5 minutes), gpt, resnet, encoder and
+#   gemm ran in ~9 minutes, and metrics takes ~4 more (its header):
 #     gpt      scripts/gpu-bench.sh                   GPT-2 124M: dpml, PyTorch eager and compiled, llm.c
 #     resnet   scripts/resnet-bench.sh --compile      ResNet-50: dpml, PyTorch (dp 2 beside DDP on 2 GPUs)
 #     encoder  scripts/encoder-bench.sh --modes compile   BERT-base and ViT-B/16 beside torch.compile

@@ -268,6 +268,7 @@ int train_and_sample(Trainer& trainer, const Run& run) {
                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_step / r.seconds},
                          {"exposed_comm_s", r.exposed_comm_seconds}, {"pipeline_wait_s", r.pipeline.wait},
                          {"wire_bytes", double(r.wire_bytes)}, {"dense_bytes", double(r.dense_bytes)},
+                         {"tensor_bytes", double(r.tensor_bytes)}, {"pipeline_bytes", double(r.pipeline.sent_bytes)},
                          {"elapsed_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count()}},
                   hw.metrics("energy_j_per_token", tokens_per_step));
     if (step % f.log_interval == 0 || step == 1 || step == f.iters) {

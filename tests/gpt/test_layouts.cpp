@@ -161,6 +161,32 @@ TEST_CASE("gpt: every layout of this world equals the sequential run", "[gpt][la
     }
 }
 
+TEST_CASE("gpt: a step reports the bytes it sent over the tensor and pipeline axes", "[gpt][layout]") {
+  const auto world = test::world();
+  const int n = world.size();
+  const std::int64_t message = kSeq * tiny(false).dim * static_cast<std::int64_t>(sizeof(float));  // one sequence's (T, C)
+  for (const auto [tp, pp] : {std::pair{1, 1}, std::pair{n, 1}, std::pair{1, n}}) {
+    if (4 % n != 0) continue;  // the tiny model's 4 heads and 4 blocks split over 1, 2 or 4 ranks
+    CAPTURE(tp, pp);
+    const auto grid = ProcessGrid::create(world, {.tp = tp, .pp = pp});
+    models::Gpt<float> model(tiny(false), grid);
+    layers::initialize_all(model.parameters(), 1234, &grid);
+    using Strategy = parallel::Parallel<parallel::TensorParallel, parallel::PipelineParallel<parallel::pipeline::OneFOneB>,
+                                        parallel::DataParallel<>>;
+    train::GptTrainer<Strategy, optim::AdamW> trainer(model, grid, {}, {.bucket_bytes = 2048},
+                                                            {.micro_batch = 1, .global_batch = kGlobalBatch, .seed = 5});
+    const auto r = trainer.train_step(local_rows(global_batch(0), grid.coord(Axis::data), grid.dp()), 1e-2);
+    const std::int64_t m = kGlobalBatch / grid.dp();  // micro-batches of one sequence
+    // The pipeline: each micro-batch's activation forward unless last, its gradient back unless first.
+    const int stage = grid.coord(Axis::pipeline);
+    CHECK(r.pipeline.sent_bytes == m * message * ((stage < pp - 1 ? 1 : 0) + (stage > 0 ? 1 : 0)));
+    // The tensor axis: at least the blocks' four all-reduces of a (T, C) per micro-batch (the
+    // embedding's and the head's come on top).
+    if (tp == 1) CHECK(r.tensor_bytes == 0);
+    else CHECK(r.tensor_bytes >= m * 4 * tiny(false).layers * parallel::wire_bytes::allreduce(message / 4, 4, tp));
+  }
+}
+
 TEST_CASE("gpt: a hierarchical data-parallel all-reduce equals the sequential run", "[gpt][layout]") {
   const auto world = test::world();
   const int n = world.size();

@@ -109,6 +109,10 @@ void check_equal_to_sequential(const char* name, const dpml::comm::Mpi& pipe) {
     CHECK(t.total >= t.busy());
     CHECK(t.forward > 0);
     CHECK(t.backward_weight > 0);
+    // Each micro-batch's activation goes forward unless this is the last stage, its gradient back
+    // unless this is the first: kWidth doubles each.
+    const auto message = static_cast<std::int64_t>(kWidth * sizeof(double));
+    CHECK(t.sent_bytes == m * message * ((s < p - 1 ? 1 : 0) + (s > 0 ? 1 : 0)));
   }
 }
 

@@ -131,6 +131,22 @@ TEST_CASE("tensor parallel: column- and row-parallel linears equal tp = 1", "[tr
   }
 }
 
+TEST_CASE("tensor parallel: a region counts the bytes its operations send, shared by its copies", "[transformer][tp]") {
+  TensorGrid g;
+  const std::int64_t p = g.tp();
+  const Region copy = g.region;  // what a layer keeps
+  std::mt19937_64 gen(11);
+  auto x = test::random_tensor<double>(Shape{3, 4}, gen);
+  copy.all_reduce(x.view());  // a ring all-reduce of 12 doubles: 2(p−1)/p · 96 bytes
+  const auto local = test::random_tensor<float>(Shape{2, 5}, gen);
+  Tensor<float> full(Shape{2, 5 * p});
+  copy.gather_last_dim(local.cview(), full.view());  // an all-gather of 10 floats: (p−1) · 40 bytes
+  const std::int64_t want = 2 * (p - 1) * 96 / p + (p - 1) * 40;
+  CHECK(copy.sent_bytes() == want);
+  CHECK(g.region.sent_bytes() == want);
+  CHECK(Region().sent_bytes() == 0);
+}
+
 TEST_CASE("tensor parallel: attention (heads split), MLP and a whole block equal tp = 1", "[transformer][tp]") {
   TensorGrid g;
   const std::int64_t C = 8;

@@ -243,6 +243,8 @@ class Gpt {
   bool is_last_stage() const noexcept { return last_; }
   const GptConfig& config() const noexcept { return cfg_; }
   const StageBlocks& blocks_range() const noexcept { return range_; }
+  // Bytes this stage's layers have sent over the tensor axis (TensorRegion::sent_bytes; 0 when tp = 1).
+  std::int64_t tensor_bytes() const noexcept { return region_.sent_bytes(); }
 
   // One micro-batch forward. First stage: `tokens` (B, T); other stages: `received` (B, T, C).
   // Last stage: `targets` (B, T) add to the loss (see take_loss()) and, in training, the head's

@@ -17,6 +17,12 @@
 // kernels::Device (the Context's), for a scratch buffer and the strided copy of
 // kernels::Ops<Space>::copy_columns; host callers may leave it out.
 //
+// Traffic: sent_bytes() counts the bytes this rank sent through the region's operations since it
+// was made, by the ring formulas of parallel/wire_bytes.hpp (an all-reduce of n elements over tp
+// ranks 2(tp−1)/tp · n, an all-gather (tp−1) · n per rank). Copies of a region share the count, so
+// a model that hands its region to its layers reads its tensor-parallel traffic from its own copy
+// (models::Gpt::tensor_bytes, StepResult::tensor_bytes).
+//
 // default_comm_t<Space> is the communicator a space's tensor-parallel layers take unless told
 // otherwise: comm::Mpi on the host, comm::Nccl on a GPU (in CUDA translation units); a layer's Comm
 // argument names another (comm::Staged: several ranks sharing one GPU, as the tests do).
@@ -26,6 +32,7 @@
 #include "dpml/core/error.hpp"
 #include "dpml/core/tensor.hpp"
 #include "dpml/kernels/ops.hpp"
+#include "dpml/parallel/wire_bytes.hpp"
 #if defined(__CUDACC__)
 #include "dpml/comm/nccl.hpp"
 #include "dpml/core/cuda_space.hpp"
@@ -34,6 +41,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 namespace dpml::parallel {
@@ -59,7 +67,8 @@ template <class Comm>
 class TensorRegion {
  public:
   TensorRegion() = default;  // tp = 1
-  explicit TensorRegion(const Comm* comm) : comm_(comm && comm->size() > 1 ? comm : nullptr) {}
+  explicit TensorRegion(const Comm* comm)
+      : comm_(comm && comm->size() > 1 ? comm : nullptr), sent_(comm_ ? std::make_shared<std::int64_t>(0) : nullptr) {}
 
   int size() const noexcept { return comm_ ? comm_->size() : 1; }
   int rank() const noexcept { return comm_ ? comm_->rank() : 0; }
@@ -67,7 +76,9 @@ class TensorRegion {
   // copy_to backward / reduce_from forward: in-place sum over the tensor axis.
   template <class T, class Space>
   void all_reduce(TensorView<T, Space> x) const {
-    if (comm_) comm_->allreduce(x.data(), static_cast<std::size_t>(x.numel()), comm::ReduceOp::sum);
+    if (!comm_) return;
+    comm_->allreduce(x.data(), static_cast<std::size_t>(x.numel()), comm::ReduceOp::sum);
+    *sent_ += wire_bytes::allreduce(x.numel(), sizeof(T), size());
   }
   template <class T, class Space>
   void copy_to_backward(TensorView<T, Space> dx) const { all_reduce(dx); }
@@ -84,6 +95,7 @@ class TensorRegion {
     if (!comm_) return Ops::copy(dev, local.data(), full.data(), local.numel());
     T* parts = dev.template scratch<T>(full.numel());  // (tp, rows, c)
     comm_->allgather(local.data(), parts, static_cast<std::size_t>(local.numel()));
+    *sent_ += wire_bytes::allgather(local.numel(), sizeof(T), size());
     const std::int64_t p = size();
     for (std::int64_t k = 0; k < p; ++k) Ops::copy_columns(dev, parts + k * rows * c, c, full.data() + k * c, c * p, rows, c);
   }
@@ -125,6 +137,8 @@ class TensorRegion {
   void scatter_backward(TensorView<const T> dlocal, TensorView<T> dfull) const { gather_last_dim(dlocal, dfull); }
 
   const Comm* comm() const noexcept { return comm_; }
+  // Bytes this rank sent through the operations of this region and its copies (0 when tp = 1).
+  std::int64_t sent_bytes() const noexcept { return sent_ ? *sent_ : 0; }
 
  private:
   // (rows, c) of the local side, checking that the full side is tp times as wide.
@@ -139,6 +153,7 @@ class TensorRegion {
   }
 
   const Comm* comm_ = nullptr;
+  std::shared_ptr<std::int64_t> sent_;  // shared by the copies; none when tp = 1
 };
 
 }  // namespace dpml::parallel

@@ -198,7 +198,8 @@ struct StepResult {
   double exposed_comm_seconds = 0.0; // waiting for data-parallel reductions after backward
   std::int64_t wire_bytes = 0;       // gradient bytes this rank sent over the data axis (compressed or not)
   std::int64_t dense_bytes = 0;      // … and would have sent uncompressed (parallel/compression/policy.hpp)
-  parallel::pipeline::StepTimings pipeline;  // this stage: busy per op kind, waits, total
+  std::int64_t tensor_bytes = 0;     // activation bytes this rank sent over the tensor axis (parallel/tensor.hpp)
+  parallel::pipeline::StepTimings pipeline;  // this stage: busy per op kind, waits, total, bytes sent to its neighbours
 };
 
 // A model cut into v StagedModel chunks per pipeline rank, chunk c being virtual stage c·pp + rank
@@ -476,9 +477,11 @@ class Trainer {
     optimizer_.begin_step(options_.micro_batches, static_cast<std::int64_t>(ctx_.step) + 1);
     StepResult r;
     r.loss_scale = ctx_.loss_scale = loss_scale();
+    const std::int64_t tensor_sent = tensor_bytes();
     r.pipeline = run(schedule_, order(&TableOrders::step), std::exchange(trace_next_, false));
     if constexpr (requires { stage().finish_tied_gradients(); })
       for (int c = 0; c < chunks(); ++c) chunk(c).finish_tied_gradients();  // the chunks that hold a tied end
+    r.tensor_bytes = tensor_bytes() - tensor_sent;
     optimizer_.buckets().finish();  // reduced gradients, checked before the update
     ++ctx_.step;
     const bool checked = options_.on_nonfinite != NonFinite::ignore;
@@ -540,6 +543,13 @@ class Trainer {
   const Stage& stage() const noexcept { return chunk(chunks() - 1); }
   // This rank's model chunks: v under the interleaved schedule (chunk c: virtual stage c·pp + rank), else 1.
   int chunks() const noexcept { return options_.virtual_stages; }
+  // Bytes this rank's chunks have sent over the tensor axis (a stage that counts: tensor_bytes()), else 0.
+  std::int64_t tensor_bytes() const {
+    std::int64_t n = 0;
+    if constexpr (requires(const Stage& s) { s.tensor_bytes(); })
+      for (int c = 0; c < chunks(); ++c) n += chunk(c).tensor_bytes();
+    return n;
+  }
   Stage& chunk(int c) noexcept {
     if constexpr (kOwnStages) return own_stage(model_, c);
     else return stage_[static_cast<std::size_t>(c)];

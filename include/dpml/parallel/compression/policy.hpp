@@ -23,7 +23,7 @@
 // buckets over comm::Mpi only. The flat all-reduce is their data axis (with_strategy refuses
 // comm::Hierarchical with a compression).
 //
-// Bytes on the wire are counted per rank as a ring (bandwidth-optimal) algorithm sends them, the
+// Bytes on the wire are counted per rank (parallel/wire_bytes.hpp) as a ring (bandwidth-optimal) algorithm sends them, the
 // convention of nccl-tests' "bus bandwidth": an all-reduce of n elements of s bytes over p ranks
 // sends 2(p−1)/p·n·s, a reduce-scatter or an all-to-all of n elements (p−1)/p·n·s, an all-gather
 // of k elements from each rank (p−1)·k·s. The buckets add up what they sent and what the same
@@ -31,6 +31,7 @@
 
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/memory_space.hpp"
+#include "dpml/parallel/wire_bytes.hpp"
 
 #include <bit>
 #include <cstddef>
@@ -137,14 +138,6 @@ struct WireCodec<Fp16> {
     return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
   }
 };
-
-// ---- bytes on the wire (per rank, ring algorithms; see the top of the file) ----------------------
-namespace wire_bytes {
-inline std::int64_t allreduce(std::int64_t n, std::int64_t elem, int p) { return 2 * (p - 1) * n * elem / p; }
-inline std::int64_t reduce_scatter(std::int64_t n, std::int64_t elem, int p) { return (p - 1) * n * elem / p; }
-inline std::int64_t alltoall(std::int64_t n, std::int64_t elem, int p) { return (p - 1) * n * elem / p; }
-inline std::int64_t allgather(std::int64_t k, std::int64_t elem, int p) { return (p - 1) * k * elem; }
-}  // namespace wire_bytes
 
 }  // namespace dpml::parallel
 

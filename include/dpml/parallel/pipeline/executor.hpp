@@ -107,12 +107,13 @@ struct StepTimings {
   double forward = 0, backward_input = 0, backward_weight = 0;  // busy, per op kind
   double wait = 0;   // blocked in a receive (before F/B) or completing sends
   double total = 0;  // the whole step on this stage
+  std::int64_t sent_bytes = 0;  // the messages this stage sent: activations forward, their gradients backward
   std::vector<Span> spans;  // each F/B/W and wait in order, when run_stage was asked to trace
   double busy() const { return forward + backward_input + backward_weight; }
   double idle() const { return total - busy(); }
   StepTimings& operator+=(const StepTimings& o) {
     forward += o.forward, backward_input += o.backward_input, backward_weight += o.backward_weight;
-    wait += o.wait, total += o.total;
+    wait += o.wait, total += o.total, sent_bytes += o.sent_bytes;
     return *this;
   }
 };
@@ -157,6 +158,10 @@ StepTimings run_stage(const std::vector<Action>& actions, S& stage, Transport& t
     if (trace) t.spans.push_back({kind, mb, detail::clock_seconds(t0), detail::clock_seconds(t1)});
   };
   auto numel = [](const auto& buf) { return static_cast<std::size_t>(buf.numel()); };
+  auto send = [&](Flow flow, const auto& buf, int mb, int c) {
+    transport.post_send(flow, buf.data(), numel(buf), mb, c);
+    t.sent_bytes += buf.numel() * static_cast<std::int64_t>(sizeof(*buf.data()));
+  };
   // The stage members, each as a lambda over (stage, indices…) for on_chunk.
   auto forward = [](auto& st, auto... i) { st.forward(i...); };
   auto backward_input = [](auto& st, auto... i) { st.backward_input(i...); };
@@ -189,16 +194,8 @@ StepTimings run_stage(const std::vector<Action>& actions, S& stage, Transport& t
           timed(t.backward_input, 'B', mb, [&] { on_chunk(stage, a, backward_input); });
           break;
         case Op::BackwardWeight: timed(t.backward_weight, 'W', mb, [&] { on_chunk(stage, a, backward_weight); }); break;
-        case Op::SendForward: {
-          auto buf = on_chunk(stage, a, send_forward);
-          transport.post_send(Flow::forward, buf.data(), numel(buf), mb, c);
-          break;
-        }
-        case Op::SendBackward: {
-          auto buf = on_chunk(stage, a, send_backward);
-          transport.post_send(Flow::backward, buf.data(), numel(buf), mb, c);
-          break;
-        }
+        case Op::SendForward: send(Flow::forward, on_chunk(stage, a, send_forward), mb, c); break;
+        case Op::SendBackward: send(Flow::backward, on_chunk(stage, a, send_backward), mb, c); break;
       }
     }
     DPML_REQUIRE(transport.pending_receives() == 0, "pipeline stage " << s << ": the step ended with " << transport.pending_receives()
