@@ -219,7 +219,7 @@ def cpu_seed000(report, runs, device):
         a.set_xticks(sorted({r["ranks"] for r in strong + weak}))
     report.figure(fig, "cpu-scaling.png",
                   "Speedup (left) and efficiency (right) of data parallelism against the sequential "
-                  "run. On 2 cores, 4 ranks oversubscribe the machine, so beyond 2 ranks the figure "
+                  "run. On 2 cores, 4 and 8 ranks oversubscribe the machine, so beyond 2 ranks the figure "
                   "measures time-sharing, not scaling.\n\n" + source_line(strong + weak, device))
     loss_figure(report, "cpu-loss-strong.png", strong, strong[0], lambda r: f"{r['ranks']} rank(s)",
                 "Convergence at a fixed global batch: the loss of every layout over the sequential "
@@ -400,7 +400,10 @@ def run_name(r):
 
 
 def job(r):
-    return os.path.basename(os.path.normpath(r["_dir"]))
+    """The job's folder under bench/results (a part of scripts/report.sh --gpu-run: job/part)."""
+    path = os.path.normpath(r["_dir"])
+    parent, name = os.path.split(path)
+    return f"{os.path.basename(parent)}/{name}" if re.search(r"\d{4}-\d{2}-\d{2}", os.path.basename(parent)) else name
 
 
 def job_short(r):
@@ -499,6 +502,22 @@ def gpu_seed003(report, bench):
                   "Training throughput of dpml (blue) beside PyTorch and llm.c (grey); the label names "
                   "the job: PyTorch and llm.c ran in the same job as the dpml runs beside them.\n\n" + gpu_source(records, "_path", "_command", "_date",
                                                               lambda r: r["device"]))
+    metered = [r for r in records if r.get("power_w")]
+    if not metered:
+        return
+    models = sorted({model_of(r) for r in metered})
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.2), squeeze=False)
+    for ax, model in zip(axes.flat, models):
+        rs = [r for r in metered if model_of(r) == model]
+        ax.barh([f"{r['impl']} ({r['power_w']:.0f} W)" for r in rs], [r["_rate"] / r["power_w"] for r in rs],
+                color=["tab:blue" if r["impl"].startswith("dpml") else "tab:gray" for r in rs])
+        ax.set_xlabel(model.replace("/s)", " per joule)"))
+        ax.tick_params(axis="y", labelsize=7)
+        ax.invert_yaxis()
+    report.figure(fig, "gpu-per-joule.png",
+                  "Throughput per joule of the runs that metered their GPU's power (label: the mean power), "
+                  "dpml (blue) beside PyTorch (grey), each model's runs in one job.\n\n"
+                  + gpu_source(metered, "_path", "_command", "_date", lambda r: r["device"]))
 
 
 def gemm_figure(report, name, records, caption):
@@ -577,7 +596,7 @@ def main():
         cpu_note = f"The CPU part was not run (no {args.cpu_work}/runs.jsonl): `scripts/report.sh --cpu`."
     else:
         cpu_note = (f"CPU figures: {args.cpu_device}, shared with other jobs; every rank is a process "
-                    "with one BLAS thread, so 4 ranks oversubscribe a 2-core machine. The load average "
+                    "with one BLAS thread, so 4 or 8 ranks oversubscribe a 2-core machine. The load average "
                     "before and after each run is in its table: other jobs took cores too, so the CPU "
                     "throughput figures vary from run to run by 2× or more. They show that the layouts "
                     "run and converge alike, not how dpml scales on a real node.")
@@ -597,7 +616,7 @@ def main():
     if runs:
         cpu_seed004(report, runs, args.cpu_device)
     gpu_seed004(report, gemm)
-    missing = ["CPU ranks beyond 4 and GPUs beyond 2", "BERT-base and ViT-B/16 on 2 GPUs",
+    missing = ["GPUs beyond 2", "BERT-base and ViT-B/16 on 2 GPUs",
                "power of the tensor- and pipeline-parallel layouts"]
     if not any(s.get("tensor_bytes") for r in runs or [] for s in r["steps"]):
         missing.append("bytes of tensor- and pipeline-parallel traffic")

@@ -7,8 +7,8 @@
 # * CPU part (--cpu; the default when neither --cpu nor --gpu is given): builds fashion_mnist and
 #   train_gpt with the "cpu" preset unless DPML_BUILD_DIR names a build that has them, then runs
 #   short measurements on this machine's cores (OPENBLAS_NUM_THREADS=1, scripts/launch.sh -n K,
-#   each run ≤ ~60 s on 2 cores, ~4-5 minutes in all), every run with --metrics:
-#     seed 000: fashion_mnist --model mlp (one epoch, no augmentation) on 1, 2 and 4 ranks with a
+#   each run ≤ ~60 s on 2 cores, ~2-5 minutes in all), every run with --metrics:
+#     seed 000: fashion_mnist --model mlp (one epoch, no augmentation) on 1, 2, 4 and 8 ranks with a
 #               fixed global batch of 128 (strong scaling) and 64 images per rank (weak scaling)
 #     seed 001: train_gpt (4 layers, C 128, 4 heads, T 64, global batch 32) on 1 rank and on 2
 #               ranks as dp 2, tp 2 and pp 2 (the bytes each axis sent: the metrics' wire_bytes,
@@ -136,12 +136,12 @@ if [[ $cpu -eq 1 ]]; then
   # images); strong: global batch 128; weak: 64 per rank
   # (weak at 2 ranks is the strong run at 2 ranks: the same global batch).
   mlp=(--model mlp --hidden 1024 --depth 2 --epochs 1 --no-augment --log-interval 100)
-  for k in 1 2 4; do
+  for k in 1 2 4 8; do
     study=strong
     [[ $k -eq 2 ]] && study=strong,weak
     run "$study" "mlp-strong-$k" "$k" "$fm" "${mlp[@]}" --global-batch 128
   done
-  for k in 1 4; do
+  for k in 1 4 8; do
     run weak "mlp-weak-$k" "$k" "$fm" "${mlp[@]}" --global-batch $((64 * k))
   done
 
@@ -202,7 +202,7 @@ if [[ $gpu_run -eq 1 ]]; then
         if [[ $gpus -ge 2 ]]; then script scaling scripts/scaling-bench.sh --ranks 2 --no-tests
         else echo "== report.sh: scaling skipped: nvidia-smi lists $gpus GPU, 2 are needed"; fi ;;
       gemm)
-        gpu_part gemm "scripts/launch.sh -n 1|2 gemm_reduce --device cuda --m 4096 --n 4096 --k 4096 --split k|m --repeat 5 (scripts/report.sh --gpu-run --parts gemm)" gemm_runs ;;
+        gpu_part gemm "scripts/launch.sh -n 1|2 gemm_reduce --device cuda --m 4096 --n 4096 --k 4096 --split k|m --repeat 5" gemm_runs ;;
     esac
   done
   for d in "$gwork"/*/; do
