@@ -6,7 +6,11 @@
 #   2. for --model bert, then vit: encoder_train (dpml's models::Bert / models::Vit under its trainers),
 #      then bench/reference/torch_encoder.py eager and compiled, the same architecture, batch and
 #      optimizer; for vit also torchvision's vit_b_16 (eager, compiled) where torchvision imports
-#   3. a table: samples/s, ms/step, MFU, memory, the ratios dpml / torch, and the kernel families
+#   3. with ≥ 2 GPUs (NCCL_NVLS_ENABLE=0): encoder_train on 2 ranks (scripts/launch.sh -n 2, data
+#      parallel, each rank its own batch of B) and torch_encoder.py under torchrun --nproc_per_node 2
+#      (DDP), for each model and mode
+#   4. a table: samples/s, ms/step, MFU, memory, power, the ratios dpml / torch at the same number of
+#      GPUs, the 2-GPU scaling efficiency, and the kernel families
 #
 # Usage: scripts/encoder-bench.sh [--steps N] [--warmup N] [--models "bert vit"] [--modes "eager compile"]
 #   --modes: the PyTorch runs (eager, compile or both)
@@ -49,6 +53,25 @@ for model in $models; do
   done
 done
 
+gpus="$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)"
+if [[ "$gpus" -ge 2 ]]; then
+  export NCCL_NVLS_ENABLE=0  # NVLink multicast off
+  torchrun=(torchrun)
+  command -v torchrun >/dev/null || torchrun=(python3 -m torch.distributed.run)
+  for model in $models; do
+    echo "== dpml encoder_train --model $model on 2 GPUs"
+    scripts/launch.sh -n 2 "$build/bench/encoder_train/encoder_train" --model "$model" "${common[@]}" |
+      tee "$results/$model-dpml-dp2.txt" || status=1
+    for mode in $modes; do
+      echo "== torch $model $mode, DDP on 2 GPUs"
+      "${torchrun[@]}" --standalone --nproc_per_node 2 bench/reference/torch_encoder.py --model "$model" --mode "$mode" \
+        "${common[@]}" | tee "$results/$model-torch-$mode-ddp2.txt" || status=1
+    done
+  done
+else
+  echo "== 2 GPUs skipped: nvidia-smi lists $gpus GPU(s)"
+fi
+
 echo "== summary"
 python3 - "$results" <<'PY' || status=1
 import json, sys, pathlib
@@ -70,14 +93,24 @@ for (model, impl), j in runs.items():
     print(f"| {model} | {impl} | {j['device']} | {j['samples_per_s']:.0f} | {j['ms_per_step']:.2f} | {100 * j['mfu']:.1f} % | "
           f"{j['mem_gib']:.2f} | {j.get('power_w') or ''} | {j.get('samples_per_j') or ''} | {j['loss_first']:.3f} → {j['loss_last']:.3f} |")
 print()
-print("| ratio | samples/s | memory |")
+print("| ratio (the same number of GPUs) | samples/s | memory |")
 print("|---|---|---|")
 for (model, impl), j in runs.items():
     if not impl.startswith("dpml"):
         continue
     for (m2, ref), r in runs.items():
-        if m2 == model and not ref.startswith("dpml"):
+        if m2 == model and not ref.startswith("dpml") and r.get("ranks", 1) == j.get("ranks", 1):
             print(f"| {model}: {impl} / {ref} | {j['samples_per_s'] / r['samples_per_s']:.3f} | {j['mem_gib'] / r['mem_gib']:.3f} |")
+many = [(k, j) for k, j in runs.items() if j.get("ranks", 1) > 1]
+if many:
+    print()
+    print("| 2-GPU scaling (samples/s over 2 × the 1-GPU run's) | efficiency |")
+    print("|---|---|")
+    for (model, impl), j in many:
+        base = impl.removesuffix(f"-dp{j['ranks']}").removesuffix(f"-ddp{j['ranks']}")
+        if (model, base) in runs:
+            one = runs[(model, base)]["samples_per_s"]
+            print(f"| {model} {impl} | {j['samples_per_s'] / (j['ranks'] * one):.3f} |")
 sys.path.insert(0, "scripts/lib")
 from family_table import print_family_table
 print_family_table(fams)

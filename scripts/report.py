@@ -431,9 +431,12 @@ def gpu_seed001(report, bench):
     single = [r for r in bench if r["bench"] == "gpt_train" and r.get("impl") in ("dpml", "dpml-composed")
               and r["ranks"] == 1]
     rows = [[run_name(r), layout_name(r), str(r["batch"] * r["dp"]), r["_rate"], r.get("ms_per_step"),
-             r.get("mfu"), r.get("mem_gib"), r.get("exposed_comm_ms"), r["device"], job(r)] for r in single + layouts]
+             r.get("mfu"), r.get("mem_gib"), r.get("exposed_comm_ms"), r.get("power_w"),
+             *(r.get(k) for k in ("wire_bytes", "tensor_bytes", "pipeline_bytes")), r["device"], job(r)]
+            for r in single + layouts]
     report.add(table(["run", "layout", "global batch", "tokens/s", "ms/step", "MFU", "memory GiB (per GPU)",
-                      "exposed comm ms", "device", "job"], rows))
+                      "exposed comm ms", "power W (all GPUs)", "bytes sent / step: gradients", "tensor axis",
+                      "pipeline", "device", "job"], rows))
     report.add("dp 2 trains twice the global batch of tp 2 and pp 2 in these runs (16 sequences per "
                "data-parallel rank), so its tokens/s is the weak-scaling figure; tp 2 and pp 2 split "
                "the 1-GPU step's work. Memory per GPU is where model parallelism wins.")

@@ -40,6 +40,8 @@
 #     encoder  scripts/encoder-bench.sh --modes compile   BERT-base and ViT-B/16 beside torch.compile
 #     metrics  scripts/gpu-metrics-check.sh           train_gpt on 1 and all GPUs: power, memory, loss
 #     scaling  scripts/scaling-bench.sh --no-tests    GPT-2 data parallel beside DDP (2 GPUs or more)
+#     layouts  bench/gpt_train on 1 GPU, then on 2 as dp 2, tp 2 and pp 2 (zb-h1, 4 micro-batches):
+#              seed 001 on GPUs, with each axis' bytes and the GPUs' power (2 GPUs or more)
 #     gemm     gemm_reduce --device cuda, 4096³, on 1 and 2 ranks (sharing one GPU over comm::Staged,
 #              or one GPU each over NCCL), K and M splits
 # * --out DIR: where report.md and report/*.png go (default docs).
@@ -55,7 +57,7 @@ usage() {
 }
 
 invocation="scripts/report.sh${*:+ $*}"
-cpu=0 out=docs gpu_dirs=() gpu_run=0 parts="gpt resnet encoder metrics scaling gemm"
+cpu=0 out=docs gpu_dirs=() gpu_run=0 parts="gpt resnet encoder metrics scaling layouts gemm"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cpu) cpu=1; shift ;;
@@ -63,7 +65,7 @@ while [[ $# -gt 0 ]]; do
     --parts)
       [[ $# -ge 2 ]] || { echo "report.sh: --parts needs a list" >&2; exit 2; }
       for p in $2; do
-        [[ " gpt resnet encoder metrics scaling gemm " == *" $p "* ]] || { echo "report.sh: --parts: no part $p" >&2; exit 2; }
+        [[ " gpt resnet encoder metrics scaling layouts gemm " == *" $p "* ]] || { echo "report.sh: --parts: no part $p" >&2; exit 2; }
       done
       parts=$2; shift 2 ;;
     --gpu)
@@ -192,6 +194,16 @@ if [[ $gpu_run -eq 1 ]]; then
     done
   }
   script() { gpu_part "$1" "${*:2}" "${@:2}"; }  # a part that is one script: shown as typed
+  # seed 001 on GPUs: one model (GPT-2 124M, 16 sequences of 1024 per data rank), four layouts
+  layout_runs() {
+    source scripts/lib/gpu-build.sh
+    gpu_build build/cuda-openmpi "$RESULTS" gpt_train
+    local gpt=build/cuda-openmpi/bench/gpt_train/gpt_train
+    "$gpt" >"$RESULTS/gpt-1gpu.txt" || return 1
+    scripts/launch.sh -n 2 "$gpt" >"$RESULTS/gpt-dp2.txt" || return 1
+    scripts/launch.sh -n 2 "$gpt" --tp 2 >"$RESULTS/gpt-tp2.txt" || return 1
+    scripts/launch.sh -n 2 "$gpt" --pp 2 --micro-batch 4 --pipeline-schedule zb-h1 >"$RESULTS/gpt-pp2.txt"
+  }
   for p in $parts; do
     case $p in
       gpt) script gpt scripts/gpu-bench.sh ;;
@@ -201,6 +213,10 @@ if [[ $gpu_run -eq 1 ]]; then
       scaling)
         if [[ $gpus -ge 2 ]]; then script scaling scripts/scaling-bench.sh --ranks 2 --no-tests
         else echo "== report.sh: scaling skipped: nvidia-smi lists $gpus GPU, 2 are needed"; fi ;;
+      layouts)
+        if [[ $gpus -ge 2 ]]; then
+          gpu_part layouts "scripts/launch.sh -n 1|2 gpt_train [--tp 2 | --pp 2 --micro-batch 4 --pipeline-schedule zb-h1]" layout_runs
+        else echo "== report.sh: layouts skipped: nvidia-smi lists $gpus GPU, 2 are needed"; fi ;;
       gemm)
         gpu_part gemm "scripts/launch.sh -n 1|2 gemm_reduce --device cuda --m 4096 --n 4096 --k 4096 --split k|m --repeat 5" gemm_runs ;;
     esac

@@ -37,6 +37,9 @@
 //   sizes      --model-size 124m|350m|1.3b|2.7b|6.7b (models/gpt.hpp); --dry-run prints the memory
 //              estimate per rank kind (models/gpt_memory.hpp) and exits; every run prints it beside
 //              the measured phases (gpt_train_memory "after":"estimate": the largest rank's)
+//   bytes      wire_bytes, tensor_bytes, pipeline_bytes: what a rank sent in a step over the data axis
+//              (gradients), the tensor axis (activations) and the pipeline (messages), the most of
+//              any rank (train::StepResult)
 //   power      power_w: the GPUs' summed mean power while training --energy-seconds more after the
 //              timed steps (bench/support/power.cuh: NVML's energy counters; null where not read),
 //              and tokens_per_j = tokens/s ÷ power_w
@@ -237,6 +240,7 @@ class Batches {
 struct Measured {
   double ms_step = 0, exposed_ms = 0, ms_min = 0, ms_median = 0, launch_median = 0, mem_gib = 0, buffers_gib = 0;
   double power_w = NAN;           // all GPUs, while training on after the timed steps
+  std::int64_t sent[3] = {};      // bytes a rank sent in a step, the most of any rank: gradients (data axis), tensor axis, pipeline
   std::vector<double> losses;     // per step of the warm-up and the timed steps (the last pipeline stage's, broadcast)
   std::int64_t skipped = 0;       // steps without an update (fp16 overflows)
   dpml::bench::MemoryPhases::Phases mem_parts;  // GiB taken by the end of each set-up phase
@@ -304,12 +308,14 @@ Measured run_model(const Options& o, const comm::Mpi& world, const parallel::Pro
       m.losses.push_back(r.loss);
       m.skipped += r.skipped;
       exposed_s = r.exposed_comm_seconds;
+      m.sent[0] = r.wire_bytes, m.sent[1] = r.tensor_bytes, m.sent[2] = r.pipeline.sent_bytes;
       launch_ms.push_back(r.pipeline.total * 1e3);  // the host's launches of the forward and backward
       step_ms.push_back(since(start));
       if (step == 1) memory.after("first step");
     };
     time_steps(o, world, dev.stream(), step_ms, launch_ms, train_step, m);
     m.exposed_ms = world.allreduce(exposed_s * 1e3, comm::ReduceOp::max);
+    world.allreduce(m.sent, 3, comm::ReduceOp::max);
     const std::size_t timed = m.losses.size();
     m.power_w = dpml::bench::mean_power_w(world, o.energy_seconds, m.ms_step, train_step);
     if (o.cuda_profile) dpml::bench::profiled_step(train_step);
@@ -366,7 +372,7 @@ int run(const Options& o, const comm::Mpi& world) {
               "\"model_buffers_gib\":%.3f,\"loss_first\":%.4f,\"loss_last\":%.4f,\"finite\":%s,\"precision\":\"%s\",\"skipped_steps\":%lld,"
               "\"ranks\":%d,\"tp\":%d,\"dp\":%d,\"pp\":%d,\"schedule\":\"%s\",\"micro_batch\":%lld,\"micro_batches\":%d,"
               "\"bucket_mb\":%.1f,\"distributed_optimizer\":%s,\"exposed_comm_ms\":%.3f,\"step_ms_min\":%.3f,\"step_ms_median\":%.3f,\"launch_ms_median\":%.3f,"
-              "\"power_w\":%s,\"tokens_per_j\":%s}\n",
+              "\"power_w\":%s,\"tokens_per_j\":%s,\"wire_bytes\":%lld,\"tensor_bytes\":%lld,\"pipeline_bytes\":%lld}\n",
               impl, prop.name, static_cast<long long>(o.batch), static_cast<long long>(o.seq),
               static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
               static_cast<long long>(o.model.heads), static_cast<long long>(o.model.vocab),
@@ -376,7 +382,8 @@ int run(const Options& o, const comm::Mpi& world) {
               o.pp > 1 || m > 1 ? o.schedule.c_str() : "none", static_cast<long long>(o.micro_batch), m, o.bucket_mb,
               o.distributed_optimizer ? "true" : "false",
               r.exposed_ms, r.ms_min, r.ms_median, r.launch_median, dpml::bench::json_number(r.power_w).c_str(),
-              dpml::bench::json_number(tok_s / r.power_w).c_str());
+              dpml::bench::json_number(tok_s / r.power_w).c_str(), static_cast<long long>(r.sent[0]),
+              static_cast<long long>(r.sent[1]), static_cast<long long>(r.sent[2]));
   dpml::bench::print_memory_phases("gpt_train_memory", impl, r.mem_parts);  // rank 0's
   std::printf("{\"bench\":\"gpt_train_memory\",\"impl\":\"%s\",\"after\":\"estimate\",\"gib\":%.3f}\n", impl,
               estimate(o, ranks).largest().total() / (1 << 30));  // models/gpt_memory.hpp's, beside mem_gib (the largest rank's)

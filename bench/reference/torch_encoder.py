@@ -16,6 +16,12 @@ The same architectures as dpml's models::Bert and models::Vit, in plain PyTorch:
 bf16 autocast over fp32 parameters, fused AdamW, clip_grad_norm_ 1.0, lr warm-up as encoder_train.
 Modes: eager, or torch.compile of the model.
 
+Data parallel: under torchrun (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel
+(bucket_cap_mb 25, gradient_as_bucket_view, NCCL), one GPU per rank (LOCAL_RANK), each rank on its
+own batch of B (seeded by its rank); samples/s counts all ranks over the slowest rank's step time,
+impl ends in -ddpK, and only rank 0 prints (encoder_train under scripts/launch.sh -n K is the
+counterpart).
+
 Prints a JSON line {"bench":"encoder_train","model":...,"impl":"torch-eager"|"torch-compile"|
 "torchvision-…",...} with samples/s, ms/step, peak memory (torch.cuda.max_memory_allocated over the
 timed steps) and MFU by encoder_train's formula ((6N + 12·L·T·d) FLOPs per token, N without padding,
@@ -26,8 +32,10 @@ time by family (torch_gpt.py's grouping). power_w and samples_per_j: the GPU's m
 import argparse
 import json
 import math
+import os
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -115,8 +123,13 @@ def main():
     a = ap.parse_args()
     bert = a.model == "bert"
     batch = a.batch or (32 if bert else 128)
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if ranks > 1:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
 
-    torch.manual_seed(1337)
+    torch.manual_seed(1337)  # the same model on every rank (DDP also broadcasts rank 0's)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     dev = "cuda"
@@ -127,7 +140,7 @@ def main():
         n_params = sum(p.numel() for p in model.parameters()) - (padded - a.vocab) * a.dim
         tokens, betas, decay = a.seq, (0.9, 0.98), 0.01
         chosen = round(a.mask_prob * a.seq)
-        gen = torch.Generator(device=dev).manual_seed(1337)
+        gen = torch.Generator(device=dev).manual_seed(1337 + rank)  # each rank its own batches
 
         def next_batch():
             idx = torch.randint(0, a.vocab, (batch, a.seq), device=dev, generator=gen)
@@ -138,29 +151,41 @@ def main():
         model = (TorchvisionVit(a.classes) if a.torchvision else Vit(a.layers, a.dim, a.heads, a.image, a.patch, a.classes)).to(dev)
         n_params = sum(p.numel() for p in model.parameters())
         tokens, betas, decay = (a.image // a.patch) ** 2 + 1, (0.9, 0.999), 0.05
-        images = torch.randn(batch, 3, a.image, a.image, device=dev)
-        labels = torch.randint(0, a.classes, (batch,), device=dev)
+        gen = torch.Generator(device=dev).manual_seed(1337 + rank)
+        images = torch.randn(batch, 3, a.image, a.image, device=dev, generator=gen)
+        labels = torch.randint(0, a.classes, (batch,), device=dev, generator=gen)
 
         def next_batch():
             return images, labels
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=betas, eps=1e-8, weight_decay=decay, fused=True)
-    fwd = torch.compile(model) if a.mode == "compile" else model
+    fwd = model
+    if ranks > 1:
+        fwd = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25, gradient_as_bucket_view=True)
+    fwd = torch.compile(fwd) if a.mode == "compile" else fwd
     train_step = make_train_step(fwd, model, opt, next_batch, a.lr, a.warmup)
     losses, warm_s, ms, mem = time_steps(train_step, a.warmup, a.steps)
+    if ranks > 1:  # the slowest rank's step time
+        t = torch.tensor([ms], device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        ms = t.item()
     watts = mean_power_w(train_step, a.energy_seconds, ms)
 
-    samples_s = batch / (ms * 1e-3)
+    samples_s = batch * ranks / (ms * 1e-3)
     fpt = 6 * n_params + 12 * a.layers * tokens * a.dim
-    tflops = fpt * tokens * samples_s / 1e12
-    impl = ("torchvision-" if a.torchvision and not bert else "torch-") + a.mode
+    tflops = fpt * tokens * samples_s / ranks / 1e12  # per GPU
+    impl = ("torchvision-" if a.torchvision and not bert else "torch-") + a.mode + (f"-ddp{ranks}" if ranks > 1 else "")
     fam = profile_families(train_step)
+    if ranks > 1:
+        dist.destroy_process_group()
+    if rank != 0:
+        return
     print(json.dumps({"bench": "encoder_train", "model": a.model, "impl": impl, "device": torch.cuda.get_device_name(),
                       "torch": torch.__version__, "batch": batch, "tokens": tokens, "layers": a.layers, "dim": a.dim,
                       "heads": a.heads, "params": n_params, "steps": a.steps, "warmup": a.warmup, "warmup_s": round(warm_s, 1),
                       "ms_per_step": round(ms, 3), "samples_per_s": round(samples_s, 1), "model_tflops": round(tflops, 2),
                       "peak_tflops": round(peak, 1), "mfu": round(tflops / peak, 4), "mem_gib": round(mem, 3),
                       "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
-                      "finite": all(math.isfinite(l) for l in losses), "ranks": 1,
+                      "finite": all(math.isfinite(l) for l in losses), "ranks": ranks,
                       "power_w": watts and round(watts, 1), "samples_per_j": per_joule(samples_s, watts)}), flush=True)
     total = sum(fam.values()) or 1.0
     for f, t in sorted(fam.items(), key=lambda kv: -kv[1]):
