@@ -23,11 +23,10 @@
 // buckets over comm::Mpi only. The flat all-reduce is their data axis (with_strategy refuses
 // comm::Hierarchical with a compression).
 //
-// Bytes on the wire are counted per rank (parallel/wire_bytes.hpp) as a ring (bandwidth-optimal) algorithm sends them, the
-// convention of nccl-tests' "bus bandwidth": an all-reduce of n elements of s bytes over p ranks
-// sends 2(p−1)/p·n·s, a reduce-scatter or an all-to-all of n elements (p−1)/p·n·s, an all-gather
-// of k elements from each rank (p−1)·k·s. The buckets add up what they sent and what the same
-// reductions would have sent uncompressed (GradientBuckets::wire_bytes / dense_bytes).
+// Bytes on the wire are counted per rank as a ring (bandwidth-optimal) algorithm sends them, the
+// convention of nccl-tests' "bus bandwidth" (parallel/wire_bytes.hpp). The buckets add up what they
+// sent and what the same reductions would have sent uncompressed (GradientBuckets::wire_bytes /
+// dense_bytes).
 
 #include "dpml/core/bf16.hpp"
 #include "dpml/core/memory_space.hpp"
