@@ -627,6 +627,8 @@ def main():
         missing.append("power and samples per joule of the seed 003 models")
     if not gemm:
         missing.append("the seed 004 study on a GPU")
+    elif not any(g["comm"] == "nccl" and g["ranks"] > 1 for g in gemm):
+        missing.append("seed 004 with a GPU per rank (NCCL)")
     report.add("## Not in this report yet\n\n" + "; ".join(missing) + ".")
     report.write()
 
