@@ -56,16 +56,14 @@ done
 gpus="$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)"
 if [[ "$gpus" -ge 2 ]]; then
   export NCCL_NVLS_ENABLE=0  # NVLink multicast off
-  torchrun=(torchrun)
-  command -v torchrun >/dev/null || torchrun=(python3 -m torch.distributed.run)
   for model in $models; do
     echo "== dpml encoder_train --model $model on 2 GPUs"
     scripts/launch.sh -n 2 "$build/bench/encoder_train/encoder_train" --model "$model" "${common[@]}" |
       tee "$results/$model-dpml-dp2.txt" || status=1
     for mode in $modes; do
       echo "== torch $model $mode, DDP on 2 GPUs"
-      "${torchrun[@]}" --standalone --nproc_per_node 2 bench/reference/torch_encoder.py --model "$model" --mode "$mode" \
-        "${common[@]}" | tee "$results/$model-torch-$mode-ddp2.txt" || status=1
+      torch_ranks 2 bench/reference/torch_encoder.py --model "$model" --mode "$mode" "${common[@]}" |
+        tee "$results/$model-torch-$mode-ddp2.txt" || status=1
     done
   done
 else

@@ -64,9 +64,7 @@ if [[ "$gpus" -ge 2 ]]; then
       tee "$results/dpml-composed-$conv-dp2.txt" || status=1
   done
   echo "== torch DDP on 2 GPUs"
-  torchrun=(torchrun)
-  command -v torchrun >/dev/null || torchrun=(python3 -m torch.distributed.run)
-  "${torchrun[@]}" --standalone --nproc_per_node 2 bench/reference/torch_resnet.py "${common[@]}" "${compile[@]}" |
+  torch_ranks 2 bench/reference/torch_resnet.py "${common[@]}" "${compile[@]}" |
     tee "$results/torch-ddp2.txt" || status=1
 else
   echo "== data parallel skipped: nvidia-smi lists $gpus GPU(s), 2 are needed"

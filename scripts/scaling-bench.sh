@@ -98,7 +98,7 @@ modes=(eager)
 [[ $compile == 1 ]] && modes+=(compile)
 for mode in "${modes[@]}"; do
   run "gpt-torch-$mode-1" python3 bench/reference/torch_gpt.py --mode "$mode" "${common[@]}"
-  run "gpt-torch-$mode-$ranks" torchrun --standalone --nproc_per_node "$ranks" bench/reference/torch_gpt.py --mode "$mode" "${common[@]}"
+  run "gpt-torch-$mode-$ranks" torch_ranks "$ranks" bench/reference/torch_gpt.py --mode "$mode" "${common[@]}"
 done
 run allreduce scripts/launch.sh -n "$ranks" "$build/bench/allreduce/bench_allreduce" --min-bytes 1M --max-bytes 1G
 

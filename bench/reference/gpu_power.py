@@ -50,6 +50,12 @@ def _power_w(nvml):
     return mw.value * 1e-3 if lib.nvmlDeviceGetPowerUsage(handle, ctypes.byref(mw)) == 0 else None
 
 
+def add_energy_flag(parser):
+    """--energy-seconds, as the dpml benches take it."""
+    parser.add_argument("--energy-seconds", type=float, default=3.0,
+                        help="after the timed steps, train this long more to meter the GPUs' power (0: not measured)")
+
+
 def mean_power_w(step, seconds, ms_per_step):
     """Runs step() and a device sync ceil(seconds / ms_per_step) times (the same count on every rank:
     ms_per_step is the slowest rank's) and returns the summed mean power in watts of the ranks' GPUs,

@@ -32,15 +32,15 @@ time by family (torch_gpt.py's grouping). power_w and samples_per_j: the GPU's m
 import argparse
 import json
 import math
-import os
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpu_power import mean_power_w, per_joule
-from torch_gpt import Block, make_train_step, peak_tflops, profile_families, time_steps
+from gpu_power import add_energy_flag, mean_power_w, per_joule
+from torch_gpt import (Block, data_parallel, join_ranks, make_train_step, peak_tflops, profile_families, slowest_ms,
+                       time_steps)
 
 
 def init_weights(model):
@@ -118,16 +118,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--energy-seconds", type=float, default=3.0,
-                    help="after the timed steps, train this long more to meter the GPU's power (0: not measured)")
+    add_energy_flag(ap)
     a = ap.parse_args()
     bert = a.model == "bert"
     batch = a.batch or (32 if bert else 128)
-    ranks = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if ranks > 1:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group("nccl")
+    ranks, rank = join_ranks()
 
     torch.manual_seed(1337)  # the same model on every rank (DDP also broadcasts rank 0's)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -158,16 +153,11 @@ def main():
         def next_batch():
             return images, labels
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=betas, eps=1e-8, weight_decay=decay, fused=True)
-    fwd = model
-    if ranks > 1:
-        fwd = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25, gradient_as_bucket_view=True)
+    fwd = data_parallel(model, ranks)
     fwd = torch.compile(fwd) if a.mode == "compile" else fwd
     train_step = make_train_step(fwd, model, opt, next_batch, a.lr, a.warmup)
     losses, warm_s, ms, mem = time_steps(train_step, a.warmup, a.steps)
-    if ranks > 1:  # the slowest rank's step time
-        t = torch.tensor([ms], device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        ms = t.item()
+    ms = slowest_ms(ms, ranks)
     watts = mean_power_w(train_step, a.energy_seconds, ms)
 
     samples_s = batch * ranks / (ms * 1e-3)

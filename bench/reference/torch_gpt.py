@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpu_power import mean_power_w, per_joule
+from gpu_power import add_energy_flag, mean_power_w, per_joule
 
 
 class Block(nn.Module):
@@ -175,6 +175,33 @@ def time_steps(train_step, warmup, steps):
     return losses, warm_s, ms, torch.cuda.max_memory_allocated() / 2**30
 
 
+def join_ranks():
+    """(ranks, rank) of a torchrun launch (WORLD_SIZE > 1: this rank on GPU LOCAL_RANK, NCCL process
+    group initialised), or (1, 0) alone."""
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if ranks > 1:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+    return ranks, rank
+
+
+def slowest_ms(ms, ranks):
+    """The slowest rank's ms per step (a data-parallel step goes at its slowest rank's pace)."""
+    if ranks == 1:
+        return ms
+    t = torch.tensor([ms], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def data_parallel(model, ranks):
+    """model wrapped in DistributedDataParallel (bucket_cap_mb 25, gradient_as_bucket_view) under torchrun."""
+    if ranks == 1:
+        return model
+    return torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25, gradient_as_bucket_view=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
@@ -187,15 +214,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=6e-4)
-    ap.add_argument("--energy-seconds", type=float, default=3.0,
-                    help="after the timed steps, train this long more to meter the GPUs' power (0: not measured)")
+    add_energy_flag(ap)
     a = ap.parse_args()
 
-    ranks = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if ranks > 1:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group("nccl")
+    ranks, rank = join_ranks()
     torch.manual_seed(1337)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -205,9 +227,7 @@ def main():
     model = GPT(a.layers, a.dim, a.heads, a.vocab, padded, max(a.seq, 1024)).to(dev)
     n_params = sum(p.numel() for p in model.parameters()) - (padded - a.vocab) * a.dim
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
-    fwd = model
-    if ranks > 1:
-        fwd = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25, gradient_as_bucket_view=True)
+    fwd = data_parallel(model, ranks)
     fwd = torch.compile(fwd) if a.mode == "compile" else fwd
     gen = torch.Generator(device=dev).manual_seed(rank)
 
@@ -217,10 +237,7 @@ def main():
 
     train_step = make_train_step(fwd, model, opt, next_batch, a.lr, a.warmup)
     losses, warm_s, ms, mem = time_steps(train_step, a.warmup, a.steps)
-    if ranks > 1:  # the slowest rank's step time
-        t = torch.tensor([ms], device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        ms = t.item()
+    ms = slowest_ms(ms, ranks)
     watts = mean_power_w(train_step, a.energy_seconds, ms)
 
     tok_s = a.batch * a.seq * ranks / (ms * 1e-3)

@@ -27,7 +27,6 @@ short table (not with --json-only). power_w and images_per_j: the GPUs' mean pow
 import argparse
 import json
 import math
-import os
 import time
 
 import torch
@@ -35,7 +34,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpu_power import mean_power_w, per_joule
+from gpu_power import add_energy_flag, mean_power_w, per_joule
+from torch_gpt import join_ranks, slowest_ms
 
 
 class Bottleneck(nn.Module):
@@ -122,11 +122,7 @@ def measure(a, mode, images, labels, ranks):
     losses += [train_step() for _ in range(a.steps)]
     e1.record()
     e1.synchronize()
-    ms = e0.elapsed_time(e1) / a.steps
-    if ranks > 1:  # the slowest rank's step time
-        t = torch.tensor([ms], device="cuda")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        ms = t.item()
+    ms = slowest_ms(e0.elapsed_time(e1) / a.steps, ranks)
     mem = torch.cuda.max_memory_allocated() / 2**30
     watts = mean_power_w(train_step, a.energy_seconds, ms)
     losses = [l.item() for l in losses]
@@ -155,17 +151,12 @@ def main():
     ap.add_argument("--sync-bn", action="store_true",
                     help="synchronised BatchNorm over the ranks (nn.SyncBatchNorm.convert_sync_batchnorm)")
     ap.add_argument("--json-only", action="store_true", help="print the JSON lines only, no table")
-    ap.add_argument("--energy-seconds", type=float, default=3.0,
-                    help="after the timed steps, train this long more to meter the GPUs' power (0: not measured)")
+    add_energy_flag(ap)
     a = ap.parse_args()
     if a.steps < 1:
         ap.error("--steps must be at least 1")
 
-    ranks = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if ranks > 1:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group("nccl")
+    ranks, rank = join_ranks()
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

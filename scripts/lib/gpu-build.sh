@@ -1,6 +1,7 @@
-# Sourced by the GPU benchmark scripts (gpu-bench.sh, resnet-bench.sh, conv-bench.sh): prints the
+# Sourced by the GPU benchmark scripts (gpu-bench.sh, resnet-bench.sh, conv-bench.sh, …): prints the
 # GPU, configures BUILD with the cuda-openmpi preset (the log in RESULTS/configure.log, shown on
-# failure) and builds the given targets with all cores.
+# failure) and builds the given targets with all cores; torch_ranks launches the PyTorch references
+# on several GPUs.
 #
 #   gpu_build BUILD RESULTS TARGET...
 gpu_build() {
@@ -23,4 +24,16 @@ train_gpt_bench_setup() {
   mkdir -p "$2"
   data=build-data/fortunes
   [[ -e $data ]] || data=/usr/share/games/fortunes
+}
+
+# PyTorch's launcher, one process per GPU of this host, on NPROC ranks (torchrun, or the module
+# where the script is not on PATH).
+#
+#   torch_ranks NPROC SCRIPT ARGS...
+torch_ranks() {
+  local n=$1
+  shift
+  local launcher=(torchrun)
+  command -v torchrun >/dev/null || launcher=(python3 -m torch.distributed.run)
+  "${launcher[@]}" --standalone --nproc_per_node "$n" "$@"
 }
