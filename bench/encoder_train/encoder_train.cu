@@ -84,7 +84,7 @@ struct Options {
   int recompute_gelu = 1;
   double bucket_mb = 25;
   bool cuda_profile = false;  // one more step between cudaProfilerStart/Stop (bench/timeline's CUPTI tracer, ncu)
-  double energy_seconds = 3;  // after the timed steps, this long more to meter the GPUs' power (0: none)
+  double energy_seconds = dpml::bench::kEnergySeconds;  // --energy-seconds (0: power not metered)
   bool bert() const { return model == "bert"; }
   std::int64_t tokens() const { return bert() ? seq : (image / patch) * (image / patch) + 1; }  // per sample
 };
@@ -116,10 +116,8 @@ bool parse(int argc, char** argv, int rank, Options& o) {
       .flag("--bucket-mb", o.bucket_mb, "data parallel: MB per gradient all-reduce bucket", train::positive<double>())
       .flag("--cuda-profile", o.cuda_profile,
             "after the timed steps, one more step between cudaProfilerStart and cudaProfilerStop (bench/timeline's "
-            "CUPTI tracer, ncu --profile-from-start off)")
-      .flag("--energy-seconds", o.energy_seconds,
-            "after the timed steps, train this many seconds more to meter the GPUs' mean power (bench/support/power.cuh; "
-            "0: not measured)", train::at_least(0.0));
+            "CUPTI tracer, ncu --profile-from-start off)");
+  dpml::bench::energy_seconds_flag(args, o.energy_seconds);
   if (!args.parse(argc, argv, rank)) return false;
   if (o.batch == 0) o.batch = o.bert() ? 32 : 128;
   DPML_REQUIRE_EVERYWHERE(o.mask_token < o.vocab, "encoder_train: [MASK] (" << o.mask_token << ") is not below --vocab " << o.vocab);

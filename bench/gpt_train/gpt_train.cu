@@ -106,7 +106,7 @@ struct Options {
   std::int64_t micro_batch = 0;       // sequences per micro-batch (0: --batch, one micro-batch)
   std::string schedule = "1f1b";      // pipeline schedule
   bool cuda_profile = false;          // one more step between cudaProfilerStart/Stop (ncu --profile-from-start off)
-  double energy_seconds = 3;          // after the timed steps, this long more to meter the GPUs' power (0: none)
+  double energy_seconds = dpml::bench::kEnergySeconds;  // --energy-seconds (0: power not metered)
   std::string model_size;             // a named shape (models::kGptPresets); --layers/--dim/--heads/--seq override it
   bool dry_run = false;               // print the memory estimate and exit before any CUDA call
   int micro_batches() const { return static_cast<int>(batch / micro_batch); }
@@ -160,10 +160,8 @@ bool parse(int argc, char** argv, int rank, Options& o) {
             "ZeRO-1: shard the fp32 master weights and AdamW moments over the data-parallel ranks")
       .flag("--cuda-profile", o.cuda_profile,
             "after the timed steps, one more step between cudaProfilerStart and cudaProfilerStop, for ncu "
-            "--profile-from-start off (bench/gpt_train/kernel-diff.sh: per-kernel time of two runs)")
-      .flag("--energy-seconds", o.energy_seconds,
-            "after the timed steps, train this many seconds more to meter the GPUs' mean power (bench/support/power.cuh; "
-            "0: not measured)", train::at_least(0.0));
+            "--profile-from-start off (bench/gpt_train/kernel-diff.sh: per-kernel time of two runs)");
+  dpml::bench::energy_seconds_flag(args, o.energy_seconds);
   if (!args.parse(argc, argv, rank)) return false;
   const char* shape_flags[] = {"--layers", "--dim", "--heads", "--seq"};
   models::apply_gpt_preset(o.model_size, [&](int i) { return args.given(shape_flags[i]); }, o.model.layers, o.model.dim,

@@ -97,7 +97,7 @@ struct Options {
   std::string conv = DPML_HAS_CUDNN ? "cudnn" : "own";
   double bucket_mb = 25;  // data parallel: gradient all-reduce bucket (PyTorch DDP's default)
   bool sync_bn = false;   // BatchNorm statistics over all ranks' batches
-  double energy_seconds = 3;  // after the timed steps, this long more to meter the GPUs' power (0: none)
+  double energy_seconds = dpml::bench::kEnergySeconds;  // --energy-seconds (0: power not metered)
 };
 
 // Flags, parsed by train::Args (--help lists them with their defaults, printed by rank 0); false
@@ -121,9 +121,8 @@ bool parse(int argc, char** argv, Options& o, int rank) {
       .flag("--conv", o.conv, DPML_HAS_CUDNN ? "convolutions: own (dpml's implicit GEMM) | cudnn"
                                              : "convolutions: own (dpml's implicit GEMM; built without cuDNN)")
       .flag("--bucket-mb", o.bucket_mb, "data parallel (several ranks): MB of gradients per all-reduce bucket", dpml::train::positive<double>())
-      .flag("--sync-bn", o.sync_bn, "synchronised BatchNorm: statistics of all ranks' batches (SyncBatchNorm)")
-      .flag("--energy-seconds", o.energy_seconds, "after the timed steps, train this many seconds more to meter the GPUs' "
-            "mean power (bench/support/power.cuh; 0: not measured)", dpml::train::at_least(0.0));
+      .flag("--sync-bn", o.sync_bn, "synchronised BatchNorm: statistics of all ranks' batches (SyncBatchNorm)");
+  dpml::bench::energy_seconds_flag(args, o.energy_seconds);
   if (!args.parse(argc, argv, rank)) return false;
   std::istringstream in(blocks);
   std::string part;

@@ -12,6 +12,7 @@
 #include <dpml/comm/mpi.hpp>
 #include <dpml/core/cuda_error.hpp>
 #include <dpml/core/nvml.hpp>
+#include <dpml/train/args.hpp>
 
 #include <cuda_runtime.h>
 
@@ -22,6 +23,17 @@
 #include <string>
 
 namespace dpml::bench {
+
+// How long a bench trains on after its timed steps to meter the power, unless --energy-seconds says.
+inline constexpr double kEnergySeconds = 3;
+
+// --energy-seconds among a bench's flags.
+inline train::Args& energy_seconds_flag(train::Args& args, double& seconds) {
+  return args.flag("--energy-seconds", seconds,
+                   "after the timed steps, train this many seconds more to meter the GPUs' mean power "
+                   "(bench/support/power.cuh; 0: not measured)",
+                   train::at_least(0.0));
+}
 
 // Repeats step() — which ends synchronised, as a timed training step does — ⌈seconds / ms_per_step⌉
 // times on every rank (the same count everywhere: `ms_per_step` is the slowest rank's) and returns
